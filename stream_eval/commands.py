@@ -1,0 +1,56 @@
+"""What each ``stream-eval`` sub-command does (argument parsing lives in ``cli.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import ExitStack
+from typing import IO
+
+from stream_eval.config import Config
+from stream_eval.engine.replay import ProgressBar, replay, total_size
+from stream_eval.export.report import PerRequestWriter, to_json, to_table
+
+
+def replay_command(args: argparse.Namespace, config: Config) -> int:
+    with ExitStack() as stack:
+        writer = None
+        if args.per_request:
+            writer = PerRequestWriter(stack.enter_context(open(args.per_request, "wb")))
+        progress = None
+        if not args.no_progress and sys.stderr.isatty():
+            progress = ProgressBar(total_size(args.files))
+        engine = replay(args.files, config, writer, progress)
+        if progress is not None:
+            progress.close()
+    report = engine.report()
+    examples = [f"{e.where or '?'}: {e.kind}: {e.reason}" for e in engine.invalid_examples]
+    for line in examples[:5]:
+        print(f"stream-eval: invalid {line}", file=sys.stderr)
+    if engine.invalid_reasons:
+        summary = ", ".join(f"{reason} x{n}" for reason, n in engine.invalid_reasons.most_common())
+        print(f"stream-eval: skipped {sum(engine.invalid_reasons.values())} invalid events ({summary})", file=sys.stderr)
+    output: IO[bytes] = open(args.output, "wb") if args.output else sys.stdout.buffer
+    fmt = args.format or ("table" if output.isatty() else "json")
+    try:
+        output.write(to_table(report, examples).encode() if fmt == "table" else to_json(report))
+    finally:
+        if args.output:
+            output.close()
+    return 0
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    from stream_eval.simulate import SimulationConfig, simulate_lines, write_jsonl
+
+    sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
+                           judgments=args.judgments)
+    if args.output == "-":
+        out = sys.stdout.buffer
+        for line in simulate_lines(sim):
+            out.write(line)
+        out.flush()
+    else:
+        lines = write_jsonl(sim, args.output)
+        print(f"stream-eval: wrote {lines:,} events to {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,267 @@
+"""Evaluation settings, read from defaults, a TOML file, ``STREAM_EVAL_*`` variables and flags.
+
+Precedence, lowest to highest: built-in defaults < ``--config FILE`` < environment < command-line flags.
+The same :class:`Config` drives ``replay`` and the streaming worker, so both compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+GAINS = ("exp", "linear")
+EMPTY_POLICIES = ("zero", "skip")
+GAUC_WEIGHTS = ("impressions", "clicks", "uniform")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used; the message names the setting."""
+
+
+def parse_duration(value: object, name: str = "duration") -> float:
+    """Seconds from ``30``, ``30.5``, ``"90s"``, ``"30m"``, ``"1h"``, ``"250ms"``.
+
+    >>> parse_duration("30m")
+    1800.0
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(f"{name}: cannot read {value!r} as a duration (e.g. 30m, 90s, 1h)")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds < 0:
+        raise ConfigError(f"{name}: must not be negative, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The short label used for windows: ``300 -> "5m"``, ``3600 -> "1h"``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArmPair:
+    """Which arm of an experiment is the control and which the treatment."""
+
+    control: str
+    treatment: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    """All settings of an evaluation. Frozen: one value is shared by every component."""
+
+    cutoffs: tuple[int, ...] = (10,)
+    gain: str = "exp"
+    max_grade: float = 4.0
+    rel_threshold: float = 1.0
+    empty: str = "zero"
+    gauc_weight: str = "impressions"
+    attribution_window: float = 1800.0
+    allowed_lateness: float = 60.0
+    session_gap: float = 1800.0
+    alpha: float = 0.5
+    max_items: int = 1000
+    gsb_metric: str = "nDCG@10"
+    gsb_epsilon: float = 0.0
+    gsb_window: float = 3600.0
+    confidence: float = 0.95
+    kinds: tuple[tuple[str, float], ...] = ()
+    experiments: tuple[tuple[str, ArmPair], ...] = ()
+    windows: tuple[float, ...] = (300.0, 3600.0)
+    idle_timeout: float = 30.0
+    max_label_values: int = 100
+
+    def __post_init__(self) -> None:
+        if not self.cutoffs or any(k < 1 for k in self.cutoffs):
+            raise ConfigError(f"cutoffs: need one or more positive integers, got {list(self.cutoffs)}")
+        if self.gain not in GAINS:
+            raise ConfigError(f"gain: must be one of {', '.join(GAINS)}, got {self.gain!r}")
+        if self.empty not in EMPTY_POLICIES:
+            raise ConfigError(f"empty: must be one of {', '.join(EMPTY_POLICIES)}, got {self.empty!r}")
+        if self.gauc_weight not in GAUC_WEIGHTS:
+            raise ConfigError(f"gauc_weight: must be one of {', '.join(GAUC_WEIGHTS)}, got {self.gauc_weight!r}")
+        if not self.max_grade > 0:
+            raise ConfigError(f"max_grade: must be positive, got {self.max_grade}")
+        if not self.rel_threshold > 0:
+            raise ConfigError(f"rel_threshold: must be positive, got {self.rel_threshold}")
+        if not 0.0 <= self.alpha < 1.0:
+            raise ConfigError(f"alpha: must lie in [0, 1), got {self.alpha}")
+        if self.max_items < 1:
+            raise ConfigError(f"max_items: must be positive, got {self.max_items}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ConfigError(f"confidence: must lie in (0, 1), got {self.confidence}")
+        for kind, grade in self.kinds:
+            if grade < 0:
+                raise ConfigError(f"kinds.{kind}: grade must be >= 0, got {grade}")
+
+    @property
+    def kind_grades(self) -> dict[str, float]:
+        """Grade of each feedback kind that carries no grade of its own (``click`` = 1)."""
+        return {"click": 1.0, **dict(self.kinds)}
+
+    def arms_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> ArmPair | None:
+        """Control and treatment of ``experiment``: configured, else the sorted arms' first two."""
+        configured = dict(self.experiments).get(experiment)
+        if configured is not None:
+            return configured
+        ordered = sorted(arms_seen)
+        if len(ordered) < 2:
+            return None
+        return ArmPair(ordered[0], ordered[1])
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as they appear in the report's ``config`` section."""
+        return {
+            "cutoffs": list(self.cutoffs),
+            "gain": self.gain,
+            "max_grade": self.max_grade,
+            "rel_threshold": self.rel_threshold,
+            "empty": self.empty,
+            "gauc_weight": self.gauc_weight,
+            "attribution_window": self.attribution_window,
+            "allowed_lateness": self.allowed_lateness,
+            "session_gap": self.session_gap,
+            "alpha": self.alpha,
+            "max_items": self.max_items,
+            "gsb_metric": self.gsb_metric,
+            "gsb_epsilon": self.gsb_epsilon,
+            "gsb_window": self.gsb_window,
+            "confidence": self.confidence,
+            "kinds": dict(self.kinds),
+            "experiments": {e: {"control": p.control, "treatment": p.treatment} for e, p in self.experiments},
+        }
+
+
+# Settings that a file, the environment or a flag may set, and how to read each from text or TOML.
+def _cutoffs(value: object) -> tuple[int, ...]:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    try:
+        cutoffs = tuple(sorted({int(str(item).strip()) for item in items if str(item).strip()}))
+    except ValueError as exc:
+        raise ConfigError(f"cutoffs: expected integers like 5,10,20, got {value!r}") from exc
+    return cutoffs
+
+
+def _number(name: str) -> Any:
+    def read(value: object) -> float:
+        try:
+            return float(value)  # type: ignore[arg-type]  # str or number; ValueError is reported
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
+
+    return read
+
+
+def _integer(name: str) -> Any:
+    def read(value: object) -> int:
+        try:
+            return int(value)  # type: ignore[call-overload]  # str or number; ValueError is reported
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{name}: expected an integer, got {value!r}") from exc
+
+    return read
+
+
+def _duration(name: str) -> Any:
+    return lambda value: parse_duration(value, name)
+
+
+def _windows(value: object) -> tuple[float, ...]:
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    return tuple(parse_duration(item, "windows") for item in items if str(item).strip())
+
+
+def _kinds(value: object) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, Mapping):
+        raise ConfigError("kinds: expected a table of kind = grade, e.g. [kinds] purchase = 3")
+    return tuple((str(k), _number(f"kinds.{k}")(v)) for k, v in value.items())
+
+
+def _experiments(value: object) -> tuple[tuple[str, ArmPair], ...]:
+    if not isinstance(value, Mapping):
+        raise ConfigError('experiments: expected tables like [experiments.exp1] control = "a" treatment = "b"')
+    pairs = []
+    for name, arms in value.items():
+        if not isinstance(arms, Mapping) or "control" not in arms or "treatment" not in arms:
+            raise ConfigError(f"experiments.{name}: needs both control and treatment")
+        pairs.append((str(name), ArmPair(str(arms["control"]), str(arms["treatment"]))))
+    return tuple(pairs)
+
+
+READERS: dict[str, Any] = {
+    "cutoffs": _cutoffs,
+    "gain": str,
+    "max_grade": _number("max_grade"),
+    "rel_threshold": _number("rel_threshold"),
+    "empty": str,
+    "gauc_weight": str,
+    "attribution_window": _duration("attribution_window"),
+    "allowed_lateness": _duration("allowed_lateness"),
+    "session_gap": _duration("session_gap"),
+    "alpha": _number("alpha"),
+    "max_items": _integer("max_items"),
+    "gsb_metric": str,
+    "gsb_epsilon": _number("gsb_epsilon"),
+    "gsb_window": _duration("gsb_window"),
+    "confidence": _number("confidence"),
+    "kinds": _kinds,
+    "experiments": _experiments,
+    "windows": _windows,
+    "idle_timeout": _duration("idle_timeout"),
+    "max_label_values": _integer("max_label_values"),
+}
+ENV_PREFIX = "STREAM_EVAL_"
+
+
+def _read(settings: Mapping[str, object], origin: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, raw in settings.items():
+        name = key.replace("-", "_")
+        reader = READERS.get(name)
+        if reader is None:
+            raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(sorted(READERS))})")
+        values[name] = reader(raw)
+    return values
+
+
+def load_config(
+    path: str | None = None,
+    overrides: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build a :class:`Config` from a TOML file, ``STREAM_EVAL_*`` variables and explicit overrides.
+
+    >>> load_config(overrides={"cutoffs": "5,10", "gain": "linear"}, environ={}).cutoffs
+    (5, 10)
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                document = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"--config {path}: {exc}") from exc
+        document = document.get("stream_eval", document)
+        values.update(_read(document, f"--config {path}"))
+    env = os.environ if environ is None else environ
+    from_env = {k[len(ENV_PREFIX):].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    from_env = {k: v for k, v in from_env.items() if k in READERS}
+    values.update(_read(from_env, "environment"))
+    if overrides:
+        values.update(_read({k: v for k, v in overrides.items() if v is not None}, "command line"))
+    return Config(**values)

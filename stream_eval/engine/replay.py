@@ -1,0 +1,131 @@
+"""Offline replay of JSON Lines files through the engine: the same code path as the streaming worker."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import io
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import BinaryIO
+
+from stream_eval.config import Config
+from stream_eval.engine.engine import Engine, FinalisedBatch
+from stream_eval.events.schema import decode_chunk
+
+CHUNK_BYTES = 1 << 20
+Progress = Callable[[int, int, int], None]
+
+
+@contextmanager
+def _open(path: str) -> Iterator[BinaryIO]:
+    if path == "-":
+        yield sys.stdin.buffer
+        return
+    with open(path, "rb") as raw:
+        if raw.read(2) == b"\x1f\x8b":
+            raw.seek(0)
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                yield unzipped  # type: ignore[misc]  # GzipFile is a binary stream
+        else:
+            raw.seek(0)
+            yield raw
+
+
+def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int, int]]:
+    """Complete lines of ``path`` in chunks: ``(chunk, number of its first line, compressed bytes read)``."""
+    with _open(path) as stream:
+        raw = getattr(stream, "fileobj", stream)
+        rest = b""
+        line = 1
+        while True:
+            block = stream.read(chunk_bytes)
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            chunk, rest = data[:cut], data[cut:]
+            yield chunk, line, _tell(raw)
+            line += chunk.count(b"\n")
+        if rest.strip():
+            yield rest, line, _tell(raw)
+
+
+def _tell(stream: object) -> int:
+    try:
+        return int(stream.tell())  # type: ignore[attr-defined]  # file objects; stdin may not seek
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        return 0
+
+
+def total_size(paths: Sequence[str]) -> int:
+    return sum(os.path.getsize(p) for p in paths if p != "-" and os.path.exists(p))
+
+
+@contextmanager
+def _quiet_gc() -> Iterator[None]:
+    """Events are acyclic and msgspec structs are untracked: pause the cyclic collector while replaying."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+def replay(
+    paths: Sequence[str],
+    config: Config,
+    on_finalised: Callable[[FinalisedBatch], None] | None = None,
+    progress: Progress | None = None,
+) -> Engine:
+    """Evaluate JSON Lines files (``-`` = stdin, gzip detected) in order, as one stream; returns the engine."""
+    engine = Engine(config, on_finalised)
+    done = 0
+    events = 0
+    with _quiet_gc():
+        for path in paths:
+            offset = done
+            for chunk, first_line, position in read_chunks(path):
+                decoded = decode_chunk(chunk, config, first_line, "stdin" if path == "-" else path)
+                engine.process(decoded)
+                events += len(decoded)
+                done = offset + position
+                if progress is not None:
+                    progress(done, events, 0)
+            done = offset + (os.path.getsize(path) if path != "-" and os.path.exists(path) else 0)
+        engine.flush()
+    return engine
+
+
+class ProgressBar:
+    """A one-line progress display on a terminal (stderr): bytes read, events and events/s."""
+
+    def __init__(self, total: int, stream: BinaryIO | None = None) -> None:
+        self.total = total
+        self.start = time.monotonic()
+        self.shown = 0.0
+
+    def __call__(self, done: int, events: int, _: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < 0.25:
+            return
+        self.shown = now
+        rate = events / max(now - self.start, 1e-9)
+        share = f"{100 * done / self.total:5.1f}%" if self.total else ""
+        sys.stderr.write(f"\r  {share} {done / 1e6:8.1f} MB  {events:>11,} events  {rate / 1e3:7.1f}k events/s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\r" + " " * 72 + "\r")
+        sys.stderr.flush()

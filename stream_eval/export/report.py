@@ -1,0 +1,70 @@
+"""Report writers: the SPEC §4 JSON, a table for people, and the per-request JSON Lines file."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import orjson
+
+from stream_eval.engine.engine import FinalisedBatch
+
+
+def to_json(report: dict[str, Any]) -> bytes:
+    """The report as indented JSON (NaN never appears: undefined values are ``null``)."""
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    body = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            for r in rows]
+    return "\n".join([line, "  ".join("-" * w for w in widths), *body])
+
+
+def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) -> str:
+    """A plain-text rendering of the report for a terminal."""
+    events = report["events"]
+    parts = ["events: " + ", ".join(f"{k} {v:,}" for k, v in events.items())]
+    metric_names = list(report["overall"]["metrics"])
+    header = ["experiment", "arm", "requests", "empty", "sessions", *metric_names]
+    rows = [["(all)", "", *(_fmt(report["overall"][k]) for k in ("requests", "empty", "sessions")),
+             *(_fmt(report["overall"]["metrics"][m]) for m in metric_names)]]
+    for group in report["groups"]:
+        rows.append([group["experiment"], group["arm"], *(_fmt(group[k]) for k in ("requests", "empty", "sessions")),
+                     *(_fmt(group["metrics"].get(m)) for m in metric_names)])
+    parts += ["", _table(header, rows)]
+    if report["gsb"]:
+        rows = [[g["experiment"], g["source"], str(g["good"]), str(g["same"]), str(g["bad"]), _fmt(g["score"])]
+                for g in report["gsb"]]
+        parts += ["", "GSB (treatment vs control)", _table(["experiment", "source", "good", "same", "bad", "score"], rows)]
+    if report["ab"]:
+        rows = [[a["experiment"], f"{a['treatment']} - {a['control']}", a["metric"], _fmt(a["delta"]),
+                 f"[{_fmt(a['ci_lower'])}, {_fmt(a['ci_upper'])}]", str(a["n_control"]), str(a["n_treatment"])]
+                for a in report["ab"]]
+        parts += ["", "A/B (95% CI)" if report["config"]["confidence"] == 0.95 else "A/B",
+                  _table(["experiment", "arms", "metric", "delta", "interval", "n_control", "n_treatment"], rows)]
+    if invalid_examples:
+        parts += ["", "invalid events (first few):", *("  " + line for line in invalid_examples)]
+    return "\n".join(parts) + "\n"
+
+
+class PerRequestWriter:
+    """Writes one JSON line per finalised request (SPEC §4 ``--per-request``)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.written = 0
+
+    def __call__(self, batch: FinalisedBatch) -> None:
+        dumps = orjson.dumps
+        self.stream.write(b"".join(dumps(record) + b"\n" for record in batch.records()))
+        self.written += len(batch.states)

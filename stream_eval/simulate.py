@@ -1,0 +1,760 @@
+"""Synthetic search traffic from a click model over items with known true relevance grades.
+
+A pure generator (stdlib and numpy only, no I/O except :func:`write_jsonl`) of the events of SPEC §1. It feeds
+``stream-eval simulate``, the demo, the benchmarks and the examples, and gives the tests a ground truth:
+:func:`true_grades` returns the relevance every click and label is drawn from, so a better ranker must score
+better.
+
+The world:
+
+* ``queries`` query ids ``q0 .. q{Q-1}``, asked with a mild Zipf popularity (``q0`` most often). Each query
+  has a judged pool of ``catalogue`` items ``q{q}-d{j}`` whose true grades ``0..max_grade`` are skewed toward
+  0 (``P(g)`` proportional to ``r**g``, ``r`` drawn per query in ``[0.2, 0.8]``, so queries differ in how
+  many relevant items they have).
+* Arms are rankers of quality ``q``: ``score_j = q * grade_j + (1 - q) * u_j * max_grade`` (``u`` uniform);
+  the served list is the top ``items_per_request`` (varied by ±25 %) of the pool. The exported ``scores`` are a
+  sigmoid of that score with a per-request offset, rounded to 4 decimals (descending; ties are rare).
+* Users come in sessions of on average ``sessions_per_user_requests`` consecutive requests; the arm is
+  assigned per session (user-level bucketing, uniform over the arms). With ``interleaving``,
+  :data:`INTERLEAVE_SHARE` of the sessions get team-draft interleaved lists of the first two arms
+  (``arm="interleaved"``, ``teams`` filled).
+* Clicks: ``cascade`` (the user scans from the top, clicks an item of grade ``g`` with probability
+  :func:`click_probabilities`, and after a click stops with probability :data:`CASCADE_STOP_AFTER_CLICK`)
+  or ``pbm`` (position ``i`` is examined with probability ``1 / i``, an examined item is clicked with the
+  same grade-dependent probability). Click delays grow down the list and are capped at ``max_delay``.
+* Labels: ``label_rate`` of the requests get editorial ``label`` feedback with the true grades for 2-4 shown
+  items and 1-2 judged items of the pool that were not shown (relevant ones preferred, as a pooled judging
+  process would).
+* Judgments (``judgments=True``): :data:`JUDGMENT_RATE` of the requests produce a side-by-side verdict for
+  their query, ``good`` / ``bad`` more likely the larger the quality difference of treatment vs control.
+  Control and treatment are the first two arms, ordered by name as the evaluator does by default (SPEC §3).
+
+Faults for robustness tests: ``late_fraction`` (feedback beyond the 30 min attribution window),
+``duplicate_fraction`` (feedback sent twice), ``orphan_fraction`` (extra feedback for request ids
+``r{requests + k}`` that never get a ranking), ``invalid_fraction`` (malformed lines, only in
+:func:`simulate_lines`) and ``shuffle_window`` (bounded out-of-order delivery).
+
+Events are generated in chunks of :data:`CHUNK_REQUESTS` requests with vectorised numpy draws and emitted in
+event-time order: an event is released once every event generated later is known to have a ts at least as
+large (the serve time of the last request generated so far bounds them all), so only a chunk plus the
+events of the delay (and shuffle) horizon are buffered. The output is deterministic for a given config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+__all__ = [
+    "ATTRIBUTION_WINDOW",
+    "CASCADE_STOP_AFTER_CLICK",
+    "CHUNK_REQUESTS",
+    "INTERLEAVED_ARM",
+    "INTERLEAVE_SHARE",
+    "JUDGMENT_RATE",
+    "SimulationConfig",
+    "click_probabilities",
+    "simulate",
+    "simulate_lines",
+    "true_grades",
+    "write_jsonl",
+]
+
+ATTRIBUTION_WINDOW = 1800.0
+"""Seconds after serve time within which feedback counts (SPEC §1 default); late feedback lands beyond it."""
+
+CHUNK_REQUESTS = 10_000
+"""Requests generated per vectorised step."""
+
+INTERLEAVED_ARM = "interleaved"
+"""The ``arm`` of team-draft interleaved requests."""
+
+INTERLEAVE_SHARE = 0.25
+"""Share of sessions served interleaved lists when ``interleaving`` is on."""
+
+JUDGMENT_RATE = 0.05
+"""Probability that a request produces a side-by-side ``judgment`` event when ``judgments`` is on."""
+
+JUDGMENT_SAME = 0.3
+"""Probability of a ``same`` verdict; the rest splits into good/bad by the arms' quality difference."""
+
+CASCADE_STOP_AFTER_CLICK = 0.2
+"""Probability that a cascade user stops scanning after a click (tuned for ~3.5 feedback per request)."""
+
+CLICK_FLOOR = 0.12
+"""Click probability of an examined irrelevant (grade 0) item: snippets attract some wrong clicks."""
+
+N_SUBTOPICS = 6
+"""Number of subtopics per query when ``subtopics`` is on (``t1 .. t6``)."""
+
+QUERY_ZIPF = 0.7
+"""Exponent of the query popularity (weight of the k-th query proportional to ``1 / k**QUERY_ZIPF``)."""
+
+_NAME_TABLE_LIMIT = 2_000_000
+_STREAM_GRADES = 1
+_STREAM_TRAFFIC = 2
+_STREAM_FAULTS = 3
+_STREAM_SHUFFLE = 4
+_STREAM_INVALID = 5
+_STREAM_EXTRAS = 6
+_STREAM_SUBTOPICS = 7
+
+Event = dict[str, Any]
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationConfig:
+    """Parameters of the synthetic traffic; every field has a default that makes a small realistic run.
+
+    Attributes:
+        requests: Number of ranking events.
+        items_per_request: Served list length, varied by ±25 % per request (at least 1, at most ``catalogue``).
+        catalogue: Candidate (judged) items per query; item ids ``q{q}-d{j}`` are unique per query.
+        queries: Distinct ``query_id`` values; each is asked many times.
+        arms: ``(name, quality)`` pairs; quality in ``[0, 1]`` (1 = sorted by true grade, 0 = random).
+        experiment: The ``experiment`` of every ranking and judgment.
+        click_model: ``"cascade"`` or ``"pbm"`` (position-based, examination probability ``1 / i``).
+        max_grade: True grades are ``0..max_grade``, skewed toward 0.
+        label_rate: Fraction of requests that also get editorial ``label`` feedback for shown and unshown items.
+        sessions_per_user_requests: Mean number of consecutive requests per session.
+        interleaving: Serve team-draft interleaved lists of the first two arms to a share of the sessions.
+        judgments: Emit side-by-side ``judgment`` events.
+        rate: Requests per second of event time.
+        start_ts: Event time of the first request (epoch seconds).
+        max_delay: Cap of the feedback delay after serve time, in seconds.
+        seed: Seed of every random draw (non-negative).
+        late_fraction: Fraction of feedback events moved beyond the 30 min attribution window.
+        duplicate_fraction: Fraction of feedback events emitted twice.
+        orphan_fraction: Extra feedback events, as a fraction of the feedback, for requests never ranked.
+        invalid_fraction: Extra malformed lines, as a fraction of the valid lines (:func:`simulate_lines` only).
+        shuffle_window: If > 0, events are emitted out of order by up to this many seconds of event time.
+        subtopics: Rankings carry ``subtopics`` (each item has 1-3 of 6 subtopics).
+    """
+
+    requests: int = 1000
+    items_per_request: int = 20
+    catalogue: int = 50
+    queries: int = 200
+    arms: tuple[tuple[str, float], ...] = (("control", 0.55), ("treatment", 0.7))
+    experiment: str = "exp1"
+    click_model: str = "cascade"
+    max_grade: int = 4
+    label_rate: float = 0.1
+    sessions_per_user_requests: int = 3
+    interleaving: bool = False
+    judgments: bool = False
+    rate: float = 50.0
+    start_ts: float = 1_767_225_600.0
+    max_delay: float = 120.0
+    seed: int = 0
+    late_fraction: float = 0.0
+    duplicate_fraction: float = 0.0
+    orphan_fraction: float = 0.0
+    invalid_fraction: float = 0.0
+    shuffle_window: float = 0.0
+    subtopics: bool = False
+
+    def __post_init__(self) -> None:
+        """Reject configurations the generator cannot honour.
+
+        Raises:
+            ValueError: A field is out of range, or interleaving/judgments are asked for with fewer than two arms.
+        """
+        if self.requests < 0:
+            raise ValueError("requests must be >= 0")
+        if self.items_per_request < 1 or self.catalogue < 1 or self.queries < 1:
+            raise ValueError("items_per_request, catalogue and queries must be >= 1")
+        if not self.arms:
+            raise ValueError("at least one arm is needed")
+        names = [name for name, _ in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError("arm names must be unique")
+        for name, quality in self.arms:
+            if not 0.0 <= quality <= 1.0:
+                raise ValueError(f"arm {name!r}: quality {quality} not in [0, 1]")
+        if self.click_model not in ("cascade", "pbm"):
+            raise ValueError(f"click_model must be 'cascade' or 'pbm', not {self.click_model!r}")
+        if self.max_grade < 1:
+            raise ValueError("max_grade must be >= 1")
+        fractions = {
+            "label_rate": self.label_rate,
+            "late_fraction": self.late_fraction,
+            "duplicate_fraction": self.duplicate_fraction,
+            "orphan_fraction": self.orphan_fraction,
+            "invalid_fraction": self.invalid_fraction,
+        }
+        for field, value in fractions.items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{field} must be in [0, 1]")
+        if self.sessions_per_user_requests < 1:
+            raise ValueError("sessions_per_user_requests must be >= 1")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError("rate must be a positive number")
+        if not math.isfinite(self.start_ts):
+            raise ValueError("start_ts must be finite")
+        if not (self.max_delay >= 0 and math.isfinite(self.max_delay)):
+            raise ValueError("max_delay must be >= 0")
+        if not (self.shuffle_window >= 0 and math.isfinite(self.shuffle_window)):
+            raise ValueError("shuffle_window must be >= 0")
+        if self.seed < 0:
+            raise ValueError("seed must be >= 0")
+        if (self.interleaving or self.judgments) and len(self.arms) < 2:
+            raise ValueError("interleaving and judgments need at least two arms")
+        if self.interleaving and INTERLEAVED_ARM in names:
+            raise ValueError(f"arm name {INTERLEAVED_ARM!r} is reserved for interleaved requests")
+
+
+def click_probabilities(max_grade: int) -> FloatArray:
+    """Click probability of an examined item by true grade.
+
+    The relevance part is the ERR satisfaction probability ``(2**g - 1) / 2**max_grade``; a floor of
+    :data:`CLICK_FLOOR` adds clicks on attractive but irrelevant snippets.
+
+    Args:
+        max_grade: The highest grade.
+
+    Returns:
+        Array of length ``max_grade + 1``, indexed by grade.
+    """
+    grades = np.arange(max_grade + 1, dtype=np.float64)
+    relevance = (2.0**grades - 1.0) / 2.0**max_grade
+    return np.asarray(CLICK_FLOOR + (1.0 - CLICK_FLOOR) * relevance, dtype=np.float64)
+
+
+def _rng(config: SimulationConfig, stream: int) -> np.random.Generator:
+    """An independent random stream of the config's seed, so one option does not perturb the others' draws."""
+    return np.random.default_rng([config.seed, stream])
+
+
+def _grade_matrix(config: SimulationConfig) -> NDArray[np.int8]:
+    """True grades, shape ``(queries, catalogue)``; depends only on seed, queries, catalogue and max_grade."""
+    rng = _rng(config, _STREAM_GRADES)
+    n_q, n_c, top = config.queries, config.catalogue, config.max_grade
+    richness = rng.uniform(0.2, 0.8, size=n_q)
+    powers = np.arange(top + 1, dtype=np.float64)
+    grades = np.empty((n_q, n_c), dtype=np.int8)
+    step = max(1, 2_000_000 // (n_c * (top + 1)))
+    for lo in range(0, n_q, step):
+        hi = min(n_q, lo + step)
+        probs = richness[lo:hi, None] ** powers[None, :]
+        cdf = np.cumsum(probs / probs.sum(axis=1, keepdims=True), axis=1)
+        u = rng.random((hi - lo, n_c))
+        drawn = (u[:, :, None] >= cdf[:, None, :]).sum(axis=2)
+        grades[lo:hi] = np.minimum(drawn, top)
+    return grades
+
+
+def true_grades(config: SimulationConfig) -> dict[str, dict[str, int]]:
+    """The true relevance grades clicks and labels are drawn from.
+
+    Args:
+        config: The simulation (only ``seed``, ``queries``, ``catalogue`` and ``max_grade`` matter).
+
+    Returns:
+        ``query_id -> {item: true grade}`` for every query and every item of its judged pool.
+    """
+    grades = _grade_matrix(config).tolist()
+    return {f"q{q}": {f"q{q}-d{j}": g for j, g in enumerate(row)} for q, row in enumerate(grades)}
+
+
+class _World:
+    """Static per-query data shared by all chunks: grades, names, popularity, subtopics."""
+
+    def __init__(self, config: SimulationConfig) -> None:
+        self.grades = _grade_matrix(config)
+        n_q, n_c = config.queries, config.catalogue
+        self.query_names = [f"q{q}" for q in range(n_q)]
+        self.names: NDArray[np.object_] | None = None
+        if n_q * n_c <= _NAME_TABLE_LIMIT:
+            table = np.empty((n_q, n_c), dtype=object)
+            table[:, :] = [[f"q{q}-d{j}" for j in range(n_c)] for q in range(n_q)]
+            self.names = table
+        weights = 1.0 / np.arange(1, n_q + 1, dtype=np.float64) ** QUERY_ZIPF
+        self.query_cdf = np.cumsum(weights / weights.sum())
+        self.query_cdf[-1] = 1.0
+        self.subtopics: list[list[tuple[str, ...]]] | None = None
+        if config.subtopics:
+            rng = _rng(config, _STREAM_SUBTOPICS)
+            labels = [f"t{k + 1}" for k in range(N_SUBTOPICS)]
+            counts = rng.integers(1, 4, size=(n_q, n_c))
+            keys = rng.random((n_q, n_c, N_SUBTOPICS)).argsort(axis=2)
+            self.subtopics = [
+                [tuple(labels[k] for k in sorted(keys[q, j, : counts[q, j]].tolist())) for j in range(n_c)]
+                for q in range(n_q)
+            ]
+
+    def item_names(self, queries: IntArray, items: IntArray) -> list[list[str]]:
+        """Item ids of a ``(rows, width)`` index matrix, row ``r`` belonging to query ``queries[r]``."""
+        if self.names is not None:
+            rows: list[list[str]] = self.names[queries[:, None], items].tolist()
+            return rows
+        return [[f"q{q}-d{j}" for j in row] for q, row in zip(queries.tolist(), items.tolist(), strict=True)]
+
+    def flat_names(self, queries: IntArray, items: IntArray) -> list[str]:
+        """Item ids of parallel 1-d arrays of query and item indices."""
+        if self.names is not None:
+            flat: list[str] = self.names[queries, items].tolist()
+            return flat
+        return [f"q{q}-d{j}" for q, j in zip(queries.tolist(), items.tolist(), strict=True)]
+
+
+def _round_ms(values: FloatArray) -> FloatArray:
+    return np.round(values, 3)
+
+
+def _team_draft(
+    first: list[int], second: list[int], n: int, coin: list[bool]
+) -> tuple[list[int], list[int]]:
+    """Team-draft interleaving (Radlinski et al. 2008) of two full rankings of the same pool.
+
+    Args:
+        first: Item indices of the first arm's ranking, best first.
+        second: Item indices of the second arm's ranking, best first.
+        n: Length of the interleaved list.
+        coin: Coin flips (True: first arm picks first) used when both teams have the same size.
+
+    Returns:
+        The interleaved item indices and, per position, 0 or 1 for the team that contributed it.
+    """
+    picked: list[int] = []
+    teams: list[int] = []
+    used: set[int] = set()
+    pointers = [0, 0]
+    rankings = (first, second)
+    sizes = [0, 0]
+    flip = 0
+    while len(picked) < n:
+        if sizes[0] < sizes[1]:
+            team = 0
+        elif sizes[1] < sizes[0]:
+            team = 1
+        else:
+            team = 0 if coin[flip % len(coin)] else 1
+            flip += 1
+        ranking = rankings[team]
+        pointer = pointers[team]
+        while ranking[pointer] in used:
+            pointer += 1
+        item = ranking[pointer]
+        pointers[team] = pointer + 1
+        used.add(item)
+        picked.append(item)
+        teams.append(team)
+        sizes[team] += 1
+    return picked, teams
+
+
+class _Generator:
+    """Chunked event generation with the event-time ordering buffer."""
+
+    def __init__(self, config: SimulationConfig) -> None:
+        self.config = config
+        self.world = _World(config)
+        self.rng = _rng(config, _STREAM_TRAFFIC)
+        self.faults = _rng(config, _STREAM_FAULTS)
+        self.shuffle = _rng(config, _STREAM_SHUFFLE)
+        self.extras = _rng(config, _STREAM_EXTRAS)
+        self.arm_names = [name for name, _ in config.arms]
+        qualities = [quality for _, quality in config.arms]
+        # Code len(arms) is the interleaved arm; its base ranker is the first arm.
+        self.quality = np.array([*qualities, qualities[0]], dtype=np.float64)
+        self.click_p = click_probabilities(config.max_grade)
+        pair = sorted(config.arms[:2], key=lambda arm: arm[0])
+        self.quality_gap = pair[1][1] - pair[0][1] if len(pair) == 2 else 0.0
+        self.next_ts = config.start_ts
+        self.session = -1
+        self.session_arm = 0
+        self.orphans = 0
+        self.pending_keys: FloatArray = np.empty(0, dtype=np.float64)
+        self.pending: list[Event] = []
+
+    def batches(self) -> Iterator[list[Event]]:
+        """Events in emission order, one list per generated chunk (the last one also flushes the buffer)."""
+        total = self.config.requests
+        for start in range(0, total, CHUNK_REQUESTS):
+            m = min(CHUNK_REQUESTS, total - start)
+            events, keys, bound = self._chunk(start, m)
+            batch = self._release(events, keys, bound)
+            if batch:
+                yield batch
+        batch = self._release([], np.empty(0, dtype=np.float64), math.inf)
+        if batch:
+            yield batch
+
+    def _release(self, events: list[Event], keys: FloatArray, bound: float) -> list[Event]:
+        """Merge new events into the buffer and release those with a sort key <= bound, in key order."""
+        all_keys = np.concatenate([self.pending_keys, keys])
+        all_events = self.pending + events
+        order = np.argsort(all_keys, kind="stable")
+        sorted_keys = all_keys[order]
+        cut = int(np.searchsorted(sorted_keys, bound, side="right"))
+        idx = order.tolist()
+        released = [all_events[i] for i in idx[:cut]]
+        self.pending = [all_events[i] for i in idx[cut:]]
+        self.pending_keys = sorted_keys[cut:]
+        return released
+
+    def _sessions(self, m: int, first_chunk: bool) -> tuple[IntArray, IntArray]:
+        """Session index and arm code per request; sessions run on across chunks."""
+        cfg = self.config
+        rng = self.rng
+        new = rng.random(m) < 1.0 / cfg.sessions_per_user_requests
+        if first_chunk:
+            new[0] = True
+        local = np.cumsum(new)
+        n_new = int(local[-1])
+        n_arms = len(cfg.arms)
+        drawn = rng.integers(0, n_arms, size=n_new)
+        if cfg.interleaving:
+            drawn = np.where(rng.random(n_new) < INTERLEAVE_SHARE, n_arms, drawn)
+        arms_ext = np.concatenate([[self.session_arm], drawn]).astype(np.int64)
+        arm_code = arms_ext[local]
+        session = self.session + local
+        self.session += n_new
+        self.session_arm = int(arms_ext[-1])
+        return session.astype(np.int64), arm_code
+
+    def _rank(self, grades: FloatArray, quality: FloatArray) -> tuple[IntArray, FloatArray]:
+        """Full ranking of each row's pool by a ranker of the row's quality, and the model score per item."""
+        cfg = self.config
+        rng = self.rng
+        top = float(cfg.max_grade)
+        q = quality[:, None]
+        noise = rng.random(grades.shape)
+        raw = q * grades + (1.0 - q) * noise * top + 1e-6 * rng.random(grades.shape)
+        order = np.argsort(-raw, axis=1).astype(np.int64)
+        offset = rng.normal(0.0, 0.5, size=(grades.shape[0], 1))
+        score = np.round(1.0 / (1.0 + np.exp(-((raw / top - 0.5) * 6.0 + offset))), 4)
+        return order, score
+
+    def _chunk(self, start: int, m: int) -> tuple[list[Event], FloatArray, float]:
+        """Generate the events of requests ``start .. start + m - 1``.
+
+        Returns:
+            The events, their sort keys (ts plus shuffle jitter) and the bound below which no later event falls.
+        """
+        cfg = self.config
+        rng = self.rng
+        world = self.world
+        n_arms = len(cfg.arms)
+        n_c = cfg.catalogue
+
+        gaps = rng.exponential(1.0 / cfg.rate, size=m)
+        if start == 0:
+            gaps[0] = 0.0
+        serve_raw = self.next_ts + np.cumsum(gaps)
+        self.next_ts = float(serve_raw[-1])
+        serve = _round_ms(serve_raw)
+        session, arm_code = self._sessions(m, start == 0)
+        queries = np.searchsorted(world.query_cdf, rng.random(m), side="right").astype(np.int64)
+        queries = np.minimum(queries, cfg.queries - 1)
+        lengths = np.rint(cfg.items_per_request * rng.uniform(0.75, 1.25, size=m)).astype(np.int64)
+        lengths = np.clip(lengths, 1, n_c)
+        width = int(lengths.max())
+
+        grades_int = world.grades[queries].astype(np.int64)
+        grades = grades_int.astype(np.float64)
+        order, score = self._rank(grades, self.quality[arm_code])
+        shown = np.ascontiguousarray(order[:, :width])
+        shown_scores = np.take_along_axis(score, shown, axis=1)
+        scores_rows: list[list[float]] = shown_scores.tolist()
+
+        teams_rows: dict[int, list[str]] = {}
+        interleaved = np.flatnonzero(arm_code == n_arms)
+        if interleaved.size:
+            second_q = np.full(interleaved.size, cfg.arms[1][1], dtype=np.float64)
+            order_b, score_b = self._rank(grades[interleaved], second_q)
+            coins = (self.extras.random((interleaved.size, 8)) < 0.5).tolist()
+            pair = self.arm_names[:2]
+            for k, r in enumerate(interleaved.tolist()):
+                n = int(lengths[r])
+                picked, teams = _team_draft(order[r].tolist(), order_b[k].tolist(), n, coins[k])
+                shown[r, :n] = picked
+                own = [score[r, j] if t == 0 else score_b[k, j] for j, t in zip(picked, teams, strict=True)]
+                descending: list[float] = []
+                previous = math.inf
+                for value in own:
+                    previous = round(min(float(value), previous - 1e-4), 4)
+                    descending.append(previous)
+                scores_rows[r] = descending
+                teams_rows[r] = [pair[t] for t in teams]
+
+        positions = np.arange(width)
+        visible = positions[None, :] < lengths[:, None]
+        shown_grades = np.take_along_axis(grades_int, shown, axis=1)
+
+        # Clicks.
+        p_click = self.click_p[shown_grades]
+        attracted = rng.random((m, width)) < p_click
+        if cfg.click_model == "cascade":
+            stops = attracted & (rng.random((m, width)) < CASCADE_STOP_AFTER_CLICK)
+            stopped_before = np.cumsum(stops, axis=1) - stops
+            clicks = attracted & (stopped_before == 0) & visible
+        else:
+            examined = rng.random((m, width)) < 1.0 / (positions[None, :] + 1.0)
+            clicks = attracted & examined & visible
+        min_delay = min(0.5, cfg.max_delay)
+        click_gaps = rng.exponential(max(cfg.max_delay, 1e-9) / 10.0, size=(m, width))
+        click_delay = np.minimum(min_delay + np.cumsum(np.where(clicks, click_gaps, 0.0), axis=1), cfg.max_delay)
+        c_rows, c_pos = np.nonzero(clicks)
+        c_items = shown[c_rows, c_pos]
+        c_delay = click_delay[c_rows, c_pos]
+
+        # Editorial labels for shown and unshown judged items.
+        labelled = np.flatnonzero(rng.random(m) < cfg.label_rate)
+        n_l = labelled.size
+        l_len = lengths[labelled]
+        k_shown = np.minimum(rng.integers(2, 5, size=n_l), l_len)
+        keys = np.where(visible[labelled], rng.random((n_l, width)), np.inf)
+        pick = np.argsort(keys, axis=1)
+        take = positions[None, :] < k_shown[:, None]
+        ls_rows, ls_col = np.nonzero(take)
+        ls_req = labelled[ls_rows]
+        ls_items = shown[ls_req, pick[ls_rows, ls_col]]
+        k_unshown = np.minimum(rng.integers(1, 3, size=n_l), n_c - l_len)
+        on_list = np.zeros((n_l, n_c), dtype=bool)
+        v_rows, v_pos = np.nonzero(visible[labelled])
+        on_list[v_rows, shown[labelled[v_rows], v_pos]] = True
+        gumbel = -np.log(-np.log(rng.random((n_l, n_c)) + 1e-300) + 1e-300)
+        prefer = np.where(on_list, -np.inf, np.log1p(grades[labelled]) + gumbel)
+        pick_u = np.argsort(-prefer, axis=1)
+        take_u = np.arange(n_c)[None, :] < k_unshown[:, None]
+        lu_rows, lu_col = np.nonzero(take_u)
+        lu_req = labelled[lu_rows]
+        lu_items = pick_u[lu_rows, lu_col]
+        l_req = np.concatenate([ls_req, lu_req])
+        l_items = np.concatenate([ls_items, lu_items])
+        l_delay = rng.uniform(min_delay, cfg.max_delay, size=l_req.size)
+
+        # All feedback of the chunk: clicks then labels.
+        f_req = np.concatenate([c_rows, l_req]).astype(np.int64)
+        f_item = np.concatenate([c_items, l_items]).astype(np.int64)
+        f_grade = np.concatenate([np.full(c_rows.size, -1, dtype=np.int64), grades_int[l_req, l_items]])
+        f_ts = serve_raw[f_req] + np.concatenate([c_delay, l_delay])
+        n_f = f_req.size
+
+        faults = self.faults
+        if cfg.late_fraction > 0:
+            late = faults.random(n_f) < cfg.late_fraction
+            f_ts = np.where(late, serve_raw[f_req] + ATTRIBUTION_WINDOW + faults.uniform(1.0, 600.0, n_f), f_ts)
+        if cfg.duplicate_fraction > 0:
+            dup = np.flatnonzero(faults.random(n_f) < cfg.duplicate_fraction)
+            f_req = np.concatenate([f_req, f_req[dup]])
+            f_item = np.concatenate([f_item, f_item[dup]])
+            f_grade = np.concatenate([f_grade, f_grade[dup]])
+            f_ts = np.concatenate([f_ts, f_ts[dup] + faults.uniform(0.05, 2.0, dup.size)])
+        f_ts = _round_ms(f_ts)
+
+        # Assemble the events.
+        experiment = cfg.experiment
+        request_ids = [f"r{start + i}" for i in range(m)]
+        query_names = world.query_names
+        item_rows = world.item_names(queries, shown)
+        subtopic_table = world.subtopics
+        q_list = queries.tolist()
+        events: list[Event] = []
+        arm_labels = [*self.arm_names, INTERLEAVED_ARM]
+        for i, (rid, ts, n, q, sess, code) in enumerate(
+            zip(
+                request_ids,
+                serve.tolist(),
+                lengths.tolist(),
+                q_list,
+                session.tolist(),
+                arm_code.tolist(),
+                strict=True,
+            )
+        ):
+            event: Event = {
+                "type": "ranking",
+                "request_id": rid,
+                "ts": ts,
+                "items": item_rows[i][:n],
+                "scores": scores_rows[i][:n],
+                "query_id": query_names[q],
+                "session_id": f"s{sess}",
+                "experiment": experiment,
+                "arm": arm_labels[code],
+            }
+            if code == n_arms:
+                event["teams"] = teams_rows[i]
+            if subtopic_table is not None:
+                row = subtopic_table[q]
+                event["subtopics"] = [list(row[j]) for j in shown[i, :n].tolist()]
+            events.append(event)
+
+        f_names = world.flat_names(queries[f_req], f_item)
+        for r, item, grade, ts in zip(f_req.tolist(), f_names, f_grade.tolist(), f_ts.tolist(), strict=True):
+            if grade < 0:
+                events.append(
+                    {"type": "feedback", "request_id": request_ids[r], "item": item, "kind": "click", "ts": ts}
+                )
+            else:
+                events.append(
+                    {
+                        "type": "feedback",
+                        "request_id": request_ids[r],
+                        "item": item,
+                        "kind": "label",
+                        "grade": grade,
+                        "ts": ts,
+                    }
+                )
+        all_ts = [serve, f_ts]
+
+        if cfg.orphan_fraction > 0:
+            n_o = int(faults.binomial(n_f, cfg.orphan_fraction))
+            o_q = faults.integers(0, cfg.queries, size=n_o).astype(np.int64)
+            o_item = faults.integers(0, n_c, size=n_o).astype(np.int64)
+            o_ts = _round_ms(faults.uniform(float(serve_raw[0]), float(serve_raw[-1]), size=n_o))
+            o_names = world.flat_names(o_q, o_item)
+            base = cfg.requests + self.orphans
+            self.orphans += n_o
+            for k, (item, ts) in enumerate(zip(o_names, o_ts.tolist(), strict=True)):
+                events.append(
+                    {"type": "feedback", "request_id": f"r{base + k}", "item": item, "kind": "click", "ts": ts}
+                )
+            all_ts.append(o_ts)
+
+        if cfg.judgments:
+            extras = self.extras
+            judged = np.flatnonzero(extras.random(m) < JUDGMENT_RATE)
+            p_good = (1.0 - JUDGMENT_SAME) * min(1.0, max(0.0, 0.5 + self.quality_gap))
+            u = extras.random(judged.size)
+            j_ts = _round_ms(serve_raw[judged] + extras.uniform(0.0, cfg.max_delay, size=judged.size))
+            for r, draw, ts in zip(judged.tolist(), u.tolist(), j_ts.tolist(), strict=True):
+                verdict = "same" if draw < JUDGMENT_SAME else "good" if draw < JUDGMENT_SAME + p_good else "bad"
+                events.append(
+                    {
+                        "type": "judgment",
+                        "experiment": experiment,
+                        "query_id": query_names[q_list[r]],
+                        "verdict": verdict,
+                        "ts": ts,
+                    }
+                )
+            all_ts.append(j_ts)
+
+        keys = np.concatenate(all_ts)
+        if cfg.shuffle_window > 0:
+            keys = keys + self.shuffle.uniform(0.0, cfg.shuffle_window, size=keys.size)
+        return events, keys, float(serve[-1])
+
+
+def _batches(config: SimulationConfig) -> Iterator[list[Event]]:
+    return _Generator(config).batches()
+
+
+def simulate(config: SimulationConfig) -> Iterator[dict[str, Any]]:
+    """Generate the synthetic events.
+
+    Args:
+        config: The simulation parameters.
+
+    Yields:
+        Events as dicts with ``"type"`` in ``{"ranking", "feedback", "judgment"}`` and the fields of SPEC §1,
+        ordered by event time (except for the bounded disorder of ``shuffle_window``). The sequence is
+        deterministic for a given config. Malformed events (``invalid_fraction``) only appear in
+        :func:`simulate_lines`.
+    """
+    for batch in _batches(config):
+        yield from batch
+
+
+def _malformed(kind: int, n: int, ts: float, good_line: bytes, experiment: str) -> bytes:
+    """One malformed JSON line of the given kind (0-5), with a request id ``bad{n}`` that is never used."""
+    rid = f"bad{n}"
+    body: dict[str, Any]
+    if kind == 0:  # broken JSON: a valid line cut short (an object prefix never parses)
+        return good_line[: max(1, (len(good_line) - 1) // 2)] + b"\n"
+    if kind == 1:  # missing request_id
+        body = {"type": "feedback", "item": "q0-d0", "kind": "click", "ts": ts}
+    elif kind == 2:  # items not a list
+        body = {"type": "ranking", "request_id": rid, "ts": ts, "items": "q0-d0", "experiment": experiment}
+    elif kind == 3:  # negative grade
+        body = {"type": "feedback", "request_id": rid, "item": "q0-d0", "kind": "label", "grade": -1, "ts": ts}
+    elif kind == 4:  # unknown type
+        body = {"type": "impression", "request_id": rid, "item": "q0-d0", "ts": ts}
+    else:  # duplicate items in a ranking
+        body = {
+            "type": "ranking",
+            "request_id": rid,
+            "ts": ts,
+            "items": ["q0-d0", "q0-d1", "q0-d0"],
+            "scores": [0.9, 0.8, 0.7],
+            "experiment": experiment,
+        }
+    return orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _line_batches(config: SimulationConfig) -> Iterator[list[bytes]]:
+    dumps = orjson.dumps
+    option = orjson.OPT_APPEND_NEWLINE
+    fraction = config.invalid_fraction
+    rng = _rng(config, _STREAM_INVALID)
+    made = 0
+    for batch in _batches(config):
+        lines = [dumps(event, option=option) for event in batch]
+        if fraction > 0 and lines:
+            after = np.flatnonzero(rng.random(len(lines)) < fraction).tolist()
+            kinds = rng.integers(0, 6, size=len(after)).tolist()
+            out: list[bytes] = []
+            prev = 0
+            for at, kind in zip(after, kinds, strict=True):
+                out.extend(lines[prev : at + 1])
+                out.append(_malformed(kind, made, float(batch[at]["ts"]), lines[at], config.experiment))
+                made += 1
+                prev = at + 1
+            out.extend(lines[prev:])
+            lines = out
+        yield lines
+
+
+def simulate_lines(config: SimulationConfig) -> Iterator[bytes]:
+    """The events of :func:`simulate` as JSON Lines.
+
+    Args:
+        config: The simulation parameters.
+
+    Yields:
+        Compact JSON lines (bytes, each ending in ``b"\\n"``). When ``invalid_fraction > 0`` a malformed line
+        follows each valid line with that probability: broken JSON, a feedback without ``request_id``,
+        ``items`` not a list, a negative grade, an unknown ``type``, or duplicate items in a ranking.
+    """
+    for lines in _line_batches(config):
+        yield from lines
+
+
+def _write_all(config: SimulationConfig, write: Callable[[bytes], object]) -> int:
+    count = 0
+    for lines in _line_batches(config):
+        write(b"".join(lines))
+        count += len(lines)
+    return count
+
+
+def write_jsonl(config: SimulationConfig, path: str) -> int:
+    """Write :func:`simulate_lines` to a file.
+
+    Args:
+        config: The simulation parameters.
+        path: Output file; a name ending in ``.gz`` is gzip-compressed.
+
+    Returns:
+        The number of lines written (valid and malformed).
+    """
+    if path.endswith(".gz"):
+        with gzip.open(path, "wb", compresslevel=6) as gz:
+            return _write_all(config, gz.write)
+    with open(path, "wb") as fh:
+        return _write_all(config, fh.write)
