@@ -29,7 +29,7 @@ from stream_eval.config import Config
 from stream_eval.events.schema import Feedback, Ranking
 
 #: Lists longer than this get a dict from item to position instead of ``list.index``.
-_INDEX_THRESHOLD = 48
+SHORT_LIST = 48
 
 
 class EventCounts(Counter[tuple[str, str]]):
@@ -70,7 +70,7 @@ class RequestState:
     def position(self, item: str) -> int:
         """1-based served position of ``item``; 0 if it was not served."""
         items = self.ranking.items
-        if len(items) <= _INDEX_THRESHOLD:
+        if len(items) <= SHORT_LIST:
             try:
                 return items.index(item) + 1
             except ValueError:

@@ -8,23 +8,25 @@ with a short ``code`` (counted per code) and a human-readable ``reason``.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from stream_eval.config import Config
 
 Time = float | str | None
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Grade = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Ranking(msgspec.Struct, tag="ranking", tag_field="type", gc=False):
     """One served result list (topic ``rankings``). ``ts`` is epoch seconds once validated."""
 
-    request_id: str
-    items: list[str]
+    request_id: NonEmpty
+    items: Annotated[list[str], msgspec.Meta(min_length=1)]
     ts: Time = None
     scores: list[float] | None = None
     query_id: str | None = None
@@ -38,18 +40,18 @@ class Ranking(msgspec.Struct, tag="ranking", tag_field="type", gc=False):
 class Feedback(msgspec.Struct, tag="feedback", tag_field="type", gc=False):
     """A click or a relevance label for one item of a request (topic ``feedback``)."""
 
-    request_id: str
+    request_id: NonEmpty
     item: str
     kind: str = "click"
-    grade: float | None = None
+    grade: Grade | None = None
     ts: Time = None
 
 
 class Judgment(msgspec.Struct, tag="judgment", tag_field="type", gc=False):
     """A side-by-side verdict of treatment vs control for one query (topic ``judgments``)."""
 
-    experiment: str
-    query_id: str
+    experiment: NonEmpty
+    query_id: NonEmpty
     verdict: Literal["good", "same", "bad"]
     ts: Time = None
 
@@ -114,62 +116,60 @@ def parse_time(value: Time, field: str = "ts") -> float:
     raise EventError("missing_ts", f"{field}: missing")
 
 
-def _finite(values: list[float], field: str) -> None:
-    for value in values:
-        if not math.isfinite(value):
-            raise EventError("bad_value", f"{field}: contains a non-finite number")
+class Validator:
+    """The checks of SPEC §1 that msgspec's types cannot express, for one :class:`Config`.
 
+    ``check`` validates an event in place (``ts`` becomes epoch seconds, a click gets grade 1) or raises
+    :class:`EventError`. Built once per config: the hot path does no dict building or attribute chains.
+    """
 
-def _check_ranking(event: Ranking, config: Config) -> None:
-    items = event.items
-    n = len(items)
-    if not event.request_id:
-        raise EventError("missing_field", "request_id: empty")
-    if n == 0:
-        raise EventError("bad_items", "items: empty list")
-    if n > config.max_items:
-        raise EventError("bad_items", f"items: {n} items, more than max_items={config.max_items}")
-    if len(set(items)) != n:
-        seen: set[str] = set()
-        repeated = next(item for item in items if item in seen or seen.add(item))  # type: ignore[func-returns-value]  # set.add returns None: the expression tests membership first
-        raise EventError("bad_items", f"items: {repeated!r} appears more than once")
-    if event.scores is not None:
-        if len(event.scores) != n:
-            raise EventError("bad_length", f"scores: {len(event.scores)} scores for {n} items")
-        _finite(event.scores, "scores")
-    if event.teams is not None and len(event.teams) != n:
-        raise EventError("bad_length", f"teams: {len(event.teams)} teams for {n} items")
-    if event.subtopics is not None and len(event.subtopics) != n:
-        raise EventError("bad_length", f"subtopics: {len(event.subtopics)} entries for {n} items")
+    __slots__ = ("max_items", "default_grades", "graded_kinds", "_checks")
 
+    def __init__(self, config: Config) -> None:
+        self.max_items = config.max_items
+        self.default_grades = config.kind_grades
+        self.graded_kinds = {"label", *self.default_grades}
+        self._checks: dict[type, Any] = {Ranking: self.ranking, Feedback: self.feedback, Judgment: self.judgment}
 
-def _check_feedback(event: Feedback, config: Config) -> None:
-    if not event.request_id:
-        raise EventError("missing_field", "request_id: empty")
-    grade = event.grade
-    if grade is None:
-        if event.kind == "label":
-            raise EventError("missing_grade", "grade: required for kind 'label'")
-        default = config.kind_grades.get(event.kind)
-        if default is None:
+    def check(self, event: Ranking | Feedback | Judgment, default_ts: float | None = None) -> None:
+        self._checks[type(event)](event)
+        ts = event.ts
+        if type(ts) is not float:
+            event.ts = default_ts if ts is None and default_ts is not None else parse_time(ts)
+
+    def ranking(self, event: Ranking) -> None:
+        items = event.items
+        n = len(items)
+        if n > self.max_items:
+            raise EventError("bad_items", f"items: {n} items, more than max_items={self.max_items}")
+        if len(set(items)) != n:
+            seen: set[str] = set()
+            repeated = next(item for item in items if item in seen or seen.add(item))  # type: ignore[func-returns-value]  # set.add returns None: the expression tests membership first
+            raise EventError("bad_items", f"items: {repeated!r} appears more than once")
+        for field in ("scores", "teams", "subtopics"):
+            values = getattr(event, field)
+            if values is not None and len(values) != n:
+                raise EventError("bad_length", f"{field}: {len(values)} entries for {n} items")
+
+    def feedback(self, event: Feedback) -> None:
+        if event.grade is None:
+            grade = self.default_grades.get(event.kind)
+            if grade is None:
+                if event.kind == "label":
+                    raise EventError("missing_grade", "grade: required for kind 'label'")
+                raise EventError("unknown_kind", f"kind: {event.kind!r} is not click, label or a kind in the config")
+            event.grade = grade
+        elif event.kind not in self.graded_kinds:
             raise EventError("unknown_kind", f"kind: {event.kind!r} is not click, label or a kind in the config")
-        event.grade = default
-    elif not (grade >= 0.0 and math.isfinite(grade)):
-        raise EventError("bad_grade", f"grade: must be a finite number >= 0, got {grade}")
-    elif event.kind not in ("label", "click") and event.kind not in config.kind_grades:
-        raise EventError("unknown_kind", f"kind: {event.kind!r} is not click, label or a kind in the config")
+
+    def judgment(self, event: Judgment) -> None:
+        pass
 
 
-def _check_judgment(event: Judgment, config: Config) -> None:
-    if not event.experiment or not event.query_id:
-        raise EventError("missing_field", "experiment and query_id must not be empty")
-
-
-_CHECKS: Mapping[type, Any] = {
-    Ranking: _check_ranking,
-    Feedback: _check_feedback,
-    Judgment: _check_judgment,
-}
+@functools.lru_cache(maxsize=16)
+def validator(config: Config) -> Validator:
+    """The :class:`Validator` of a config (cached: configs are frozen)."""
+    return Validator(config)
 
 
 def validate(event: Ranking | Feedback | Judgment, config: Config, default_ts: float | None = None) -> None:
@@ -177,14 +177,7 @@ def validate(event: Ranking | Feedback | Judgment, config: Config, default_ts: f
 
     Raises :class:`EventError` with a code and a reason.
     """
-    _CHECKS[type(event)](event, config)
-    ts = event.ts
-    if ts is None and default_ts is not None:
-        event.ts = default_ts
-    elif type(ts) is not float:
-        event.ts = parse_time(ts)
-    elif not math.isfinite(ts):
-        raise EventError("bad_ts", "ts: not a finite number")
+    validator(config).check(event, default_ts)
 
 
 def type_name(event: object) -> str:
@@ -197,6 +190,11 @@ _TYPE_NAMES: dict[type, str] = {Ranking: "ranking", Feedback: "feedback", Judgme
 _LINE_DECODER = msgspec.json.Decoder(Event)
 
 
+#: Short reason codes for msgspec's type errors, by the field they are about.
+_FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "bad_grade", "ts": "bad_ts",
+                "experiment": "missing_field", "query_id": "missing_field"}
+
+
 def _reason_of(error: msgspec.MsgspecError) -> tuple[str, str]:
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
@@ -207,7 +205,8 @@ def _reason_of(error: msgspec.MsgspecError) -> tuple[str, str]:
         return "unknown_type", f"type: {text.split(' - ')[0].replace('Invalid value', 'unknown type')}"
     if "missing required field" in text:
         return "missing_field", text
-    return "bad_field", text
+    field = text.rpartition("at `$.")[2].rstrip("`").split("[")[0].split(".")[0]
+    return _FIELD_CODES.get(field, "bad_field"), text
 
 
 def _guess_kind(line: bytes) -> str:
@@ -256,7 +255,16 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
             for offset, line in enumerate(chunk.split(b"\n"))
             if line.strip()
         ]
-    results: list[Event | Invalid] = [finish(event, config) for event in decoded]
+    check = validator(config).check
+    results: list[Event | Invalid] = decoded  # type: ignore[assignment]  # validated in place below
+    for index, event in enumerate(decoded):
+        if type(event) is Watermark:
+            results[index] = finish(event, config)
+            continue
+        try:
+            check(event)  # type: ignore[arg-type]  # watermarks were handled above
+        except EventError as error:
+            results[index] = Invalid(type_name(event), error.code, error.reason)
     if any(type(result) is Invalid for result in results):
         lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
         for index, result in enumerate(results):

@@ -1,0 +1,138 @@
+"""Sessions for AUC/GAUC: the served items of finalised requests, grouped by ``session_id``.
+
+A request without ``session_id`` is a session of its own and is scored as soon as it is finalised. The
+requests of a named session wait until event time passes the last request's finalisation point plus
+``session_gap``; a request arriving later for the same id starts a new session.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from stream_eval.events.join import RequestState
+from stream_eval.metrics.auc import gauc_weights, session_auc
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+
+
+class Impressions:
+    """The served items of a batch of requests, flattened: request ``i`` owns ``starts[i]:starts[i+1]``.
+
+    ``scores`` are the model scores, or minus the position where a ranking has none (higher position,
+    higher score); ``labels`` mark relevant items.
+    """
+
+    __slots__ = ("starts", "scores", "labels")
+
+    def __init__(self, states: Sequence[RequestState], rel_req: Ints, rel_pos: Ints) -> None:
+        n_shown = np.fromiter((len(s.ranking.items) for s in states), dtype=np.int64, count=len(states))
+        starts = np.zeros(len(states) + 1, dtype=np.int64)
+        np.cumsum(n_shown, out=starts[1:])
+        total = int(starts[-1])
+        part = np.repeat(np.arange(len(states)), n_shown)
+        scores = starts[part] - np.arange(total, dtype=np.float64) - 1.0
+        given: list[float] = []
+        with_scores = np.zeros(len(states), dtype=np.bool_)
+        for i, state in enumerate(states):
+            if state.ranking.scores is not None:
+                given.extend(state.ranking.scores)
+                with_scores[i] = True
+        if given:
+            scores[with_scores[part]] = given
+        labels = np.zeros(total, dtype=np.bool_)
+        labels[starts[rel_req] + rel_pos - 1] = True
+        self.starts, self.scores, self.labels = starts, scores, labels
+
+    def relevant_positions(self, i: int) -> list[int]:
+        """1-based positions of the relevant items of request ``i``."""
+        return (np.flatnonzero(self.labels[self.starts[i] : self.starts[i + 1]]) + 1).tolist()
+
+
+class ScoredSessions:
+    """Closed sessions: the group of each, its AUC (NaN if single-class) and its GAUC weight."""
+
+    __slots__ = ("group", "auc", "weight")
+
+    def __init__(self, group: Ints, auc: Floats, weight: Floats) -> None:
+        self.group, self.auc, self.weight = group, auc, weight
+
+
+class _Session:
+    __slots__ = ("group", "parts", "deadline")
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+        self.parts: list[tuple[Impressions, int]] = []
+        self.deadline = -math.inf
+
+
+class Sessions:
+    """Open named sessions, and the scoring of sessions as they close."""
+
+    def __init__(self, gap: float, weight: str) -> None:
+        self.gap = gap
+        self.weight = weight
+        self.open: dict[str, _Session] = {}
+
+    def _score(self, session: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
+        auc, positives, negatives = session_auc(session, scores, labels, group.shape[0])
+        return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight))
+
+    def add(self, states: Sequence[RequestState], group: Ints, impressions: Impressions) -> ScoredSessions | None:
+        """Take a batch of finalised requests; returns the one-request sessions, scored."""
+        own = np.fromiter((s.ranking.session_id is None for s in states), dtype=np.bool_, count=len(states))
+        starts = impressions.starts
+        if not own.all():
+            for i in np.flatnonzero(~own).tolist():
+                state = states[i]
+                sid: str = state.ranking.session_id  # type: ignore[assignment]  # named sessions only
+                session = self.open.get(sid)
+                if session is None:
+                    session = self.open[sid] = _Session(int(group[i]))
+                session.parts.append((impressions, i))
+                session.deadline = max(session.deadline, state.deadline + self.gap)
+        if not own.any():
+            return None
+        n_shown = np.diff(starts)
+        part = np.repeat(np.arange(len(states)), n_shown)
+        if own.all():
+            return self._score(part, impressions.scores, impressions.labels, group)
+        index = np.cumsum(own) - 1
+        keep = own[part]
+        return self._score(index[part[keep]], impressions.scores[keep], impressions.labels[keep], group[own])
+
+    def close(self, watermark: float) -> ScoredSessions | None:
+        """Score and forget the named sessions idle since before ``watermark``."""
+        if not self.open:
+            return None
+        closing = [sid for sid, s in self.open.items() if s.deadline <= watermark]
+        if not closing:
+            return None
+        sessions = [self.open.pop(sid) for sid in closing]
+        # Gather the parts batch by batch: one vectorised take per batch of impressions.
+        by_batch: dict[int, tuple[Impressions, list[int], list[int]]] = {}
+        for k, session in enumerate(sessions):
+            for impressions, i in session.parts:
+                entry = by_batch.get(id(impressions))
+                if entry is None:
+                    entry = by_batch[id(impressions)] = (impressions, [], [])
+                entry[1].append(i)
+                entry[2].append(k)
+        session_parts, score_parts, label_parts = [], [], []
+        for impressions, requests, owners in by_batch.values():
+            index = np.array(requests, dtype=np.int64)
+            first, lengths = impressions.starts[index], impressions.starts[index + 1] - impressions.starts[index]
+            offsets = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+            score_parts.append(impressions.scores[offsets])
+            label_parts.append(impressions.labels[offsets])
+            session_parts.append(np.repeat(np.array(owners, dtype=np.int64), lengths))
+        group = np.array([s.group for s in sessions], dtype=np.int64)
+        return self._score(
+            np.concatenate(session_parts), np.concatenate(score_parts), np.concatenate(label_parts), group
+        )
