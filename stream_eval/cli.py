@@ -34,7 +34,7 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> Config:
     overrides = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in SHARED_OPTIONS}
     path = overrides.pop("config")
-    return load_config(path, overrides)  # type: ignore[arg-type]  # a path string or None
+    return load_config(path, overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -170,7 +170,7 @@ def _number(name: str) -> Any:
 def _integer(name: str) -> Any:
     def read(value: object) -> int:
         try:
-            return int(value)  # type: ignore[call-overload]  # str or number; ValueError is reported
+            return int(str(value))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{name}: expected an integer, got {value!r}") from exc
 

@@ -256,13 +256,13 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
             if line.strip()
         ]
     check = validator(config).check
-    results: list[Event | Invalid] = decoded  # type: ignore[assignment]  # validated in place below
+    results: list[Event | Invalid] = decoded
     for index, event in enumerate(decoded):
         if type(event) is Watermark:
             results[index] = finish(event, config)
             continue
         try:
-            check(event)  # type: ignore[arg-type]  # watermarks were handled above
+            check(event)
         except EventError as error:
             results[index] = Invalid(type_name(event), error.code, error.reason)
     if any(type(result) is Invalid for result in results):

@@ -73,8 +73,8 @@ class Moments:
         self.total += (w * v).sum(axis=0)
         self.total_sq += (w * v * v).sum(axis=0)
 
-    def _fields(self) -> tuple[npt.NDArray[np.generic], ...]:
-        return (self.count, self.weight, self.weight_sq, self.total, self.total_sq)
+    def _fields(self) -> tuple[npt.NDArray[np.float64], ...]:
+        return (self.count, self.weight, self.weight_sq, self.total, self.total_sq)  # type: ignore[return-value]  # count is int64; + and - treat all alike
 
     def __iadd__(self, other: Moments) -> Moments:
         for mine, theirs in zip(self._fields(), other._fields(), strict=True):

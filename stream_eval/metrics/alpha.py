@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def subtopic_counts_above(subtopics: Sequence[Sequence[str]], relevant: Sequence[bool], position: int) -> dict[str, int]:
@@ -33,7 +33,7 @@ def subtopic_counts_above(subtopics: Sequence[Sequence[str]], relevant: Sequence
     return {s: seen[s] for s in dict.fromkeys(subtopics[position - 1])}
 
 
-def _gain(topics: Sequence[str], seen: Counter[str], keep: float) -> float:
+def _gain(topics: Iterable[str], seen: Counter[str], keep: float) -> float:
     return sum(keep ** seen[s] for s in set(topics))
 
 

@@ -7,7 +7,7 @@ GAUC over hundreds of thousands of sessions costs a few numpy passes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -87,7 +87,8 @@ def _wins(matrix: Floats, positive: Bools) -> Floats:
     pos_run = positives_upto[ends] - positives_upto[starts]
     neg_before = negatives_upto[starts] - negatives_upto[row_of_run * width]
     neg_run = negatives_upto[ends] - negatives_upto[starts]
-    return np.bincount(row_of_run, weights=pos_run * (neg_before + 0.5 * neg_run), minlength=height)
+    wins: Floats = np.bincount(row_of_run, weights=pos_run * (neg_before + 0.5 * neg_run), minlength=height).astype(np.float64)
+    return wins
 
 
 def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
@@ -103,10 +104,11 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
 
 def gauc_weights(positives: Ints, negatives: Ints, weight: str) -> Floats:
     """Session weights for GAUC: ``impressions`` (items shown), ``clicks`` (positives) or ``uniform``."""
-    return _WEIGHTS[weight](positives, negatives)
+    weights: Floats = _WEIGHTS[weight](positives, negatives)
+    return weights
 
 
-_WEIGHTS = {
+_WEIGHTS: dict[str, Callable[[Ints, Ints], Floats]] = {
     "impressions": lambda p, n: (p + n).astype(np.float64),
     "clicks": lambda p, n: p.astype(np.float64),
     "uniform": lambda p, n: np.ones(p.shape[0]),
