@@ -248,7 +248,7 @@ def apply_empty_policy(values: Floats, specs: Sequence[MetricSpec], empty: npt.N
         values[empty, :] = np.nan
         return
     for j, spec in enumerate(specs):
-        if spec.family in ZEROED_WHEN_EMPTY:
+        if spec.family in ZEROED_WHEN_EMPTY and spec.family in KERNELS:
             values[empty, j] = 0.0
 
 
