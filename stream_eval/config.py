@@ -76,7 +76,7 @@ class Config:
     session_gap: float = 1800.0
     alpha: float = 0.5
     max_items: int = 1000
-    gsb_metric: str = "nDCG@10"
+    gsb_metric: str = ""
     gsb_epsilon: float = 0.0
     gsb_window: float = 3600.0
     confidence: float = 0.95
@@ -105,6 +105,11 @@ class Config:
             raise ConfigError(f"max_items: must be positive, got {self.max_items}")
         if not 0.0 < self.confidence < 1.0:
             raise ConfigError(f"confidence: must lie in (0, 1), got {self.confidence}")
+        if not self.gsb_metric:
+            # nDCG at 10 when 10 is a cutoff, else at the first cutoff: the default follows --cutoffs.
+            k = 10 if 10 in self.cutoffs else self.cutoffs[0]
+            object.__setattr__(self, "gsb_metric", f"nDCG@{k}")
+        _check_gsb_metric(self.gsb_metric, self.cutoffs)
         for kind, grade in self.kinds:
             if grade < 0:
                 raise ConfigError(f"kinds.{kind}: grade must be >= 0, got {grade}")
@@ -145,6 +150,17 @@ class Config:
             "kinds": dict(self.kinds),
             "experiments": {e: {"control": p.control, "treatment": p.treatment} for e, p in self.experiments},
         }
+
+
+def _check_gsb_metric(name: str, cutoffs: tuple[int, ...]) -> None:
+    known = ("RR", "AP", "MRR", "MAP")
+    family, _, cutoff = name.partition("@")
+    with_cutoff = ("P", "R", "DCG", "nDCG", "ERR", "alpha-nDCG")
+    if name in known or (family in with_cutoff and cutoff.isdigit() and int(cutoff) in cutoffs):
+        return
+    raise ConfigError(
+        f"gsb_metric: {name!r} is not a computed metric (RR, AP, or P/R/DCG/nDCG/ERR@k with k in {list(cutoffs)})"
+    )
 
 
 # Settings that a file, the environment or a flag may set, and how to read each from text or TOML.

@@ -42,7 +42,9 @@ events of the delay (and shuffle) horizon are buffered. The output is determinis
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import gzip
 import math
 from collections.abc import Callable, Iterator
@@ -97,6 +99,10 @@ N_SUBTOPICS = 6
 QUERY_ZIPF = 0.7
 """Exponent of the query popularity (weight of the k-th query proportional to ``1 / k**QUERY_ZIPF``)."""
 
+SCORE_STEPS = 10_000
+"""Model scores are multiples of ``1 / SCORE_STEPS`` in ``[0, 1]`` (4 decimals)."""
+
+_SCORE_VALUES: NDArray[np.object_] = np.array([k / SCORE_STEPS for k in range(SCORE_STEPS + 1)], dtype=object)
 _NAME_TABLE_LIMIT = 2_000_000
 _STREAM_GRADES = 1
 _STREAM_TRAFFIC = 2
@@ -131,7 +137,8 @@ class SimulationConfig:
         judgments: Emit side-by-side ``judgment`` events.
         rate: Requests per second of event time.
         start_ts: Event time of the first request (epoch seconds).
-        max_delay: Cap of the feedback delay after serve time, in seconds.
+        max_delay: Cap of the feedback delay after serve time, in seconds (keep it below the 30 min attribution
+            window, or ordinary feedback becomes late too).
         seed: Seed of every random draw (non-negative).
         late_fraction: Fraction of feedback events moved beyond the 30 min attribution window.
         duplicate_fraction: Fraction of feedback events emitted twice.
@@ -308,13 +315,28 @@ class _World:
         return [f"q{q}-d{j}" for q, j in zip(queries.tolist(), items.tolist(), strict=True)]
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a chunk is built.
+
+    A chunk allocates some 10^5 dicts and lists, none in a reference cycle; left on, the collector would rescan
+    the buffered events again and again and double the generation time. It is paused only inside the
+    generator's own work, never while the consumer runs, and restored as it was.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _round_ms(values: FloatArray) -> FloatArray:
     return np.round(values, 3)
 
 
-def _team_draft(
-    first: list[int], second: list[int], n: int, coin: list[bool]
-) -> tuple[list[int], list[int]]:
+def _team_draft(first: list[int], second: list[int], n: int, coin: list[bool]) -> tuple[list[int], list[int]]:
     """Team-draft interleaving (Radlinski et al. 2008) of two full rankings of the same pool.
 
     Args:
@@ -383,8 +405,9 @@ class _Generator:
         total = self.config.requests
         for start in range(0, total, CHUNK_REQUESTS):
             m = min(CHUNK_REQUESTS, total - start)
-            events, keys, bound = self._chunk(start, m)
-            batch = self._release(events, keys, bound)
+            with _gc_paused():
+                events, keys, bound = self._chunk(start, m)
+                batch = self._release(events, keys, bound)
             if batch:
                 yield batch
         batch = self._release([], np.empty(0, dtype=np.float64), math.inf)
@@ -424,8 +447,12 @@ class _Generator:
         self.session_arm = int(arms_ext[-1])
         return session.astype(np.int64), arm_code
 
-    def _rank(self, grades: FloatArray, quality: FloatArray) -> tuple[IntArray, FloatArray]:
-        """Full ranking of each row's pool by a ranker of the row's quality, and the model score per item."""
+    def _rank(self, grades: FloatArray, quality: FloatArray) -> tuple[IntArray, IntArray]:
+        """Full ranking of each row's pool by a ranker of the row's quality, and the model score per item.
+
+        Scores are returned in units of 1e-4 (``0..SCORE_STEPS``): the exported score is
+        ``_SCORE_VALUES[k]``, a shared float object, so a million rankings do not allocate twenty million floats.
+        """
         cfg = self.config
         rng = self.rng
         top = float(cfg.max_grade)
@@ -434,7 +461,7 @@ class _Generator:
         raw = q * grades + (1.0 - q) * noise * top + 1e-6 * rng.random(grades.shape)
         order = np.argsort(-raw, axis=1).astype(np.int64)
         offset = rng.normal(0.0, 0.5, size=(grades.shape[0], 1))
-        score = np.round(1.0 / (1.0 + np.exp(-((raw / top - 0.5) * 6.0 + offset))), 4)
+        score = np.rint(SCORE_STEPS / (1.0 + np.exp(-((raw / top - 0.5) * 6.0 + offset)))).astype(np.int64)
         return order, score
 
     def _chunk(self, start: int, m: int) -> tuple[list[Event], FloatArray, float]:
@@ -467,7 +494,6 @@ class _Generator:
         order, score = self._rank(grades, self.quality[arm_code])
         shown = np.ascontiguousarray(order[:, :width])
         shown_scores = np.take_along_axis(score, shown, axis=1)
-        scores_rows: list[list[float]] = shown_scores.tolist()
 
         teams_rows: dict[int, list[str]] = {}
         interleaved = np.flatnonzero(arm_code == n_arms)
@@ -480,13 +506,12 @@ class _Generator:
                 n = int(lengths[r])
                 picked, teams = _team_draft(order[r].tolist(), order_b[k].tolist(), n, coins[k])
                 shown[r, :n] = picked
+                # Each item keeps its own team's score, nudged so the list stays strictly descending.
                 own = [score[r, j] if t == 0 else score_b[k, j] for j, t in zip(picked, teams, strict=True)]
-                descending: list[float] = []
-                previous = math.inf
-                for value in own:
-                    previous = round(min(float(value), previous - 1e-4), 4)
-                    descending.append(previous)
-                scores_rows[r] = descending
+                previous = SCORE_STEPS + 1
+                for pos, value in enumerate(own):
+                    previous = max(0, min(int(value), previous - 1))
+                    shown_scores[r, pos] = previous
                 teams_rows[r] = [pair[t] for t in teams]
 
         positions = np.arange(width)
@@ -498,7 +523,7 @@ class _Generator:
         attracted = rng.random((m, width)) < p_click
         if cfg.click_model == "cascade":
             stops = attracted & (rng.random((m, width)) < CASCADE_STOP_AFTER_CLICK)
-            stopped_before = np.cumsum(stops, axis=1) - stops
+            stopped_before: IntArray = np.cumsum(stops, axis=1, dtype=np.int64) - stops
             clicks = attracted & (stopped_before == 0) & visible
         else:
             examined = rng.random((m, width)) < 1.0 / (positions[None, :] + 1.0)
@@ -559,15 +584,20 @@ class _Generator:
         experiment = cfg.experiment
         request_ids = [f"r{start + i}" for i in range(m)]
         query_names = world.query_names
-        item_rows = world.item_names(queries, shown)
+        # Served lists as flat lists, sliced per request (no per-row intermediate lists).
+        flat_items = world.flat_names(np.repeat(queries, lengths), shown[visible])
+        flat_scores: list[float] = _SCORE_VALUES[shown_scores[visible]].tolist()
+        ends = np.cumsum(lengths)
+        starts = (ends - lengths).tolist()
         subtopic_table = world.subtopics
         q_list = queries.tolist()
         events: list[Event] = []
         arm_labels = [*self.arm_names, INTERLEAVED_ARM]
-        for i, (rid, ts, n, q, sess, code) in enumerate(
+        for i, (rid, ts, lo, n, q, sess, code) in enumerate(
             zip(
                 request_ids,
                 serve.tolist(),
+                starts,
                 lengths.tolist(),
                 q_list,
                 session.tolist(),
@@ -579,8 +609,8 @@ class _Generator:
                 "type": "ranking",
                 "request_id": rid,
                 "ts": ts,
-                "items": item_rows[i][:n],
-                "scores": scores_rows[i][:n],
+                "items": flat_items[lo : lo + n],
+                "scores": flat_scores[lo : lo + n],
                 "query_id": query_names[q],
                 "session_id": f"s{sess}",
                 "experiment": experiment,
@@ -697,27 +727,35 @@ def _malformed(kind: int, n: int, ts: float, good_line: bytes, experiment: str) 
     return orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def _line_batches(config: SimulationConfig) -> Iterator[list[bytes]]:
+def _lines(config: SimulationConfig) -> Iterator[bytes]:
+    """JSON lines of the events with malformed lines mixed in; each line is handed on at once.
+
+    Lines are not collected into lists: orjson's output buffers are cheap to allocate and free one at a time but
+    slow to keep by the hundred thousand, so encoding stays streaming all the way to the writer.
+    """
     dumps = orjson.dumps
     option = orjson.OPT_APPEND_NEWLINE
     fraction = config.invalid_fraction
     rng = _rng(config, _STREAM_INVALID)
     made = 0
     for batch in _batches(config):
-        lines = [dumps(event, option=option) for event in batch]
-        if fraction > 0 and lines:
-            after = np.flatnonzero(rng.random(len(lines)) < fraction).tolist()
-            kinds = rng.integers(0, 6, size=len(after)).tolist()
-            out: list[bytes] = []
-            prev = 0
-            for at, kind in zip(after, kinds, strict=True):
-                out.extend(lines[prev : at + 1])
-                out.append(_malformed(kind, made, float(batch[at]["ts"]), lines[at], config.experiment))
-                made += 1
-                prev = at + 1
-            out.extend(lines[prev:])
-            lines = out
-        yield lines
+        if fraction <= 0:
+            for event in batch:
+                yield dumps(event, option=option)
+            continue
+        after = np.flatnonzero(rng.random(len(batch)) < fraction).tolist()
+        kinds = rng.integers(0, 6, size=len(after)).tolist()
+        prev = 0
+        for at, kind in zip(after, kinds, strict=True):
+            for event in batch[prev:at]:
+                yield dumps(event, option=option)
+            line = dumps(batch[at], option=option)
+            yield line
+            yield _malformed(kind, made, float(batch[at]["ts"]), line, config.experiment)
+            made += 1
+            prev = at + 1
+        for event in batch[prev:]:
+            yield dumps(event, option=option)
 
 
 def simulate_lines(config: SimulationConfig) -> Iterator[bytes]:
@@ -726,20 +764,26 @@ def simulate_lines(config: SimulationConfig) -> Iterator[bytes]:
     Args:
         config: The simulation parameters.
 
-    Yields:
-        Compact JSON lines (bytes, each ending in ``b"\\n"``). When ``invalid_fraction > 0`` a malformed line
-        follows each valid line with that probability: broken JSON, a feedback without ``request_id``,
-        ``items`` not a list, a negative grade, an unknown ``type``, or duplicate items in a ranking.
+    Returns:
+        An iterator of compact JSON lines (bytes, each ending in ``b"\\n"``). When ``invalid_fraction > 0``,
+        a malformed line follows each valid line with that probability: broken JSON, a feedback without
+        ``request_id``, ``items`` not a list, a negative grade, an unknown ``type``, or duplicate items in a
+        ranking.
     """
-    for lines in _line_batches(config):
-        yield from lines
+    return _lines(config)
 
 
-def _write_all(config: SimulationConfig, write: Callable[[bytes], object]) -> int:
+def _write_all(config: SimulationConfig, write: Callable[[bytearray], object]) -> int:
     count = 0
-    for lines in _line_batches(config):
-        write(b"".join(lines))
-        count += len(lines)
+    buffer = bytearray()
+    for line in _lines(config):
+        buffer += line
+        count += 1
+        if len(buffer) >= 1 << 20:
+            write(buffer)
+            buffer.clear()
+    if buffer:
+        write(buffer)
     return count
 
 
@@ -748,13 +792,16 @@ def write_jsonl(config: SimulationConfig, path: str) -> int:
 
     Args:
         config: The simulation parameters.
-        path: Output file; a name ending in ``.gz`` is gzip-compressed.
+        path: Output file; a name ending in ``.gz`` is gzip-compressed (level 1: about 4x faster than the default
+            level for a quarter of the size instead of a fifth).
 
     Returns:
         The number of lines written (valid and malformed).
     """
-    if path.endswith(".gz"):
-        with gzip.open(path, "wb", compresslevel=6) as gz:
-            return _write_all(config, gz.write)
-    with open(path, "wb") as fh:
-        return _write_all(config, fh.write)
+    # No user code runs until the file is written, so the collector can stay paused throughout.
+    with _gc_paused():
+        if path.endswith(".gz"):
+            with gzip.open(path, "wb", compresslevel=1) as gz:
+                return _write_all(config, gz.write)
+        with open(path, "wb") as fh:
+            return _write_all(config, fh.write)

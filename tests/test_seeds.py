@@ -1,4 +1,4 @@
-"""Every worked example of the seed documents (/work/shared/seeds), computed by stream_eval's own code.
+"""Every worked example of the seed documents (shared/seeds/ beside the checkout), computed by stream_eval's own code.
 
 The seeds round their results (0.961, 0.83, 8.37, ...); each test says which tolerance the rounding allows.
 """

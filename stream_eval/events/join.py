@@ -6,7 +6,9 @@ Rules (SPEC §1), with the one choice the SPEC leaves open written down:
 * Feedback may arrive before its ranking: it waits in ``pending``.
 * Feedback with ``ts - serve_ts > attribution_window`` is **late** (dropped, counted).
 * Repeating an ``(item, kind, grade)`` already seen for the request is a **duplicate** (counted, no effect).
-* A ranking whose request_id was already seen is a **duplicate ranking** (the first one stands).
+* A ranking whose request_id was already seen is a **duplicate ranking** (the first one stands). Memory
+  is bounded: a finalised request is remembered for one more ``attribution_window + allowed_lateness``;
+  after that a ranking with its id starts a new request and feedback for it waits (and becomes an orphan).
 * Feedback whose ranking has not arrived when the watermark passes ``ts + attribution_window +
   allowed_lateness`` is an **orphan**.
 * A request is finalised when the watermark passes ``serve_ts + attribution_window + allowed_lateness``.
@@ -14,7 +16,8 @@ Rules (SPEC §1), with the one choice the SPEC leaves open written down:
   that arrives after its request's finalisation point is late too.
 
 Finalisation is *lazy but exact*: a request whose finalisation point the watermark has passed is treated
-as final at once (later feedback is late) even before :meth:`Join.advance` removes it, so calling
+as final at once (later feedback is late), and one the watermark has taken past its memory is treated as
+forgotten, even before :meth:`Join.advance` removes it; so calling
 ``advance`` after every event or after every thousand events gives the same numbers.
 """
 
@@ -57,10 +60,11 @@ class EventCounts(Counter[tuple[str, str]]):
 class RequestState:
     """A served list and the best grade seen for each of its items so far."""
 
-    __slots__ = ("ranking", "ts", "deadline", "grades", "seen", "_positions")
+    __slots__ = ("ranking", "ts", "deadline", "grades", "seen", "_positions", "seq")
 
-    def __init__(self, ranking: Ranking, deadline: float) -> None:
+    def __init__(self, ranking: Ranking, deadline: float, seq: int = 0) -> None:
         self.ranking = ranking
+        self.seq = seq
         self.ts: float = ranking.ts  # type: ignore[assignment]  # validated: epoch seconds
         self.deadline = deadline
         self.grades: dict[str, float] = {}
@@ -107,19 +111,33 @@ class Join:
         self._deadlines: list[tuple[float, int, str]] = []
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._closed_expiry: list[tuple[float, int, str]] = []
+        self._early: list[RequestState] = []
         self._seq = count()
 
     # -- events -------------------------------------------------------------------------------------
+    def _remembered(self, rid: str) -> bool:
+        """Whether a finalised request is still remembered (lazily: as if ``advance`` had just run)."""
+        forget_at = self.closed.get(rid)
+        return forget_at is not None and forget_at > self.watermark
+
     def ranking(self, event: Ranking) -> str:
-        """Open a request; ``duplicate`` if its request_id was already seen."""
+        """Open a request; ``duplicate`` if its request_id was already seen (and is still remembered)."""
         rid = event.request_id
-        if rid in self.open or rid in self.closed:
+        previous = self.open.get(rid)
+        if previous is not None and previous.deadline + self.horizon <= self.watermark:
+            # Finalised and forgotten already had advance run: do now what advance would have done.
+            del self.open[rid]
+            self._early.append(previous)
+            previous = None
+        if previous is not None or self._remembered(rid):
             self.counts["ranking", "duplicate"] += 1
             return "duplicate"
         self.counts["ranking", "ok"] += 1
-        state = RequestState(event, event.ts + self.horizon)  # type: ignore[operator]  # ts is float
+        self.closed.pop(rid, None)
+        seq = next(self._seq)
+        state = RequestState(event, event.ts + self.horizon, seq)  # type: ignore[operator]  # ts is float
         self.open[rid] = state
-        heapq.heappush(self._deadlines, (state.deadline, next(self._seq), rid))
+        heapq.heappush(self._deadlines, (state.deadline, seq, rid))
         waiting = self.pending.pop(rid, None)
         if waiting is not None:
             for feedback in waiting:
@@ -132,9 +150,9 @@ class Join:
     def feedback(self, event: Feedback) -> str:
         """Apply feedback to its request: ``ok``, ``late``, ``duplicate`` or ``pending`` (no ranking yet)."""
         state = self.open.get(event.request_id)
-        if state is not None:
+        if state is not None and state.deadline + self.horizon > self.watermark:
             return self._apply(state, event)
-        if event.request_id in self.closed:
+        if self._remembered(event.request_id):
             self.counts["feedback", "late"] += 1
             return "late"
         waiting = self.pending.get(event.request_id)
@@ -172,20 +190,28 @@ class Join:
         if watermark > self.watermark:
             self.watermark = watermark
         watermark = self.watermark
-        finalised: list[RequestState] = []
+        finalised, self._early = self._early, []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= watermark:
             _, seq, rid = heapq.heappop(deadlines)
-            state = self.open.pop(rid)
+            state = self.open.get(rid)
+            if state is None or state.seq != seq:
+                continue  # finalised early (see ``ranking``)
+            del self.open[rid]
             self.changed.pop(rid, None)
             finalised.append(state)
-            self.closed[rid] = state.deadline + self.horizon
-            heapq.heappush(self._closed_expiry, (state.deadline + self.horizon, seq, rid))
+        for state in finalised:
+            forget_at = state.deadline + self.horizon
+            if forget_at > watermark:
+                rid = state.ranking.request_id
+                self.closed[rid] = forget_at
+                heapq.heappush(self._closed_expiry, (forget_at, state.seq, rid))
         self._expire_pending(watermark)
         closed = self._closed_expiry
         while closed and closed[0][0] <= watermark:
-            _, _, rid = heapq.heappop(closed)
-            self.closed.pop(rid, None)
+            forget_at, _, rid = heapq.heappop(closed)
+            if self.closed.get(rid) == forget_at:
+                del self.closed[rid]
         return finalised
 
     def _expire_pending(self, watermark: float) -> None:
@@ -204,7 +230,8 @@ class Join:
 
     def flush(self) -> list[RequestState]:
         """End of input: finalise every open request and count every waiting feedback as an orphan."""
-        finalised = [self.open[rid] for _, _, rid in sorted(self._deadlines)]
+        finalised = self._early + sorted(self.open.values(), key=lambda s: (s.deadline, s.seq))
+        self._early = []
         self.open.clear()
         self.changed.clear()
         self._deadlines.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -209,11 +210,14 @@ def _reason_of(error: msgspec.MsgspecError) -> tuple[str, str]:
     return _FIELD_CODES.get(field, "bad_field"), text
 
 
+_TYPE_FIELD = re.compile(rb'"type"\s*:\s*"([a-z]+)"')
+
+
 def _guess_kind(line: bytes) -> str:
-    for kind in EVENT_TYPES:
-        if b'"' + kind.encode() + b'"' in line:
-            return kind
-    return "unknown"
+    """The type a rejected line says it has, for counting (``unknown`` if it names none we know)."""
+    match = _TYPE_FIELD.search(line)
+    kind = match.group(1).decode() if match else ""
+    return kind if kind in EVENT_TYPES else "unknown"
 
 
 def decode_line(line: bytes, config: Config, where: str = "") -> Event | Invalid:
@@ -241,6 +245,14 @@ def finish(event: Event, config: Config, raw: bytes = b"", where: str = "", defa
     return event
 
 
+def _line_by_line(chunk: bytes, config: Config, first_line: int, source: str) -> list[Event | Invalid]:
+    return [
+        decode_line(line, config, f"{source}:{first_line + offset}")
+        for offset, line in enumerate(chunk.split(b"\n"))
+        if line.strip()
+    ]
+
+
 def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str = "") -> list[Event | Invalid]:
     """Every line of ``chunk`` (complete lines only) as events; one bad line never spoils its neighbours.
 
@@ -250,11 +262,10 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
     try:
         decoded = _LINE_DECODER.decode_lines(chunk)
     except msgspec.MsgspecError:
-        return [
-            decode_line(line, config, f"{source}:{first_line + offset}")
-            for offset, line in enumerate(chunk.split(b"\n"))
-            if line.strip()
-        ]
+        return _line_by_line(chunk, config, first_line, source)
+    # decode_lines skips blank lines and accepts two JSON values on one line; a line must hold one event.
+    if len(decoded) != sum(1 for line in chunk.split(b"\n") if line.strip()):
+        return _line_by_line(chunk, config, first_line, source)
     check = validator(config).check
     results: list[Event | Invalid] = decoded
     for index, event in enumerate(decoded):

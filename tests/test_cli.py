@@ -1,0 +1,558 @@
+"""``stream-eval`` end to end, in subprocesses: SPEC §4 (replay, its report, its options) on small logs."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
+
+
+def _simulate_imports() -> bool:
+    try:
+        importlib.import_module("stream_eval.simulate")
+    except Exception:
+        return False
+    return True
+
+
+SIMULATE_OK = _simulate_imports()
+
+
+def ev(**fields: Any) -> str:
+    return json.dumps(fields)
+
+
+def ranking(rid: str, dt: float, items: list[str], **extra: Any) -> str:
+    return ev(type="ranking", request_id=rid, ts=T0 + dt, items=items, experiment="e", **extra)
+
+
+def click(rid: str, item: str, dt: float, **extra: Any) -> str:
+    return ev(type="feedback", request_id=rid, item=item, ts=T0 + dt, **extra)
+
+
+def label(rid: str, item: str, grade: float, dt: float) -> str:
+    return ev(type="feedback", request_id=rid, item=item, kind="label", grade=grade, ts=T0 + dt)
+
+
+# A log in event-time order: 5 requests (e/A: r1 r2 in session s1; e/B: r3 in s2, r4 in s3 without feedback;
+# e/il: r5 interleaved), a duplicate click, an orphan click, a late click, a judgment, 4 bad lines and blanks.
+GOOD_AND_BAD: list[tuple[str, bool]] = [
+    (ranking("r1", 0, ["a", "b", "c", "d"], arm="A", session_id="s1", query_id="q1",
+             scores=[0.9, 0.8, 0.7, 0.6]), True),
+    (click("r1", "b", 3), True),
+    ("this is not json", False),
+    (click("r1", "b", 4), True),  # duplicate (a double click)
+    (label("r1", "c", 3, 20), True),  # 20 s after serve: late only with a 10 s window
+    (ranking("r2", 30, ["a", "e", "f"], arm="A", session_id="s1", query_id="q2"), True),
+    (click("r2", "a", 32), True),
+    (ev(type="ranking", request_id="bad", ts=T0 + 40, items=[]), False),  # empty items
+    (ranking("r3", 50, ["x", "y", "z"], arm="B", session_id="s2", query_id="q1"), True),
+    (label("r3", "y", 2, 55), True),
+    (label("r3", "w", 3, 58), True),  # judged, not shown
+    ("", None),
+    (ranking("r4", 60, ["p", "q"], arm="B", session_id="s3", query_id="q4"), True),
+    (click("rX", "a", 75), True),  # orphan: rX never ranked
+    (ev(type="feedback", request_id="r4", item="p", kind="label", grade=-1, ts=T0 + 76), False),
+    (ranking("r5", 80, ["m", "n", "o"], arm="il", teams=["A", "B", "A"]), True),
+    (click("r5", "n", 85), True),
+    ("   ", None),
+    (ev(type="bogus", request_id="r1", ts=T0 + 90), False),
+    (ev(type="judgment", experiment="e", query_id="q1", verdict="good", ts=T0 + 110), True),
+    (click("r1", "d", 2000), True),  # late: 2000 s > 30 min after serve
+]
+BAD_LINE_NUMBERS = [k for k, (_, good) in enumerate(GOOD_AND_BAD, 1) if good is False]
+EXPECTED_EVENTS = {"ranking": 5, "feedback": 9, "judgment": 1, "invalid": 4, "late": 1, "duplicate": 1,
+                   "orphan": 1}
+TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab"}
+EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
+SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
+GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
+GSB_KEYS = {"experiment", "source", "good", "same", "bad", "score"}
+AB_KEYS = {"experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "n_control",
+           "n_treatment"}
+PER_REQUEST_KEYS = {"request_id", "experiment", "arm", "query_id", "session_id", "metrics"}
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write(tmp_path_factory.mktemp("logs") / "log.jsonl", [text for text, _ in GOOD_AND_BAD])
+
+
+@pytest.fixture(scope="module")
+def clean_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write(tmp_path_factory.mktemp("logs") / "clean.jsonl", [text for text, good in GOOD_AND_BAD if good])
+
+
+@pytest.fixture(scope="module")
+def default_report(log: Path) -> dict[str, Any]:
+    """The report of ``log`` with default settings (computed once; tests must not modify it)."""
+    return report(log)
+
+
+@pytest.fixture(scope="module")
+def default_rows(log: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The ``--per-request`` records of ``log`` with default settings, by request_id."""
+    return per_request(tmp_path_factory.mktemp("rows"), log)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}
+    env.update(extra)
+    return env
+
+
+def cli(*args: str | Path, stdin: bytes | None = None, env: dict[str, str] | None = None,
+        cwd: Path | None = None, script: bool = False) -> subprocess.CompletedProcess[bytes]:
+    command = [_script()] if script else [sys.executable, "-m", "stream_eval.cli"]
+    return subprocess.run(
+        [*command, *map(str, args)], input=stdin if stdin is not None else b"", capture_output=True,
+        env=env if env is not None else clean_env(), cwd=cwd, timeout=60,
+    )
+
+
+def _script() -> str:
+    candidate = Path(sysconfig.get_path("scripts")) / "stream-eval"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("stream-eval")
+    assert found, "the stream-eval console script is not installed"
+    return found
+
+
+def report(*args: str | Path, **kwargs: Any) -> dict[str, Any]:
+    result = cli("replay", *args, "--format", "json", **kwargs)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"Traceback" not in result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def metrics(rep: dict[str, Any]) -> dict[str, Any]:
+    return rep["overall"]["metrics"]  # type: ignore[no-any-return]
+
+
+def group(rep: dict[str, Any], arm: str) -> dict[str, Any]:
+    [found] = [g for g in rep["groups"] if g["arm"] == arm]
+    return found  # type: ignore[no-any-return]
+
+
+def without_invalid(rep: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(rep))
+    del out["events"]["invalid"]
+    return out  # type: ignore[no-any-return]
+
+
+def per_request(tmp_path: Path, log: Path, *args: str) -> dict[str, dict[str, Any]]:
+    out = tmp_path / "per-request.jsonl"
+    report(log, "--per-request", out, *args)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_id = {row["request_id"]: row for row in rows}
+    assert len(by_id) == len(rows), "a request was written twice"
+    return by_id
+
+
+# -- the report -----------------------------------------------------------------------------------------------
+
+
+def test_replay_report_shape_and_counts(default_report: dict[str, Any]) -> None:
+    rep = default_report
+    assert set(rep) == TOP_KEYS
+    assert set(rep["events"]) == EVENT_KEYS
+    assert rep["events"] == EXPECTED_EVENTS
+    assert set(rep["overall"]) == SECTION_KEYS
+    assert rep["overall"]["requests"] == 5 and rep["overall"]["empty"] == 1
+    assert rep["overall"]["sessions"] == 3  # s1, s2 and r5's own; s3 has no positive
+    assert {"MRR", "MAP", "P@10", "R@10", "nDCG@10", "ERR@10", "GAUC"} <= set(metrics(rep))
+    assert [(g["experiment"], g["arm"]) for g in rep["groups"]] == [("e", "A"), ("e", "B"), ("e", "il")]
+    for g in rep["groups"]:
+        assert set(g) == GROUP_KEYS
+        assert set(g["metrics"]) == set(metrics(rep))
+    assert [g["requests"] for g in rep["groups"]] == [2, 2, 1]
+    assert group(rep, "B")["empty"] == 1
+    assert rep["gsb"], "a judgment and an interleaved request were logged"
+    for row in rep["gsb"]:
+        assert set(row) == GSB_KEYS
+    # judgment: one good; interleaving: r5's click is on a B item; metric: q1 served by both arms, nDCG@10 of
+    # B's r3 (0.21) is below A's r1 (0.54)
+    assert [(g["experiment"], g["source"], g["good"], g["same"], g["bad"], g["score"]) for g in rep["gsb"]] == [
+        ("e", "interleaving", 1, 0, 0, 1.0), ("e", "judgment", 1, 0, 0, 1.0), ("e", "metric", 0, 0, 1, -1.0)]
+    assert rep["ab"]
+    for row in rep["ab"]:
+        assert set(row) == AB_KEYS
+        assert (row["experiment"], row["control"], row["treatment"]) == ("e", "A", "B")
+    assert {row["metric"] for row in rep["ab"]} >= {"MRR", "nDCG@10"}
+    [mrr] = [row for row in rep["ab"] if row["metric"] == "MRR"]
+    assert math.isclose(mrr["delta"], 0.25 - 0.75) and (mrr["n_control"], mrr["n_treatment"]) == (2, 2)
+    assert set(rep["config"]) >= {"cutoffs", "gain", "max_grade", "rel_threshold", "empty", "gauc_weight",
+                                  "attribution_window"}
+    # RR: r1 b@2, r2 a@1, r3 y@2, r4 none, r5 n@2
+    assert math.isclose(metrics(rep)["MRR"], (0.5 + 1 + 0.5 + 0 + 0.5) / 5)
+    assert math.isclose(group(rep, "A")["metrics"]["MRR"], 0.75)
+
+
+def test_bad_lines_are_counted_reported_and_change_no_number(log: Path, clean_log: Path) -> None:
+    result = cli("replay", log, "--format", "json")
+    assert result.returncode == 0
+    stderr = result.stderr.decode()
+    assert "Traceback" not in stderr
+    for number in BAD_LINE_NUMBERS:
+        assert f"{log}:{number}" in stderr, stderr
+    assert "malformed" in stderr.lower()
+    assert "items" in stderr and "grade" in stderr and "bogus" in stderr
+    rep = json.loads(result.stdout)
+    assert rep["events"] == EXPECTED_EVENTS
+    clean = report(clean_log)
+    assert clean["events"]["invalid"] == 0
+    assert without_invalid(rep) == without_invalid(clean)
+
+
+def test_table_format(log: Path) -> None:
+    result = cli("replay", log, "--format", "table")
+    assert result.returncode == 0
+    text = result.stdout.decode()
+    assert text.startswith("events:")
+    assert "invalid 4" in text and "late 1" in text and "orphan 1" in text
+    assert "MRR" in text and "nDCG@10" in text and "(all)" in text
+    assert "0.5000" in text  # overall MRR
+    assert "GSB" in text and "judgment" in text
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+
+
+def test_default_format_off_a_terminal_is_json(log: Path) -> None:
+    result = cli("replay", log)
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["events"] == EXPECTED_EVENTS
+
+
+def test_console_script(log: Path) -> None:
+    result = cli("replay", log, "--format", "json", script=True)
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout)["events"] == EXPECTED_EVENTS
+    assert cli("--help", script=True).returncode == 0
+
+
+def test_stdin(log: Path, default_report: dict[str, Any]) -> None:
+    result = cli("replay", "-", "--format", "json", stdin=log.read_bytes())
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == default_report
+    assert f"stdin:{BAD_LINE_NUMBERS[0]}" in result.stderr.decode()
+
+
+def test_gzip_input_equals_plain(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
+    packed = tmp_path / "log.jsonl.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    assert report(packed) == default_report
+
+
+def test_several_files_are_their_concatenation(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
+    lines = log.read_text().splitlines()
+    first = tmp_path / "part1.jsonl"
+    first.write_text("\n".join(lines[:9]))  # no newline at the end of the first file
+    second = write(tmp_path / "part2.jsonl", lines[9:15])
+    third = tmp_path / "part3.jsonl.gz"
+    third.write_bytes(gzip.compress("".join(line + "\n" for line in lines[15:]).encode()))
+    assert report(first, second, third) == default_report
+
+
+def test_long_file_read_in_several_chunks(tmp_path: Path) -> None:
+    """More than one read chunk (1 MiB): line numbers run on across chunks, and the numbers do not depend on
+    where the chunks end. r1 is finalised at 1860 s and forgotten one horizon later (join.py), so r1 served
+    again two hours after is a new request, and the clicks that follow it count for the new one."""
+    lines = [ranking("r1", 0, ["a", "b"], arm="A")]
+    lines += [ranking(f"f{k}", k, [f"i{j}" for j in range(8)], arm="A") for k in range(1, 12_001)]
+    lines.insert(11_000, "{broken")
+    lines += [click("r1", "a", 12_000), ranking("r1", 12_000, ["a", "b"], arm="A"), click("r1", "b", 12_001)]
+    path = write(tmp_path / "long.jsonl", lines)
+    assert path.stat().st_size > 1.2 * (1 << 20)
+    result = cli("replay", path, "--format", "json")
+    assert result.returncode == 0, result.stderr.decode()
+    assert f"{path}:11001" in result.stderr.decode()
+    rep = json.loads(result.stdout)
+    assert rep["events"] == {"ranking": 12_002, "feedback": 2, "judgment": 0, "invalid": 1, "late": 0,
+                             "duplicate": 0, "orphan": 0}
+    assert rep["overall"]["requests"] == 12_002
+
+
+def test_per_request_output(default_rows: dict[str, dict[str, Any]]) -> None:
+    rows = default_rows
+    assert set(rows) == {"r1", "r2", "r3", "r4", "r5"}
+    for row in rows.values():
+        assert set(row) == PER_REQUEST_KEYS
+        assert {"RR", "AP", "P@10", "R@10", "nDCG@10", "ERR@10"} <= set(row["metrics"])
+    r1 = rows["r1"]
+    assert (r1["experiment"], r1["arm"], r1["query_id"], r1["session_id"]) == ("e", "A", "q1", "s1")
+    assert rows["r5"]["query_id"] == "r5" and rows["r5"]["session_id"] == "r5"  # defaults: the request_id
+    assert r1["metrics"]["RR"] == 0.5 and rows["r2"]["metrics"]["RR"] == 1.0
+    assert rows["r4"]["metrics"]["RR"] == 0.0  # empty = zero
+    # no subtopics were logged: alpha-nDCG is undefined for every request
+    assert all(row["metrics"].get("alpha-nDCG@10", None) is None for row in rows.values())
+
+
+def test_per_request_nulls_for_skipped_empty_requests(tmp_path: Path, log: Path) -> None:
+    rows = per_request(tmp_path, log, "--empty", "skip")
+    assert set(rows) == {"r1", "r2", "r3", "r4", "r5"}
+    assert all(value is None for value in rows["r4"]["metrics"].values())
+    assert rows["r1"]["metrics"]["RR"] == 0.5
+
+
+# -- options ----------------------------------------------------------------------------------------------------
+
+
+def test_cutoffs(tmp_path: Path, log: Path) -> None:
+    rep = report(log, "--cutoffs", "5,10")
+    names = set(metrics(rep))
+    for family in ("P", "R", "DCG", "nDCG", "ERR"):
+        assert {f"{family}@5", f"{family}@10"} <= names
+    assert rep["config"]["cutoffs"] == [5, 10]
+    assert math.isclose(metrics(rep)["P@5"], (2 + 1 + 1 + 0 + 1) / 5 / 5)  # r1 has b and c in its top 5
+    rows = per_request(tmp_path, log, "--cutoffs", "5,10")
+    assert {"P@5", "P@10", "nDCG@5"} <= set(rows["r1"]["metrics"])
+
+
+def test_gain(tmp_path: Path, log: Path, default_rows: dict[str, dict[str, Any]],
+              default_report: dict[str, Any]) -> None:
+    exp_rows = default_rows
+    linear_rows = per_request(tmp_path, log, "--gain", "linear")
+    inv = 1 / math.log2(3)
+    # r1: b (grade 1) at 2, c (grade 3) at 3
+    assert math.isclose(exp_rows["r1"]["metrics"]["nDCG@10"], (inv + 7 / 2) / (7 + inv))
+    assert math.isclose(linear_rows["r1"]["metrics"]["nDCG@10"], (inv + 3 / 2) / (3 + inv))
+    linear = report(log, "--gain", "linear")
+    assert linear["config"]["gain"] == "linear"
+    assert metrics(linear)["nDCG@10"] != metrics(default_report)["nDCG@10"]
+
+
+def test_max_grade(tmp_path: Path, log: Path, default_rows: dict[str, dict[str, Any]],
+                   default_report: dict[str, Any]) -> None:
+    def err(max_grade: float) -> float:
+        r_b, r_c = 1 / 2**max_grade, 7 / 2**max_grade
+        return r_b / 2 + (1 - r_b) * r_c / 3
+
+    assert math.isclose(default_rows["r1"]["metrics"]["ERR@10"], err(4))
+    assert math.isclose(per_request(tmp_path, log, "--max-grade", "3")["r1"]["metrics"]["ERR@10"], err(3))
+    three = report(log, "--max-grade", "3")
+    assert three["config"]["max_grade"] == 3
+    assert metrics(three)["ERR@10"] > metrics(default_report)["ERR@10"]
+
+
+def test_rel_threshold(log: Path) -> None:
+    rep = report(log, "--rel-threshold", "2")
+    # relevant now: r1 c@3, r3 y@2; r2, r4 and r5 have no relevant item
+    assert math.isclose(metrics(rep)["MRR"], (1 / 3 + 0.5) / 5)
+    assert rep["overall"]["empty"] == 3
+    assert rep["config"]["rel_threshold"] == 2
+
+
+def test_empty_policy(log: Path, default_report: dict[str, Any]) -> None:
+    zero, skip = default_report, report(log, "--empty", "skip")
+    assert math.isclose(metrics(zero)["MRR"], 2.5 / 5)
+    assert math.isclose(metrics(skip)["MRR"], 2.5 / 4)
+    for rep in (zero, skip):
+        assert rep["overall"]["requests"] == 5
+        assert rep["overall"]["empty"] == 1
+        assert group(rep, "B")["empty"] == 1
+    assert math.isclose(group(skip, "B")["metrics"]["MRR"], 0.5)
+    assert math.isclose(group(zero, "B")["metrics"]["MRR"], 0.25)
+
+
+def test_gauc_weight(log: Path, default_report: dict[str, Any]) -> None:
+    # session AUCs: s1 = 8/12 (3 positives, 7 items), s2 = 1/2 (1 of 3), r5 = 1/2 (1 of 3); s3 one class only
+    expected = {
+        "impressions": (7 * 8 / 12 + 3 * 0.5 + 3 * 0.5) / 13,
+        "clicks": (3 * 8 / 12 + 0.5 + 0.5) / 5,
+        "uniform": (8 / 12 + 0.5 + 0.5) / 3,
+    }
+    for weight, value in expected.items():
+        rep = report(log, "--gauc-weight", weight) if weight != "impressions" else default_report
+        assert math.isclose(metrics(rep)["GAUC"], value), weight
+        assert rep["config"]["gauc_weight"] == weight
+    assert math.isclose(metrics(report(log, "--gauc-weight", "impressions"))["GAUC"], expected["impressions"])
+
+
+def test_attribution_window(log: Path, default_report: dict[str, Any]) -> None:
+    rep = report(log, "--attribution-window", "10s")
+    assert rep["events"] == {**EXPECTED_EVENTS, "late": 2}  # r1's label at +20 s is late now
+    assert rep["config"]["attribution_window"] == 10
+    default = default_report
+    assert metrics(rep)["nDCG@10"] != metrics(default)["nDCG@10"]
+    assert math.isclose(metrics(rep)["MRR"], metrics(default)["MRR"])  # r1 keeps its click on b
+
+
+SETTINGS_FLAGS = ["--cutoffs", "5,10", "--gain", "linear", "--max-grade", "3", "--rel-threshold", "2",
+                  "--empty", "skip", "--gauc-weight", "uniform", "--attribution-window", "10s"]
+SETTINGS_TOML = """
+cutoffs = [5, 10]
+gain = "linear"
+max_grade = 3
+rel_threshold = 2
+empty = "skip"
+gauc_weight = "uniform"
+attribution_window = "10s"
+"""
+
+
+def test_config_file_equals_flags(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
+    from_flags = report(log, *SETTINGS_FLAGS)
+    plain = tmp_path / "plain.toml"
+    plain.write_text(SETTINGS_TOML)
+    assert report(log, "--config", plain) == from_flags
+    table = tmp_path / "table.toml"
+    table.write_text("[stream_eval]\n" + SETTINGS_TOML)
+    assert report(log, "--config", table) == from_flags
+    assert from_flags["config"]["gain"] == "linear" and from_flags["config"]["empty"] == "skip"
+    assert from_flags != default_report
+
+
+def test_experiment_arms_from_the_config_file(tmp_path: Path, log: Path) -> None:
+    toml = tmp_path / "arms.toml"
+    toml.write_text('[experiments.e]\ncontrol = "B"\ntreatment = "A"\n')
+    rep = report(log, "--config", toml)
+    assert {(row["control"], row["treatment"]) for row in rep["ab"]} == {("B", "A")}
+    [mrr] = [row for row in rep["ab"] if row["metric"] == "MRR"]
+    assert math.isclose(mrr["delta"], 0.75 - 0.25)
+    [metric_gsb] = [g for g in rep["gsb"] if g["source"] == "metric"]
+    assert (metric_gsb["good"], metric_gsb["bad"]) == (1, 0)
+
+
+def test_environment_variables(log: Path) -> None:
+    rep = report(log, env=clean_env(STREAM_EVAL_GAIN="linear", STREAM_EVAL_EMPTY="skip",
+                                    STREAM_EVAL_ATTRIBUTION_WINDOW="10s"))
+    assert rep["config"]["gain"] == "linear" and rep["config"]["empty"] == "skip"
+    assert rep["config"]["attribution_window"] == 10 and rep["events"]["late"] == 2
+    assert math.isclose(metrics(rep)["MRR"], 2.5 / 4)
+
+
+def test_feedback_kinds_from_the_config_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "kinds.jsonl", [
+        ranking("r1", 0, ["a", "b"], arm="A"),
+        click("r1", "b", 1, kind="purchase"),
+    ])
+    plain = report(path, "--rel-threshold", "2")
+    assert plain["events"]["invalid"] == 1 and plain["overall"]["empty"] == 1
+    toml = tmp_path / "kinds.toml"
+    toml.write_text("[kinds]\npurchase = 3\n")
+    rep = report(path, "--rel-threshold", "2", "--config", toml)
+    assert rep["events"]["invalid"] == 0 and rep["events"]["feedback"] == 1
+    assert rep["config"]["kinds"] == {"purchase": 3}
+    assert metrics(rep)["MRR"] == 0.5  # grade 3 >= 2: relevant at position 2
+
+
+def test_environment_cutoffs(log: Path) -> None:
+    rep = report(log, env=clean_env(STREAM_EVAL_CUTOFFS="5"))
+    assert rep["config"]["cutoffs"] == [5]
+    assert {"P@5", "nDCG@5", "ERR@5"} <= set(metrics(rep))
+    assert "P@10" not in metrics(rep)
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path, log: Path) -> None:
+    toml = tmp_path / "settings.toml"
+    toml.write_text('cutoffs = [3, 10]\ngain = "linear"\nempty = "skip"\n')
+    env = clean_env(STREAM_EVAL_CUTOFFS="4,10", STREAM_EVAL_GAIN="exp")
+    only_file = report(log, "--config", toml)
+    assert only_file["config"]["cutoffs"] == [3, 10] and only_file["config"]["gain"] == "linear"
+    env_over_file = report(log, "--config", toml, env=env)
+    assert env_over_file["config"]["cutoffs"] == [4, 10]
+    assert env_over_file["config"]["gain"] == "exp"
+    assert env_over_file["config"]["empty"] == "skip"  # from the file: nothing overrides it
+    assert "P@4" in metrics(env_over_file) and "P@3" not in metrics(env_over_file)
+    flag_over_all = report(log, "--config", toml, "--cutoffs", "7,10", "--gain", "linear", env=env)
+    assert flag_over_all["config"]["cutoffs"] == [7, 10]
+    assert flag_over_all["config"]["gain"] == "linear"
+    assert "P@7" in metrics(flag_over_all)
+
+
+# -- errors ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, mentions",
+    [
+        (["--cutoffs", "ten"], "cutoffs"),
+        (["--cutoffs", "0"], "cutoffs"),
+        (["--gain", "cubic"], "gain"),
+        (["--max-grade", "-1"], "max"),
+        (["--max-grade", "high"], "max_grade"),
+        (["--rel-threshold", "x"], "rel_threshold"),
+        (["--empty", "maybe"], "empty"),
+        (["--gauc-weight", "heavy"], "gauc"),
+        (["--attribution-window", "soon"], "attribution_window"),
+        (["--attribution-window=-5s"], "attribution_window"),
+    ],
+)
+def test_bad_option_value(log: Path, args: list[str], mentions: str) -> None:
+    result = cli("replay", log, *args)
+    assert result.returncode == 2
+    stderr = result.stderr.decode()
+    assert "Traceback" not in stderr
+    assert mentions in stderr, stderr
+    assert result.stdout == b""
+
+
+def test_bad_environment_value(log: Path) -> None:
+    result = cli("replay", log, env=clean_env(STREAM_EVAL_GAIN="cubic"))
+    assert result.returncode == 2
+    assert "gain" in result.stderr.decode() and b"Traceback" not in result.stderr
+
+
+def test_bad_config_file(tmp_path: Path, log: Path) -> None:
+    missing = cli("replay", log, "--config", tmp_path / "nope.toml")
+    assert missing.returncode == 2 and "nope.toml" in missing.stderr.decode()
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("colour = 'blue'\n")
+    result = cli("replay", log, "--config", unknown)
+    assert result.returncode == 2 and "colour" in result.stderr.decode()
+    broken = tmp_path / "broken.toml"
+    broken.write_text("cutoffs = [\n")
+    result = cli("replay", log, "--config", broken)
+    assert result.returncode == 2 and b"Traceback" not in result.stderr
+
+
+def test_missing_file(tmp_path: Path, log: Path) -> None:
+    missing = tmp_path / "missing.jsonl"
+    for args in ([missing], [log, missing]):
+        result = cli("replay", *args, "--format", "json")
+        assert result.returncode == 2
+        stderr = result.stderr.decode()
+        assert str(missing) in stderr and "Traceback" not in stderr
+
+
+def test_no_files_is_a_usage_error() -> None:
+    assert cli("replay").returncode == 2
+
+
+# -- simulate then replay ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not SIMULATE_OK, reason="stream_eval.simulate does not import")
+def test_simulate_then_replay(tmp_path: Path) -> None:
+    out = tmp_path / "sim.jsonl"
+    result = cli("simulate", "--requests", "200", "-o", out)
+    assert result.returncode == 0, result.stderr.decode()
+    assert out.stat().st_size > 0
+    rep = report(out)
+    assert rep["events"]["ranking"] == 200
+    assert rep["overall"]["requests"] == 200
+    assert rep["events"]["invalid"] == 0
+    assert rep["events"]["feedback"] > 0
+    assert metrics(rep)["MRR"] is not None and 0 < metrics(rep)["MRR"] <= 1
+    assert 0 <= metrics(rep)["nDCG@10"] <= 1
+    again = tmp_path / "again.jsonl"
+    assert cli("simulate", "--requests", "200", "-o", again).returncode == 0
+    assert again.read_bytes() == out.read_bytes()  # deterministic for a seed

@@ -1,0 +1,523 @@
+"""SPEC §1 events: decoding from JSON Lines and validation, with the reason codes of ``schema.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_eval.config import Config
+from stream_eval.events.schema import (
+    EventError,
+    Feedback,
+    Invalid,
+    Judgment,
+    Ranking,
+    Watermark,
+    decode_chunk,
+    decode_line,
+    finish,
+    parse_time,
+)
+
+CONFIG = Config()
+EPOCH_2026 = 1767225600.0  # 2026-01-01T00:00:00Z
+
+
+def line(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def ranking(**fields: object) -> bytes:
+    base: dict[str, object] = {"type": "ranking", "request_id": "r1", "ts": 100, "items": ["a", "b", "c"]}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not DROP}).encode()
+
+
+def feedback(**fields: object) -> bytes:
+    base: dict[str, object] = {"type": "feedback", "request_id": "r1", "item": "a", "ts": 101}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not DROP}).encode()
+
+
+def judgment(**fields: object) -> bytes:
+    base: dict[str, object] = {"type": "judgment", "experiment": "e", "query_id": "q", "verdict": "good", "ts": 5}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not DROP}).encode()
+
+
+DROP = object()
+
+#: A value of the wrong JSON type is rejected by msgspec; schema.py may name the field's own code or bad_field.
+WRONG_TYPE = {
+    "request_id": {"bad_field", "missing_field"},
+    "items": {"bad_field", "bad_items"},
+    "grade": {"bad_field", "bad_grade"},
+    "ts": {"bad_field", "bad_ts"},
+}
+
+
+def invalid(raw: bytes, config: Config = CONFIG) -> Invalid:
+    result = decode_line(raw, config, "f:1")
+    assert isinstance(result, Invalid), f"accepted {raw!r} as {result!r}"
+    assert result.where == "f:1"
+    assert result.raw == raw
+    assert result.reason
+    return result
+
+
+def valid(raw: bytes, config: Config = CONFIG) -> Ranking | Feedback | Judgment | Watermark:
+    result = decode_line(raw, config)
+    assert not isinstance(result, Invalid), f"rejected {raw!r}: {result.code} {result.reason}"
+    return result
+
+
+# -- the shape of a line ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"{", b'{"type": "ranking",}', b"\xff\xfe", b'{"type": "ranking"'])
+def test_malformed_json(raw: bytes) -> None:
+    bad = invalid(raw)
+    assert bad.code == "bad_json"
+
+
+def test_missing_type() -> None:
+    bad = invalid(b'{"request_id": "r1", "items": ["a"], "ts": 1}')
+    assert bad.code == "missing_type"
+    assert "type" in bad.reason
+
+
+@pytest.mark.parametrize("kind", ["rankings", "click", "", "Ranking"])
+def test_unknown_type(kind: str) -> None:
+    bad = invalid(line(type=kind, request_id="r1", items=["a"], ts=1))
+    assert bad.code == "unknown_type"
+    assert repr(kind) in bad.reason
+
+
+@pytest.mark.parametrize("raw", [b"null", b"[]", b"3", b'"ranking"'])
+def test_not_an_object(raw: bytes) -> None:
+    assert invalid(raw).code in ("bad_field", "bad_json")
+
+
+def test_unknown_extra_fields_are_ignored() -> None:
+    extra = {"extra": {"nested": [1, 2, {"x": None}]}, "weird": True, "n": 1.5}
+    event = valid(ranking(**extra))
+    assert event == Ranking("r1", ["a", "b", "c"], ts=100.0)
+    assert valid(feedback(**extra)) == Feedback("r1", "a", grade=1.0, ts=101.0)
+    assert valid(judgment(**extra)) == Judgment("e", "q", "good", ts=5.0)
+    assert valid(line(type="watermark", ts=7, **extra)) == Watermark(ts=7.0)
+
+
+# -- ranking ----------------------------------------------------------------------------------------------
+
+
+def test_ranking_defaults() -> None:
+    event = valid(ranking())
+    assert isinstance(event, Ranking)
+    assert (event.request_id, event.items, event.ts) == ("r1", ["a", "b", "c"], 100.0)
+    assert event.experiment == "default" and event.arm == "default"
+    assert event.query_id is None and event.session_id is None  # default = request_id, resolved downstream
+    assert event.scores is None and event.teams is None and event.subtopics is None
+
+
+def test_ranking_all_fields() -> None:
+    event = valid(ranking(scores=[3, 2.5, -1], query_id="q", session_id="s", experiment="x", arm="t",
+                          teams=["A", "B", "A"], subtopics=[["s1"], [], ["s1", "s2"]]))
+    assert isinstance(event, Ranking)
+    assert event.scores == [3.0, 2.5, -1.0]
+    assert (event.query_id, event.session_id, event.experiment, event.arm) == ("q", "s", "x", "t")
+    assert event.teams == ["A", "B", "A"]
+    assert event.subtopics == [["s1"], [], ["s1", "s2"]]
+
+
+def test_ranking_missing_request_id() -> None:
+    bad = invalid(ranking(request_id=DROP))
+    assert (bad.kind, bad.code) == ("ranking", "missing_field")
+    assert "request_id" in bad.reason
+
+
+def test_ranking_empty_request_id() -> None:
+    bad = invalid(ranking(request_id=""))
+    assert (bad.kind, bad.code) == ("ranking", "missing_field")
+
+
+@pytest.mark.parametrize("value", [5, 1.5, None, ["r1"], {"id": "r1"}, True])
+def test_ranking_request_id_not_a_string(value: object) -> None:
+    bad = invalid(ranking(request_id=value))
+    assert bad.kind == "ranking"
+    assert bad.code in WRONG_TYPE["request_id"]
+    assert "request_id" in bad.reason
+
+
+def test_ranking_missing_items() -> None:
+    bad = invalid(ranking(items=DROP))
+    assert (bad.kind, bad.code) == ("ranking", "missing_field")
+    assert "items" in bad.reason
+
+
+def test_ranking_empty_items() -> None:
+    bad = invalid(ranking(items=[]))
+    assert (bad.kind, bad.code) == ("ranking", "bad_items")
+    assert "items" in bad.reason
+
+
+@pytest.mark.parametrize("items", [["a", "b", "a"], ["x", "x"]])
+def test_ranking_duplicate_items(items: list[str]) -> None:
+    bad = invalid(ranking(items=items))
+    assert (bad.kind, bad.code) == ("ranking", "bad_items")
+    assert repr(items[-1]) in bad.reason
+
+
+@pytest.mark.parametrize("items", [[1, 2], ["a", None], "abc"])
+def test_ranking_items_not_strings(items: object) -> None:
+    assert invalid(ranking(items=items)).code in WRONG_TYPE["items"]
+
+
+def test_ranking_max_items() -> None:
+    config = Config(max_items=3)
+    assert isinstance(valid(ranking(items=["a", "b", "c"]), config), Ranking)
+    bad = invalid(ranking(items=["a", "b", "c", "d"]), config)
+    assert (bad.kind, bad.code) == ("ranking", "bad_items")
+    assert "max_items=3" in bad.reason
+
+
+def test_ranking_default_max_items_is_1000() -> None:
+    items = [f"i{k}" for k in range(1000)]
+    assert isinstance(valid(ranking(items=items)), Ranking)
+    assert invalid(ranking(items=[*items, "one-more"])).code == "bad_items"
+
+
+@pytest.mark.parametrize("scores", [[1.0, 2.0], [1, 2, 3, 4], []])
+def test_ranking_scores_wrong_length(scores: list[float]) -> None:
+    bad = invalid(ranking(scores=scores))
+    assert (bad.kind, bad.code) == ("ranking", "bad_length")
+    assert "scores" in bad.reason
+
+
+@pytest.mark.parametrize("scores", [[1, "x", 2], [1, None, 2], [1, [2], 3], [True, 1, 2], "123"])
+def test_ranking_scores_not_numeric(scores: object) -> None:
+    bad = invalid(ranking(scores=scores))
+    assert (bad.kind, bad.code) == ("ranking", "bad_field")
+    assert "scores" in bad.reason
+
+
+def test_ranking_teams_length_mismatch() -> None:
+    bad = invalid(ranking(teams=["A", "B"]))
+    assert (bad.kind, bad.code) == ("ranking", "bad_length")
+    assert "teams" in bad.reason
+
+
+def test_ranking_subtopics_length_mismatch() -> None:
+    bad = invalid(ranking(subtopics=[["s"], ["s"], ["s"], ["s"]]))
+    assert (bad.kind, bad.code) == ("ranking", "bad_length")
+    assert "subtopics" in bad.reason
+
+
+def test_ranking_subtopics_wrong_shape() -> None:
+    assert invalid(ranking(subtopics=["s1", "s2", "s3"])).code == "bad_field"
+
+
+# -- feedback ---------------------------------------------------------------------------------------------
+
+
+def test_click_defaults_to_grade_1() -> None:
+    event = valid(feedback())
+    assert isinstance(event, Feedback)
+    assert (event.request_id, event.item, event.kind, event.grade, event.ts) == ("r1", "a", "click", 1.0, 101.0)
+
+
+def test_click_with_explicit_grade_keeps_it() -> None:
+    event = valid(feedback(kind="click", grade=2))
+    assert isinstance(event, Feedback) and event.grade == 2.0
+
+
+@pytest.mark.parametrize("grade", [0, 0.5, 3, 17.25])
+def test_label_with_grade(grade: float) -> None:
+    event = valid(feedback(kind="label", grade=grade))
+    assert isinstance(event, Feedback)
+    assert (event.kind, event.grade) == ("label", float(grade))
+
+
+def test_label_without_grade() -> None:
+    bad = invalid(feedback(kind="label"))
+    assert (bad.kind, bad.code) == ("feedback", "missing_grade")
+
+
+@pytest.mark.parametrize("grade", [-1, -0.001])
+def test_negative_grade(grade: float) -> None:
+    bad = invalid(feedback(kind="label", grade=grade))
+    assert (bad.kind, bad.code) == ("feedback", "bad_grade")
+    bad = invalid(feedback(grade=grade))
+    assert bad.code == "bad_grade"
+
+
+@pytest.mark.parametrize("grade", ["3", [1], True])
+def test_grade_not_a_number(grade: object) -> None:
+    assert invalid(feedback(kind="label", grade=grade)).code in WRONG_TYPE["grade"]
+
+
+def test_unknown_kind() -> None:
+    bad = invalid(feedback(kind="purchase"))
+    assert (bad.kind, bad.code) == ("feedback", "unknown_kind")
+    assert "purchase" in bad.reason
+    assert invalid(feedback(kind="purchase", grade=2)).code == "unknown_kind"
+
+
+def test_kind_from_config_gets_its_grade() -> None:
+    config = Config(kinds=(("purchase", 3.0), ("dwell", 0.5)))
+    event = valid(feedback(kind="purchase"), config)
+    assert isinstance(event, Feedback) and (event.kind, event.grade) == ("purchase", 3.0)
+    event = valid(feedback(kind="dwell"), config)
+    assert isinstance(event, Feedback) and event.grade == 0.5
+    assert valid(feedback(), config).grade == 1.0  # type: ignore[union-attr]
+    assert invalid(feedback(kind="share"), config).code == "unknown_kind"
+
+
+def test_feedback_missing_fields() -> None:
+    assert invalid(feedback(request_id=DROP)).code == "missing_field"
+    assert invalid(feedback(item=DROP)).code == "missing_field"
+    assert invalid(feedback(request_id="")).code == "missing_field"
+    assert invalid(feedback(request_id=7)).code in WRONG_TYPE["request_id"]
+
+
+def test_feedback_for_an_unshown_item_is_valid() -> None:
+    assert isinstance(valid(feedback(item="never-shown", kind="label", grade=2)), Feedback)
+
+
+# -- judgment ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verdict", ["good", "same", "bad"])
+def test_judgment(verdict: str) -> None:
+    assert valid(judgment(verdict=verdict)) == Judgment("e", "q", verdict, ts=5.0)  # type: ignore[arg-type]
+
+
+def test_judgment_bad_verdict_and_missing_fields() -> None:
+    assert invalid(judgment(verdict="better")).code == "bad_field"
+    for field in ("experiment", "query_id", "verdict"):
+        bad = invalid(judgment(**{field: DROP}))
+        assert (bad.kind, bad.code) == ("judgment", "missing_field")
+    assert invalid(judgment(experiment="")).code == "missing_field"
+
+
+# -- event time -------------------------------------------------------------------------------------------
+
+
+def test_int_and_float_ts() -> None:
+    event = valid(ranking(ts=1767225600))
+    assert event.ts == EPOCH_2026 and type(event.ts) is float
+    assert valid(ranking(ts=1767225600.25)).ts == 1767225600.25
+    assert valid(feedback(ts=0)).ts == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2026-01-01T00:00:00Z", EPOCH_2026),
+        ("2026-01-01T00:00:00+00:00", EPOCH_2026),
+        ("2026-01-01T01:00:00+01:00", EPOCH_2026),
+        ("2025-12-31T19:00:00-05:00", EPOCH_2026),
+        ("2026-01-01T05:30:00+05:30", EPOCH_2026),
+        ("2026-01-01T00:00:00.250Z", EPOCH_2026 + 0.25),
+    ],
+)
+def test_iso_ts_with_offset_equals_epoch(text: str, expected: float) -> None:
+    for make in (ranking, feedback, judgment):
+        assert valid(make(ts=text)).ts == expected
+    assert valid(line(type="watermark", ts=text)).ts == expected
+    assert parse_time(text) == expected
+
+
+@pytest.mark.parametrize("text", ["2026-01-01T00:00:00", "2026-01-01", "2026-01-01 00:00:00"])
+def test_naive_iso_ts_rejected(text: str) -> None:
+    for make in (ranking, feedback, judgment):
+        bad = invalid(make(ts=text))
+        assert bad.code == "bad_ts"
+        assert "offset" in bad.reason
+
+
+@pytest.mark.parametrize("text", ["yesterday", "", "1767225600"])
+def test_unreadable_ts_rejected(text: str) -> None:
+    assert invalid(ranking(ts=text)).code == "bad_ts"
+
+
+@pytest.mark.parametrize("value", [True, [1], {"s": 1}])
+def test_ts_of_wrong_type_rejected(value: object) -> None:
+    assert invalid(ranking(ts=value)).code in WRONG_TYPE["ts"]
+
+
+def test_missing_ts_rejected_in_files() -> None:
+    for make, kind in ((ranking, "ranking"), (feedback, "feedback"), (judgment, "judgment")):
+        bad = invalid(make(ts=DROP))
+        assert (bad.kind, bad.code) == (kind, "missing_ts")
+        bad = invalid(make(ts=None))
+        assert bad.code == "missing_ts"
+
+
+def test_missing_ts_on_a_topic_takes_the_message_timestamp() -> None:
+    event = finish(Feedback("r1", "a"), CONFIG, default_ts=42.5)
+    assert isinstance(event, Feedback) and event.ts == 42.5
+    event = finish(Ranking("r1", ["a"], ts="2026-01-01T00:00:00Z"), CONFIG, default_ts=42.5)
+    assert isinstance(event, Ranking) and event.ts == EPOCH_2026  # a ts of its own wins
+
+
+def test_parse_time_errors() -> None:
+    with pytest.raises(EventError) as info:
+        parse_time(None)
+    assert info.value.code == "missing_ts"
+    with pytest.raises(EventError) as info:
+        parse_time(float("nan"))
+    assert info.value.code == "bad_ts"
+    with pytest.raises(EventError) as info:
+        parse_time("2026-01-01T00:00:00")
+    assert info.value.code == "bad_ts"
+
+
+# -- watermarks -------------------------------------------------------------------------------------------
+
+
+def test_watermark_events() -> None:
+    assert valid(line(type="watermark", ts=123)) == Watermark(ts=123.0, end=False)
+    assert valid(line(type="watermark", ts=1.5)) == Watermark(ts=1.5)
+    assert valid(line(type="watermark", end=True)) == Watermark(ts=None, end=True)
+    assert valid(line(type="watermark", ts=9, end=True)) == Watermark(ts=9.0, end=True)
+    bad = invalid(line(type="watermark"))
+    assert (bad.kind, bad.code) == ("watermark", "missing_ts")
+    assert invalid(line(type="watermark", ts="2026-01-01T00:00:00")).code == "bad_ts"
+    assert invalid(line(type="watermark", end="yes")).code == "bad_field"
+
+
+# -- chunks -----------------------------------------------------------------------------------------------
+
+GOOD = [
+    ranking(),
+    ranking(request_id="r2", ts="2026-01-01T00:00:00Z", scores=[1, 2, 3]),
+    feedback(),
+    feedback(kind="label", grade=2, item="z"),
+    judgment(),
+    line(type="watermark", ts=50),
+    line(type="watermark", end=True),
+]
+BAD_VALID_JSON = [  # decodable JSON that fails validation after decoding (the fast path handles these)
+    ranking(items=[]),
+    ranking(items=["a", "a"]),
+    ranking(scores=[1]),
+    ranking(ts="2026-01-01T00:00:00"),
+    ranking(ts=DROP),
+    feedback(kind="label"),
+    feedback(grade=-2),
+    feedback(kind="nope"),
+    line(type="watermark"),
+]
+BAD_SCHEMA = [  # JSON that msgspec itself rejects
+    ranking(request_id=3),
+    line(request_id="r"),
+    line(type="other"),
+    judgment(verdict="meh"),
+]
+MALFORMED = [b"{oops", b"not json at all", b'{"type": "feedback", "request_id": "r1"']
+
+
+def test_decode_chunk_mixed_lines_in_order_with_line_numbers() -> None:
+    lines = [GOOD[0], b"", MALFORMED[0], GOOD[2], BAD_VALID_JSON[0], b"   ", GOOD[4], BAD_SCHEMA[2], GOOD[5]]
+    chunk = b"\n".join(lines) + b"\n"
+    results = decode_chunk(chunk, CONFIG, first_line=10, source="log.jsonl")
+    assert len(results) == 7  # blank lines skipped
+    assert results[0] == Ranking("r1", ["a", "b", "c"], ts=100.0)
+    assert isinstance(results[1], Invalid) and results[1].code == "bad_json"
+    assert results[1].where == "log.jsonl:12" and results[1].raw == MALFORMED[0]
+    assert results[2] == Feedback("r1", "a", grade=1.0, ts=101.0)
+    assert isinstance(results[3], Invalid) and results[3].code == "bad_items"
+    assert results[3].where == "log.jsonl:14" and results[3].raw == BAD_VALID_JSON[0]
+    assert results[4] == Judgment("e", "q", "good", ts=5.0)
+    assert isinstance(results[5], Invalid) and results[5].code == "unknown_type"
+    assert results[5].where == "log.jsonl:17"
+    assert results[6] == Watermark(ts=50.0)
+
+
+def test_decode_chunk_fast_path_line_numbers() -> None:
+    # only validation failures (no malformed JSON): the whole chunk is decoded in one call
+    lines = [GOOD[0], BAD_VALID_JSON[1], b"", GOOD[3], BAD_VALID_JSON[3], GOOD[6]]
+    results = decode_chunk(b"\n".join(lines) + b"\n", CONFIG, first_line=1, source="s")
+    assert [type(r).__name__ for r in results] == ["Ranking", "Invalid", "Feedback", "Invalid", "Watermark"]
+    assert [(r.where, r.code, r.raw) for r in results if isinstance(r, Invalid)] == [
+        ("s:2", "bad_items", BAD_VALID_JSON[1]),
+        ("s:5", "bad_ts", BAD_VALID_JSON[3]),
+    ]
+
+
+def test_decode_chunk_without_trailing_newline_and_crlf() -> None:
+    chunk = GOOD[2] + b"\r\n" + BAD_VALID_JSON[6] + b"\r\n" + GOOD[4]
+    results = decode_chunk(chunk, CONFIG, 1, "f")
+    assert results[0] == Feedback("r1", "a", grade=1.0, ts=101.0)
+    assert isinstance(results[1], Invalid) and results[1].where == "f:2" and results[1].code == "bad_grade"
+    assert results[2] == Judgment("e", "q", "good", ts=5.0)
+
+
+def test_decode_chunk_only_blank_lines() -> None:
+    assert decode_chunk(b"\n\n  \n", CONFIG, 1, "f") == []
+
+
+def _per_line(chunk: bytes, first_line: int, source: str) -> list[object]:
+    return [
+        decode_line(raw, CONFIG, f"{source}:{first_line + k}")
+        for k, raw in enumerate(chunk.split(b"\n"))
+        if raw.strip()
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + [b"", b"  "]), max_size=25),
+    st.integers(min_value=1, max_value=10_000),
+    st.booleans(),
+)
+def test_fast_path_equals_slow_path(lines: list[bytes], first_line: int, trailing_newline: bool) -> None:
+    chunk = b"\n".join(lines) + (b"\n" if trailing_newline else b"")
+    fast = decode_chunk(chunk, CONFIG, first_line, "src")
+    # a malformed line at the end forces the line-by-line path for the whole chunk
+    forced = decode_chunk(chunk + (b"" if trailing_newline or not lines else b"\n") + b"{malformed\n",
+                          CONFIG, first_line, "src")
+    assert isinstance(forced[-1], Invalid) and forced[-1].code == "bad_json"
+    assert fast == forced[:-1]
+    assert fast == _per_line(chunk, first_line, "src")
+
+
+def test_two_json_objects_on_one_line_are_one_invalid_line() -> None:
+    """JSON Lines: one value per line. The slow path rejects a line holding two objects; the fast path
+    (``msgspec.json.Decoder.decode_lines``) accepts both objects, so the two paths disagree."""
+    two = GOOD[5] + GOOD[5]
+    chunk = GOOD[2] + b"\n" + two + b"\n" + GOOD[4] + b"\n"
+    assert _per_line(chunk, 1, "f")[1].code == "bad_json"  # type: ignore[attr-defined]
+    results = decode_chunk(chunk, CONFIG, 1, "f")
+    assert len(results) == 3
+    assert isinstance(results[1], Invalid) and results[1].where == "f:2"
+
+
+def test_line_numbers_stay_right_after_a_line_with_two_objects() -> None:
+    """With a two-object line before a bad line, the fast path maps results to lines by index: the
+    invalid event gets the wrong line number and raw text, or the lookup runs past the end of the lines."""
+    two = GOOD[5] + b" " + GOOD[5]
+    chunk = two + b"\n" + BAD_VALID_JSON[8] + b"\n" + GOOD[5] + b"\n"
+    results = decode_chunk(chunk, CONFIG, 1, "f")
+    bad = [r for r in results if isinstance(r, Invalid) and r.code == "missing_ts"]
+    assert [(r.where, r.raw) for r in bad] == [("f:2", BAD_VALID_JSON[8])]
+    # the bad line last: must not crash
+    decode_chunk(two + b"\n" + BAD_VALID_JSON[8] + b"\n", CONFIG, 1, "f")
+
+
+@pytest.mark.parametrize(
+    "raw, kind",
+    [
+        (feedback(request_id=5, item="ranking"), "feedback"),
+        (judgment(verdict="meh", experiment="feedback"), "judgment"),
+        (ranking(request_id=5, arm="judgment"), "ranking"),
+    ],
+    ids=["feedback-naming-ranking", "judgment-naming-feedback", "ranking-naming-judgment"],
+)
+def test_invalid_kind_is_the_type_of_the_line(raw: bytes, kind: str) -> None:
+    """The type of a rejected event (counted per type: ``stream_eval_events_total{type,status}``) is its
+    ``type`` field, not the first type name that happens to appear somewhere in the line."""
+    assert invalid(raw).kind == kind

@@ -1,0 +1,533 @@
+"""Tests of the synthetic traffic generator (stream_eval.simulate)."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_eval.simulate import (
+    ATTRIBUTION_WINDOW,
+    INTERLEAVED_ARM,
+    SimulationConfig,
+    simulate,
+    simulate_lines,
+    true_grades,
+    write_jsonl,
+)
+
+RANKING_FIELDS = {"type", "request_id", "ts", "items", "scores", "query_id", "session_id", "experiment", "arm"}
+CLICK_FIELDS = {"type", "request_id", "item", "kind", "ts"}
+LABEL_FIELDS = CLICK_FIELDS | {"grade"}
+JUDGMENT_FIELDS = {"type", "experiment", "query_id", "verdict", "ts"}
+
+
+def _events(**kwargs: Any) -> list[dict[str, Any]]:
+    return list(simulate(SimulationConfig(**kwargs)))
+
+
+def _by_type(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for event in events:
+        grouped[event["type"]].append(event)
+    return grouped
+
+
+def _ndcg10(items: list[str], grades: dict[str, int]) -> float:
+    def dcg(values: list[int]) -> float:
+        return float(sum((2**g - 1) / math.log2(i + 2) for i, g in enumerate(values[:10])))
+
+    ideal = dcg(sorted(grades.values(), reverse=True))
+    return dcg([grades[item] for item in items]) / ideal if ideal > 0 else 0.0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# --- determinism -------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_events() -> None:
+    config = SimulationConfig(requests=3000, judgments=True, interleaving=True, late_fraction=0.05, seed=7)
+    assert list(simulate_lines(config)) == list(simulate_lines(config))
+    assert list(simulate(config)) == list(simulate(config))
+
+
+def test_different_seed_different_events() -> None:
+    a = list(simulate_lines(SimulationConfig(requests=200, seed=1)))
+    b = list(simulate_lines(SimulationConfig(requests=200, seed=2)))
+    assert a != b
+
+
+def test_true_grades_depend_only_on_the_world() -> None:
+    base = SimulationConfig(queries=30, catalogue=12, seed=3)
+    grades = true_grades(base)
+    assert grades == true_grades(SimulationConfig(queries=30, catalogue=12, seed=3, requests=5, rate=9.0))
+    assert grades != true_grades(SimulationConfig(queries=30, catalogue=12, seed=4))
+    assert sorted(grades) == sorted(f"q{q}" for q in range(30))
+    for query, pool in grades.items():
+        assert sorted(pool) == sorted(f"{query}-d{j}" for j in range(12))
+        assert all(isinstance(g, int) and 0 <= g <= base.max_grade for g in pool.values())
+
+
+def test_grades_skewed_toward_zero() -> None:
+    counts = collections.Counter(g for pool in true_grades(SimulationConfig()).values() for g in pool.values())
+    assert counts[0] > counts[1] > counts[2] > counts[3] > counts[4] > 0
+
+
+# --- schema --------------------------------------------------------------------------------------------------
+
+
+def test_events_have_spec_fields_and_types() -> None:
+    config = SimulationConfig(requests=2000, judgments=True)
+    grades = true_grades(config)
+    events = list(simulate(config))
+    grouped = _by_type(events)
+    assert set(grouped) == {"ranking", "feedback", "judgment"}
+    for event in grouped["ranking"]:
+        assert set(event) == RANKING_FIELDS
+        assert isinstance(event["request_id"], str) and event["request_id"]
+        assert isinstance(event["ts"], float)
+        assert isinstance(event["items"], list) and all(isinstance(x, str) for x in event["items"])
+        assert isinstance(event["scores"], list) and all(isinstance(x, float) for x in event["scores"])
+        for field in ("query_id", "session_id", "experiment", "arm"):
+            assert isinstance(event[field], str)
+        assert event["experiment"] == "exp1"
+        assert event["arm"] in ("control", "treatment")
+        assert all(item in grades[event["query_id"]] for item in event["items"])
+    for event in grouped["feedback"]:
+        assert isinstance(event["request_id"], str)
+        assert isinstance(event["item"], str)
+        assert isinstance(event["ts"], float)
+        if event["kind"] == "click":
+            assert set(event) == CLICK_FIELDS
+        else:
+            assert event["kind"] == "label"
+            assert set(event) == LABEL_FIELDS
+            assert isinstance(event["grade"], int) and 0 <= event["grade"] <= config.max_grade
+    for event in grouped["judgment"]:
+        assert set(event) == JUDGMENT_FIELDS
+        assert event["verdict"] in ("good", "same", "bad")
+        assert event["experiment"] == "exp1"
+        assert event["query_id"] in grades
+        assert isinstance(event["ts"], float)
+
+
+def test_ts_rounded_to_milliseconds() -> None:
+    for event in _events(requests=500):
+        assert round(event["ts"], 3) == event["ts"]
+
+
+def test_rankings_unique_items_and_descending_scores() -> None:
+    config = SimulationConfig(requests=3000)
+    rankings = [e for e in simulate(config) if e["type"] == "ranking"]
+    assert len(rankings) == 3000
+    assert len({e["request_id"] for e in rankings}) == 3000
+    lengths = []
+    for event in rankings:
+        items, scores = event["items"], event["scores"]
+        assert len(items) == len(set(items)) >= 1
+        assert len(scores) == len(items)
+        assert all(a >= b for a, b in itertools.pairwise(scores))
+        lengths.append(len(items))
+    assert min(lengths) >= 15 and max(lengths) <= 25  # 20 ± 25 %
+    assert 19 <= sum(lengths) / len(lengths) <= 21
+    assert len(set(lengths)) > 5
+    ties = sum(a == b for e in rankings for a, b in itertools.pairwise(e["scores"]))
+    assert ties < 0.01 * sum(lengths)  # ties allowed, but rare
+
+
+def test_short_lists_and_small_catalogue() -> None:
+    events = _events(requests=300, items_per_request=1, catalogue=3)
+    for event in events:
+        if event["type"] == "ranking":
+            assert len(event["items"]) == 1
+    events = _events(requests=300, items_per_request=40, catalogue=10, label_rate=1.0)
+    rankings = {e["request_id"]: e for e in events if e["type"] == "ranking"}
+    assert all(len(e["items"]) == 10 for e in rankings.values())
+
+
+def test_request_ids_and_query_ids() -> None:
+    rankings = [e for e in _events(requests=2000, queries=50) if e["type"] == "ranking"]
+    assert [e["request_id"] for e in rankings] == [f"r{n}" for n in range(2000)]
+    per_query = collections.Counter(e["query_id"] for e in rankings)
+    assert len(per_query) > 40
+    assert per_query.most_common(1)[0][1] >= 5  # queries are asked many times
+
+
+# --- ordering --------------------------------------------------------------------------------------------------
+
+
+def test_ordered_by_event_time_without_shuffle() -> None:
+    events = _events(requests=25_000, judgments=True, orphan_fraction=0.05, duplicate_fraction=0.05)
+    stamps = [e["ts"] for e in events]
+    assert all(a <= b for a, b in itertools.pairwise(stamps))
+    assert stamps[0] == SimulationConfig().start_ts
+
+
+def test_late_feedback_still_ordered() -> None:
+    events = _events(requests=25_000, late_fraction=0.1)
+    assert all(a["ts"] <= b["ts"] for a, b in itertools.pairwise(events))
+
+
+def test_feedback_after_its_ranking_and_within_max_delay() -> None:
+    config = SimulationConfig(requests=3000)
+    serve: dict[str, float] = {}
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            serve[event["request_id"]] = event["ts"]
+        elif event["type"] == "feedback":
+            assert event["request_id"] in serve  # ranking came first
+            assert 0 <= event["ts"] - serve[event["request_id"]] <= config.max_delay + 1e-6
+
+
+def test_shuffle_window_bounds_the_disorder() -> None:
+    window = 30.0
+    events = _events(requests=20_000, shuffle_window=window)
+    stamps = [e["ts"] for e in events]
+    inversions = sum(a > b for a, b in itertools.pairwise(stamps))
+    assert inversions > 0.05 * len(stamps)
+    running_max = -math.inf
+    for ts in stamps:
+        assert running_max - ts <= window + 1e-6
+        running_max = max(running_max, ts)
+    plain = _events(requests=20_000)
+    assert sorted(map(orjson.dumps, events)) == sorted(map(orjson.dumps, plain))  # same events, other order
+
+
+def test_rate_sets_event_time_span() -> None:
+    rankings = [e for e in _events(requests=5000, rate=100.0) if e["type"] == "ranking"]
+    span = rankings[-1]["ts"] - rankings[0]["ts"]
+    assert 45.0 < span < 55.0
+
+
+# --- the click model and ground truth ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("click_model", ["cascade", "pbm"])
+def test_better_arm_has_higher_true_ndcg(click_model: str) -> None:
+    config = SimulationConfig(requests=2000, click_model=click_model)
+    grades = true_grades(config)
+    per_arm: dict[str, list[float]] = collections.defaultdict(list)
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            per_arm[event["arm"]].append(_ndcg10(event["items"], grades[event["query_id"]]))
+    means = {arm: sum(v) / len(v) for arm, v in per_arm.items()}
+    assert set(means) == {"control", "treatment"}
+    assert min(len(v) for v in per_arm.values()) > 600
+    assert means["treatment"] > means["control"] + 0.03
+
+
+def test_quality_extremes() -> None:
+    config = SimulationConfig(requests=600, arms=(("random", 0.0), ("oracle", 1.0)))
+    grades = true_grades(config)
+    per_arm: dict[str, list[float]] = collections.defaultdict(list)
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            per_arm[event["arm"]].append(_ndcg10(event["items"], grades[event["query_id"]]))
+            if event["arm"] == "oracle":
+                shown = [grades[event["query_id"]][item] for item in event["items"]]
+                assert shown == sorted(shown, reverse=True)
+    assert min(per_arm["oracle"]) == pytest.approx(1.0)
+    assert sum(per_arm["random"]) / len(per_arm["random"]) < 0.6
+
+
+def test_feedback_per_request_with_defaults() -> None:
+    config = SimulationConfig(requests=5000)
+    counts = collections.Counter(e["type"] for e in simulate(config))
+    per_request = counts["feedback"] / counts["ranking"]
+    assert 3.0 <= per_request <= 5.0
+    assert counts["judgment"] == 0
+
+
+def test_clicks_follow_relevance_and_position() -> None:
+    config = SimulationConfig(requests=5000)
+    grades = true_grades(config)
+    rankings: dict[str, dict[str, Any]] = {}
+    clicked_grades: list[int] = []
+    position_clicks: collections.Counter[int] = collections.Counter()
+    multi: collections.Counter[str] = collections.Counter()
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            rankings[event["request_id"]] = event
+        elif event["kind"] == "click":
+            ranking = rankings[event["request_id"]]
+            assert event["item"] in ranking["items"]  # clicks only on shown items
+            clicked_grades.append(grades[ranking["query_id"]][event["item"]])
+            position_clicks[ranking["items"].index(event["item"])] += 1
+            multi[event["request_id"]] += 1
+    all_grades = [g for pool in grades.values() for g in pool.values()]
+    assert sum(clicked_grades) / len(clicked_grades) > 1.5 * sum(all_grades) / len(all_grades)
+    assert position_clicks[0] > position_clicks[9] > position_clicks[18]
+    assert sum(n > 1 for n in multi.values()) > 0.3 * len(rankings)  # several clicks per request happen
+
+
+def test_pbm_clicks_decay_with_position() -> None:
+    config = SimulationConfig(requests=4000, click_model="pbm", arms=(("random", 0.0),))
+    rankings: dict[str, list[str]] = {}
+    by_position: collections.Counter[int] = collections.Counter()
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            rankings[event["request_id"]] = event["items"]
+        elif event["kind"] == "click":
+            by_position[rankings[event["request_id"]].index(event["item"])] += 1
+    # A random ranker: clicks fall off like 1/i (position 1 vs 4: about 4x).
+    assert 2.5 < by_position[0] / by_position[3] < 6.0
+
+
+def test_labels_carry_true_grades_for_shown_and_unshown_items() -> None:
+    config = SimulationConfig(requests=4000)
+    grades = true_grades(config)
+    rankings: dict[str, dict[str, Any]] = {}
+    shown_labels: collections.Counter[str] = collections.Counter()
+    unshown_labels: collections.Counter[str] = collections.Counter()
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            rankings[event["request_id"]] = event
+        elif event["kind"] == "label":
+            ranking = rankings[event["request_id"]]
+            assert event["item"] in grades[ranking["query_id"]]
+            assert event["grade"] == grades[ranking["query_id"]][event["item"]]
+            if event["item"] in ranking["items"]:
+                shown_labels[event["request_id"]] += 1
+            else:
+                unshown_labels[event["request_id"]] += 1
+    labelled = set(shown_labels) | set(unshown_labels)
+    assert 0.08 * 4000 < len(labelled) < 0.12 * 4000
+    assert 2.5 < sum(shown_labels.values()) / len(labelled) < 3.5
+    assert 1.0 <= sum(unshown_labels.values()) / len(labelled) <= 2.0
+    assert set(unshown_labels) == labelled
+
+
+def test_sessions_group_consecutive_requests_with_one_arm() -> None:
+    rankings = [e for e in _events(requests=6000) if e["type"] == "ranking"]
+    sessions: dict[str, list[int]] = collections.defaultdict(list)
+    arms: dict[str, set[str]] = collections.defaultdict(set)
+    for n, event in enumerate(rankings):
+        sessions[event["session_id"]].append(n)
+        arms[event["session_id"]].add(event["arm"])
+    for positions in sessions.values():
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+    assert all(len(a) == 1 for a in arms.values())
+    assert 2.5 < len(rankings) / len(sessions) < 3.5
+    per_arm = collections.Counter(e["arm"] for e in rankings)
+    assert abs(per_arm["control"] - per_arm["treatment"]) < 0.15 * len(rankings)
+
+
+# --- optional parts ---------------------------------------------------------------------------------------------
+
+
+def test_interleaving_teams() -> None:
+    config = SimulationConfig(requests=4000, interleaving=True)
+    rankings = [e for e in simulate(config) if e["type"] == "ranking"]
+    interleaved = [e for e in rankings if e["arm"] == INTERLEAVED_ARM]
+    assert 0.1 * len(rankings) < len(interleaved) < 0.4 * len(rankings)
+    both_teams = 0
+    for event in interleaved:
+        assert len(event["teams"]) == len(event["items"]) == len(event["scores"])
+        assert set(event["teams"]) <= {"control", "treatment"}
+        assert len(set(event["items"])) == len(event["items"])
+        assert all(a > b for a, b in itertools.pairwise(event["scores"]))
+        counts = collections.Counter(event["teams"])
+        assert abs(counts["control"] - counts["treatment"]) <= 1  # team draft keeps the teams balanced
+        both_teams += len(counts) == 2
+    assert both_teams > 0.9 * len(interleaved)
+    assert all("teams" not in e for e in rankings if e["arm"] != INTERLEAVED_ARM)
+
+
+def test_interleaving_needs_two_arms() -> None:
+    with pytest.raises(ValueError):
+        SimulationConfig(interleaving=True, arms=(("only", 0.5),))
+
+
+def test_judgments_favour_the_better_arm() -> None:
+    config = SimulationConfig(requests=20_000, judgments=True, arms=(("control", 0.3), ("treatment", 0.8)))
+    verdicts = collections.Counter(e["verdict"] for e in simulate(config) if e["type"] == "judgment")
+    total = sum(verdicts.values())
+    assert 0.03 * 20_000 < total < 0.07 * 20_000
+    assert verdicts["good"] > 2 * verdicts["bad"]
+    assert verdicts["same"] > 0
+
+
+def test_subtopics() -> None:
+    config = SimulationConfig(requests=500, subtopics=True)
+    rankings = [e for e in simulate(config) if e["type"] == "ranking"]
+    labels: set[str] = set()
+    per_item: dict[tuple[str, str], list[str]] = {}
+    for event in rankings:
+        assert len(event["subtopics"]) == len(event["items"])
+        for item, topics in zip(event["items"], event["subtopics"], strict=True):
+            assert 1 <= len(topics) <= 3 and len(set(topics)) == len(topics)
+            assert per_item.setdefault((event["query_id"], item), topics) == topics  # fixed per item
+            labels.update(topics)
+    assert len(labels) == 6
+    assert all("subtopics" not in e for e in _events(requests=50) if e["type"] == "ranking")
+
+
+# --- faults -------------------------------------------------------------------------------------------------------
+
+
+def test_fault_fractions_are_honoured() -> None:
+    base = SimulationConfig(requests=10_000)
+    clean_feedback = sum(e["type"] == "feedback" for e in simulate(base))
+    config = SimulationConfig(requests=10_000, late_fraction=0.05, duplicate_fraction=0.04, orphan_fraction=0.03)
+    serve: dict[str, float] = {}
+    feedback: list[dict[str, Any]] = []
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            serve[event["request_id"]] = event["ts"]
+        else:
+            feedback.append(event)
+    orphans = [e for e in feedback if e["request_id"] not in serve]
+    attached = [e for e in feedback if e["request_id"] in serve]
+    late = [e for e in attached if e["ts"] - serve[e["request_id"]] > ATTRIBUTION_WINDOW]
+    seen: set[tuple[Any, ...]] = set()
+    duplicates = 0
+    for event in attached:
+        key = (event["request_id"], event["item"], event["kind"], event.get("grade"))
+        duplicates += key in seen
+        seen.add(key)
+    assert len(orphans) == pytest.approx(0.03 * clean_feedback, rel=0.2)
+    assert duplicates == pytest.approx(0.04 * clean_feedback, rel=0.2)
+    assert len(late) == pytest.approx(0.05 * (clean_feedback + duplicates), rel=0.2)
+    assert all(e["ts"] - serve[e["request_id"]] < ATTRIBUTION_WINDOW + 601 for e in late)
+    # Orphan request ids look like real ones but are never served.
+    assert all(e["request_id"].startswith("r") and int(e["request_id"][1:]) >= 10_000 for e in orphans)
+    assert len(attached) - duplicates == clean_feedback  # the faults are extra: the clean feedback is all there
+
+
+def test_no_faults_by_default() -> None:
+    config = SimulationConfig(requests=3000)
+    serve: dict[str, float] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for event in simulate(config):
+        if event["type"] == "ranking":
+            serve[event["request_id"]] = event["ts"]
+            continue
+        assert event["request_id"] in serve
+        assert event["ts"] - serve[event["request_id"]] <= ATTRIBUTION_WINDOW
+        key = (event["request_id"], event["item"], event["kind"], event.get("grade"))
+        assert key not in seen
+        seen.add(key)
+
+
+def _invalid_reason(line: bytes) -> str | None:
+    """Why a line is malformed under SPEC §1, or None if it is a valid event."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return "broken_json"
+    kind = event.get("type")
+    if kind not in ("ranking", "feedback", "judgment"):
+        return "unknown_type"
+    if kind in ("ranking", "feedback") and not isinstance(event.get("request_id"), str):
+        return "missing_request_id"
+    if kind == "ranking":
+        if not isinstance(event["items"], list):
+            return "items_not_list"
+        if len(set(event["items"])) != len(event["items"]):
+            return "duplicate_items"
+    if kind == "feedback" and "grade" in event and event["grade"] < 0:
+        return "negative_grade"
+    return None
+
+
+def test_invalid_lines() -> None:
+    config = SimulationConfig(requests=5000, invalid_fraction=0.05)
+    lines = list(simulate_lines(config))
+    valid = list(simulate_lines(SimulationConfig(requests=5000)))
+    reasons = collections.Counter(_invalid_reason(line) for line in lines)
+    invalid = len(lines) - reasons[None]
+    assert reasons[None] == len(valid)
+    assert [line for line in lines if _invalid_reason(line) is None] == valid
+    assert invalid == pytest.approx(0.05 * len(valid), rel=0.15)
+    assert set(reasons) - {None} == {
+        "broken_json",
+        "unknown_type",
+        "missing_request_id",
+        "items_not_list",
+        "duplicate_items",
+        "negative_grade",
+    }
+    assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in lines)
+
+
+# --- encoding and files -------------------------------------------------------------------------------------------
+
+
+def test_lines_are_the_events_as_compact_json() -> None:
+    config = SimulationConfig(requests=1500, judgments=True, interleaving=True, subtopics=True)
+    lines = list(simulate_lines(config))
+    events = list(simulate(config))
+    assert len(lines) == len(events)
+    for line, event in zip(lines, events, strict=True):
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert b", " not in line and b": " not in line
+        assert orjson.loads(line) == event
+
+
+@pytest.mark.parametrize("name", ["events.jsonl", "events.jsonl.gz"])
+def test_write_jsonl(tmp_path: Path, name: str) -> None:
+    config = SimulationConfig(requests=2000, invalid_fraction=0.02)
+    path = tmp_path / name
+    count = write_jsonl(config, str(path))
+    data = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
+    lines = list(simulate_lines(config))
+    assert count == len(lines) == data.count(b"\n")
+    assert data == b"".join(lines)
+
+
+def test_zero_requests() -> None:
+    assert list(simulate(SimulationConfig(requests=0))) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"requests": -1},
+        {"catalogue": 0},
+        {"arms": ()},
+        {"arms": (("a", 1.5),)},
+        {"arms": (("a", 0.5), ("a", 0.6))},
+        {"click_model": "dbn"},
+        {"label_rate": 1.5},
+        {"rate": 0.0},
+        {"seed": -1},
+        {"judgments": True, "arms": (("a", 0.5),)},
+        {"interleaving": True, "arms": (("interleaved", 0.5), ("b", 0.6))},
+    ],
+)
+def test_config_validation(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        SimulationConfig(**kwargs)
+
+
+# --- scale ---------------------------------------------------------------------------------------------------------
+
+
+def test_is_lazy() -> None:
+    huge = SimulationConfig(requests=10**9)
+    first = list(itertools.islice(simulate_lines(huge), 1000))
+    assert len(first) == 1000
+
+
+def test_hundred_thousand_requests() -> None:
+    config = SimulationConfig(requests=100_000)
+    counts: collections.Counter[str] = collections.Counter()
+    lines = 0
+    previous = -math.inf
+    for line in simulate_lines(config):
+        event = orjson.loads(line)
+        counts[event["type"]] += 1
+        assert event["ts"] >= previous
+        previous = event["ts"]
+        lines += 1
+    assert counts["ranking"] == 100_000
+    assert 300_000 <= counts["feedback"] <= 500_000
