@@ -28,7 +28,8 @@ class GsbTracker:
         self.epsilon = config.gsb_epsilon
         self.horizon = horizon
         self.counts: dict[tuple[str, str], GsbCounts] = {}
-        self._queries: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+        # bucket -> (experiment, query_id) -> arm -> [sum, count]; a bucket closes as a whole.
+        self._queries: dict[int, dict[tuple[str, str], dict[str, list[float]]]] = {}
         self._interleaving: dict[str, Counter[Credit]] = {}
 
     def _counts(self, experiment: str, source: str) -> GsbCounts:
@@ -42,7 +43,10 @@ class GsbTracker:
 
     def query_metric(self, experiment: str, arm: str, query_id: str, serve_ts: float, value: float) -> None:
         """One finalised request's ``gsb_metric`` for its query."""
-        per_arm = self._queries.setdefault((experiment, query_id, int(serve_ts // self.window)), {})
+        bucket = self._queries.get(int(serve_ts // self.window))
+        if bucket is None:
+            bucket = self._queries[int(serve_ts // self.window)] = {}
+        per_arm = bucket.setdefault((experiment, query_id), {})
         sums = per_arm.get(arm)
         if sums is None:
             per_arm[arm] = [value, 1.0]
@@ -62,9 +66,8 @@ class GsbTracker:
         """Give verdicts to the query buckets that no finalisation can change any more."""
         if not self._queries:
             return
-        closing = [key for key in self._queries if (key[2] + 1) * self.window + self.horizon <= watermark]
-        for key in closing:
-            per_arm = self._queries.pop(key)
+        closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
+        for key, per_arm in ((k, v) for b in sorted(closing) for k, v in self._queries.pop(b).items()):
             pair = arms_of(key[0])
             if pair is None or pair.control not in per_arm or pair.treatment not in per_arm:
                 continue

@@ -7,6 +7,7 @@ requests of a named session wait until event time passes the last request's fina
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -79,6 +80,7 @@ class Sessions:
         self.gap = gap
         self.weight = weight
         self.open: dict[str, _Session] = {}
+        self._closing: list[tuple[float, str]] = []  # (deadline, session id); stale entries are skipped
 
     def _score(self, session: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
         auc, positives, negatives = session_auc(session, scores, labels, group.shape[0])
@@ -96,7 +98,9 @@ class Sessions:
                 if session is None:
                     session = self.open[sid] = _Session(int(group[i]))
                 session.parts.append((impressions, i))
-                session.deadline = max(session.deadline, state.deadline + self.gap)
+                if state.deadline + self.gap > session.deadline:
+                    session.deadline = state.deadline + self.gap
+                    heapq.heappush(self._closing, (session.deadline, sid))
         if not own.any():
             return None
         n_shown = np.diff(starts)
@@ -111,7 +115,12 @@ class Sessions:
         """Score and forget the named sessions idle since before ``watermark``."""
         if not self.open:
             return None
-        closing = [sid for sid, s in self.open.items() if s.deadline <= watermark]
+        heap, closing = self._closing, []
+        while heap and heap[0][0] <= watermark:
+            deadline, sid = heapq.heappop(heap)
+            session = self.open.get(sid)
+            if session is not None and session.deadline == deadline:
+                closing.append(sid)
         if not closing:
             return None
         sessions = [self.open.pop(sid) for sid in closing]
