@@ -113,10 +113,7 @@ class Engine:
         self.gsb = GsbTracker(config, self.join.horizon)
 
     def _find_column(self, name: str) -> int:
-        spec = parse(name)
-        if spec not in self.specs:
-            raise ValueError(f"gsb_metric {name!r} is not computed (cutoffs {list(self.config.cutoffs)})")
-        return self.specs.index(spec)
+        return self.specs.index(parse(name))  # Config has checked that gsb_metric is computed
 
     # -- input --------------------------------------------------------------------------------------
     def process(self, events: Iterable[Ranking | Feedback | Judgment | Watermark | Invalid]) -> None:

@@ -17,7 +17,7 @@ from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.events.schema import decode_chunk
 
 CHUNK_BYTES = 1 << 20
-Progress = Callable[[int, int, int], None]
+Progress = Callable[[int, int], None]
 
 
 @contextmanager
@@ -102,7 +102,7 @@ def replay(
                 events += len(decoded)
                 done = offset + position
                 if progress is not None:
-                    progress(done, events, 0)
+                    progress(done, events)
             done = offset + (os.path.getsize(path) if path != "-" and os.path.exists(path) else 0)
         engine.flush()
     return engine
@@ -111,12 +111,12 @@ def replay(
 class ProgressBar:
     """A one-line progress display on a terminal (stderr): bytes read, events and events/s."""
 
-    def __init__(self, total: int, stream: BinaryIO | None = None) -> None:
+    def __init__(self, total: int) -> None:
         self.total = total
         self.start = time.monotonic()
         self.shown = 0.0
 
-    def __call__(self, done: int, events: int, _: int) -> None:
+    def __call__(self, done: int, events: int) -> None:
         now = time.monotonic()
         if now - self.shown < 0.25:
             return

@@ -66,11 +66,6 @@ class Watermark(msgspec.Struct, tag="watermark", tag_field="type", gc=False):
 
 Event = Ranking | Feedback | Judgment | Watermark
 EVENT_TYPES = ("ranking", "feedback", "judgment")
-TOPIC_TYPES: dict[str, type[Ranking] | type[Feedback] | type[Judgment]] = {
-    "rankings": Ranking,
-    "feedback": Feedback,
-    "judgments": Judgment,
-}
 
 
 class Invalid(msgspec.Struct, gc=False):

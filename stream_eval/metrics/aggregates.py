@@ -9,8 +9,6 @@ NaN values are "no value" and leave the aggregate untouched.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 import numpy as np
 import numpy.typing as npt
 
@@ -156,16 +154,3 @@ def grouped_moments(group: Ints, values: Floats, n_groups: int, weights: Floats 
             m.count[j] = int(count[g])
             m.weight[j], m.weight_sq[j], m.total[j], m.total_sq[j] = weight[g], weight_sq[g], total[g], total_sq[g]
     return out
-
-
-def merged(parts: Iterable[Moments], size: int) -> Moments:
-    """The sum of many moments (an empty sum is the zero of ``size`` metrics)."""
-    out = Moments(size)
-    for part in parts:
-        out += part
-    return out
-
-
-def as_row(values: Sequence[float]) -> Floats:
-    """A row of values for :meth:`Moments.update` (``None`` becomes NaN)."""
-    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)

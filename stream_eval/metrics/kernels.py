@@ -219,9 +219,6 @@ class BatchValues:
     empty: npt.NDArray[np.bool_]
     n_relevant: Ints
 
-    def column(self, name: str) -> Floats:
-        return self.values[:, [s.name for s in self.specs].index(name)]
-
 
 def evaluate_batch(batch: JudgedBatch, config: Config, specs: Sequence[MetricSpec] | None = None) -> BatchValues:
     """All list metrics of ``specs`` for every request of ``batch``, with the ``empty`` policy applied.

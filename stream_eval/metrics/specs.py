@@ -26,8 +26,7 @@ MEAN_NAMES: dict[str, str] = {"RR": "MRR", "AP": "MAP"}
 PER_REQUEST_OF_MEAN: dict[str, str] = {mean: metric for metric, mean in MEAN_NAMES.items()}
 #: Families set to 0 (policy ``zero``) for requests with no relevant judged item (SPEC §2).
 ZEROED_WHEN_EMPTY = frozenset({"RR", "AP", "R", "nDCG", "ERR", "alpha-nDCG"})
-#: The session-level metric and its aggregate.
-SESSION_METRIC = "AUC"
+#: The mean of session AUCs.
 GAUC = "GAUC"
 
 
