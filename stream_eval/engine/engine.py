@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -111,14 +112,21 @@ class Engine:
         self.sessions = Sessions(config.session_gap, config.gauc_weight)
         self._gsb_column = self._find_column(config.gsb_metric)
         self.gsb = GsbTracker(config, self.join.horizon)
+        self._muted = False
 
     def _find_column(self, name: str) -> int:
         return self.specs.index(parse(name))  # Config has checked that gsb_metric is computed
 
     # -- input --------------------------------------------------------------------------------------
-    def process(self, events: Iterable[Ranking | Feedback | Judgment | Watermark | Invalid]) -> None:
-        """Feed events in arrival order; event time advances with them (the watermark is the max ts seen)."""
-        join = self.join
+    def process(
+        self, events: Iterable[Ranking | Feedback | Judgment | Watermark | Invalid], join: Join | None = None
+    ) -> None:
+        """Feed events in arrival order; event time advances with them (the watermark is the max ts seen).
+
+        ``join`` is the join of one input partition when streaming (see :meth:`new_join`); by default the
+        engine's own join, which replay uses for the whole input.
+        """
+        join = self.join if join is None else join
         ranking, feedback = join.ranking, join.feedback
         watermark = join.watermark
         for event in events:
@@ -131,7 +139,7 @@ class Engine:
                 self.judgment(event)  # type: ignore[arg-type]  # dispatched on type
             elif kind is Watermark:
                 if event.end:  # type: ignore[union-attr]  # dispatched on type
-                    self.flush()
+                    self.flush(join)
                     watermark = join.watermark
                     continue
             else:
@@ -140,33 +148,67 @@ class Engine:
             ts: float = event.ts  # type: ignore[union-attr, assignment]  # validated: epoch seconds
             if ts > watermark:
                 watermark = join.watermark = ts
-        self.advance(watermark)
+        self.advance(watermark, join)
+
+    def new_join(self) -> Join:
+        """A join for one more input partition, counting into this engine's event counts."""
+        return Join(self.config, self.counts)
+
+    @contextmanager
+    def muted(self, join: Join) -> Iterator[None]:
+        """Rebuild ``join``'s state from events already counted elsewhere: nothing is counted or finalised."""
+        self._muted = True
+        join.counts = EventCounts()
+        try:
+            yield
+        finally:
+            self._muted = False
+            join.counts = self.counts
 
     def judgment(self, event: Judgment) -> None:
+        if self._muted:
+            return
         self.counts["judgment", "ok"] += 1
         self.gsb.judgment(self.labels.value("experiment", event.experiment), event.verdict)
 
     def invalid(self, event: Invalid) -> None:
+        if self._muted:
+            return
         self.counts[event.kind, "invalid"] += 1
         self.invalid_reasons[f"{event.kind}: {event.code}"] += 1
         if len(self.invalid_examples) < 10:
             self.invalid_examples.append(event)
 
-    def advance(self, watermark: float) -> None:
-        """Move event time forward and finalise every request, session and GSB window it closes."""
-        finalised = self.join.advance(watermark)
-        for start in range(0, len(finalised), self.batch_size):
-            self._finalise(finalised[start : start + self.batch_size])
-        self._add_sessions(self.sessions.close(self.join.watermark))
-        self.gsb.close(self.join.watermark, self.arms_of)
+    def advance(self, watermark: float, join: Join | None = None) -> None:
+        """Move event time forward and finalise every request, session and GSB window it closes.
 
-    def flush(self) -> None:
-        """End of input: finalise everything still open."""
-        finalised = self.join.flush()
+        With a partition's ``join``, only that partition's requests are finalised; sessions and GSB windows,
+        which span partitions, close on :meth:`close` with the watermark of all partitions.
+        """
+        own = join is None or join is self.join
+        join = self.join if join is None else join
+        self._finalise_all(join.advance(watermark))
+        if own:
+            self.close(join.watermark)
+
+    def close(self, watermark: float) -> None:
+        """Close the sessions and GSB windows that event time ``watermark`` (of every partition) has passed."""
+        self._add_sessions(self.sessions.close(watermark))
+        self.gsb.close(watermark, self.arms_of)
+
+    def flush(self, join: Join | None = None) -> None:
+        """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
+        own = join is None or join is self.join
+        join = self.join if join is None else join
+        self._finalise_all(join.flush())
+        if own:
+            self.close(math.inf)
+
+    def _finalise_all(self, finalised: Sequence[RequestState]) -> None:
+        if self._muted:
+            return
         for start in range(0, len(finalised), self.batch_size):
             self._finalise(finalised[start : start + self.batch_size])
-        self._add_sessions(self.sessions.close(math.inf))
-        self.gsb.close(math.inf, self.arms_of)
 
     # -- finalisation ---------------------------------------------------------------------------------
     def _group(self, experiment: str, arm: str) -> int:
