@@ -119,12 +119,16 @@ class Engine:
 
     # -- input --------------------------------------------------------------------------------------
     def process(
-        self, events: Iterable[Ranking | Feedback | Judgment | Watermark | Invalid], join: Join | None = None
+        self,
+        events: Iterable[Ranking | Feedback | Judgment | Watermark | Invalid],
+        join: Join | None = None,
+        event_time: bool = True,
     ) -> None:
         """Feed events in arrival order; event time advances with them (the watermark is the max ts seen).
 
         ``join`` is the join of one input partition when streaming (see :meth:`new_join`); by default the
-        engine's own join, which replay uses for the whole input.
+        engine's own join, which replay uses for the whole input. With ``event_time=False`` the events do
+        not move event time: the caller does, with :meth:`advance` (streaming takes the minimum over topics).
         """
         join = self.join if join is None else join
         ranking, feedback = join.ranking, join.feedback
@@ -138,17 +142,19 @@ class Engine:
             elif kind is Judgment:
                 self.judgment(event)  # type: ignore[arg-type]  # dispatched on type
             elif kind is Watermark:
-                if event.end:  # type: ignore[union-attr]  # dispatched on type
+                if event_time and event.end:  # type: ignore[union-attr]  # dispatched on type
                     self.flush(join)
                     watermark = join.watermark
                     continue
             else:
                 self.invalid(event)  # type: ignore[arg-type]  # dispatched on type
                 continue
-            ts: float = event.ts  # type: ignore[union-attr, assignment]  # validated: epoch seconds
-            if ts > watermark:
-                watermark = join.watermark = ts
-        self.advance(watermark, join)
+            if event_time:
+                ts: float = event.ts  # type: ignore[union-attr, assignment]  # validated: epoch seconds
+                if ts > watermark:
+                    watermark = join.watermark = ts
+        if event_time:
+            self.advance(watermark, join)
 
     def new_join(self) -> Join:
         """A join for one more input partition, counting into this engine's event counts."""

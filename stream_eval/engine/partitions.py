@@ -1,0 +1,273 @@
+"""Event time over partitioned input, and recoverable per-partition state: the streaming side of the engine.
+
+The rankings, feedback and judgments topics are co-partitioned by key (``request_id``), so partition ``p``
+of every input topic forms one *unit*: one :class:`~stream_eval.events.join.Join` holds the requests of
+partition ``p``. This module knows nothing of Kafka; the worker feeds it decoded messages with their offsets.
+
+Event time (SPEC §1):
+
+* Each topic-partition ("source") has a watermark: the largest ``ts`` it has carried, raised further by
+  watermark events; ``{"type": "watermark", "end": true}`` ends it (+inf) until it speaks again.
+* A unit's join advances to the minimum over its rankings and feedback sources, so feedback that lags its
+  ranking in another topic is never late because of the other topic.
+* The engine's sessions and GSB windows close on the minimum over *every* source.
+* A source silent for ``idle_timeout`` seconds of wall clock stops holding event time back until it speaks.
+
+Recoverable state (at-least-once delivery without double counting): :meth:`PartitionedEngine.checkpoint`
+gives, per unit, the offsets to resume reading from (``start``: the first event of every request still
+open, waiting or remembered, so that re-reading rebuilds the join exactly), the offsets already counted
+(``processed``) and the join's watermark. A new owner of the partition re-reads ``start..processed`` *muted*
+(the state is rebuilt, nothing is counted or finalised twice), advances muted to the old watermark, and goes
+on from there, so a rebalance never counts an event or a request twice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream_eval.engine.engine import Engine
+from stream_eval.events.join import Join
+from stream_eval.events.schema import Feedback, Invalid, Judgment, Ranking, Watermark
+
+Event = Ranking | Feedback | Judgment | Watermark | Invalid
+KINDS = ("ranking", "feedback", "judgment")
+JOINED = ("ranking", "feedback")
+
+
+@dataclass
+class Checkpoint:
+    """Where a unit's state can be rebuilt from: per kind, first offset to read and first offset not counted."""
+
+    partition: int
+    start: dict[str, int] = field(default_factory=dict)
+    processed: dict[str, int] = field(default_factory=dict)
+    watermark: float = -math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "start": self.start, "processed": self.processed,
+                "watermark": _time_to_json(self.watermark)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        return cls(int(data["partition"]), {k: int(v) for k, v in data["start"].items()},
+                   {k: int(v) for k, v in data["processed"].items()}, _time_from_json(data["watermark"]))
+
+
+def _time_to_json(value: float) -> float | str:
+    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+
+
+def _time_from_json(value: float | str) -> float:
+    return float(value)
+
+
+class Source:
+    """One topic-partition: its watermark, whether it has ended, when it last spoke, the next offset to feed."""
+
+    __slots__ = ("watermark", "ended", "heard", "next_offset")
+
+    def __init__(self, now: float) -> None:
+        self.watermark = -math.inf
+        self.ended = False
+        self.heard = now
+        self.next_offset: int | None = None
+
+    def time(self, now: float, idle_timeout: float) -> float | None:
+        """This source's event time, ``None`` while it is idle (it holds nothing back)."""
+        if self.ended:
+            return math.inf
+        if now - self.heard > idle_timeout:
+            return None
+        return self.watermark
+
+
+class Requests:
+    """Offsets of the first event of each request of one topic-partition that the join may still need."""
+
+    __slots__ = ("order", "tracked")
+
+    def __init__(self) -> None:
+        self.order: deque[tuple[int, str]] = deque()
+        self.tracked: set[str] = set()
+
+    def add(self, offsets: Sequence[int], events: Sequence[Event]) -> None:
+        tracked, order = self.tracked, self.order
+        for offset, event in zip(offsets, events, strict=True):
+            kind = type(event)
+            if kind is Ranking or kind is Feedback:
+                rid = event.request_id  # type: ignore[union-attr]  # dispatched on type
+                if rid not in tracked:
+                    tracked.add(rid)
+                    order.append((offset, rid))
+
+    def first(self, join: Join) -> int | None:
+        """The smallest offset still needed (requests the join has forgotten are dropped first)."""
+        order, tracked = self.order, self.tracked
+        while order:
+            offset, rid = order[0]
+            if rid in join.open or rid in join.pending or rid in join.closed:
+                return offset
+            order.popleft()
+            tracked.discard(rid)
+        return None
+
+
+class Unit:
+    """Partition ``p`` of every input topic: its join, sources, needed offsets and rebuild progress."""
+
+    __slots__ = ("join", "sources", "requests", "mute", "resume_watermark", "held", "flushed")
+
+    def __init__(self, join: Join, now: float, checkpoint: Checkpoint | None) -> None:
+        self.join = join
+        self.sources = {kind: Source(now) for kind in KINDS}
+        self.requests = {kind: Requests() for kind in JOINED}
+        self.mute: dict[str, int] = {}
+        self.resume_watermark = -math.inf
+        self.held: list[tuple[str, list[int], list[Event]]] = []
+        self.flushed = False
+        if checkpoint is not None:
+            self.mute = {k: e for k, e in checkpoint.processed.items() if e > checkpoint.start.get(k, e)}
+            self.resume_watermark = checkpoint.watermark
+
+    @property
+    def rebuilding(self) -> bool:
+        return bool(self.mute)
+
+
+class PartitionedEngine:
+    """Feeds an :class:`Engine` from partitioned input with per-source watermarks and checkpoints."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.idle_timeout = engine.config.idle_timeout
+        self.units: dict[int, Unit] = {}
+        self.watermark = -math.inf
+
+    # -- ownership ----------------------------------------------------------------------------------
+    def assign(self, partition: int, checkpoint: Checkpoint | None = None) -> dict[str, int]:
+        """Take partition ``partition``; returns the offsets to start reading from (those known)."""
+        self.units[partition] = Unit(self.engine.new_join(), self.clock(), checkpoint)
+        return dict(checkpoint.start) if checkpoint is not None else {}
+
+    def revoke(self, partition: int) -> Checkpoint:
+        """Give partition ``partition`` up: its checkpoint, then its state is dropped (the new owner rebuilds)."""
+        checkpoint = self.checkpoint(partition)
+        del self.units[partition]
+        return checkpoint
+
+    def checkpoint(self, partition: int) -> Checkpoint:
+        unit = self.units[partition]
+        checkpoint = Checkpoint(partition, watermark=max(unit.join.watermark, unit.resume_watermark))
+        if unit.flushed:
+            checkpoint.watermark = math.inf
+        for kind, source in unit.sources.items():
+            if source.next_offset is None:
+                continue
+            processed = max(source.next_offset, unit.mute.get(kind, source.next_offset))
+            needed = unit.requests[kind].first(unit.join) if kind in unit.requests else None
+            checkpoint.processed[kind] = processed
+            checkpoint.start[kind] = min(needed, source.next_offset) if needed is not None else source.next_offset
+        return checkpoint
+
+    # -- input --------------------------------------------------------------------------------------
+    def feed(self, kind: str, partition: int, offsets: list[int], events: list[Event]) -> list[Invalid]:
+        """Messages of one topic-partition in offset order; returns the invalid ones counted now."""
+        unit = self.units[partition]
+        if not offsets:
+            return []
+        unit.sources[kind].heard = self.clock()
+        if not unit.rebuilding:
+            return self._feed(unit, kind, offsets, events)
+        muted_until = unit.mute.get(kind)
+        cut = 0 if muted_until is None else bisect_left(offsets, muted_until)
+        if cut:
+            self._feed(unit, kind, offsets[:cut], events[:cut], muted=True)
+            if offsets[-1] + 1 >= muted_until:  # type: ignore[operator]  # cut > 0 implies a bound
+                del unit.mute[kind]
+        if cut < len(offsets):
+            unit.held.append((kind, offsets[cut:], events[cut:]))
+        if unit.rebuilding:
+            return []
+        engine, join = self.engine, unit.join
+        with engine.muted(join):
+            engine.advance(unit.resume_watermark, join)  # what the previous owner had finalised
+        held, unit.held = unit.held, []
+        invalid: list[Invalid] = []
+        for held_kind, held_offsets, held_events in held:
+            invalid += self._feed(unit, held_kind, held_offsets, held_events)
+        return invalid
+
+    def _feed(self, unit: Unit, kind: str, offsets: list[int], events: list[Event], muted: bool = False) -> list[Invalid]:
+        source = unit.sources[kind]
+        source.next_offset = offsets[-1] + 1
+        watermark = source.watermark
+        plain: list[Event] = events
+        invalid: list[Invalid] = []
+        marks = False
+        for event in events:
+            event_type = type(event)
+            if event_type is Invalid:
+                invalid.append(event)  # type: ignore[arg-type]  # dispatched on type
+                continue
+            if event_type is Watermark:
+                marks = True
+                if event.end:  # type: ignore[union-attr]  # dispatched on type
+                    source.ended = True
+                    continue
+            else:
+                source.ended = False
+                unit.flushed = False
+            ts: float | None = event.ts  # type: ignore[union-attr, assignment]  # validated
+            if ts is not None and ts > watermark:
+                watermark = ts
+        source.watermark = watermark
+        if marks:
+            plain = [e for e in events if type(e) is not Watermark]
+        if kind in unit.requests:
+            unit.requests[kind].add(offsets, events)
+        engine = self.engine
+        if muted:
+            with engine.muted(unit.join):
+                engine.process(plain, unit.join, event_time=False)
+            return []
+        engine.process(plain, unit.join, event_time=False)
+        return invalid
+
+    # -- event time ---------------------------------------------------------------------------------
+    def tick(self) -> float:
+        """Advance every join and the engine's all-partition event time; returns that watermark."""
+        now = self.clock()
+        idle = self.idle_timeout
+        overall = math.inf
+        speaking = False
+        for unit in self.units.values():
+            for source in unit.sources.values():
+                t = source.time(now, idle)
+                if t is not None:
+                    speaking = True
+                    overall = min(overall, t)
+        if not speaking:
+            overall = self.watermark  # everything idle: event time stands still
+        engine = self.engine
+        for unit in self.units.values():
+            if unit.rebuilding:
+                continue
+            times = [t for t in (unit.sources[k].time(now, idle) for k in JOINED) if t is not None]
+            target = min(times) if times else overall
+            if target == math.inf:
+                if not unit.flushed:
+                    engine.flush(unit.join)
+                    unit.flushed = True
+            elif target > unit.join.watermark:
+                engine.advance(target, unit.join)
+        if overall > self.watermark or overall == math.inf:
+            self.watermark = overall
+            engine.close(overall)
+        return self.watermark
