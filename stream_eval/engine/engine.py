@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,10 @@ from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
 from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch
 from stream_eval.metrics.specs import GAUC, MetricSpec, parse, request_specs
+
+if TYPE_CHECKING:
+    from stream_eval.engine.delays import FeedbackDelays
+    from stream_eval.engine.windows import RollingWindows
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -113,6 +117,9 @@ class Engine:
         self._gsb_column = self._find_column(config.gsb_metric)
         self.gsb = GsbTracker(config, self.join.horizon)
         self._muted = False
+        self.watermark = -math.inf  # the largest finite all-partition watermark :meth:`close` was given
+        self.windows: RollingWindows | None = None  # live windows; they attach themselves
+        self.delays: FeedbackDelays | None = None  # feedback delay histogram; attaches itself
 
     def _find_column(self, name: str) -> int:
         return self.specs.index(parse(name))  # Config has checked that gsb_metric is computed
@@ -155,10 +162,17 @@ class Engine:
                     watermark = join.watermark = ts
         if event_time:
             self.advance(watermark, join)
+        if self.windows is not None and not self._muted:
+            self.windows.refresh(join)
+        if self.delays is not None:
+            self.delays.drain(join, keep=not self._muted)
 
     def new_join(self) -> Join:
         """A join for one more input partition, counting into this engine's event counts."""
-        return Join(self.config, self.counts)
+        join = Join(self.config, self.counts)
+        if self.delays is not None:
+            join.delays = []
+        return join
 
     @contextmanager
     def muted(self, join: Join) -> Iterator[None]:
@@ -199,6 +213,10 @@ class Engine:
 
     def close(self, watermark: float) -> None:
         """Close the sessions and GSB windows that event time ``watermark`` (of every partition) has passed."""
+        if self.watermark < watermark < math.inf:
+            self.watermark = watermark
+        if self.windows is not None:
+            self.windows.close(watermark)
         self._add_sessions(self.sessions.close(watermark))
         self.gsb.close(watermark, self.arms_of)
 
@@ -321,6 +339,8 @@ class Engine:
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]
             self.arms_seen.setdefault(experiment, set()).add(arm)
+        if self.windows is not None:
+            self.windows.finalised(states, group, values)
         if self.on_finalised is not None:
             self.on_finalised(FinalisedBatch(states, self.specs, values))
 

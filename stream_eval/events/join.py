@@ -107,7 +107,8 @@ class Join:
         self.open: dict[str, RequestState] = {}
         self.pending: dict[str, list[Feedback]] = {}
         self.closed: dict[str, float] = {}
-        self.changed: dict[str, RequestState] = {}
+        self.changed: dict[str, RequestState] = {}  # opened or re-graded since cleared (live windows)
+        self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
         self._deadlines: list[tuple[float, int, str]] = []
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._closed_expiry: list[tuple[float, int, str]] = []
@@ -137,6 +138,7 @@ class Join:
         seq = next(self._seq)
         state = RequestState(event, event.ts + self.horizon, seq)  # type: ignore[operator]  # ts is float
         self.open[rid] = state
+        self.changed[rid] = state
         heapq.heappush(self._deadlines, (state.deadline, seq, rid))
         waiting = self.pending.pop(rid, None)
         if waiting is not None:
@@ -179,6 +181,8 @@ class Join:
         else:
             seen.add(key)
         self.counts["feedback", "ok"] += 1
+        if self.delays is not None:
+            self.delays.append(ts - state.ts)
         if grade > state.grades.get(event.item, 0.0):
             state.grades[event.item] = grade
             self.changed[state.ranking.request_id] = state

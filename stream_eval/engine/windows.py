@@ -1,0 +1,357 @@
+"""Rolling event-time windows of per-request values, open requests included, updated incrementally.
+
+A request belongs to the bucket of its serve time (``floor(ts / width)``). Each (bucket, group) holds a
+:class:`~stream_eval.metrics.aggregates.Moments` of the per-request values of the requests served in it, and
+values change the River way: revert the old contribution, add the new one.
+
+* A new ranking adds its current values (those of :meth:`Engine.evaluate <stream_eval.engine.engine.Engine.evaluate>`,
+  all zero or empty until feedback arrives).
+* Feedback that raises a grade (the join's ``changed``) reverts the request's old row and adds the new one.
+* Finalisation reverts the last row and adds the final values; the finalised request keeps no row, so memory is
+  one row per *open* request plus one ``Moments`` per (bucket, group).
+
+Changed requests are evaluated in batches, one :meth:`Engine.evaluate` call per :meth:`Engine.advance` (every
+:meth:`Engine.process` batch ends with one), never per event.
+
+**The window.** With bucket width ``w`` and the watermark ``wm`` in bucket ``B = floor(wm / w)``, the window of
+``W`` seconds holds the buckets ``B - ceil(W / w) + 1`` and later, i.e. the requests served at or after
+:meth:`RollingWindows.start` — the last ``W`` seconds of event time rounded to whole buckets — plus any served
+ahead of the watermark (a partition may run ahead of the all-partition watermark). Buckets older than the
+longest window are dropped when the watermark leaves them; later changes to their requests are ignored.
+The default width is the shortest window / 30 (10 s for ``5m``).
+
+**Window GAUC and GSB.** A session's AUC, and a GSB verdict, exist only once the session or the query bucket has
+closed, long after the serve time of its requests. The windows therefore hold the sessions *scored*, and the GSB
+verdicts *given*, while the all-partition watermark was in the bucket: window GAUC is the GAUC of the sessions that
+closed in the last ``W`` seconds of event time (so it lags the request metrics by about ``attribution_window +
+allowed_lateness``, plus ``session_gap`` for named sessions). They are taken, cheaply and exactly once, as the
+change of the engine's own totals (``GroupStats.gauc``, ``GsbTracker.totals``) while the watermark stays in one
+bucket: no second computation of AUCs or verdicts. GAUC's sum and count are the weighted sum of AUCs and the
+sum of the session weights, so that ``sum / count`` is the GAUC and sums over workers stay exact.
+
+Partitions: a partition's join that is dropped (rebalance) must leave the windows: call :meth:`RollingWindows.drop`
+with it. While the engine is muted (rebuilding a partition), nothing is added; the rebuilt open requests stay in
+the join's ``changed`` and enter the windows with the first unmuted :meth:`Engine.advance` of that join.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from stream_eval.config import format_duration
+from stream_eval.events.join import Join, RequestState
+from stream_eval.metrics.aggregates import Moments
+from stream_eval.metrics.gsb import GsbCounts
+from stream_eval.metrics.specs import GAUC
+
+if TYPE_CHECKING:
+    from stream_eval.engine.engine import Engine
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+#: (experiment, arm, metric mean name, window label) -> (sum, count)
+WindowSums = dict[tuple[str, str, str, str], tuple[float, float]]
+#: (experiment, source, window label) -> verdict counts
+WindowVerdicts = dict[tuple[str, str, str], GsbCounts]
+_BUCKETS_PER_SHORTEST_WINDOW = 30
+
+
+class RollingWindows:
+    """Rolling event-time windows over an :class:`~stream_eval.engine.engine.Engine`; attaches itself to it.
+
+    Args:
+        engine: The engine to follow; ``engine.windows`` is set to this object.
+        windows: Window lengths in seconds (default: ``engine.config.windows``, i.e. 300 and 3600).
+        width: Bucket width in seconds (default: the shortest window / 30).
+
+    >>> from stream_eval.config import Config
+    >>> from stream_eval.engine.engine import Engine
+    >>> from stream_eval.events.schema import Feedback, Ranking
+    >>> engine = Engine(Config())
+    >>> windows = RollingWindows(engine)
+    >>> engine.process([Ranking("r1", ["a", "b"], ts=100.0), Feedback("r1", "b", grade=1.0, ts=110.0)])
+    >>> windows.snapshot(110.0)["default", "default", "MRR", "5m"]
+    (0.5, 1.0)
+    """
+
+    def __init__(self, engine: Engine, windows: Sequence[float] | None = None, width: float | None = None) -> None:
+        lengths = tuple(float(w) for w in (engine.config.windows if windows is None else windows))
+        if not lengths or min(lengths) <= 0:
+            raise ValueError(f"windows must be positive durations, got {lengths}")
+        self.engine = engine
+        self.width = float(width) if width is not None else min(lengths) / _BUCKETS_PER_SHORTEST_WINDOW
+        if not self.width > 0:
+            raise ValueError(f"bucket width must be positive, got {self.width}")
+        self.windows = lengths
+        self.labels = tuple(format_duration(w) for w in lengths)
+        self._spans = tuple(max(1, math.ceil(w / self.width - 1e-9)) for w in lengths)
+        self.size = len(engine.specs)
+        self.watermark = -math.inf
+        self._current: int | None = None  # bucket of the watermark
+        self._floor = -(2**62)  # buckets below are dropped for good
+        self._cells: dict[int, dict[int, Moments]] = {}  # bucket -> group -> per-request values
+        self._sessions: dict[int, dict[int, Moments]] = {}  # bucket -> group -> session AUCs scored
+        self._verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}  # bucket -> (experiment, source)
+        self._gauc_seen = [stats.gauc.copy() for stats in engine.groups]
+        self._gsb_seen = engine.gsb.totals(engine.arms_of)
+        # One row per open request: slot arrays, grown by doubling.
+        self._slots: dict[str, int] = {}
+        self._states: list[RequestState | None] = []
+        self._free: list[int] = []
+        self._values: Floats = np.zeros((0, self.size))
+        self._bucket: Ints = np.zeros(0, dtype=np.int64)
+        self._group: Ints = np.zeros(0, dtype=np.int64)
+        self.with_subtopics = False
+        engine.windows = self
+
+    # -- engine hooks ---------------------------------------------------------------------------------
+    def refresh(self, join: Join) -> None:
+        """Re-evaluate the open requests of ``join`` that are new or whose grades changed (one batch)."""
+        changed = join.changed
+        if not changed:
+            return
+        open_ = join.open
+        states = [state for rid, state in changed.items() if open_.get(rid) is state]
+        changed.clear()
+        if not states:
+            return
+        values, _, _ = self.engine.evaluate(states)
+        group = np.fromiter(
+            (self.engine._group(s.ranking.experiment, s.ranking.arm) for s in states), dtype=np.int64, count=len(states)
+        )
+        self._replace(states, group, values, final=False)
+
+    def finalised(self, states: Sequence[RequestState], group: Ints, values: Floats) -> None:
+        """Replace the rows of requests just finalised by their final values (they keep no row)."""
+        self._replace(states, group, values, final=True)
+
+    def close(self, watermark: float) -> None:
+        """The all-partition watermark moved: settle scored sessions and verdicts, drop old buckets."""
+        if not math.isfinite(watermark):
+            self._settle()
+            return
+        if watermark <= self.watermark:
+            return
+        self.watermark = watermark
+        bucket = self._bucket_of(watermark)
+        if bucket == self._current:
+            return
+        if self._current is not None:
+            self._settle()
+        self._current = bucket
+        floor = bucket - max(self._spans) + 1
+        if floor > self._floor:
+            self._floor = floor
+            for cells in (self._cells, self._sessions, self._verdicts):
+                for old in [b for b in cells if b < floor]:
+                    del cells[old]
+
+    def drop(self, join: Join) -> None:
+        """Take the open requests of a partition's ``join`` out of the windows (the partition was revoked)."""
+        slots = [self._slots.pop(rid) for rid, state in join.open.items() if self._owns(rid, state)]
+        if slots:
+            index = np.array(slots, dtype=np.int64)
+            self._apply(self._bucket[index], self._group[index], self._values[index], -1)
+            self._release(slots)
+        join.changed.clear()
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def start(self, watermark: float, seconds: float) -> float:
+        """Earliest serve time in the window of ``seconds`` (one of :attr:`windows`) at ``watermark``."""
+        span = self._spans[self.windows.index(float(seconds))]
+        return (self._bucket_of(watermark) - span + 1) * self.width
+
+    def snapshot(self, watermark: float | None = None) -> WindowSums:
+        """``(sum, count)`` per (experiment, arm, metric mean name, window label), for every known group.
+
+        Metrics are the means of the per-request metrics (``MRR``, ``MAP``, ``nDCG@10``, ...; alpha-nDCG once a
+        ranking with subtopics was seen) and ``GAUC``. Does not change the windows.
+        """
+        watermark = self.watermark if watermark is None else watermark
+        engine = self.engine
+        columns = [
+            (j, spec.mean_name)
+            for j, spec in enumerate(engine.specs)
+            if spec.family != "alpha-nDCG" or self.with_subtopics or engine.with_subtopics
+        ]
+        pending = self._pending_sessions()
+        out: WindowSums = {}
+        if not math.isfinite(watermark):
+            return out
+        current = self._bucket_of(watermark)
+        for label, span in zip(self.labels, self._spans, strict=True):
+            first = current - span + 1
+            values = [Moments(self.size) for _ in engine.group_keys]
+            sessions = [Moments(1) for _ in engine.group_keys]
+            for b, cells in self._cells.items():
+                if b >= first:
+                    for g, moments in cells.items():
+                        values[g] += moments
+            for b, cells in self._sessions.items():
+                if b >= first:
+                    for g, moments in cells.items():
+                        sessions[g] += moments
+            if self._current is not None and self._current >= first:
+                for g, moments in pending.items():
+                    sessions[g] += moments
+            for g, (experiment, arm) in enumerate(engine.group_keys):
+                moments = values[g]
+                for j, name in columns:
+                    out[experiment, arm, name, label] = (float(moments.total[j]), float(moments.weight[j]))
+                out[experiment, arm, GAUC, label] = (float(sessions[g].total[0]), float(sessions[g].weight[0]))
+        return out
+
+    def verdicts(self, watermark: float | None = None) -> WindowVerdicts:
+        """GSB verdicts given in each window, per (experiment, source, window label)."""
+        watermark = self.watermark if watermark is None else watermark
+        out: WindowVerdicts = {}
+        if not math.isfinite(watermark):
+            return out
+        current = self._bucket_of(watermark)
+        pending = self._pending_verdicts()
+        for label, span in zip(self.labels, self._spans, strict=True):
+            first = current - span + 1
+            for key in self._gsb_seen.keys() | pending.keys():
+                out[key[0], key[1], label] = GsbCounts()
+            for b, cells in self._verdicts.items():
+                if b >= first:
+                    for key, counts in cells.items():
+                        out[key[0], key[1], label] += counts
+            if self._current is not None and self._current >= first:
+                for key, counts in pending.items():
+                    out[key[0], key[1], label] += counts
+        return out
+
+    @property
+    def open_rows(self) -> int:
+        """Open requests holding a row (memory is proportional to this)."""
+        return len(self._slots)
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _bucket_of(self, ts: float) -> int:
+        return math.floor(ts / self.width)
+
+    def _owns(self, rid: str, state: RequestState) -> bool:
+        slot = self._slots.get(rid)
+        return slot is not None and self._states[slot] is state
+
+    def _replace(self, states: Sequence[RequestState], group: Ints, values: Floats, final: bool) -> None:
+        slots = self._slots
+        old = [slots.pop(s.ranking.request_id) for s in states if self._owns(s.ranking.request_id, s)]
+        bucket = np.floor(np.fromiter((s.ts for s in states), dtype=np.float64, count=len(states)) / self.width)
+        bucket_i = bucket.astype(np.int64)
+        live = bucket_i >= self._floor
+        if not self.with_subtopics and any(s.ranking.subtopics is not None for s in states):
+            self.with_subtopics = True
+        if old:
+            index = np.array(old, dtype=np.int64)
+            self._apply(self._bucket[index], self._group[index], self._values[index], -1)
+            self._release(old)
+        if live.any():
+            self._apply(bucket_i[live], group[live], values[live], 1)
+            if not final:
+                self._store([s for s, keep in zip(states, live.tolist(), strict=True) if keep],
+                            bucket_i[live], group[live], values[live])
+
+    def _apply(self, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
+        """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells."""
+        live = bucket >= self._floor
+        if not live.all():
+            bucket, group, values = bucket[live], group[live], values[live]
+        if not bucket.size:
+            return
+        keys, inverse = np.unique(np.stack([bucket, group], axis=1), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        present = ~np.isnan(values)
+        v = np.where(present, values, 0.0)
+        count = np.zeros((keys.shape[0], self.size), dtype=np.int64)
+        total = np.zeros((keys.shape[0], self.size))
+        total_sq = np.zeros((keys.shape[0], self.size))
+        np.add.at(count, inverse, present.astype(np.int64))
+        np.add.at(total, inverse, v)
+        np.add.at(total_sq, inverse, v * v)
+        for i, (b, g) in enumerate(keys.tolist()):
+            cells = self._cells.get(b)
+            if cells is None:
+                cells = self._cells[b] = {}
+            cell = cells.get(g)
+            if cell is None:
+                cell = cells[g] = Moments(self.size)
+            cell.count += sign * count[i]
+            cell.weight += sign * count[i]
+            cell.weight_sq += sign * count[i]
+            cell.total += sign * total[i]
+            cell.total_sq += sign * total_sq[i]
+
+    def _store(self, states: list[RequestState], bucket: Ints, group: Ints, values: Floats) -> None:
+        need = len(states) - len(self._free)
+        if need > 0:
+            self._grow(need)
+        slots = [self._free.pop() for _ in states]
+        index = np.array(slots, dtype=np.int64)
+        self._values[index] = values
+        self._bucket[index] = bucket
+        self._group[index] = group
+        for slot, state in zip(slots, states, strict=True):
+            self._states[slot] = state
+            self._slots[state.ranking.request_id] = slot
+
+    def _grow(self, need: int) -> None:
+        old = len(self._states)
+        new = max(2 * old, old + need, 64)
+        self._values = np.concatenate([self._values, np.zeros((new - old, self.size))])
+        self._bucket = np.concatenate([self._bucket, np.zeros(new - old, dtype=np.int64)])
+        self._group = np.concatenate([self._group, np.zeros(new - old, dtype=np.int64)])
+        self._states.extend([None] * (new - old))
+        self._free.extend(range(new - 1, old - 1, -1))
+
+    def _release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self._states[slot] = None
+        self._free.extend(slots)
+
+    def _pending_sessions(self) -> dict[int, Moments]:
+        """Sessions scored since the last settle, per group (the engine's GAUC moments minus those seen)."""
+        out: dict[int, Moments] = {}
+        for g, stats in enumerate(self.engine.groups):
+            seen = self._gauc_seen[g] if g < len(self._gauc_seen) else None
+            if seen is None:
+                if stats.gauc.count.any():
+                    out[g] = stats.gauc.copy()
+            elif stats.gauc != seen:
+                out[g] = stats.gauc - seen
+        return out
+
+    def _pending_verdicts(self) -> dict[tuple[str, str], GsbCounts]:
+        totals = self.engine.gsb.totals(self.engine.arms_of)
+        out: dict[tuple[str, str], GsbCounts] = {}
+        for key, counts in totals.items():
+            seen = self._gsb_seen.get(key)
+            delta = counts if seen is None else counts - seen
+            if delta.good or delta.same or delta.bad:
+                out[key] = delta
+        return out
+
+    def _settle(self) -> None:
+        """Put what was scored and judged since the last settle into the bucket of the watermark."""
+        sessions = self._pending_sessions()
+        verdicts = self._pending_verdicts()
+        if self._current is not None and self._current >= self._floor:
+            if sessions:
+                cells = self._sessions.setdefault(self._current, {})
+                for g, moments in sessions.items():
+                    if g in cells:
+                        cells[g] += moments
+                    else:
+                        cells[g] = moments
+            if verdicts:
+                gsb_cells = self._verdicts.setdefault(self._current, {})
+                for key, counts in verdicts.items():
+                    gsb_cells[key] = gsb_cells.get(key, GsbCounts()) + counts
+        self._gauc_seen = [stats.gauc.copy() for stats in self.engine.groups]
+        self._gsb_seen = self.engine.gsb.totals(self.engine.arms_of)
