@@ -1,0 +1,227 @@
+"""Prometheus export (SPEC §5): a collector that reads the engine at scrape time, and the HTTP endpoint.
+
+Every mean comes with its sum and count, so that several workers aggregate exactly in PromQL
+(``sum(..._sum) / sum(..._count)``). Series:
+
+* ``stream_eval_requests_total{experiment,arm}``: finalised requests.
+* ``stream_eval_metric_sum_total`` / ``stream_eval_metric_count_total{experiment,arm,metric}``: sums and counts
+  of finalised per-request values (``metric`` = ``RR``, ``AP``, ``nDCG@10``, ...), and for ``metric="AUC"`` the
+  weighted sum of the session AUCs that enter GAUC and the sum of their weights (``gauc_weight``), so that
+  ``sum / count`` is the GAUC.
+* ``stream_eval_window_sum`` / ``_count`` / ``_mean{experiment,arm,metric,window}``: the rolling event-time windows
+  of :mod:`stream_eval.engine.windows` (``metric`` = ``MRR``, ``MAP``, ``nDCG@10``, ..., ``GAUC``).
+* ``stream_eval_gsb_total{experiment,source,verdict}``; ``stream_eval_gsb_score{experiment,source,window}`` with
+  ``window="total"`` for every verdict so far and the rolling window labels (``5m``, ``1h``) for the verdicts
+  given in that much event time.
+* ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper{experiment,metric}``: treatment - control (``Engine.ab``).
+* ``stream_eval_events_total{type,status}``, ``stream_eval_feedback_delay_seconds`` (histogram),
+  ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
+  into ``__other__`` (SPEC §5: overflow is counted).
+
+Counters never decrease: each is exported as the largest value this collector has exported for its series. (GSB
+interleaving verdicts are resolved against the arms known at scrape time; an arm appearing later could otherwise
+shrink a count.) Undefined values (a mean of nothing) are NaN.
+
+Thread safety: scrapes run in the HTTP server's thread. Give the collector the lock that the worker holds while it
+processes a batch; the collector copies what it needs under the lock and builds the families outside it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from stream_eval.engine.engine import Engine
+from stream_eval.metrics.gsb import VERDICTS
+
+Labels = tuple[str, ...]
+
+
+@dataclass
+class _Scrape:
+    """Everything one scrape exports, copied from the engine under the lock."""
+
+    requests: dict[Labels, float] = field(default_factory=dict)
+    metric_sum: dict[Labels, float] = field(default_factory=dict)
+    metric_count: dict[Labels, float] = field(default_factory=dict)
+    window: dict[Labels, tuple[float, float]] = field(default_factory=dict)
+    gsb: dict[Labels, float] = field(default_factory=dict)
+    gsb_score: dict[Labels, float] = field(default_factory=dict)
+    ab: dict[Labels, tuple[float, float, float]] = field(default_factory=dict)
+    events: dict[Labels, float] = field(default_factory=dict)
+    overflow: dict[Labels, float] = field(default_factory=dict)
+    delay_buckets: list[tuple[str, float]] | None = None
+    delay_sum: float = 0.0
+    watermark: float = math.nan
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class EngineCollector(Collector):
+    """Reads an :class:`~stream_eval.engine.engine.Engine` (and its windows and delays, if attached) per scrape.
+
+    Args:
+        engine: The engine; ``engine.windows`` (:class:`~stream_eval.engine.windows.RollingWindows`) and
+            ``engine.delays`` (:class:`~stream_eval.engine.delays.FeedbackDelays`) are exported when attached.
+        registry: Registered there when given (never the global default registry unless passed explicitly).
+        lock: Held by the worker while it processes a batch; the collector takes it to copy a consistent state.
+
+    >>> from prometheus_client import CollectorRegistry
+    >>> from stream_eval.config import Config
+    >>> registry = CollectorRegistry()
+    >>> collector = EngineCollector(Engine(Config()), registry)
+    >>> registry.get_sample_value("stream_eval_watermark_seconds")
+    nan
+    """
+
+    def __init__(
+        self, engine: Engine, registry: CollectorRegistry | None = None, lock: threading.Lock | None = None
+    ) -> None:
+        self.engine = engine
+        self.lock = lock
+        self._high: dict[tuple[str, Labels], float] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def _locked(self) -> AbstractContextManager[object]:
+        return self.lock if self.lock is not None else nullcontext()
+
+    # -- reading the engine (under the lock) -----------------------------------------------------------
+    def _read(self) -> _Scrape:
+        engine = self.engine
+        out = _Scrape()
+        subtopics = engine.with_subtopics
+        names = [(j, spec.name) for j, spec in enumerate(engine.specs) if spec.family != "alpha-nDCG" or subtopics]
+        for (experiment, arm), stats in zip(engine.group_keys, engine.groups, strict=True):
+            out.requests[experiment, arm] = float(stats.requests)
+            total, count = stats.moments.total.tolist(), stats.moments.count.tolist()
+            for j, name in names:
+                out.metric_sum[experiment, arm, name] = total[j]
+                out.metric_count[experiment, arm, name] = float(count[j])
+            out.metric_sum[experiment, arm, "AUC"] = float(stats.gauc.total[0])
+            out.metric_count[experiment, arm, "AUC"] = float(stats.gauc.weight[0])
+        totals = engine.gsb.totals(engine.arms_of)
+        for (experiment, source), counts in totals.items():
+            for verdict in VERDICTS:
+                out.gsb[experiment, source, verdict] = float(getattr(counts, verdict))
+            out.gsb_score[experiment, source, "total"] = counts.score
+        windows = engine.windows
+        if windows is not None:
+            for (experiment, arm, metric, label), sums in windows.snapshot().items():
+                out.window[experiment, arm, metric, label] = sums
+            for (experiment, source, label), counts in windows.verdicts().items():
+                out.gsb_score[experiment, source, label] = counts.score
+        for row in engine.ab():
+            out.ab[row["experiment"], row["metric"]] = (
+                _number(row["delta"]), _number(row["ci_lower"]), _number(row["ci_upper"])
+            )
+        for (kind, status), n in engine.counts.items():
+            out.events[kind, status] = float(n)
+        for label, n in engine.labels.overflow.items():
+            out.overflow[(label,)] = float(n)
+        delays = engine.delays
+        if delays is not None:
+            bounds = [f"{b:g}" for b in delays.bounds.tolist()] + ["+Inf"]
+            out.delay_buckets = list(zip(bounds, [float(c) for c in delays.cumulative()], strict=True))
+            out.delay_sum = delays.total
+        if math.isfinite(engine.watermark):
+            out.watermark = engine.watermark
+        return out
+
+    # -- families ---------------------------------------------------------------------------------------
+    def _counter(self, name: str, doc: str, labels: list[str], values: dict[Labels, float]) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=labels)
+        for key, value in sorted(values.items()):
+            high = self._high.get((name, key), 0.0)
+            if value > high:
+                self._high[name, key] = high = value
+            family.add_metric(list(key), high)
+        return family
+
+    @staticmethod
+    def _gauge(name: str, doc: str, labels: list[str], values: dict[Labels, float]) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        for key, value in sorted(values.items()):
+            family.add_metric(list(key), value)
+        return family
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (registration checks names without reading the engine)."""
+        yield from self._families(_Scrape())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._locked():
+            scrape = self._read()
+        yield from self._families(scrape)
+
+    def _families(self, s: _Scrape) -> Iterator[Metric]:
+        group, metric = ["experiment", "arm"], ["experiment", "arm", "metric"]
+        window = ["experiment", "arm", "metric", "window"]
+        yield self._counter("stream_eval_requests", "Finalised requests.", group, s.requests)
+        yield self._counter("stream_eval_metric_sum", "Sum of finalised per-request values (AUC: weighted sum of "
+                            "session AUCs).", metric, s.metric_sum)
+        yield self._counter("stream_eval_metric_count", "Number of finalised per-request values (AUC: sum of "
+                            "session weights).", metric, s.metric_count)
+        yield self._gauge("stream_eval_window_sum", "Sum of per-request values (open requests' current values "
+                          "included) in a rolling event-time window.", window, {k: v[0] for k, v in s.window.items()})
+        yield self._gauge("stream_eval_window_count", "Number of per-request values in a rolling event-time "
+                          "window.", window, {k: v[1] for k, v in s.window.items()})
+        yield self._gauge("stream_eval_window_mean", "Mean of a metric in a rolling event-time window.", window,
+                          {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in s.window.items()})
+        yield self._counter("stream_eval_gsb", "GSB verdicts, treatment vs control.", ["experiment", "source",
+                            "verdict"], s.gsb)
+        yield self._gauge("stream_eval_gsb_score", "GSB score (good - bad) / (good + same + bad); window=total for "
+                          "all verdicts.", ["experiment", "source", "window"], s.gsb_score)
+        ab = ["experiment", "metric"]
+        for i, (name, doc) in enumerate((
+            ("stream_eval_ab_delta", "Treatment - control of a mean."),
+            ("stream_eval_ab_ci_lower", "Lower bound of the confidence interval of the A/B delta."),
+            ("stream_eval_ab_ci_upper", "Upper bound of the confidence interval of the A/B delta."),
+        )):
+            yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.items()})
+        yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status"], s.events)
+        yield self._counter("stream_eval_label_overflow", "Event label values folded into __other__.", ["label"],
+                            s.overflow)
+        delay = HistogramMetricFamily("stream_eval_feedback_delay_seconds", "Feedback ts - serve ts of applied "
+                                      "feedback.")
+        if s.delay_buckets is not None:
+            delay.add_metric([], s.delay_buckets, s.delay_sum)
+        yield delay
+        watermark = GaugeMetricFamily("stream_eval_watermark_seconds", "Event time reached by every partition.")
+        watermark.add_metric([], s.watermark)
+        yield watermark
+
+
+class MetricsServer:
+    """A running ``/metrics`` endpoint (prometheus_client's WSGI server in a daemon thread)."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self.server = server
+        self.thread = thread
+
+    @property
+    def port(self) -> int:
+        """The port listened on (useful with port 0)."""
+        return int(self.server.server_port)
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> MetricsServer:
+    """Serve ``registry`` on ``http://host:port/metrics`` (any path, in fact); ``port=0`` picks a free port."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, thread)
