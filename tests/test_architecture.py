@@ -97,6 +97,9 @@ def test_cli_does_not_import_faust() -> None:
     assert not [name for name in out["loaded"] if name.split(".")[0] == "faust"], out  # type: ignore[union-attr]
 
 
+ENTRY = "stream_eval.stream.entry"  # the one module `faust -A` loads: it builds the app on import (STYLE)
+
+
 def test_importing_every_module_creates_no_faust_app() -> None:
     out = _run(_LOADED.format(streaming=STREAMING) + """
     created = []
@@ -115,6 +118,8 @@ def test_importing_every_module_creates_no_faust_app() -> None:
     import stream_eval
     errors, modules = [], []
     for info in pkgutil.walk_packages(stream_eval.__path__, "stream_eval.", onerror=errors.append):
+        if info.name == "ENTRY_MODULE":
+            continue
         try:
             importlib.import_module(info.name)
         except Exception as error:
@@ -124,7 +129,16 @@ def test_importing_every_module_creates_no_faust_app() -> None:
         import gc
         created += [repr(o) for o in gc.get_objects() if isinstance(o, faust.App)]
     print(json.dumps({"modules": modules, "errors": errors, "created": created}))
-    """)
+    """.replace("ENTRY_MODULE", ENTRY))
     assert "stream_eval.cli" in out["modules"]  # type: ignore[operator]
     assert out["errors"] == [], out["errors"]
     assert out["created"] == [], f"importing stream_eval modules creates faust apps: {out['created']}"
+
+
+def test_the_faust_entry_module_builds_exactly_one_app() -> None:
+    out = _run(_LOADED.format(streaming=STREAMING) + f"""
+    import faust
+    module = importlib.import_module({ENTRY!r})
+    print(json.dumps({{"apps": [name for name, value in vars(module).items() if isinstance(value, faust.App)]}}))
+    """)
+    assert out["apps"] == ["app"]

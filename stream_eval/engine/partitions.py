@@ -70,13 +70,14 @@ def _time_from_json(value: float | str) -> float:
 class Source:
     """One topic-partition: its watermark, whether it has ended, when it last spoke, the next offset to feed."""
 
-    __slots__ = ("watermark", "ended", "heard", "next_offset")
+    __slots__ = ("watermark", "ended", "heard", "next_offset", "received")
 
     def __init__(self, now: float) -> None:
         self.watermark = -math.inf
         self.ended = False
         self.heard = now
-        self.next_offset: int | None = None
+        self.next_offset: int | None = None  # after the last message fed to the engine
+        self.received: int | None = None  # after the last message accepted (fed, or held while rebuilding)
 
     def time(self, now: float, idle_timeout: float) -> float | None:
         """This source's event time, ``None`` while it is idle (it holds nothing back)."""
@@ -159,7 +160,9 @@ class PartitionedEngine:
     def revoke(self, partition: int) -> Checkpoint:
         """Give partition ``partition`` up: its checkpoint, then its state is dropped (the new owner rebuilds)."""
         checkpoint = self.checkpoint(partition)
-        del self.units[partition]
+        unit = self.units.pop(partition)
+        if self.engine.windows is not None:
+            self.engine.windows.drop(unit.join)  # its open requests leave the live windows
         return checkpoint
 
     def checkpoint(self, partition: int) -> Checkpoint:
@@ -182,7 +185,15 @@ class PartitionedEngine:
         unit = self.units[partition]
         if not offsets:
             return []
-        unit.sources[kind].heard = self.clock()
+        source = unit.sources[kind]
+        source.heard = self.clock()
+        if source.received is not None and offsets[0] < source.received:
+            # Delivered again (a fetch from before a rebalance, or a re-read): each offset counts once.
+            skip = bisect_left(offsets, source.received)
+            offsets, events = offsets[skip:], events[skip:]
+            if not offsets:
+                return []
+        source.received = offsets[-1] + 1
         if not unit.rebuilding:
             return self._feed(unit, kind, offsets, events)
         muted_until = unit.mute.get(kind)
