@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from stream_eval.config import Config, ConfigError, load_config
+from stream_eval.stream.kafka import DEFAULT_BROKER, DEFAULT_PARTITIONS
+
+_N = TypeVar("_N", int, float)
 
 SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--cutoffs", {"help": "cutoffs k of the @k metrics, comma-separated (default 10)"}),
@@ -49,13 +54,83 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     replay.add_argument("--no-progress", action="store_true", help="no progress line on the terminal")
     _add_shared(replay)
-    simulate = commands.add_parser("simulate", help="write synthetic traffic from a click model as JSON Lines")
-    simulate.add_argument("--requests", type=int, default=1000)
+    simulate = commands.add_parser(
+        "simulate", help="synthetic traffic from a click model, as JSON Lines or to Kafka (--broker)"
+    )
+    simulate.add_argument("--requests", type=int, default=1000,
+                          help="ranking events (default 1000); 0 with --broker = until Ctrl-C")
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--interleaving", action="store_true", help="add team-draft interleaved requests")
     simulate.add_argument("--judgments", action="store_true", help="add side-by-side judgment events")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
+    simulate.add_argument("--broker", metavar="URL",
+                          help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")
+    simulate.add_argument("--rate", type=_non_negative, default=0.0, metavar="N",
+                          help="with --broker: events per second (default 0 = as fast as possible)")
+    simulate.add_argument("--topic-prefix", default="", metavar="P", help="with --broker: topic name prefix")
+    simulate.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
+                          help=f"with --broker: partitions of topics it creates (default {DEFAULT_PARTITIONS})")
+    simulate.add_argument("--no-flush", action="store_true",
+                          help="with --broker: no end-of-stream watermark at the end")
+    broker = commands.add_parser("broker", help="run a local Kafka-compatible broker in the foreground (in memory)")
+    broker.add_argument("--port", type=_port, default=9092, help="TCP port (default 9092)")
+    broker.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise (default 127.0.0.1)")
+    broker.add_argument("--log", metavar="FILE", help="append the broker's own output to this file")
+    broker.add_argument("--verbose", action="store_true", help="show the broker's own output on the terminal")
+    produce = commands.add_parser("produce", help="replay JSON Lines logs into the Kafka topics, keeping event times")
+    produce.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files ('-' = stdin, .gz ok)")
+    produce.add_argument("--speed", type=_speed, default=None, metavar="X|max",
+                         help="X times real time by event ts (1 = real time); max = as fast as possible (default)")
+    produce.add_argument("--no-flush", action="store_true",
+                         help="no end-of-stream watermark at the end: the worker keeps open requests open")
+    produce.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
+                         help=f"partitions of topics it creates (default {DEFAULT_PARTITIONS})")
+    for kafka_command in (produce,):
+        _add_kafka(kafka_command)
     return parser
+
+
+def _add_kafka(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--broker", default=DEFAULT_BROKER, metavar="URL",
+                        help=f"Kafka bootstrap servers, comma-separated (default {DEFAULT_BROKER})")
+    parser.add_argument("--topic-prefix", default="", metavar="P", help="topic name prefix (default none)")
+
+
+def _speed(text: str) -> float | None:
+    if text.strip().lower() == "max":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'max'") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("speed must be > 0 (or 'max')")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    return _checked(text, float, lambda value: value >= 0 and math.isfinite(value), "must be >= 0")
+
+
+def _positive_int(text: str) -> int:
+    return _checked(text, int, lambda value: value >= 1, "must be >= 1")
+
+
+def _checked(text: str, kind: Callable[[str], _N], ok: Callable[[_N], bool], rule: str) -> _N:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(rule)
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError("a port is 1..65535")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.commands import simulate_command
 
             return simulate_command(args)
+        if args.command == "broker":
+            from stream_eval.stream.broker import run_broker
+
+            return run_broker(args.port, args.host, log=args.log, echo=args.verbose)
+        if args.command == "produce":
+            from stream_eval.stream.produce import produce_command
+
+            return produce_command(args.files, args.broker, args.topic_prefix, args.speed, not args.no_flush,
+                                   args.partitions)
     except ConfigError as error:
         print(f"stream-eval: {error}", file=sys.stderr)
         return 2

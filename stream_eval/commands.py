@@ -43,6 +43,8 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
 def simulate_command(args: argparse.Namespace) -> int:
     from stream_eval.simulate import SimulationConfig, simulate_lines, write_jsonl
 
+    if getattr(args, "broker", None):
+        return _simulate_to_kafka(args)
     sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
                            judgments=args.judgments)
     if args.output == "-":
@@ -54,3 +56,17 @@ def simulate_command(args: argparse.Namespace) -> int:
         lines = write_jsonl(sim, args.output)
         print(f"stream-eval: wrote {lines:,} events to {args.output}", file=sys.stderr)
     return 0
+
+
+def _simulate_to_kafka(args: argparse.Namespace) -> int:
+    """``simulate --broker``: the same lines, sent by the routing of ``produce``; ``--requests 0`` = until Ctrl-C."""
+    import time
+
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+    from stream_eval.stream.produce import produce_command
+
+    endless = args.requests == 0
+    sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
+                           judgments=args.judgments, start_ts=float(int(time.time())), endless=endless)
+    return produce_command([], args.broker, args.topic_prefix, None, not args.no_flush, args.partitions,
+                           lines=simulate_lines(sim), rate=args.rate or None, endless=endless)

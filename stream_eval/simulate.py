@@ -46,8 +46,9 @@ import contextlib
 import dataclasses
 import gc
 import gzip
+import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,7 @@ class SimulationConfig:
         invalid_fraction: Extra malformed lines, as a fraction of the valid lines (:func:`simulate_lines` only).
         shuffle_window: If > 0, events are emitted out of order by up to this many seconds of event time.
         subtopics: Rankings carry ``subtopics`` (each item has 1-3 of 6 subtopics).
+        endless: Ignore ``requests`` and generate chunks forever (live traffic; not with ``orphan_fraction``).
     """
 
     requests: int = 1000
@@ -170,6 +172,7 @@ class SimulationConfig:
     invalid_fraction: float = 0.0
     shuffle_window: float = 0.0
     subtopics: bool = False
+    endless: bool = False
 
     def __post_init__(self) -> None:
         """Reject configurations the generator cannot honour.
@@ -217,6 +220,8 @@ class SimulationConfig:
             raise ValueError("seed must be >= 0")
         if (self.interleaving or self.judgments) and len(self.arms) < 2:
             raise ValueError("interleaving and judgments need at least two arms")
+        if self.endless and self.orphan_fraction > 0:
+            raise ValueError("orphan_fraction needs a finite number of requests (orphan ids follow the last one)")
         if self.interleaving and INTERLEAVED_ARM in names:
             raise ValueError(f"arm name {INTERLEAVED_ARM!r} is reserved for interleaved requests")
 
@@ -403,8 +408,11 @@ class _Generator:
     def batches(self) -> Iterator[list[Event]]:
         """Events in emission order, one list per generated chunk (the last one also flushes the buffer)."""
         total = self.config.requests
-        for start in range(0, total, CHUNK_REQUESTS):
-            m = min(CHUNK_REQUESTS, total - start)
+        starts: Iterable[int] = (
+            itertools.count(0, CHUNK_REQUESTS) if self.config.endless else range(0, total, CHUNK_REQUESTS)
+        )
+        for start in starts:
+            m = CHUNK_REQUESTS if self.config.endless else min(CHUNK_REQUESTS, total - start)
             with _gc_paused():
                 events, keys, bound = self._chunk(start, m)
                 batch = self._release(events, keys, bound)

@@ -1,0 +1,264 @@
+"""Kafka helpers, ``stream-eval produce``, ``stream-eval broker`` and ``simulate --broker`` on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_eval.stream.broker import Broker, BrokerError, free_port
+from stream_eval.stream.kafka import ensure_topics, event_key, parse_brokers, partitions_for, topics
+from stream_eval.stream.produce import END_WATERMARK, WATERMARKS, route_line, send_lines
+
+T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
+END = json.loads(END_WATERMARK)
+
+
+def _prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stream_eval.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+Record = tuple[str, int, bytes | None, bytes, int]  # topic, partition, key, value, timestamp
+
+
+async def _consume(bootstrap: str, names: tuple[str, ...], until: int, idle: float = 1.5) -> list[Record]:
+    """Every message of the topics from the start: stops once ``until`` messages came and then none for ``idle`` s."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None, session_timeout_ms=6000,
+                                heartbeat_interval_ms=1000)
+    await consumer.start()
+    records: list[Record] = []
+    try:
+        deadline = time.monotonic() + 20
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            got = [(m.topic, m.partition, m.key, m.value, m.timestamp) for ms in batch.values() for m in ms]
+            records += got
+            if got:
+                quiet_since = time.monotonic()
+            elif len(records) >= until and time.monotonic() - quiet_since > idle:
+                break
+    finally:
+        await consumer.stop()
+    return records
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("kafka://localhost:9092,kafka://h2:9093", ["localhost:9092", "h2:9093"]),
+    ("localhost:9092,h2:9093", ["localhost:9092", "h2:9093"]),
+    (" kafka://b1:1 , b2.example.com:65535 ", ["b1:1", "b2.example.com:65535"]),
+    ("127.0.0.1:9092", ["127.0.0.1:9092"]),
+    ("[::1]:9092", ["[::1]:9092"]),
+])
+def test_parse_brokers(url: str, expected: list[str]) -> None:
+    assert parse_brokers(url) == expected
+
+
+@pytest.mark.parametrize("url", ["", ",", "localhost", "http://h:9092", "h:0", "h:70000", "h:port", "a b:1"])
+def test_parse_brokers_rejects_garbage(url: str) -> None:
+    with pytest.raises(ValueError, match="broker|expected"):
+        parse_brokers(url)
+
+
+def test_topic_names() -> None:
+    t = topics("demo.")
+    assert (t.rankings, t.feedback, t.judgments) == ("demo.rankings", "demo.feedback", "demo.judgments")
+    assert (t.request_metrics, t.dead_letters) == ("demo.request-metrics", "demo.dead-letters")
+    assert t.inputs == ("demo.rankings", "demo.feedback", "demo.judgments")
+    assert [t.type_of(name) for name in t.inputs] == ["ranking", "feedback", "judgment"]
+    assert topics().rankings == "rankings" and topics().dead_letters == "dead-letters"
+    with pytest.raises(ValueError):
+        t.type_of("demo.dead-letters")
+
+
+def test_event_keys_and_routing() -> None:
+    assert event_key("ranking", {"request_id": "r1", "query_id": "q"}) == b"r1"
+    assert event_key("feedback", {"request_id": "r1"}) == b"r1"
+    assert event_key("judgment", {"request_id": "r1", "query_id": "q9"}) == b"q9"
+    assert event_key("ranking", {"request_id": 5}) is None
+    assert event_key("ranking", None) is None
+    t = topics("p.")
+    iso = route_line(b'{"type":"feedback","request_id":"r","item":"a","ts":"2026-01-01T00:00:01.5Z"}\n', t)
+    assert iso is not None and iso.topic == "p.feedback" and iso.timestamp_ms == (T0 + 1) * 1000 + 500
+    assert route_line(b"   \n", t) is None
+    broken = route_line(b'{"type":"ranking","request_id":"r', t)
+    assert broken is not None and (broken.topic, broken.key, broken.ts) == ("p.rankings", None, None)
+    unknown = route_line(b'{"type":"impression","request_id":"r","ts":5}', t)
+    assert unknown is not None and (unknown.topic, unknown.key) == ("p.rankings", None)
+    assert route_line(b'[1, 2]', t) is not None
+    wm = route_line(b'{"type":"watermark","ts":7}', t)
+    assert wm is not None and wm.topic is None and wm.timestamp_ms == 7000
+    assert route_line(b'{"type":"ranking","request_id":"r","ts":true}', t).ts is None  # type: ignore[union-attr]
+
+
+def _lines() -> list[bytes]:
+    events: list[dict[str, Any]] = [
+        {"type": "ranking", "request_id": "r1", "ts": T0, "items": ["a", "b"], "experiment": "e"},
+        {"type": "feedback", "request_id": "r1", "item": "a", "ts": T0 + 1.25},
+        {"type": "judgment", "experiment": "e", "query_id": "q1", "verdict": "good", "ts": T0 + 2},
+        {"type": "watermark", "ts": T0 + 3},
+        {"type": "ranking", "request_id": "r2", "ts": T0 + 4, "items": ["c"], "query_id": "q1"},
+    ]
+    lines = [json.dumps(e).encode() for e in events]
+    lines.insert(2, b'{"type": "feedback", "request_id": "r1", "item": ')  # broken JSON
+    return lines
+
+
+def test_produce_file_and_consume_back(broker: str, tmp_path: Path) -> None:
+    prefix = _prefix()
+    t = topics(prefix)
+    lines = _lines()
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n\n")
+    result = _cli("produce", str(path), "--broker", f"kafka://{broker}", "--topic-prefix", prefix,
+                  "--partitions", "3")
+    assert result.returncode == 0, result.stderr
+    assert f"to {t.rankings}" in result.stderr and "sent 5 events" in result.stderr
+    records = asyncio.run(_consume(broker, t.inputs, until=5 + 2 * 9))
+    partitions = {name: asyncio.run(partitions_for([broker], name)) for name in t.inputs}
+    assert partitions == {name: [0, 1, 2] for name in t.inputs}
+
+    data = [r for r in records if b"watermark" not in r[3]]
+    by_value = {value: (topic, key, ts) for topic, _, key, value, ts in data}
+    assert by_value[lines[0]] == (t.rankings, b"r1", T0 * 1000)
+    assert by_value[lines[1]] == (t.feedback, b"r1", T0 * 1000 + 1250)
+    assert by_value[lines[2]][:2] == (t.rankings, None)  # broken line: unchanged, rankings, no key
+    assert by_value[lines[3]] == (t.judgments, b"q1", (T0 + 2) * 1000)
+    assert by_value[lines[5]] == (t.rankings, b"r2", (T0 + 4) * 1000)
+    assert len(data) == 5
+
+    # The file's watermark and the end watermark reach every partition of every input topic, in that order.
+    for name in t.inputs:
+        for partition in partitions[name]:
+            marks = [(value, ts) for topic, p, _, value, ts in records
+                     if topic == name and p == partition and b"watermark" in value]
+            assert marks == [(lines[4], (T0 + 3) * 1000), (END_WATERMARK, (T0 + 4) * 1000)], (name, partition)
+    # Per partition, the end watermark is the last message.
+    for name in t.inputs:
+        for partition in partitions[name]:
+            values = [value for topic, p, _, value, _ in records if topic == name and p == partition]
+            assert values[-1] == END_WATERMARK
+
+
+def test_produce_no_flush_sends_no_end_watermark(broker: str, tmp_path: Path) -> None:
+    prefix = _prefix()
+    t = topics(prefix)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(_lines()) + b"\n")
+    result = _cli("produce", str(path), "--broker", broker, "--topic-prefix", prefix, "--no-flush")
+    assert result.returncode == 0, result.stderr
+    records = asyncio.run(_consume(broker, t.inputs, until=5 + 12))
+    assert len(records) == 5 + 12  # 5 events, the file's watermark on 3 x 4 partitions
+    assert not [r for r in records if r[3] == END_WATERMARK]
+
+
+def test_send_lines_paces_by_rate_and_event_time(broker: str) -> None:
+    t = topics(_prefix())
+    lines = [json.dumps({"type": "ranking", "request_id": f"r{i}", "ts": T0 + i * 0.1}).encode() for i in range(6)]
+    start = time.monotonic()
+    counts = asyncio.run(send_lines(lines, broker, t, speed=1.0, flush=False, partitions=1))
+    assert time.monotonic() - start >= 0.45
+    assert counts == Counter({t.rankings: 6})
+    start = time.monotonic()
+    counts = asyncio.run(send_lines(lines, broker, t, speed=None, flush=True, partitions=1, rate=20))
+    assert time.monotonic() - start >= 0.2
+    assert counts == Counter({t.rankings: 6, WATERMARKS: 3})
+
+
+def test_send_lines_endless_iterator_can_be_cancelled(broker: str) -> None:
+    t = topics(_prefix())
+
+    def endless() -> Any:
+        i = 0
+        while True:
+            yield json.dumps({"type": "feedback", "request_id": f"r{i}", "item": "a", "ts": T0 + i}).encode()
+            i += 1
+
+    async def main() -> Counter[str]:
+        counts: Counter[str] = Counter()
+        task = asyncio.create_task(send_lines(endless(), [broker], t, None, True, 2, counts=counts))
+        await asyncio.sleep(1.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return counts
+
+    counts = asyncio.run(main())
+    assert counts[t.feedback] > 100 and counts[WATERMARKS] == 0
+
+
+def test_ensure_topics_keeps_existing(broker: str) -> None:
+    name = _prefix() + "x"
+    asyncio.run(ensure_topics([broker], [name], 2))
+    asyncio.run(ensure_topics([broker], [name, name], 5))
+    assert asyncio.run(partitions_for([broker], name)) == [0, 1]
+
+
+def test_ensure_topics_times_out_without_broker() -> None:
+    with pytest.raises(TimeoutError, match="within"):
+        asyncio.run(ensure_topics([f"127.0.0.1:{free_port()}"], ["x"], 1, timeout=1))
+
+
+def test_broker_port_taken_is_a_clear_error(broker: str) -> None:
+    port = int(broker.rsplit(":", 1)[1])
+    with pytest.raises(BrokerError, match="already in use"):
+        Broker(port).start()
+
+
+def test_broker_command_runs_and_stops_on_sigterm() -> None:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "stream_eval.cli", "broker", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert f"127.0.0.1:{port}" in line, line
+        assert asyncio.run(partitions_for([f"127.0.0.1:{port}"], "nothing")) == []
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert time.monotonic() - started < 6
+        with pytest.raises(OSError):  # the broker is gone too
+            import socket
+
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_simulate_to_kafka(broker: str) -> None:
+    prefix = _prefix()
+    t = topics(prefix)
+    result = _cli("simulate", "--requests", "200", "--broker", broker, "--topic-prefix", prefix, "--judgments")
+    assert result.returncode == 0, result.stderr
+    match = re.search(r"sent ([\d,]+) events", result.stderr)
+    assert match, result.stderr
+    sent = int(match.group(1).replace(",", ""))
+    records = asyncio.run(_consume(broker, t.inputs, until=sent + 12))
+    kinds = Counter(r[0] for r in records if r[3] != END_WATERMARK)
+    assert kinds[t.rankings] >= 200 and kinds[t.feedback] > 200 and kinds[t.judgments] > 0
+    assert sum(kinds.values()) == sent
+    rankings = [json.loads(r[3]) for r in records if r[0] == t.rankings and r[2] is not None]
+    assert all(r["request_id"].encode() == key for r, key in zip(rankings, [r[2] for r in records
+               if r[0] == t.rankings and r[2] is not None], strict=True))
+    assert len([r for r in records if r[3] == END_WATERMARK]) == 12
