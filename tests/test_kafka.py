@@ -262,3 +262,23 @@ def test_simulate_to_kafka(broker: str) -> None:
     assert all(r["request_id"].encode() == key for r, key in zip(rankings, [r[2] for r in records
                if r[0] == t.rankings and r[2] is not None], strict=True))
     assert len([r for r in records if r[3] == END_WATERMARK]) == 12
+
+
+def test_simulate_endless_until_sigterm(broker: str) -> None:
+    prefix = _prefix()
+    process = subprocess.Popen([sys.executable, "-m", "stream_eval.cli", "simulate", "--requests", "0", "--broker",
+                                broker, "--topic-prefix", prefix, "--rate", "500"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)
+        assert process.poll() is None, process.communicate()[1]
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=15)
+        assert process.returncode == 0, err
+        match = re.search(r"interrupted; sent ([\d,]+) events", err)
+        assert match and int(match.group(1).replace(",", "")) > 100, err
+        assert "watermark" not in err  # no end-of-stream watermark when stopped
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
