@@ -42,6 +42,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(path, overrides)
 
 
+def _shared_argv(args: argparse.Namespace) -> list[str]:
+    """The shared evaluation options that were given, as arguments for a child ``stream-eval`` process."""
+    argv: list[str] = []
+    for flag, _ in SHARED_OPTIONS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-eval", description="Live and offline ranking-quality metrics (MRR, nDCG, ERR, AP, GAUC, GSB)."
@@ -85,7 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
                          help="no end-of-stream watermark at the end: the worker keeps open requests open")
     produce.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                          help=f"partitions of topics it creates (default {DEFAULT_PARTITIONS})")
-    for kafka_command in (produce,):
+    worker = commands.add_parser("worker", help="the Kafka stream processor (a faust worker) with /metrics")
+    worker.add_argument("--metrics-port", type=_port, default=9464, help="Prometheus /metrics port (default 9464)")
+    worker.add_argument("--group", default="stream-eval", help="consumer group id (default stream-eval)")
+    worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
+                        help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
+    worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+    _add_shared(worker)
+    demo = commands.add_parser("demo", help="broker + worker + simulated two-arm traffic with a live view")
+    demo.add_argument("--port", type=_port, default=9092, help="broker port (default 9092; a free one if taken)")
+    demo.add_argument("--metrics-port", type=_port, default=9464, help="worker /metrics port (default 9464)")
+    demo.add_argument("--rate", type=_non_negative, default=200.0, help="simulated requests per second (default 200)")
+    demo.add_argument("--duration", type=_non_negative, default=None, metavar="SECONDS",
+                      help="stop by itself after this long (default: run until Ctrl-C)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--topic-prefix", default="demo.", metavar="P", help="topic name prefix (default demo.)")
+    demo.add_argument("--no-view", action="store_true", help="no live view (e.g. when watching /metrics only)")
+    _add_shared(demo)
+    for kafka_command in (produce, worker):
         _add_kafka(kafka_command)
     return parser
 
@@ -153,6 +180,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return produce_command(args.files, args.broker, args.topic_prefix, args.speed, not args.no_flush,
                                    args.partitions)
+        if args.command == "worker":
+            from stream_eval.stream.app import run_worker
+            from stream_eval.stream.kafka import parse_brokers
+            from stream_eval.stream.worker import WorkerSettings
+
+            settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions)
+            return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel)
+        if args.command == "demo":
+            from stream_eval.stream.demo import demo_command
+
+            args.worker_args = _shared_argv(args)
+            return demo_command(args)
     except ConfigError as error:
         print(f"stream-eval: {error}", file=sys.stderr)
         return 2

@@ -29,7 +29,8 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         print(f"stream-eval: invalid {line}", file=sys.stderr)
     if engine.invalid_reasons:
         summary = ", ".join(f"{reason} x{n}" for reason, n in engine.invalid_reasons.most_common())
-        print(f"stream-eval: skipped {sum(engine.invalid_reasons.values())} invalid events ({summary})", file=sys.stderr)
+        skipped = sum(engine.invalid_reasons.values())
+        print(f"stream-eval: skipped {skipped} invalid events ({summary})", file=sys.stderr)
     output: IO[bytes] = open(args.output, "wb") if args.output else sys.stdout.buffer
     fmt = args.format or ("table" if output.isatty() else "json")
     try:

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from support import approx
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -87,17 +88,7 @@ def _replay(lines: list[bytes], tmp_path: Any, config: Config) -> tuple[Engine, 
 
 def _comparable(report: dict[str, Any]) -> Any:
     """The report without its config; sums of floats taken in another order agree to 1e-12, not bit for bit."""
-    return _approx({key: report[key] for key in ("events", "overall", "groups", "gsb", "ab")})
-
-
-def _approx(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _approx(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_approx(v) for v in value]
-    if isinstance(value, float):
-        return pytest.approx(value, rel=1e-12, abs=1e-12)
-    return value
+    return approx({key: report[key] for key in ("events", "overall", "groups", "gsb", "ab")})
 
 
 @pytest.mark.parametrize("batch", [1, 7, 500])

@@ -215,7 +215,9 @@ class PartitionedEngine:
             invalid += self._feed(unit, held_kind, held_offsets, held_events)
         return invalid
 
-    def _feed(self, unit: Unit, kind: str, offsets: list[int], events: list[Event], muted: bool = False) -> list[Invalid]:
+    def _feed(
+        self, unit: Unit, kind: str, offsets: list[int], events: list[Event], muted: bool = False
+    ) -> list[Invalid]:
         source = unit.sources[kind]
         source.next_offset = offsets[-1] + 1
         watermark = source.watermark

@@ -36,7 +36,9 @@ _DECODERS = {kind: msgspec.json.Decoder(struct) for kind, struct in _TOPIC_TYPES
 _MULTI_DECODERS = {kind: msgspec.json.Decoder(list[struct]) for kind, struct in _TOPIC_TYPES.items()}  # type: ignore[valid-type]  # a runtime type
 
 
-def decode_message(value: bytes | None, kind: str, config: Config, default_ts: float, where: str = "") -> Event | Invalid:
+def decode_message(
+    value: bytes | None, kind: str, config: Config, default_ts: float, where: str = ""
+) -> Event | Invalid:
     """One message of the topic for ``kind`` (``ranking``, ``feedback``, ``judgment``) as a validated event."""
     if value is None:
         return Invalid(kind, "bad_json", "empty message (no value)", where, b"")

@@ -45,7 +45,8 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
     if report["gsb"]:
         rows = [[g["experiment"], g["source"], str(g["good"]), str(g["same"]), str(g["bad"]), _fmt(g["score"])]
                 for g in report["gsb"]]
-        parts += ["", "GSB (treatment vs control)", _table(["experiment", "source", "good", "same", "bad", "score"], rows)]
+        header = ["experiment", "source", "good", "same", "bad", "score"]
+        parts += ["", "GSB (treatment vs control)", _table(header, rows)]
     if report["ab"]:
         rows = [[a["experiment"], f"{a['treatment']} - {a['control']}", a["metric"], _fmt(a["delta"]),
                  f"[{_fmt(a['ci_lower'])}, {_fmt(a['ci_upper'])}]", str(a["n_control"]), str(a["n_treatment"])]

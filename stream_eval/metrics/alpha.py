@@ -14,7 +14,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 
-def subtopic_counts_above(subtopics: Sequence[Sequence[str]], relevant: Sequence[bool], position: int) -> dict[str, int]:
+def subtopic_counts_above(
+    subtopics: Sequence[Sequence[str]], relevant: Sequence[bool], position: int
+) -> dict[str, int]:
     """``N_s`` for every subtopic s of the item at 1-based ``position``.
 
     The seed example: doc_f (position 6) has subtopics before and after; above it, before appears in

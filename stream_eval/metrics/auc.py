@@ -87,7 +87,8 @@ def _wins(matrix: Floats, positive: Bools) -> Floats:
     pos_run = positives_upto[ends] - positives_upto[starts]
     neg_before = negatives_upto[starts] - negatives_upto[row_of_run * width]
     neg_run = negatives_upto[ends] - negatives_upto[starts]
-    wins: Floats = np.bincount(row_of_run, weights=pos_run * (neg_before + 0.5 * neg_run), minlength=height).astype(np.float64)
+    won = pos_run * (neg_before + 0.5 * neg_run)
+    wins: Floats = np.bincount(row_of_run, weights=won, minlength=height).astype(np.float64)
     return wins
 
 

@@ -237,7 +237,9 @@ def evaluate_batch(batch: JudgedBatch, config: Config, specs: Sequence[MetricSpe
     return BatchValues(chosen, values, empty, prep.n_relevant)
 
 
-def apply_empty_policy(values: Floats, specs: Sequence[MetricSpec], empty: npt.NDArray[np.bool_], config: Config) -> None:
+def apply_empty_policy(
+    values: Floats, specs: Sequence[MetricSpec], empty: npt.NDArray[np.bool_], config: Config
+) -> None:
     """Requests with no relevant judged item: ``zero`` sets the SPEC's metrics to 0, ``skip`` leaves all out."""
     if not empty.any():
         return

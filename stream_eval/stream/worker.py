@@ -1,0 +1,258 @@
+"""The data plane of ``stream-eval worker``: batches from Kafka into the same engine that replay uses.
+
+faust's per-message machinery costs ~150 µs a message (FINDINGS.md), five times the whole budget of a
+30,000 events/s worker, so the input topics are read here with aiokafka ``getmany`` in batches and fed to
+:class:`~stream_eval.engine.partitions.PartitionedEngine`; the faust application (``stream/app.py``) runs
+this as one of its services, next to its sensors and its control topic. ``docs/design.md`` has the design.
+
+Delivery: at-least-once from Kafka, made exact by checkpoints. Every ``checkpoint_interval`` seconds, and
+when partitions are revoked, the worker (1) flushes its producer, so every per-request record and dead
+letter of the work done so far is stored, (2) writes for each partition the checkpoint of
+:meth:`PartitionedEngine.checkpoint` to the ``<prefix><group>.checkpoints`` topic (partition ``p``), and
+(3) commits ``start`` offsets to the consumer group. A new owner reads the last checkpoint of its
+partitions, re-reads from ``start`` muted up to ``processed``, and goes on: nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from stream_eval.config import Config
+from stream_eval.engine.delays import FeedbackDelays
+from stream_eval.engine.engine import Engine, FinalisedBatch
+from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
+from stream_eval.engine.windows import RollingWindows
+from stream_eval.events.messages import decode_messages
+from stream_eval.events.schema import Invalid
+from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, topics
+
+log = logging.getLogger("stream_eval.worker")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How the worker reaches Kafka; the evaluation settings are the :class:`Config`."""
+
+    brokers: list[str]
+    prefix: str = ""
+    group: str = "stream-eval"
+    partitions: int = DEFAULT_PARTITIONS
+    checkpoint_interval: float = 1.0
+    max_records: int = 20_000
+    session_timeout_ms: int = 6_000
+    heartbeat_interval_ms: int = 1_000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def topics(self) -> Topics:
+        return topics(self.prefix)
+
+    @property
+    def checkpoint_topic(self) -> str:
+        return f"{self.prefix}{self.group}.checkpoints"
+
+
+class StreamWorker:
+    """Consumes the input topics in a consumer group and keeps an :class:`Engine` up to date.
+
+    ``lock`` is held while the engine changes, so that a Prometheus scrape from another thread reads a
+    consistent state.
+    """
+
+    def __init__(self, settings: WorkerSettings, config: Config, lock: threading.Lock | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.config = config
+        self.lock = lock or threading.Lock()
+        self.engine = Engine(config, self._finalised)
+        RollingWindows(self.engine)  # attaches itself: live 5m/1h windows with open requests
+        FeedbackDelays(self.engine)  # attaches itself: the feedback delay histogram
+        self.partitioned = PartitionedEngine(self.engine, clock)
+        self.topics = settings.topics
+        self._outbox: list[tuple[bytes, bytes, int]] = []
+        self._dead: list[tuple[Invalid, str, int, int]] = []
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._busy = asyncio.Lock()
+        self.ready = asyncio.Event()
+        self.events_seen = 0
+        self.started = time.monotonic()
+
+    # -- outputs ------------------------------------------------------------------------------------
+    def _finalised(self, batch: FinalisedBatch) -> None:
+        for state, record in zip(batch.states, batch.records(), strict=True):
+            self._outbox.append((record["request_id"].encode(), orjson.dumps(record), int(state.ts * 1000)))
+
+    async def _send_outputs(self) -> None:
+        producer, outbox, dead = self._producer, self._outbox, self._dead
+        self._outbox, self._dead = [], []
+        for key, value, ts_ms in outbox:
+            await producer.send(self.topics.request_metrics, value, key=key, timestamp_ms=ts_ms)
+        for invalid, topic, partition, offset in dead:
+            headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
+                       ("kind", invalid.kind.encode()), ("topic", topic.encode()),
+                       ("partition", str(partition).encode()), ("offset", str(offset).encode())]
+            await producer.send(self.topics.dead_letters, invalid.raw, headers=headers)
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    async def _load_checkpoint(self, partition: int) -> Checkpoint | None:
+        """The last checkpoint written for ``partition`` (one record per batch, so the end offset is exact)."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False)
+        await reader.start()
+        try:
+            tp = TopicPartition(self.settings.checkpoint_topic, partition)
+            reader.assign([tp])
+            end = (await reader.end_offsets([tp]))[tp]
+            if end == 0:
+                return None
+            reader.seek(tp, end - 1)
+            batch = await reader.getmany(tp, timeout_ms=5_000)
+            records = batch.get(tp, [])
+            if not records:
+                raise RuntimeError(f"checkpoint of partition {partition} unreadable at offset {end - 1}")
+            return Checkpoint.from_json(orjson.loads(records[-1].value))
+        finally:
+            await reader.stop()
+
+    async def checkpoint(self, partitions: list[int] | None = None) -> None:
+        """Store the outputs, then the checkpoints and the group offsets of ``partitions`` (default: all)."""
+        from aiokafka import TopicPartition
+        from aiokafka.structs import OffsetAndMetadata
+
+        await self._send_outputs()
+        await self._producer.flush()
+        offsets = {}
+        for partition in sorted(self.partitioned.units if partitions is None else partitions):
+            if partition not in self.partitioned.units:
+                continue
+            checkpoint = self.partitioned.checkpoint(partition)
+            if not checkpoint.processed:
+                continue
+            await self._producer.send_and_wait(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()),
+                                               partition=partition)
+            for kind, offset in checkpoint.start.items():
+                offsets[TopicPartition(self._topic_of(kind), partition)] = OffsetAndMetadata(offset, "")
+        if offsets:
+            await self._consumer.commit(offsets)
+
+    async def checkpoint_now(self) -> None:
+        """A checkpoint between two batches (e.g. before planned maintenance)."""
+        async with self._busy:
+            await self.checkpoint()
+
+    def _topic_of(self, kind: str) -> str:
+        return self.topics.for_type(kind)
+
+    # -- rebalancing --------------------------------------------------------------------------------
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        async with self._busy:
+            units = sorted({tp.partition for tp in revoked} & set(self.partitioned.units))
+            if not units:
+                return
+            await self.checkpoint(units)
+            with self.lock:
+                for partition in units:
+                    self.partitioned.revoke(partition)
+            log.info("revoked partitions %s", units)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        async with self._busy:
+            by_unit: dict[int, list[Any]] = defaultdict(list)
+            for tp in assigned:
+                by_unit[tp.partition].append(tp)
+            for partition, tps in sorted(by_unit.items()):
+                if partition in self.partitioned.units:
+                    continue
+                checkpoint = await self._load_checkpoint(partition)
+                with self.lock:
+                    starts = self.partitioned.assign(partition, checkpoint)
+                for tp in tps:
+                    start = starts.get(self.topics.type_of(tp.topic))
+                    if start is not None:
+                        self._consumer.seek(tp, start)
+            log.info("assigned partitions %s", sorted(by_unit))
+            self.ready.set()
+
+    # -- the loop -----------------------------------------------------------------------------------
+    async def _handle(self, batch: dict[Any, list[Any]]) -> None:
+        config = self.config
+        with self.lock:
+            for tp, records in batch.items():
+                if not records or tp.partition not in self.partitioned.units:
+                    continue
+                kind = self.topics.type_of(tp.topic)
+                offsets = [r.offset for r in records]
+                where = [f"{tp.topic}/{tp.partition}@{o}" for o in offsets]
+                events = decode_messages([r.value for r in records], kind, config,
+                                         [r.timestamp / 1000.0 for r in records], where)
+                invalid = self.partitioned.feed(kind, tp.partition, offsets, events)
+                self.events_seen += len(records)
+                if invalid:
+                    by_where = {w: o for w, o in zip(where, offsets, strict=True)}
+                    for event in invalid:
+                        self._dead.append((event, tp.topic, tp.partition, by_where.get(event.where, -1)))
+            self.partitioned.tick()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Consume until ``stop`` is set (or the task is cancelled); checkpoints on the way out."""
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+        from aiokafka.abc import ConsumerRebalanceListener
+        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+        settings = self.settings
+        names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
+                 settings.checkpoint_topic]
+        await ensure_topics(settings.brokers, names, settings.partitions)
+        worker = self
+
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await worker.on_partitions_revoked(revoked)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                await worker.on_partitions_assigned(assigned)
+
+        self._producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5,
+                                          max_batch_size=1 << 20)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.brokers, group_id=settings.group, enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
+            max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20, **settings.extra,
+        )
+        await self._producer.start()
+        await self._consumer.start()
+        self._consumer.subscribe(list(self.topics.inputs), listener=Listener())
+        stop = stop or asyncio.Event()
+        last_checkpoint = time.monotonic()
+        try:
+            while not stop.is_set():
+                batch = await self._consumer.getmany(timeout_ms=100, max_records=settings.max_records)
+                async with self._busy:
+                    await self._handle(batch)
+                    await self._send_outputs()
+                    if time.monotonic() - last_checkpoint >= settings.checkpoint_interval:
+                        await self.checkpoint()
+                        last_checkpoint = time.monotonic()
+        finally:
+            with contextlib.suppress(Exception):
+                async with self._busy:
+                    await self.checkpoint()
+            await self._consumer.stop()
+            await self._producer.stop()
+
+    def rate(self) -> float:
+        return self.events_seen / max(time.monotonic() - self.started, 1e-9)
