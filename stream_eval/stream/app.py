@@ -40,7 +40,7 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
         topic_partitions=1,
         stream_wait_empty=False,
     )
-    control = app.topic(f"{settings.prefix}{settings.group}.control", value_serializer="json", partitions=1)
+    control = app.topic(settings.control_topic, value_serializer="json", partitions=1)
 
     @app.agent(control)
     async def commands(stream: Any) -> None:

@@ -61,6 +61,10 @@ class WorkerSettings:
     def checkpoint_topic(self) -> str:
         return f"{self.prefix}{self.group}.checkpoints"
 
+    @property
+    def control_topic(self) -> str:
+        return f"{self.prefix}{self.group}.control"
+
 
 class StreamWorker:
     """Consumes the input topics in a consumer group and keeps an :class:`Engine` up to date.
@@ -213,7 +217,7 @@ class StreamWorker:
 
         settings = self.settings
         names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
-                 settings.checkpoint_topic]
+                 settings.checkpoint_topic, settings.control_topic]
         await ensure_topics(settings.brokers, names, settings.partitions)
         worker = self
 
