@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config
+from stream_eval.events.join import RequestState
 from stream_eval.events.schema import (
+    CompactRanking,
     EventError,
     Feedback,
     Invalid,
@@ -17,9 +19,12 @@ from stream_eval.events.schema import (
     Ranking,
     Watermark,
     decode_chunk,
+    decode_chunk_compact,
     decode_line,
     finish,
+    item_list,
     parse_time,
+    score_list,
 )
 
 CONFIG = Config()
@@ -521,3 +526,65 @@ def test_invalid_kind_is_the_type_of_the_line(raw: bytes, kind: str) -> None:
     """The type of a rejected event (counted per type: ``stream_eval_events_total{type,status}``) is its
     ``type`` field, not the first type name that happens to appear somewhere in the line."""
     assert invalid(raw).kind == kind
+
+
+def tight(**fields: object) -> bytes:
+    """A ranking line as compact JSON (no white space), the form the compact decoding path takes."""
+    base: dict[str, object] = {"type": "ranking", "request_id": "r1", "ts": 100, "items": ["a", "b", "c"]}
+    base.update(fields)
+    return json.dumps(base, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+COMPACT_EDGE = [  # rankings whose items or scores leave the compact fast path, or only just stay in it
+    tight(items=["a", 'b"c', "d"]),
+    tight(items=["a", "b\\c"]),
+    tight(items=[",", '","', ""]),
+    tight(items=["", "x"]),
+    tight(items=["é", "ü", "a b"]),
+    tight(items=["a", "b"], scores=[1e300, -2.5e-3]),
+    tight(items=["a", "b"], scores=[1, -0]),
+    tight(items=["a"], scores=[]),
+    tight(items=["a"], scores=None),
+    tight(items=["a", "a", ","]),
+    tight(items=[str(i) for i in range(60)], scores=[0.1234567890123 * i for i in range(60)]),
+    b'{"type": "ranking", "request_id": "r1", "ts": 1, "items": [ "a" , "b" ], "scores": [ 1, 2 ]}',
+    b'{"type":"ranking","request_id":"r1","ts":1,"items":["a","b"],"scores":[1E2,2e+3]}',
+    b'{"type":"ranking","request_id":"r1","ts":1,"items":["a","b"],"scores":[1,1' + b"0" * 400 + b"]}",
+    b'{"type":"ranking","request_id":"r1","ts":1,"items":["a","b"],"scores":[1,"x"]}',
+    b'{"type":"ranking","request_id":"r1","ts":1,"items":["a",["b"]]}',
+    b'{"type":"ranking","request_id":"r1","ts":1,"items":["\\u0061","b"]}',
+    b'{"type":"ranking","request_id":"r1","items":["a","b"]}',
+]
+COMPACT_GOOD = [json.dumps(json.loads(raw), separators=(",", ":")).encode() for raw in GOOD]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + COMPACT_EDGE + COMPACT_GOOD + [b""]),
+                max_size=25))
+def test_compact_decoding_equals_full_decoding(lines: list[bytes]) -> None:
+    chunk = b"\n".join(lines) + b"\n"
+    full = [CompactRanking.of(e) if isinstance(e, Ranking) else e for e in decode_chunk(chunk, CONFIG, 3, "f")]
+    compact = decode_chunk_compact(chunk, CONFIG, 3, "f")
+    assert len(full) == len(compact)
+    for a, b in zip(full, compact, strict=True):
+        assert type(a) is type(b)
+        if isinstance(a, CompactRanking) and isinstance(b, CompactRanking):
+            assert item_list(a.items) == item_list(b.items) and a.n == b.n == len(item_list(b.items))
+            assert score_list(a.scores) == score_list(b.scores)
+            assert [getattr(a, k) for k in ("request_id", "ts", "query_id", "session_id", "experiment", "arm",
+                                            "teams", "subtopics")] == [
+                getattr(b, k) for k in ("request_id", "ts", "query_id", "session_id", "experiment", "arm",
+                                        "teams", "subtopics")]
+        else:
+            assert a == b
+
+
+def test_compact_positions_are_exact() -> None:
+    items = [",", '","', "", "a", "a,b", "b"]
+    state = RequestState(Ranking("r", items, ts=1.0), 0.0)
+    assert state.item_list() == items and state.ranking.items == items
+    assert [state.position(item) for item in items] == list(range(1, 7))
+    assert [state.position(x) for x in ["c", '"', ",a", "a,", '",', 'a","a,b']] == [0] * 6
+    compact = RequestState(Ranking("r", ["", ",", "a,b", "b"], ts=1.0), 0.0)
+    assert type(compact.items) is str
+    assert [compact.position(x) for x in ["", ",", "a,b", "b", "a", ",b", "a,b,"]] == [1, 2, 3, 4, 0, 0, 0]

@@ -21,8 +21,8 @@ from stream_eval.config import ArmPair, Config
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions
-from stream_eval.events.join import SHORT_LIST, EventCounts, Join, RequestState
-from stream_eval.events.schema import Feedback, Invalid, Judgment, Ranking, Watermark
+from stream_eval.events.join import EventCounts, Join, RequestState
+from stream_eval.events.schema import SEP, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.abtest import difference
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
@@ -53,13 +53,12 @@ class FinalisedBatch:
         """One SPEC §4 per-request record per request (NaN becomes ``None``)."""
         names = [spec.name for spec in self.specs]
         for state, row in zip(self.states, self.values.tolist(), strict=True):
-            ranking = state.ranking
             yield {
-                "request_id": ranking.request_id,
-                "experiment": ranking.experiment,
-                "arm": ranking.arm,
-                "query_id": ranking.query_id if ranking.query_id is not None else ranking.request_id,
-                "session_id": ranking.session_id if ranking.session_id is not None else ranking.request_id,
+                "request_id": state.request_id,
+                "experiment": state.experiment,
+                "arm": state.arm,
+                "query_id": state.query_id if state.query_id is not None else state.request_id,
+                "session_id": state.session_id if state.session_id is not None else state.request_id,
                 "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)},
             }
 
@@ -127,7 +126,7 @@ class Engine:
     # -- input --------------------------------------------------------------------------------------
     def process(
         self,
-        events: Iterable[Ranking | Feedback | Judgment | Watermark | Invalid],
+        events: Iterable[Ranking | CompactRanking | Feedback | Judgment | Watermark | Invalid],
         join: Join | None = None,
         event_time: bool = True,
     ) -> None:
@@ -144,7 +143,7 @@ class Engine:
             kind = type(event)
             if kind is Feedback:
                 feedback(event)  # type: ignore[arg-type]  # dispatched on type
-            elif kind is Ranking:
+            elif kind is CompactRanking or kind is Ranking:
                 ranking(event)  # type: ignore[arg-type]  # dispatched on type
             elif kind is Judgment:
                 self.judgment(event)  # type: ignore[arg-type]  # dispatched on type
@@ -261,14 +260,11 @@ class Engine:
             grades = state.grades
             if not grades:
                 continue
-            items = state.ranking.items
-            short = len(items) <= SHORT_LIST
+            items = state.items
             for item, grade in grades.items():
-                if short:
-                    try:
-                        position = items.index(item) + 1
-                    except ValueError:
-                        position = 0
+                if type(items) is str and '"' not in item:  # see RequestState.position
+                    at = items.find(SEP + item + SEP)
+                    position = 0 if at < 0 else items.count(SEP, 0, at) + 1
                 else:
                     position = state.position(item)
                 if position:
@@ -278,7 +274,7 @@ class Engine:
                 else:
                     u_req.append(i)
                     u_grade.append(grade)
-        n_shown = np.fromiter((len(s.ranking.items) for s in states), dtype=np.int64, count=len(states))
+        n_shown = np.fromiter((s.n for s in states), dtype=np.int64, count=len(states))
         batch = JudgedBatch(
             n_shown,
             np.array(s_req, dtype=np.int64),
@@ -292,10 +288,10 @@ class Engine:
         if self._alpha_columns:
             values[:, self._alpha_columns] = np.nan
             for i, state in enumerate(states):
-                subtopics = state.ranking.subtopics
+                subtopics = state.subtopics
                 if subtopics is not None and not (result.empty[i] and self.config.empty == "skip"):
                     threshold = self.config.rel_threshold
-                    relevant = [state.grades.get(item, 0.0) >= threshold for item in state.ranking.items]
+                    relevant = [state.grades.get(item, 0.0) >= threshold for item in state.item_list()]
                     for j in self._alpha_columns:
                         values[i, j] = alpha_ndcg(subtopics, relevant, self.specs[j].k or 0, self.config.alpha)
         return values, batch, result.empty
@@ -307,9 +303,8 @@ class Engine:
         group = np.empty(len(states), dtype=np.int64)
         special: list[int] = []
         for i, state in enumerate(states):
-            ranking = state.ranking
-            group[i] = self._group(ranking.experiment, ranking.arm)
-            if ranking.teams is not None or ranking.query_id is not None or ranking.subtopics is not None:
+            group[i] = self._group(state.experiment, state.arm)
+            if state.teams is not None or state.query_id is not None or state.subtopics is not None:
                 special.append(i)
         n_groups = len(self.groups)
         requests = np.bincount(group, minlength=n_groups)

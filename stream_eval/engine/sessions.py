@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_eval.events.join import RequestState
+from stream_eval.events.schema import SCORES_DECODER as _SCORES
 from stream_eval.metrics.auc import gauc_weights, session_auc
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
+NamedPart = Callable[[RequestState, int, "Impressions", int], None]
 
 
 class Impressions:
@@ -32,18 +34,28 @@ class Impressions:
     __slots__ = ("starts", "scores", "labels")
 
     def __init__(self, states: Sequence[RequestState], rel_req: Ints, rel_pos: Ints) -> None:
-        n_shown = np.fromiter((len(s.ranking.items) for s in states), dtype=np.int64, count=len(states))
+        n_shown = np.fromiter((s.n for s in states), dtype=np.int64, count=len(states))
         starts = np.zeros(len(states) + 1, dtype=np.int64)
         np.cumsum(n_shown, out=starts[1:])
         total = int(starts[-1])
         part = np.repeat(np.arange(len(states)), n_shown)
         scores = starts[part] - np.arange(total, dtype=np.float64) - 1.0
+        texts: list[bytes] = []  # scores still as JSON text (the usual case): decoded in one call
         given: list[float] = []
         with_scores = np.zeros(len(states), dtype=np.bool_)
         for i, state in enumerate(states):
-            if state.ranking.scores is not None:
-                given.extend(state.ranking.scores)
+            kept = state.scores
+            if kept is not None:
+                if type(kept) is bytes:
+                    texts.append(kept[1:-1])
+                else:
+                    if texts:
+                        given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
+                        texts = []
+                    given.extend(kept)
                 with_scores[i] = True
+        if texts:
+            given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
         if given:
             scores[with_scores[part]] = given
         labels = np.zeros(total, dtype=np.bool_)
@@ -86,14 +98,23 @@ class Sessions:
         auc, positives, negatives = session_auc(session, scores, labels, group.shape[0])
         return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight))
 
-    def add(self, states: Sequence[RequestState], group: Ints, impressions: Impressions) -> ScoredSessions | None:
-        """Take a batch of finalised requests; returns the one-request sessions, scored."""
-        own = np.fromiter((s.ranking.session_id is None for s in states), dtype=np.bool_, count=len(states))
+    def add(
+        self, states: Sequence[RequestState], group: Ints, impressions: Impressions, named: NamedPart | None = None
+    ) -> ScoredSessions | None:
+        """Take a batch of finalised requests; returns the one-request sessions, scored.
+
+        With ``named``, requests of named sessions are handed to it (``named(state, group, impressions, i)``)
+        instead of being kept: the streaming worker regroups them by session across workers.
+        """
+        own = np.fromiter((s.session_id is None for s in states), dtype=np.bool_, count=len(states))
         starts = impressions.starts
         if not own.all():
             for i in np.flatnonzero(~own).tolist():
                 state = states[i]
-                sid: str = state.ranking.session_id  # type: ignore[assignment]  # named sessions only
+                if named is not None:
+                    named(state, int(group[i]), impressions, i)
+                    continue
+                sid: str = state.session_id  # type: ignore[assignment]  # named sessions only
                 session = self.open.get(sid)
                 if session is None:
                     session = self.open[sid] = _Session(int(group[i]))

@@ -122,7 +122,7 @@ class RollingWindows:
             return
         values, _, _ = self.engine.evaluate(states)
         group = np.fromiter(
-            (self.engine._group(s.ranking.experiment, s.ranking.arm) for s in states), dtype=np.int64, count=len(states)
+            (self.engine._group(s.experiment, s.arm) for s in states), dtype=np.int64, count=len(states)
         )
         self._replace(states, group, values, final=False)
 
@@ -242,11 +242,11 @@ class RollingWindows:
 
     def _replace(self, states: Sequence[RequestState], group: Ints, values: Floats, final: bool) -> None:
         slots = self._slots
-        old = [slots.pop(s.ranking.request_id) for s in states if self._owns(s.ranking.request_id, s)]
+        old = [slots.pop(s.request_id) for s in states if self._owns(s.request_id, s)]
         bucket = np.floor(np.fromiter((s.ts for s in states), dtype=np.float64, count=len(states)) / self.width)
         bucket_i = bucket.astype(np.int64)
         live = bucket_i >= self._floor
-        if not self.with_subtopics and any(s.ranking.subtopics is not None for s in states):
+        if not self.with_subtopics and any(s.subtopics is not None for s in states):
             self.with_subtopics = True
         if old:
             index = np.array(old, dtype=np.int64)
@@ -299,7 +299,7 @@ class RollingWindows:
         self._group[index] = group
         for slot, state in zip(slots, states, strict=True):
             self._states[slot] = state
-            self._slots[state.ranking.request_id] = slot
+            self._slots[state.request_id] = slot
 
     def _grow(self, need: int) -> None:
         old = len(self._states)

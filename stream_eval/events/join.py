@@ -29,9 +29,9 @@ from collections import Counter
 from itertools import count
 
 from stream_eval.config import Config
-from stream_eval.events.schema import Feedback, Ranking
+from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking, item_list, score_list
 
-#: Lists longer than this get a dict from item to position instead of ``list.index``.
+#: Kept for importers; positions are looked up in the compact item text (see :meth:`RequestState.position`).
 SHORT_LIST = 48
 
 
@@ -57,31 +57,76 @@ class EventCounts(Counter[tuple[str, str]]):
         }
 
 
+#: Experiment and arm names are shared by most requests: kept once (a bounded table, first come first kept).
+_LABELS: dict[str, str] = {}
+_MAX_LABELS = 4096
+
+
+def _label(value: str) -> str:
+    kept = _LABELS.get(value)
+    if kept is not None:
+        return kept
+    if len(_LABELS) < _MAX_LABELS:
+        _LABELS[value] = value
+    return value
+
+
 class RequestState:
-    """A served list and the best grade seen for each of its items so far."""
+    """A served list and the best grade seen for each of its items so far.
 
-    __slots__ = ("ranking", "ts", "deadline", "grades", "seen", "_positions", "seq")
+    Compact: the ranking's fields are kept without the decoded event (see :class:`CompactRanking`: the
+    items as one str, the scores as their JSON text); :attr:`ranking` rebuilds the event on demand.
+    """
 
-    def __init__(self, ranking: Ranking, deadline: float, seq: int = 0) -> None:
-        self.ranking = ranking
+    __slots__ = ("request_id", "experiment", "arm", "query_id", "session_id", "items", "n", "scores", "teams",
+                 "subtopics", "ts", "deadline", "grades", "seen", "seq")
+
+    def __init__(self, ranking: Ranking | CompactRanking, deadline: float, seq: int = 0) -> None:
+        if type(ranking) is not CompactRanking:
+            ranking = CompactRanking.of(ranking)  # type: ignore[arg-type]  # a Ranking
+        self.request_id: str = ranking.request_id
+        self.experiment = _label(ranking.experiment)
+        self.arm = _label(ranking.arm)
+        self.query_id: str | None = ranking.query_id
+        self.session_id: str | None = ranking.session_id
+        self.items: str | list[str] = ranking.items
+        self.n: int = ranking.n
+        self.scores: bytes | list[float] | None = ranking.scores
+        self.teams: list[str] | None = ranking.teams
+        self.subtopics: list[list[str]] | None = ranking.subtopics
         self.seq = seq
-        self.ts: float = ranking.ts  # type: ignore[assignment]  # validated: epoch seconds
+        self.ts: float = ranking.ts
         self.deadline = deadline
         self.grades: dict[str, float] = {}
-        self.seen: set[tuple[str, str, float]] | None = None
-        self._positions: dict[str, int] | None = None
+        # (item, kind, grade) of the feedback seen; a click of grade 1 is kept as its item alone.
+        self.seen: set[str | tuple[str, str, float]] | None = None
+
+    @property
+    def ranking(self) -> Ranking:
+        """The served ranking as an event (rebuilt: the state keeps its fields in compact form)."""
+        return Ranking(self.request_id, self.item_list(), self.ts, score_list(self.scores), self.query_id,
+                       self.session_id, self.experiment, self.arm, self.teams, self.subtopics)
+
+    def item_list(self) -> list[str]:
+        """The served items, in order."""
+        return item_list(self.items)
+
+    def score_list(self) -> list[float] | None:
+        """The model scores of the served items, ``None`` if the ranking had none."""
+        return score_list(self.scores)
 
     def position(self, item: str) -> int:
         """1-based served position of ``item``; 0 if it was not served."""
-        items = self.ranking.items
-        if len(items) <= SHORT_LIST:
-            try:
-                return items.index(item) + 1
-            except ValueError:
-                return 0
-        if self._positions is None:
-            self._positions = {name: i for i, name in enumerate(items, 1)}
-        return self._positions.get(item, 0)
+        items = self.items
+        if type(items) is str:
+            if '"' in item:
+                return 0  # no item of a compact list has a quote
+            at = items.find(SEP + item + SEP)
+            return 0 if at < 0 else items.count(SEP, 0, at) + 1
+        try:
+            return items.index(item) + 1
+        except ValueError:
+            return 0
 
 
 class Join:
@@ -121,7 +166,7 @@ class Join:
         forget_at = self.closed.get(rid)
         return forget_at is not None and forget_at > self.watermark
 
-    def ranking(self, event: Ranking) -> str:
+    def ranking(self, event: Ranking | CompactRanking) -> str:
         """Open a request; ``duplicate`` if its request_id was already seen (and is still remembered)."""
         rid = event.request_id
         previous = self.open.get(rid)
@@ -171,7 +216,8 @@ class Join:
             self.counts["feedback", "late"] += 1
             return "late"
         grade: float = event.grade  # type: ignore[assignment]  # validated: kinds without grade get one
-        key = (event.item, event.kind, grade)
+        item = event.item
+        key = item if grade == 1.0 and event.kind == "click" else (item, event.kind, grade)
         seen = state.seen
         if seen is None:
             state.seen = {key}
@@ -183,9 +229,9 @@ class Join:
         self.counts["feedback", "ok"] += 1
         if self.delays is not None:
             self.delays.append(ts - state.ts)
-        if grade > state.grades.get(event.item, 0.0):
-            state.grades[event.item] = grade
-            self.changed[state.ranking.request_id] = state
+        if grade > state.grades.get(item, 0.0):
+            state.grades[item] = grade
+            self.changed[state.request_id] = state
         return "ok"
 
     # -- event time ---------------------------------------------------------------------------------
@@ -207,7 +253,7 @@ class Join:
         for state in finalised:
             forget_at = state.deadline + self.horizon
             if forget_at > watermark:
-                rid = state.ranking.request_id
+                rid = state.request_id
                 self.closed[rid] = forget_at
                 heapq.heappush(self._closed_expiry, (forget_at, state.seq, rid))
         self._expire_pending(watermark)

@@ -64,6 +64,72 @@ class Watermark(msgspec.Struct, tag="watermark", tag_field="type", gc=False):
     end: bool = False
 
 
+class _RawRanking(Ranking, tag="ranking", tag_field="type", gc=False):
+    """A ranking as the replay fast path decodes it: ``items`` and ``scores`` kept as their JSON text."""
+
+    items: msgspec.Raw  # type: ignore[assignment]  # the raw form of Ranking.items
+    scores: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]  # the raw form of Ranking.scores
+
+
+#: The separator of :attr:`CompactRanking.items`: no item of a compact list contains a double quote.
+SEP = '","'
+
+
+class CompactRanking:
+    """A validated ranking in the compact form the join keeps (:func:`decode_chunk` with ``compact=True``).
+
+    ``items`` is either one str, ``SEP + SEP.join(items) + SEP`` when no item contains ``"`` (so an item's
+    position is exact: the number of separators before the match of ``SEP + item + SEP``), or the list
+    itself. ``scores`` is the JSON text of a flat array of numbers (decoded when the request is
+    finalised, by the same decoder as :class:`Ranking`), a list of floats, or ``None``.
+    """
+
+    __slots__ = ("request_id", "items", "n", "ts", "scores", "query_id", "session_id", "experiment", "arm",
+                 "teams", "subtopics")
+
+    def __init__(
+        self, request_id: str, items: str | list[str], n: int, ts: float, scores: bytes | list[float] | None,
+        query_id: str | None, session_id: str | None, experiment: str, arm: str,
+        teams: list[str] | None = None, subtopics: list[list[str]] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.items = items
+        self.n = n
+        self.ts = ts
+        self.scores = scores
+        self.query_id = query_id
+        self.session_id = session_id
+        self.experiment = experiment
+        self.arm = arm
+        self.teams = teams
+        self.subtopics = subtopics
+
+    @classmethod
+    def of(cls, event: Ranking) -> CompactRanking:
+        """The compact form of a validated :class:`Ranking`."""
+        items = event.items
+        text: str | list[str] = SEP + SEP.join(items) + SEP if '"' not in "".join(items) else list(items)
+        return cls(event.request_id, text, len(items), event.ts, event.scores,  # type: ignore[arg-type]  # validated: ts is float
+                   event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
+
+
+SCORES_DECODER = msgspec.json.Decoder(list[float])
+#: Longer score arrays are decoded once at validation, to be sure they decode (e.g. no overflow).
+_SHORT_SCORES = 300
+
+
+def item_list(items: str | list[str]) -> list[str]:
+    """The items of a :class:`CompactRanking` (or :class:`RequestState`) as a list."""
+    return items[3:-3].split(SEP) if type(items) is str else list(items)
+
+
+def score_list(scores: bytes | list[float] | None) -> list[float] | None:
+    """The scores of a :class:`CompactRanking` as a list (``None`` if the ranking had none)."""
+    if scores is None or type(scores) is list:
+        return scores
+    return SCORES_DECODER.decode(scores)  # type: ignore[arg-type]  # bytes here
+
+
 Event = Ranking | Feedback | Judgment | Watermark
 EVENT_TYPES = ("ranking", "feedback", "judgment")
 
@@ -136,13 +202,63 @@ class Validator:
     def ranking(self, event: Ranking) -> None:
         items = event.items
         n = len(items)
+        if n > self.max_items or len(set(items)) != n:
+            self._check_items(items)
+        self._check_lengths(event, n, ("scores", "teams", "subtopics"))
+
+    def compact(self, event: _RawRanking) -> CompactRanking | None:
+        """Validate a ranking decoded with raw ``items`` and ``scores``, exactly as :meth:`ranking` and
+        :meth:`check` would; ``None`` when they are not in the simple form checked here (no escapes, no
+        white space, numbers without exponent): then the line is decoded in full instead."""
+        raw = bytes(event.items)
+        if raw[:2] != b'["' or raw[-2:] != b'"]' or b"\\" in raw:
+            return None
+        try:
+            text = '",' + raw[1:-1].decode() + ',"'
+        except UnicodeDecodeError:
+            return None
+        if text.count('"') != 2 * text.count(SEP):
+            return None  # a quote inside an item, or white space between them
+        items = text[3:-3].split(SEP)
+        n = len(items)
+        scores: bytes | None = bytes(event.scores)
+        if scores == b"null":
+            scores = None
+            n_scores = n
+        else:
+            kept = scores.translate(None, b"0123456789.,-")  # type: ignore[union-attr]  # bytes here
+            if kept != b"[]" and kept.translate(None, b"eE+") != b"[]":
+                return None  # not a flat array of numbers without white space
+            # Without an exponent and in under 300 characters, no number can be out of range.
+            if kept != b"[]" or len(scores) > _SHORT_SCORES:  # type: ignore[arg-type]  # bytes here
+                try:
+                    SCORES_DECODER.decode(scores)  # type: ignore[arg-type]  # bytes here
+                except msgspec.MsgspecError:
+                    return None
+            n_scores = 0 if scores == b"[]" else scores.count(b",") + 1  # type: ignore[union-attr]  # bytes here
+        if n > self.max_items or len(set(items)) != n:
+            self._check_items(items)
+        if n_scores != n:
+            raise EventError("bad_length", f"scores: {n_scores} entries for {n} items")
+        self._check_lengths(event, n, ("teams", "subtopics"))
+        ts = event.ts
+        if type(ts) is not float:
+            ts = parse_time(ts)
+        return CompactRanking(event.request_id, text, n, ts, scores, event.query_id,
+                              event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
+
+    def _check_items(self, items: list[str]) -> None:
+        n = len(items)
         if n > self.max_items:
             raise EventError("bad_items", f"items: {n} items, more than max_items={self.max_items}")
         if len(set(items)) != n:
             seen: set[str] = set()
             repeated = next(item for item in items if item in seen or seen.add(item))  # type: ignore[func-returns-value]  # set.add returns None: the expression tests membership first
             raise EventError("bad_items", f"items: {repeated!r} appears more than once")
-        for field in ("scores", "teams", "subtopics"):
+
+    @staticmethod
+    def _check_lengths(event: Ranking | _RawRanking, n: int, fields: tuple[str, ...]) -> None:
+        for field in fields:
             values = getattr(event, field)
             if values is not None and len(values) != n:
                 raise EventError("bad_length", f"{field}: {len(values)} entries for {n} items")
@@ -184,6 +300,7 @@ def type_name(event: object) -> str:
 _TYPE_NAMES: dict[type, str] = {Ranking: "ranking", Feedback: "feedback", Judgment: "judgment", Watermark: "watermark"}
 
 _LINE_DECODER = msgspec.json.Decoder(Event)
+_COMPACT_DECODER = msgspec.json.Decoder(_RawRanking | Feedback | Judgment | Watermark)
 
 
 #: Short reason codes for msgspec's type errors, by the field they are about.
@@ -225,7 +342,9 @@ def decode_line(line: bytes, config: Config, where: str = "") -> Event | Invalid
     return finish(event, config, line, where)
 
 
-def finish(event: Event, config: Config, raw: bytes = b"", where: str = "", default_ts: float | None = None) -> Event | Invalid:
+def finish(
+    event: Event, config: Config, raw: bytes = b"", where: str = "", default_ts: float | None = None
+) -> Event | Invalid:
     """Validate an already-decoded event; watermarks get their time parsed."""
     try:
         if isinstance(event, Watermark):
@@ -275,6 +394,70 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
         lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
         for index, result in enumerate(results):
             if type(result) is Invalid:
+                number, line = lines[index]
+                result.where = f"{source}:{number}"
+                result.raw = bytes(line)
+    return results
+
+
+def _nonblank_lines(chunk: bytes) -> int:
+    lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+    if chunk[:1] == b"{" and chunk.count(b"\n{") == lines - 1:
+        return lines  # every line starts with an object: none is blank
+    return sum(1 for line in chunk.split(b"\n") if line.strip())
+
+
+def decode_chunk_compact(
+    chunk: bytes, config: Config, first_line: int = 1, source: str = ""
+) -> list[CompactRanking | Feedback | Judgment | Watermark | Invalid]:
+    """:func:`decode_chunk` with each valid ranking as a :class:`CompactRanking` (what replay feeds the join).
+
+    Items and scores are decoded as raw JSON text (one object each instead of one per item), checked and
+    kept in compact form; a ranking whose items or scores are not in the simple form is decoded in full.
+    The results equal ``decode_chunk``'s, rankings converted with :meth:`CompactRanking.of`.
+    """
+    try:
+        decoded: list[Any] = _COMPACT_DECODER.decode_lines(chunk)
+    except msgspec.MsgspecError:
+        decoded = []
+    else:
+        if len(decoded) != _nonblank_lines(chunk):
+            decoded = []
+    if not decoded:
+        return [CompactRanking.of(e) if type(e) is Ranking else e  # type: ignore[misc]  # dispatched on type
+                for e in _line_by_line(chunk, config, first_line, source)]
+    checker = validator(config)
+    check, compact = checker.check, checker.compact
+    results: list[Any] = decoded
+    lines: list[tuple[int, bytes]] | None = None
+    for index, event in enumerate(decoded):
+        kind = type(event)
+        if kind is _RawRanking:
+            try:
+                converted = compact(event)
+            except EventError as error:
+                results[index] = Invalid("ranking", error.code, error.reason)
+                continue
+            if converted is None:
+                if lines is None:
+                    lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+                number, line = lines[index]
+                full = decode_line(line, config, f"{source}:{number}")
+                results[index] = CompactRanking.of(full) if type(full) is Ranking else full
+                continue
+            results[index] = converted
+        elif kind is Watermark:
+            results[index] = finish(event, config)
+        else:
+            try:
+                check(event)
+            except EventError as error:
+                results[index] = Invalid(type_name(event), error.code, error.reason)
+    if any(type(result) is Invalid for result in results):
+        if lines is None:
+            lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+        for index, result in enumerate(results):
+            if type(result) is Invalid and not result.where:
                 number, line = lines[index]
                 result.where = f"{source}:{number}"
                 result.raw = bytes(line)
