@@ -261,12 +261,19 @@ class Engine:
             if not grades:
                 continue
             items = state.items
+            if type(items) is str:  # compact: see RequestState.position (f'","{item}","' is SEP + item + SEP)
+                for item, grade in grades.items():
+                    at = items.find(f'","{item}","') if '"' not in item else -1
+                    if at >= 0:
+                        s_req.append(i)
+                        s_pos.append(items.count(SEP, 0, at) + 1)
+                        s_grade.append(grade)
+                    else:
+                        u_req.append(i)
+                        u_grade.append(grade)
+                continue
             for item, grade in grades.items():
-                if type(items) is str and '"' not in item:  # see RequestState.position
-                    at = items.find(SEP + item + SEP)
-                    position = 0 if at < 0 else items.count(SEP, 0, at) + 1
-                else:
-                    position = state.position(item)
+                position = state.position(item)
                 if position:
                     s_req.append(i)
                     s_pos.append(position)

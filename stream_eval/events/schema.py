@@ -75,34 +75,27 @@ class _RawRanking(Ranking, tag="ranking", tag_field="type", gc=False):
 SEP = '","'
 
 
-class CompactRanking:
-    """A validated ranking in the compact form the join keeps (:func:`decode_chunk` with ``compact=True``).
+class CompactRanking(msgspec.Struct, gc=False):
+    """A validated ranking in the compact form the join keeps (made by :func:`decode_chunk_compact`).
 
     ``items`` is either one str, ``SEP + SEP.join(items) + SEP`` when no item contains ``"`` (so an item's
     position is exact: the number of separators before the match of ``SEP + item + SEP``), or the list
     itself. ``scores`` is the JSON text of a flat array of numbers (decoded when the request is
-    finalised, by the same decoder as :class:`Ranking`), a list of floats, or ``None``.
+    finalised, by the same decoder as :class:`Ranking`), a list of floats, or ``None``. (A Struct, not
+    decoded from JSON: its constructor runs in C.)
     """
 
-    __slots__ = ("request_id", "items", "n", "ts", "scores", "query_id", "session_id", "experiment", "arm",
-                 "teams", "subtopics")
-
-    def __init__(
-        self, request_id: str, items: str | list[str], n: int, ts: float, scores: bytes | list[float] | None,
-        query_id: str | None, session_id: str | None, experiment: str, arm: str,
-        teams: list[str] | None = None, subtopics: list[list[str]] | None = None,
-    ) -> None:
-        self.request_id = request_id
-        self.items = items
-        self.n = n
-        self.ts = ts
-        self.scores = scores
-        self.query_id = query_id
-        self.session_id = session_id
-        self.experiment = experiment
-        self.arm = arm
-        self.teams = teams
-        self.subtopics = subtopics
+    request_id: str
+    items: str | list[str]
+    n: int
+    ts: float
+    scores: bytes | list[float] | None
+    query_id: str | None
+    session_id: str | None
+    experiment: str
+    arm: str
+    teams: list[str] | None = None
+    subtopics: list[list[str]] | None = None
 
     @classmethod
     def of(cls, event: Ranking) -> CompactRanking:
@@ -430,6 +423,7 @@ def decode_chunk_compact(
     check, compact = checker.check, checker.compact
     results: list[Any] = decoded
     lines: list[tuple[int, bytes]] | None = None
+    invalid = False
     for index, event in enumerate(decoded):
         kind = type(event)
         if kind is _RawRanking:
@@ -437,6 +431,7 @@ def decode_chunk_compact(
                 converted = compact(event)
             except EventError as error:
                 results[index] = Invalid("ranking", error.code, error.reason)
+                invalid = True
                 continue
             if converted is None:
                 if lines is None:
@@ -448,12 +443,14 @@ def decode_chunk_compact(
             results[index] = converted
         elif kind is Watermark:
             results[index] = finish(event, config)
+            invalid = True  # perhaps
         else:
             try:
                 check(event)
             except EventError as error:
                 results[index] = Invalid(type_name(event), error.code, error.reason)
-    if any(type(result) is Invalid for result in results):
+                invalid = True
+    if invalid:
         if lines is None:
             lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
         for index, result in enumerate(results):
