@@ -14,6 +14,7 @@ from support import approx
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.replay import replay
 from stream_eval.events.join import EventCounts
 from stream_eval.events.messages import decode_messages
@@ -143,3 +144,40 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any) -> None:
     overall = a.engine.overall()
     overall += b.engine.overall()
     assert overall.requests == expected.overall().requests
+
+
+def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any) -> None:
+    """Named sessions and query GSB go through the regroup log; its stage moves to another engine mid-stream."""
+    config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0)
+    sim = SimulationConfig(requests=4000, seed=9, judgments=True, interleaving=True, label_rate=0.3,
+                           duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
+                           shuffle_window=3.0)
+    lines = list(simulate_lines(sim))
+    expected, _ = _replay(lines, tmp_path, config)
+    sent, _ = _route(lines)
+    first, second = Engine(config), Engine(config)
+    first.regroup = RegroupSink()
+    partitioned = PartitionedEngine(first)
+    for partition in range(PARTITIONS):
+        partitioned.assign(partition)
+    log: list[bytes] = []
+    stage = SessionStage(first, PARTITIONS)
+    handed_over = False
+    for n, (kind, partition, offset, value) in enumerate(sent):
+        _feed(partitioned, kind, partition, [(offset, value)])
+        new = [value for _, value in first.regroup.take()]
+        stage.feed(list(range(len(log), len(log) + len(new))), new)
+        log += new
+        if not handed_over and n >= len(sent) * 3 // 4:
+            assert first.overall().sessions > 0 and first.sessions.open  # scored some, some still open
+            checkpoint = StageCheckpoint.from_json(orjson.loads(orjson.dumps(stage.checkpoint().to_json())))
+            assert checkpoint.start < checkpoint.processed
+            first.drop_regrouped()
+            stage = SessionStage(second, PARTITIONS, checkpoint)
+            stage.feed(list(range(checkpoint.start, len(log))), log[checkpoint.start:])
+            handed_over = True
+    merged = Engine(config)
+    merged.merge(first)
+    merged.merge(second)
+    assert _comparable(merged.report()) == _comparable(expected.report())
+    assert second.overall().sessions > 0

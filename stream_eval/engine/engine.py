@@ -31,6 +31,7 @@ from stream_eval.metrics.specs import GAUC, MetricSpec, parse, request_specs
 
 if TYPE_CHECKING:
     from stream_eval.engine.delays import FeedbackDelays
+    from stream_eval.engine.regroup import RegroupSink
     from stream_eval.engine.windows import RollingWindows
 
 Floats = npt.NDArray[np.float64]
@@ -119,6 +120,7 @@ class Engine:
         self.watermark = -math.inf  # the largest finite all-partition watermark :meth:`close` was given
         self.windows: RollingWindows | None = None  # live windows; they attach themselves
         self.delays: FeedbackDelays | None = None  # feedback delay histogram; attaches itself
+        self.regroup: RegroupSink | None = None  # streaming: named sessions and query GSB go to the regroup log
 
     def _find_column(self, name: str) -> int:
         return self.specs.index(parse(name))  # Config has checked that gsb_metric is computed
@@ -210,14 +212,25 @@ class Engine:
         if own:
             self.close(join.watermark)
 
-    def close(self, watermark: float) -> None:
-        """Close the sessions and GSB windows that event time ``watermark`` (of every partition) has passed."""
-        if self.watermark < watermark < math.inf:
-            self.watermark = watermark
-        if self.windows is not None:
-            self.windows.close(watermark)
-        self._add_sessions(self.sessions.close(watermark))
-        self.gsb.close(watermark, self.arms_of)
+    def close(self, watermark: float, sessions: bool = True, windows: bool = True) -> None:
+        """Close the sessions and GSB windows that event time ``watermark`` (of every partition) has passed.
+
+        When streaming with a regroup stage, the worker moves the live windows (``sessions=False``) and the
+        stage closes sessions and GSB buckets on its own watermark (``windows=False``).
+        """
+        if windows:
+            if self.watermark < watermark < math.inf:
+                self.watermark = watermark
+            if self.windows is not None:
+                self.windows.close(watermark)
+        if sessions:
+            self._add_sessions(self.sessions.close(watermark))
+            if self._muted:  # rebuilding: what closes was counted by the previous owner
+                counts, self.gsb.counts = self.gsb.counts, {}
+                self.gsb.close(watermark, self.arms_of)
+                self.gsb.counts = counts
+            else:
+                self.gsb.close(watermark, self.arms_of)
 
     def flush(self, join: Join | None = None) -> None:
         """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
@@ -324,30 +337,68 @@ class Engine:
                 stats.moments += moments
         relevant = batch.shown_grade >= self.config.rel_threshold
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant])
-        self._add_sessions(self.sessions.add(states, group, impressions))
+        regroup = self.regroup
+        named = None if regroup is None else self._regroup_session_part
+        self._add_sessions(self.sessions.add(states, group, impressions, named))
         interleaved = np.zeros(len(states), dtype=np.bool_)
         metric = values[:, self._gsb_column]
         for i in special:
-            ranking = states[i].ranking
+            state = states[i]
             experiment, arm = self.group_keys[group[i]]
-            if ranking.subtopics is not None:
+            if state.subtopics is not None:
                 self.with_subtopics += 1
-            if ranking.teams is not None:
+            if state.teams is not None:
                 interleaved[i] = True
-                self.teams_seen.setdefault(experiment, set()).update(ranking.teams)
-                self.gsb.interleaved(experiment, ranking.teams, impressions.relevant_positions(i))
-            elif ranking.query_id is not None and metric[i] == metric[i]:
-                self.gsb.query_metric(experiment, arm, ranking.query_id, states[i].ts, float(metric[i]))
+                self.teams_seen.setdefault(experiment, set()).update(state.teams)
+                self.gsb.interleaved(experiment, state.teams, impressions.relevant_positions(i))
+            elif state.query_id is not None and metric[i] == metric[i]:
+                query_metric = self.gsb.query_metric if regroup is None else regroup.query_metric
+                query_metric(experiment, arm, state.query_id, state.ts, float(metric[i]))
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]
             self.arms_seen.setdefault(experiment, set()).add(arm)
+            if regroup is not None:
+                regroup.arm(experiment, arm)
         if self.windows is not None:
             self.windows.finalised(states, group, values)
         if self.on_finalised is not None:
             self.on_finalised(FinalisedBatch(states, self.specs, values))
 
+    def _regroup_session_part(self, state: RequestState, group: int, impressions: Impressions, i: int) -> None:
+        experiment, arm = self.group_keys[group]
+        self.regroup.session_part(state, experiment, arm, impressions, i)  # type: ignore[union-attr]  # set
+
+    def add_session_parts(self, states: Sequence[RequestState], group: Ints, impressions: Impressions) -> None:
+        """Requests of named sessions regrouped from other partitions (see ``engine/regroup.py``)."""
+        self._add_sessions(self.sessions.add(states, group, impressions))
+
+    def merge(self, other: Engine) -> None:
+        """Add another engine's totals to this one (several workers' engines give one report).
+
+        Finalised aggregates, scored sessions, GSB verdicts and tallies, event counts and the arms seen add up;
+        open requests and sessions stay where they are.
+        """
+        self.counts.update(other.counts)
+        self.invalid_reasons.update(other.invalid_reasons)
+        self.with_subtopics += other.with_subtopics
+        for key, stats in zip(other.group_keys, other.groups, strict=True):
+            self.groups[self._group(*key)] += stats
+        for source, target in ((other.arms_seen, self.arms_seen), (other.teams_seen, self.teams_seen)):
+            for experiment, arms in source.items():
+                target.setdefault(experiment, set()).update(arms)
+        self.gsb.merge(other.gsb)
+
+    def drop_regrouped(self) -> None:
+        """Forget open named sessions and query buckets (the regroup stage moved to another worker)."""
+        self.sessions = Sessions(self.config.session_gap, self.config.gauc_weight)
+        self.gsb.drop_open()
+
+    def group_of(self, experiment: str, arm: str) -> int:
+        """Index of the group of an experiment and arm (label values bounded)."""
+        return self._group(experiment, arm)
+
     def _add_sessions(self, scored: ScoredSessions | None) -> None:
-        if scored is None:
+        if scored is None or self._muted:
             return
         both = ~np.isnan(scored.auc)
         counted = both & (scored.weight > 0)

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 
 from stream_eval.config import ArmPair, Config
 from stream_eval.metrics.gsb import GsbCounts, interleaving_verdict, metric_verdict
@@ -40,6 +40,23 @@ class GsbTracker:
 
     def judgment(self, experiment: str, verdict: str) -> None:
         self._counts(experiment, "judgment").add(verdict)
+
+    def merge(self, other: GsbTracker) -> None:
+        """Add another tracker's verdicts and interleaving tallies (open query buckets are not merged)."""
+        for key, counts in other.counts.items():
+            self.counts[key] = self.counts.get(key, GsbCounts()) + counts
+        for experiment, tally in other._interleaving.items():
+            self._interleaving.setdefault(experiment, Counter()).update(tally)
+
+    def drop_open(self) -> None:
+        self._queries.clear()
+
+    def bucket_of(self, serve_ts: float) -> int:
+        return int(serve_ts // self.window)
+
+    def open_buckets(self) -> KeysView[int]:
+        """The query buckets not closed yet."""
+        return self._queries.keys()
 
     def query_metric(self, experiment: str, arm: str, query_id: str, serve_ts: float, value: float) -> None:
         """One finalised request's ``gsb_metric`` for its query."""

@@ -38,6 +38,8 @@ from stream_eval.events.schema import Feedback, Invalid, Judgment, Ranking, Wate
 Event = Ranking | Feedback | Judgment | Watermark | Invalid
 KINDS = ("ranking", "feedback", "judgment")
 JOINED = ("ranking", "feedback")
+#: Seconds of wall clock between two finalisation watermarks of one partition sent to the regroup log.
+ANNOUNCE_EVERY = 0.2
 
 
 @dataclass
@@ -122,7 +124,8 @@ class Requests:
 class Unit:
     """Partition ``p`` of every input topic: its join, sources, needed offsets and rebuild progress."""
 
-    __slots__ = ("join", "sources", "requests", "mute", "resume_watermark", "held", "flushed")
+    __slots__ = ("join", "sources", "requests", "mute", "resume_watermark", "held", "flushed", "announced",
+                 "announced_at")
 
     def __init__(self, join: Join, now: float, checkpoint: Checkpoint | None) -> None:
         self.join = join
@@ -132,6 +135,8 @@ class Unit:
         self.resume_watermark = -math.inf
         self.held: list[tuple[str, list[int], list[Event]]] = []
         self.flushed = False
+        self.announced = -math.inf  # the finalisation watermark last written to the regroup log
+        self.announced_at = -math.inf
         if checkpoint is not None:
             self.mute = {k: e for k, e in checkpoint.processed.items() if e > checkpoint.start.get(k, e)}
             self.resume_watermark = checkpoint.watermark
@@ -269,7 +274,8 @@ class PartitionedEngine:
         if not speaking:
             overall = self.watermark  # everything idle: event time stands still
         engine = self.engine
-        for unit in self.units.values():
+        regroup = engine.regroup
+        for partition, unit in self.units.items():
             if unit.rebuilding:
                 continue
             times = [t for t in (unit.sources[k].time(now, idle) for k in JOINED) if t is not None]
@@ -280,7 +286,12 @@ class PartitionedEngine:
                     unit.flushed = True
             elif target > unit.join.watermark:
                 engine.advance(target, unit.join)
+            if regroup is not None:  # the regroup stage closes sessions when every partition is this far
+                finalised = math.inf if unit.flushed else unit.join.watermark
+                if finalised > unit.announced and (finalised == math.inf or now - unit.announced_at >= ANNOUNCE_EVERY):
+                    unit.announced, unit.announced_at = finalised, now
+                    regroup.watermark(partition, finalised)
         if overall > self.watermark or overall == math.inf:
             self.watermark = overall
-            engine.close(overall)
+            engine.close(overall, sessions=regroup is None)
         return self.watermark

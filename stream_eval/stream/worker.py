@@ -31,10 +31,11 @@ from stream_eval.config import Config
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
+from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_messages
 from stream_eval.events.schema import Invalid
-from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, topics
+from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, partitions_for, topics
 
 log = logging.getLogger("stream_eval.worker")
 
@@ -65,6 +66,15 @@ class WorkerSettings:
     def control_topic(self) -> str:
         return f"{self.prefix}{self.group}.control"
 
+    @property
+    def regroup_topic(self) -> str:
+        """One partition: finalised requests' session parts and query metrics, from every worker, in order."""
+        return f"{self.prefix}{self.group}.regroup"
+
+    @property
+    def regroup_checkpoint_topic(self) -> str:
+        return f"{self.prefix}{self.group}.regroup-checkpoints"
+
 
 class StreamWorker:
     """Consumes the input topics in a consumer group and keeps an :class:`Engine` up to date.
@@ -81,6 +91,10 @@ class StreamWorker:
         self.engine = Engine(config, self._finalised)
         RollingWindows(self.engine)  # attaches itself: live 5m/1h windows with open requests
         FeedbackDelays(self.engine)  # attaches itself: the feedback delay histogram
+        self.engine.regroup = RegroupSink()  # sessions and query GSB across workers: engine/regroup.py
+        self.stage: SessionStage | None = None  # the regroup stage, on the worker that owns its log
+        self.units = settings.partitions
+        self._stage_consumer: Any = None
         self.partitioned = PartitionedEngine(self.engine, clock)
         self.topics = settings.topics
         self._outbox: list[tuple[bytes, bytes, int]] = []
@@ -102,6 +116,8 @@ class StreamWorker:
         self._outbox, self._dead = [], []
         for key, value, ts_ms in outbox:
             await producer.send(self.topics.request_metrics, value, key=key, timestamp_ms=ts_ms)
+        for key, value in self.engine.regroup.take():  # type: ignore[union-attr]  # set in __init__
+            await producer.send(self.settings.regroup_topic, value, key=key or None, partition=0)
         for invalid, topic, partition, offset in dead:
             headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
                        ("kind", invalid.kind.encode()), ("topic", topic.encode()),
@@ -110,13 +126,18 @@ class StreamWorker:
 
     # -- checkpoints --------------------------------------------------------------------------------
     async def _load_checkpoint(self, partition: int) -> Checkpoint | None:
-        """The last checkpoint written for ``partition`` (one record per batch, so the end offset is exact)."""
+        found = await self._last_record(self.settings.checkpoint_topic, partition)
+        return None if found is None else Checkpoint.from_json(found)
+
+    async def _last_record(self, topic: str, partition: int) -> Any:
+        """The last record of a checkpoint topic's partition, decoded (one record per produce batch, so the end
+        offset is exact even with the development broker's ListOffsets bug)."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False)
         await reader.start()
         try:
-            tp = TopicPartition(self.settings.checkpoint_topic, partition)
+            tp = TopicPartition(topic, partition)
             reader.assign([tp])
             end = (await reader.end_offsets([tp]))[tp]
             if end == 0:
@@ -126,7 +147,7 @@ class StreamWorker:
             records = batch.get(tp, [])
             if not records:
                 raise RuntimeError(f"checkpoint of partition {partition} unreadable at offset {end - 1}")
-            return Checkpoint.from_json(orjson.loads(records[-1].value))
+            return orjson.loads(records[-1].value)
         finally:
             await reader.stop()
 
@@ -150,6 +171,44 @@ class StreamWorker:
                 offsets[TopicPartition(self._topic_of(kind), partition)] = OffsetAndMetadata(offset, "")
         if offsets:
             await self._consumer.commit(offsets)
+        if self.stage is not None and partitions is None:
+            await self._checkpoint_stage()
+
+    async def _checkpoint_stage(self) -> None:
+        from aiokafka import TopicPartition
+        from aiokafka.structs import OffsetAndMetadata
+
+        assert self.stage is not None
+        checkpoint = self.stage.checkpoint()
+        await self._producer.send_and_wait(self.settings.regroup_checkpoint_topic,
+                                           orjson.dumps(checkpoint.to_json()), partition=0)
+        tp = TopicPartition(self.settings.regroup_topic, 0)
+        await self._stage_consumer.commit({tp: OffsetAndMetadata(checkpoint.start, "")})
+
+    async def on_stage_revoked(self, revoked: Any) -> None:
+        async with self._busy:
+            if self.stage is None:
+                return
+            await self._send_outputs()
+            await self._producer.flush()
+            await self._checkpoint_stage()
+            with self.lock:
+                self.engine.drop_regrouped()
+                self.stage = None
+            log.info("gave up the regroup stage")
+
+    async def on_stage_assigned(self, assigned: Any) -> None:
+        async with self._busy:
+            if not assigned or self.stage is not None:
+                return
+            found = await self._last_record(self.settings.regroup_checkpoint_topic, 0)
+            checkpoint = None if found is None else StageCheckpoint.from_json(found)
+            with self.lock:
+                self.stage = SessionStage(self.engine, self.units, checkpoint)
+            if checkpoint is not None:
+                for tp in assigned:
+                    self._stage_consumer.seek(tp, checkpoint.start)
+            log.info("took the regroup stage")
 
     async def checkpoint_now(self) -> None:
         """A checkpoint between two batches (e.g. before planned maintenance)."""
@@ -209,6 +268,15 @@ class StreamWorker:
                         self._dead.append((event, tp.topic, tp.partition, by_where.get(event.where, -1)))
             self.partitioned.tick()
 
+    async def _handle_stage(self) -> None:
+        batch = await self._stage_consumer.getmany(timeout_ms=0, max_records=self.settings.max_records)
+        if self.stage is None:
+            return
+        with self.lock:
+            for records in batch.values():
+                if records:
+                    self.stage.feed([r.offset for r in records], [r.value for r in records])
+
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Consume until ``stop`` is set (or the task is cancelled); checkpoints on the way out."""
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -219,7 +287,16 @@ class StreamWorker:
         names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
                  settings.checkpoint_topic, settings.control_topic]
         await ensure_topics(settings.brokers, names, settings.partitions)
+        await ensure_topics(settings.brokers, [settings.regroup_topic, settings.regroup_checkpoint_topic], 1)
+        self.units = len(await partitions_for(settings.brokers, self.topics.rankings)) or settings.partitions
         worker = self
+
+        class StageListener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await worker.on_stage_revoked(revoked)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                await worker.on_stage_assigned(assigned)
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
             async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -237,9 +314,16 @@ class StreamWorker:
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20, **settings.extra,
         )
+        self._stage_consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.brokers, group_id=f"{settings.group}.regroup", enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms, **settings.extra,
+        )
         await self._producer.start()
         await self._consumer.start()
+        await self._stage_consumer.start()
         self._consumer.subscribe(list(self.topics.inputs), listener=Listener())
+        self._stage_consumer.subscribe([settings.regroup_topic], listener=StageListener())
         stop = stop or asyncio.Event()
         last_checkpoint = time.monotonic()
         try:
@@ -248,6 +332,7 @@ class StreamWorker:
                 async with self._busy:
                     await self._handle(batch)
                     await self._send_outputs()
+                    await self._handle_stage()
                     if time.monotonic() - last_checkpoint >= settings.checkpoint_interval:
                         await self.checkpoint()
                         last_checkpoint = time.monotonic()
@@ -256,6 +341,7 @@ class StreamWorker:
                 async with self._busy:
                     await self.checkpoint()
             await self._consumer.stop()
+            await self._stage_consumer.stop()
             await self._producer.stop()
 
     def rate(self) -> float:

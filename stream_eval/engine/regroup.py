@@ -1,0 +1,199 @@
+"""Sessions and per-query GSB across workers: finalised requests regrouped through one ordered log.
+
+A session's requests (and a query's requests, for GSB source ``metric``) can sit in input partitions owned by
+different workers. So, when streaming, each worker hands the part of a finalised request that needs
+regrouping to a :class:`RegroupSink` instead of keeping it: the served items' scores and relevance of a
+request of a *named* session, the request's ``gsb_metric`` value for its query, the arms it has seen. The
+worker writes these records, followed by the finalisation watermark of each input partition it owns, to one
+ordered log (a one-partition topic). The worker that owns that log runs the :class:`SessionStage`: it adds the
+parts to the engine's :class:`~stream_eval.engine.sessions.Sessions` and GSB tallies — the same objects and
+functions replay uses — and closes them on the minimum of the partitions' finalisation watermarks, which is
+when every request of a session or query bucket that closes has been finalised and its record written.
+
+The stage is recoverable the same way as an input partition (``engine/partitions.py``): its checkpoint holds
+the offset of the first record that an open session or query bucket still needs, the offset after the last
+record counted, the partitions' watermarks and the arms seen; a new owner re-reads muted up to there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+if TYPE_CHECKING:
+    from stream_eval.engine.engine import Engine
+    from stream_eval.engine.sessions import Impressions
+    from stream_eval.events.join import RequestState
+
+
+class RegroupSink:
+    """Collects, in order, the records a worker writes to the regroup log (JSON bytes, key)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+        self._arms: set[tuple[str, str]] = set()
+
+    def session_part(self, state: RequestState, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
+        a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
+        record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "d": state.deadline,
+                  "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i)}
+        self.records.append((str(state.session_id).encode(), orjson.dumps(record)))
+
+    def query_metric(self, experiment: str, arm: str, query_id: str, ts: float, value: float) -> None:
+        record = {"k": "q", "e": experiment, "a": arm, "q": query_id, "t": ts, "v": value}
+        self.records.append((query_id.encode(), orjson.dumps(record)))
+
+    def arm(self, experiment: str, arm: str) -> None:
+        if (experiment, arm) not in self._arms:
+            self._arms.add((experiment, arm))
+            self.records.append((experiment.encode(), orjson.dumps({"k": "a", "e": experiment, "a": arm})))
+
+    def watermark(self, unit: int, watermark: float) -> None:
+        """Every request of input partition ``unit`` finalised by ``watermark`` has its records above."""
+        value = watermark if math.isfinite(watermark) else ("inf" if watermark > 0 else "-inf")
+        self.records.append((b"", orjson.dumps({"k": "w", "u": unit, "t": value})))
+
+    def take(self) -> list[tuple[bytes, bytes]]:
+        records, self.records = self.records, []
+        return records
+
+
+class _Part:
+    """A request of a named session as the stage sees it (what Sessions and Impressions read)."""
+
+    __slots__ = ("session_id", "deadline", "n", "scores")
+
+    def __init__(self, session_id: str, deadline: float, scores: list[float]) -> None:
+        self.session_id = session_id
+        self.deadline = deadline
+        self.n = len(scores)
+        self.scores = scores
+
+
+@dataclass
+class StageCheckpoint:
+    start: int = 0
+    processed: int = 0
+    units: list[float] = field(default_factory=list)  # the partitions' watermarks just before ``start``
+    arms: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start, "processed": self.processed,
+                "units": [u if math.isfinite(u) else str(u) for u in self.units], "arms": self.arms}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageCheckpoint:
+        return cls(int(data["start"]), int(data["processed"]), [float(u) for u in data["units"]],
+                   [(str(e), str(a)) for e, a in data["arms"]])
+
+
+class SessionStage:
+    """Feeds regrouped records to an engine's sessions and GSB tallies; closes them on the units' watermark."""
+
+    def __init__(self, engine: Engine, units: int, checkpoint: StageCheckpoint | None = None) -> None:
+        from stream_eval.engine.sessions import Impressions
+
+        self._impressions = Impressions
+        self.engine = engine
+        self.units = [-math.inf] * units
+        self.watermark = -math.inf
+        self.received: int | None = None
+        self.muted_until = -1
+        self._needed: deque[tuple[int, str, Any]] = deque()  # (offset, "s"|"q", session id | bucket)
+        # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
+        # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
+        self._history: deque[tuple[int, tuple[float, ...]]] = deque()
+        self._base: tuple[float, ...] = tuple(self.units)
+        if checkpoint is not None:
+            self.units = list(checkpoint.units) + [-math.inf] * (units - len(checkpoint.units))
+            self._base = tuple(self.units)
+            self.watermark = min(self.units)
+            self.muted_until = checkpoint.processed
+            for experiment, arm in checkpoint.arms:
+                engine.arms_seen.setdefault(experiment, set()).add(arm)
+
+    def start(self, checkpoint: StageCheckpoint | None) -> int | None:
+        return checkpoint.start if checkpoint is not None else None
+
+    def checkpoint(self) -> StageCheckpoint:
+        processed = max(self.received or 0, self.muted_until)
+        needed = self._first_needed()
+        start = min(needed, processed) if needed is not None else processed
+        history = self._history
+        while history and history[0][0] < start:
+            self._base = history.popleft()[1]
+        arms = sorted((e, a) for e, arms in self.engine.arms_seen.items() for a in arms)
+        return StageCheckpoint(start, processed, list(self._base), arms)
+
+    def _first_needed(self) -> int | None:
+        open_sessions, buckets = self.engine.sessions.open, self.engine.gsb.open_buckets()
+        while self._needed:
+            offset, kind, key = self._needed[0]
+            if (kind == "s" and key in open_sessions) or (kind == "q" and key in buckets):
+                return offset
+            self._needed.popleft()
+        return None
+
+    def feed(self, offsets: Sequence[int], values: Sequence[bytes]) -> None:
+        """Records of the regroup log in offset order (redelivered offsets are skipped)."""
+        engine = self.engine
+        parts: list[tuple[int, dict[str, Any]]] = []
+        for offset, value in zip(offsets, values, strict=True):
+            if self.received is not None and offset < self.received:
+                continue
+            self.received = offset + 1
+            record = orjson.loads(value)
+            kind = record["k"]
+            if kind == "s":
+                parts.append((offset, record))
+                continue
+            self._add_parts(parts)
+            parts = []
+            with self._quiet(offset):
+                if kind == "q":
+                    bucket = engine.gsb.bucket_of(record["t"])
+                    if bucket not in engine.gsb.open_buckets():
+                        self._needed.append((offset, "q", bucket))
+                    engine.gsb.query_metric(record["e"], record["a"], record["q"], record["t"], record["v"])
+                elif kind == "a":
+                    engine.arms_seen.setdefault(record["e"], set()).add(record["a"])
+                elif kind == "w":
+                    unit, time = int(record["u"]), float(record["t"])
+                    if unit >= len(self.units):
+                        self.units += [-math.inf] * (unit + 1 - len(self.units))
+                    if time <= self.units[unit]:
+                        continue
+                    self.units[unit] = time
+                    self._history.append((offset, tuple(self.units)))
+                    watermark = min(self.units)
+                    if watermark > self.watermark or watermark == math.inf:
+                        self.watermark = watermark
+                        engine.close(watermark, windows=False)
+        self._add_parts(parts)
+
+    def _quiet(self, offset: int) -> Any:
+        from contextlib import nullcontext
+
+        return self.engine.muted(self.engine.join) if offset < self.muted_until else nullcontext()
+
+    def _add_parts(self, parts: list[tuple[int, dict[str, Any]]]) -> None:
+        if not parts:
+            return
+        engine = self.engine
+        open_sessions = engine.sessions.open
+        for offset, record in parts:
+            if record["id"] not in open_sessions:
+                self._needed.append((offset, "s", record["id"]))
+        states = [_Part(r["id"], float(r["d"]), [float(x) for x in r["s"]]) for _, r in parts]
+        group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
+        rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
+        rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)
+        impressions = self._impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
+        with self._quiet(parts[-1][0]):
+            engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
