@@ -381,3 +381,14 @@ def test_engine_numbers_do_not_depend_on_how_events_are_batched() -> None:
     assert single.report() == whole.report()
     # r1 (RR 1/2) is forgotten at 30; the r1 served at 41 is a new request (RR 1), r2 has RR 1.
     assert math.isclose(whole.report()["overall"]["metrics"]["MRR"], (0.5 + 1.0 + 1.0) / 3)
+
+
+def test_duplicates_detected_past_the_short_list_of_seen_feedback() -> None:
+    """A request's feedback keys live in a list while few, then in a set: duplicates are caught in both."""
+    run = Driver()
+    items = [f"i{k}" for k in range(20)]
+    run(rank("r1", 0, items))
+    first = run(*[click("r1", item, 1) for item in items], *[click("r1", item, 1, "label", 2.0) for item in items])
+    again = run(*[click("r1", item, 2) for item in items], *[click("r1", item, 2, "label", 2.0) for item in items])
+    assert first == ["ok"] * 40 and again == ["duplicate"] * 40
+    assert run.finish()["r1"] == {item: 2.0 for item in items}

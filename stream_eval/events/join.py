@@ -60,6 +60,8 @@ class EventCounts(Counter[tuple[str, str]]):
 #: Experiment and arm names are shared by most requests: kept once (a bounded table, first come first kept).
 _LABELS: dict[str, str] = {}
 _MAX_LABELS = 4096
+#: Feedback keys of a request are kept in a list up to this many, then in a set.
+_SHORT_SEEN = 8
 
 
 def _label(value: str) -> str:
@@ -98,8 +100,9 @@ class RequestState:
         self.ts: float = ranking.ts
         self.deadline = deadline
         self.grades: dict[str, float] = {}
-        # (item, kind, grade) of the feedback seen; a click of grade 1 is kept as its item alone.
-        self.seen: set[str | tuple[str, str, float]] | None = None
+        # (item, kind, grade) of the feedback seen; a click of grade 1 is kept as its item alone. A list while
+        # short (a set costs 216 bytes, a list of four 88), then a set.
+        self.seen: list[str | tuple[str, str, float]] | set[str | tuple[str, str, float]] | None = None
 
     @property
     def ranking(self) -> Ranking:
@@ -220,12 +223,16 @@ class Join:
         key = item if grade == 1.0 and event.kind == "click" else (item, event.kind, grade)
         seen = state.seen
         if seen is None:
-            state.seen = {key}
+            state.seen = [key]
         elif key in seen:
             self.counts["feedback", "duplicate"] += 1
             return "duplicate"
-        else:
+        elif type(seen) is set:
             seen.add(key)
+        elif len(seen) < _SHORT_SEEN:
+            seen.append(key)  # type: ignore[union-attr]  # a list here
+        else:
+            state.seen = {*seen, key}
         self.counts["feedback", "ok"] += 1
         if self.delays is not None:
             self.delays.append(ts - state.ts)
