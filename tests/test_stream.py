@@ -109,6 +109,22 @@ async def _stop(*running: tuple[asyncio.Task[None], asyncio.Event]) -> None:
         await asyncio.wait_for(task, 60)
 
 
+async def _same_totals_and_records(expected: Engine, records: Records, workers: list[StreamWorker], broker: str,
+                                   prefix: str) -> None:
+    """The workers' summed report (GAUC and GSB included) and their request-metrics records, each once, are
+    the replay's."""
+    merged = Engine(workers[0].config)
+    for worker in workers:
+        merged.merge(worker.engine)
+    report, want = merged.report(), expected.report()
+    for section in ("events", "overall", "groups", "gsb", "ab"):
+        assert report[section] == approx(want[section]), section
+    found = await _read_topic(broker, topics(prefix).request_metrics, len(records.by_id))
+    by_id = {r.key.decode(): orjson.loads(r.value) for r in found}
+    assert len(found) == len(by_id) == len(records.by_id)
+    assert by_id == records.by_id
+
+
 def _run(main: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(main())
 
@@ -161,17 +177,8 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(a, b), 120, "the end of every partition on both workers")
         await _stop(running_a, running_b)
-        merged = Engine(SHORT)
-        merged.merge(a.engine)
-        merged.merge(b.engine)
-        report, want = merged.report(), expected.report()
-        for section in ("events", "overall", "groups", "gsb", "ab"):  # GAUC and GSB too: sessions regrouped
-            assert report[section] == approx(want[section]), section
+        await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
         assert min(a.engine.overall().requests, b.engine.overall().requests) > 0  # both did work
-        found = await _read_topic(broker, topics(prefix).request_metrics, len(expected_records.by_id))
-        records = {r.key.decode(): orjson.loads(r.value) for r in found}
-        assert len(found) == len(records) == len(expected_records.by_id)
-        assert records == expected_records.by_id
 
     _run(main)
 
@@ -195,15 +202,7 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(b), 120, "worker B to finish")
         await _stop(running_b)
-        merged = Engine(SHORT)
-        merged.merge(a.engine)
-        merged.merge(b.engine)
-        report, want = merged.report(), expected.report()
-        for section in ("events", "overall", "groups", "gsb", "ab"):
-            assert report[section] == approx(want[section]), section
+        await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
         assert a.engine.overall().sessions and b.engine.overall().sessions  # each scored sessions: the stage moved
-        found = await _read_topic(broker, topics(prefix).request_metrics, len(expected_records.by_id))
-        records = {r.key.decode(): orjson.loads(r.value) for r in found}
-        assert len(found) == len(records) == len(expected_records.by_id)
 
     _run(main)
