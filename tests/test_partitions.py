@@ -181,3 +181,34 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     merged.merge(second)
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert second.overall().sessions > 0
+
+
+def test_an_idle_partition_stops_holding_event_time_back() -> None:
+    """A silent partition holds the watermark back only for idle_timeout seconds of wall clock (SPEC §1)."""
+    now = [0.0]
+    config = Config(attribution_window=10.0, allowed_lateness=0.0)
+    collect = Collect()
+    engine = PartitionedEngine(Engine(config, collect), clock=lambda: now[0])
+    for partition in (0, 1):
+        engine.assign(partition)
+
+    def send(partition: int, kind: str, offset: int, fields: dict[str, Any]) -> None:
+        _feed(engine, kind, partition, [(offset, orjson.dumps({"type": kind, **fields}))])
+
+    send(0, "ranking", 0, {"request_id": "a", "items": ["x", "y"], "ts": 100.0})
+    send(0, "feedback", 0, {"request_id": "a", "item": "y", "ts": 101.0})
+    send(1, "ranking", 0, {"request_id": "b", "items": ["x", "y"], "ts": 100.0})
+    send(1, "feedback", 0, {"request_id": "b", "item": "x", "ts": 102.0})
+    for offset, ts in enumerate((150.0, 200.0), 1):  # partition 0 moves on, partition 1 falls silent
+        send(0, "ranking", offset, {"request_id": f"a{offset}", "items": ["x"], "ts": ts})
+        send(0, "feedback", offset, {"request_id": f"a{offset}", "item": "x", "ts": ts})
+    assert set(collect.records) == {"a", "a1"}  # partition 0 finalises on its own event time
+    assert engine.watermark == -math.inf  # the all-partition watermark waits: the judgments topic is silent too
+    now[0] = config.idle_timeout + 1.0
+    send(0, "feedback", 3, {"request_id": "a2", "item": "x", "ts": 200.5})
+    engine.tick()
+    assert engine.watermark == 200.5  # silent sources are ignored now: only partition 0's feedback spoke
+    assert "b" in collect.records  # and partition 1's request is finalised by the others' event time
+    assert collect.records["b"]["metrics"]["RR"] == 1.0
+    send(1, "ranking", 1, {"request_id": "c", "items": ["x"], "ts": 90.0})  # partition 1 speaks again
+    assert engine.watermark == 200.5  # (event time never goes back)
