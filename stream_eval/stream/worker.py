@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,36 @@ class WorkerSettings:
     @property
     def regroup_checkpoint_topic(self) -> str:
         return f"{self.prefix}{self.group}.regroup-checkpoints"
+
+
+class _Where(Sequence[str]):
+    """``topic/partition@offset`` of each message, formatted only for the (few) invalid ones."""
+
+    __slots__ = ("prefix", "offsets")
+
+    def __init__(self, prefix: str, offsets: list[int]) -> None:
+        self.prefix, self.offsets = prefix, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]  # no slices needed
+        return f"{self.prefix}{self.offsets[index]}"
+
+
+class _Timestamps(Sequence[float]):
+    """Kafka timestamps in seconds, read only for messages without ``ts``."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> float:  # type: ignore[override]  # no slices needed
+        return float(self.records[index].timestamp) / 1000.0
 
 
 class StreamWorker:
@@ -257,15 +287,13 @@ class StreamWorker:
                     continue
                 kind = self.topics.type_of(tp.topic)
                 offsets = [r.offset for r in records]
-                where = [f"{tp.topic}/{tp.partition}@{o}" for o in offsets]
-                events = decode_messages([r.value for r in records], kind, config,
-                                         [r.timestamp / 1000.0 for r in records], where)
+                events = decode_messages([r.value for r in records], kind, config, _Timestamps(records),
+                                         _Where(f"{tp.topic}/{tp.partition}@", offsets))
                 invalid = self.partitioned.feed(kind, tp.partition, offsets, events)
                 self.events_seen += len(records)
-                if invalid:
-                    by_where = {w: o for w, o in zip(where, offsets, strict=True)}
-                    for event in invalid:
-                        self._dead.append((event, tp.topic, tp.partition, by_where.get(event.where, -1)))
+                for event in invalid:
+                    offset = int(event.where.rpartition("@")[2])
+                    self._dead.append((event, tp.topic, tp.partition, offset))
             self.partitioned.tick()
 
     async def _handle_stage(self) -> None:
