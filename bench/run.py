@@ -90,7 +90,7 @@ def child_replay_inproc(path: str) -> dict[str, Any]:
     timeline: list[tuple[float, int, float]] = []
     step = [0.0]
 
-    def progress(done: int, events: int, _: int) -> None:
+    def progress(done: int, events: int) -> None:
         if done >= step[0]:
             timeline.append((round(done / size, 3), events, round(_rss_now() / MIB, 1)))
             step[0] += size / 40
@@ -128,7 +128,7 @@ def child_tracemalloc(path: str) -> dict[str, Any]:
     top: list[tuple[str, float, int]] = []
     live = [0.0]
 
-    def progress(done: int, events: int, _: int) -> None:
+    def progress(done: int, events: int) -> None:
         if not top and done >= 0.6 * size:
             snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
             stats = snapshot.statistics("lineno")
