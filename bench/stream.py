@@ -1,0 +1,722 @@
+"""Streaming benchmarks (issue 3): the worker on a real broker, side by side with its floor and ceiling, in one run.
+
+    python bench/stream.py            # 60k requests (~300k events), 3 runs each; ~10 min on 2 cores
+    python bench/stream.py --quick    # 30k requests (~150k events), 50 latency probes; ~3 min
+    python bench/stream.py --profile  # adds a py-spy profile of one worker run
+
+A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
+items per ranking, ~4 feedback events per request) is produced once, with end-of-stream watermarks, to the
+input topics of one prefix. Then, interleaved run by run (fresh consumer group each, so each run reads the same
+topics from the start):
+
+1. ``stream-eval worker`` as a child process. Its ``/metrics`` is polled every ``--poll`` s; the run is done when
+   the summed ``stream_eval_events_total`` equals the events produced and the summed
+   ``stream_eval_requests_total`` the requests. events/s = events counted after the first poll that showed any
+   / time from that poll to done: group join and startup are left out.
+2. faust's naive per-event agent (child process: ``@app.agent`` over the three input topics, ``orjson.loads``
+   and a dict update per event, ``broker_session_timeout=6``, ``broker_heartbeat_interval=1``,
+   ``--without-web``), timed from its first event to its last.
+3. A raw aiokafka consumer that only decodes (child process: ``getmany`` + ``orjson.loads`` per message),
+   timed from its first batch to its last.
+
+Then latency: a fresh prefix, the worker started and fed live simulated traffic (event time = now) at a fixed
+``--rate`` (5,000 events/s, ``send_lines(..., rate=)``); once it is caught up, probes are sent one at a time:
+a ranking of 20 items for a fresh request of experiment ``bench-probe``, arm ``probe``, then a click on its
+first item. Its effect is the probe arm's ``stream_eval_window_sum{metric="MRR",window="5m"}`` reaching the
+probe's number (each probe adds exactly 1 to it). ``/metrics`` is scraped in a tight loop (every ~20 ms)
+from this process; latency = time the scrape that first showed it returned - time the click was handed to the
+producer (so it includes the producer's linger, the broker, the worker's fetch, decode, join, window update,
+and the scrape itself).
+
+Last, memory per open request, in a fresh child process: the worker's engine (``StreamWorker``: Engine with
+RollingWindows, FeedbackDelays and the regroup sink, PartitionedEngine with 4 partitions) fed ``--memory-requests``
+rankings of exactly 20 items through ``decode_messages`` + ``PartitionedEngine.feed`` in batches, event time kept
+far below their deadlines (nothing is finalised); RSS growth and tracemalloc growth per request.
+
+The Markdown report is printed and written to ``bench/out/stream.md`` (``stream-quick.md``), raw numbers next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+# run.py (imported first) also pins numpy to one thread
+from run import ROOT, code_hash, fmt_range, machine_info, summarise_collapsed, summary  # noqa: E402
+
+TARGET_EVENTS_PER_S = 30_000
+TARGET_RATIO = 4.5
+TARGET_P99_S = 1.0
+TARGET_BYTES_PER_REQUEST = 1024
+PARTITIONS = 4
+PROBE_EXPERIMENT, PROBE_ARM = "bench-probe", "probe"
+MIB = 1 << 20
+
+
+def log(message: str) -> None:
+    print(f"[stream-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ==========================================================================================================
+# /metrics
+# ==========================================================================================================
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return str(response.read().decode())
+
+
+def samples(text: str, names: set[str]) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of the families ``names`` in a Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line or line[0] == "#" or line.split("{", 1)[0].split(" ", 1)[0] not in names:
+            continue
+        match = _SAMPLE.match(line)
+        if match:
+            out.append((match[1], dict(_LABEL.findall(match[2] or "")), float(match[3])))
+    return out
+
+
+def progress(text: str) -> tuple[float, float]:
+    """(events counted, requests finalised) summed over every label of the two counters."""
+    events = requests = 0.0
+    for name, _labels, value in samples(text, {"stream_eval_events_total", "stream_eval_requests_total"}):
+        if name == "stream_eval_events_total":
+            events += value
+        else:
+            requests += value
+    return events, requests
+
+
+def probe_sum(text: str) -> float:
+    for _name, labels, value in samples(text, {"stream_eval_window_sum"}):
+        if (labels.get("experiment"), labels.get("arm"), labels.get("metric"), labels.get("window")) == (
+            PROBE_EXPERIMENT, PROBE_ARM, "MRR", "5m"
+        ):
+            return value
+    return 0.0
+
+
+# ==========================================================================================================
+# Child processes
+# ==========================================================================================================
+def stream_eval_cmd() -> list[str]:
+    return [sys.executable, "-m", "stream_eval.cli"]
+
+
+def worker_cmd(bootstrap: str, prefix: str, group: str, port: int) -> list[str]:
+    return [*stream_eval_cmd(), "worker", "--broker", f"kafka://{bootstrap}", "--topic-prefix", prefix,
+            "--metrics-port", str(port), "--group", group]
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def child_faust(bootstrap: str, prefix: str, group: str, total: int) -> None:
+    """faust's naive per-event agent: prints one JSON line when it has seen ``total`` messages, then exits."""
+    import faust
+    import orjson
+
+    from stream_eval.stream.kafka import topics
+
+    app = faust.App(group, broker=f"kafka://{bootstrap}", broker_session_timeout=6, broker_heartbeat_interval=1,
+                    web_enabled=False, autodiscover=False, topic_partitions=PARTITIONS, stream_wait_empty=False,
+                    datadir=tempfile.mkdtemp(prefix="faust-naive-"))
+    source = app.topic(*topics(prefix).inputs, value_serializer="raw")
+    state: dict[Any, int] = {}
+    seen = [0, 0.0]
+    started = time.perf_counter()
+
+    @app.agent(source)
+    async def count(stream: Any) -> None:
+        async for value in stream:
+            event = orjson.loads(value)
+            key = event.get("request_id")
+            state[key] = state.get(key, 0) + 1
+            seen[0] += 1
+            if seen[0] == 1:
+                seen[1] = time.perf_counter()
+            if seen[0] >= total:
+                now = time.perf_counter()
+                print(json.dumps({"messages": seen[0], "first": seen[1] - started, "seconds": now - seen[1],
+                                  "rate": (seen[0] - 1) / (now - seen[1]), "keys": len(state)}), flush=True)
+                os._exit(0)
+
+    sys.argv = [sys.argv[0], "worker", "--without-web", "--loglevel", "warn"]
+    app.main()
+
+
+def child_raw(bootstrap: str, prefix: str, group: str, total: int) -> None:
+    """aiokafka getmany + orjson.loads per message, nothing else; prints one JSON line."""
+    import orjson
+    from aiokafka import AIOKafkaConsumer
+
+    from stream_eval.stream.kafka import topics
+
+    async def main() -> dict[str, Any]:
+        started = time.perf_counter()
+        consumer = AIOKafkaConsumer(*topics(prefix).inputs, bootstrap_servers=bootstrap, group_id=group,
+                                    auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=6000,
+                                    heartbeat_interval_ms=1000, max_partition_fetch_bytes=4 << 20,
+                                    fetch_max_bytes=32 << 20)
+        await consumer.start()
+        loads = orjson.loads
+        n, first_n, first = 0, 0, 0.0
+        try:
+            while n < total:
+                batch = await consumer.getmany(timeout_ms=100, max_records=20_000)
+                for records in batch.values():
+                    for record in records:
+                        loads(record.value)
+                    n += len(records)
+                if n and not first:
+                    first, first_n = time.perf_counter(), n
+        finally:
+            await consumer.stop()
+        now = time.perf_counter()
+        return {"messages": n, "first": first - started, "seconds": now - first, "rate": (n - first_n) / (now - first)}
+
+    print(json.dumps(asyncio.run(main())), flush=True)
+
+
+def child_memory(requests: int, batch: int, tracemalloc_on: bool) -> None:
+    """Open requests of 20 items in the worker's engine: RSS and tracemalloc growth per request."""
+    import tracemalloc
+
+    import orjson
+
+    from stream_eval.config import Config
+    from stream_eval.events.messages import decode_messages
+    from stream_eval.stream.worker import StreamWorker, WorkerSettings
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    worker = StreamWorker(WorkerSettings(brokers=["127.0.0.1:9"], partitions=PARTITIONS), Config())
+    for partition in range(PARTITIONS):
+        worker.partitioned.assign(partition)
+    start_ts = 1_767_225_600.0
+    config = worker.config
+    offsets = [0] * PARTITIONS
+
+    def rankings(lo: int, hi: int) -> list[bytes]:
+        out = []
+        for i in range(lo, hi):
+            q = i % 5000
+            out.append(orjson.dumps({
+                "type": "ranking", "request_id": f"r{i:08d}", "ts": round(start_ts + i / 1000, 3),
+                "items": [f"q{q}-d{(i * 7 + j * 13) % 50}" for j in range(20)],
+                "scores": [round(0.99 - j * 0.0371 - (i % 97) * 1e-4, 4) for j in range(20)],
+                "query_id": f"q{q}", "session_id": f"u{i // 3}-s1", "experiment": "exp1",
+                "arm": ("control", "treatment")[(i // 3) % 2],
+            }))
+        return out
+
+    def feed(lo: int, hi: int) -> None:
+        values = rankings(lo, hi)
+        by_partition: dict[int, list[bytes]] = {}
+        for i, value in zip(range(lo, hi), values, strict=True):
+            by_partition.setdefault(i % PARTITIONS, []).append(value)
+        with worker.lock:
+            for partition, part in by_partition.items():
+                first = offsets[partition]
+                offsets[partition] += len(part)
+                events = decode_messages(part, "ranking", config, [start_ts] * len(part), [""] * len(part))
+                worker.partitioned.feed("ranking", partition, list(range(first, first + len(part))), events)
+            worker.partitioned.tick()
+
+    if tracemalloc_on:
+        tracemalloc.start(1)
+    warm = min(batch, requests // 10)
+    feed(0, warm)
+    gc.collect()
+    rss0 = rss()
+    traced0 = tracemalloc.get_traced_memory()[0] if tracemalloc_on else 0
+    snap0 = tracemalloc.take_snapshot() if tracemalloc_on else None
+    for lo in range(warm, requests, batch):
+        feed(lo, min(requests, lo + batch))
+    gc.collect()
+    rss1 = rss()
+    result: dict[str, Any] = {"requests": requests - warm, "rss0_mb": rss0 / MIB, "rss1_mb": rss1 / MIB,
+                              "rss_per_request": (rss1 - rss0) / (requests - warm)}
+    open_requests = sum(len(unit.join.open) for unit in worker.partitioned.units.values()) \
+        if all(hasattr(unit.join, "open") for unit in worker.partitioned.units.values()) else None
+    result["open"] = open_requests
+    result["finalised"] = sum(stats.requests for stats in worker.engine.groups)
+    result["counts"] = {f"{k}/{s}": n for (k, s), n in worker.engine.counts.items()}
+    if tracemalloc_on and snap0 is not None:
+        traced1 = tracemalloc.get_traced_memory()[0]
+        result["traced_per_request"] = (traced1 - traced0) / (requests - warm)
+        top = tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:8]
+        result["top"] = [(str(s.traceback[0]).replace(str(ROOT) + os.sep, ""), s.size_diff / (requests - warm))
+                         for s in top]
+    print(json.dumps(result), flush=True)
+
+
+def child_cmd(*args: Any) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--child", *map(str, args)]
+
+
+# ==========================================================================================================
+# The benchmark
+# ==========================================================================================================
+class StreamBench:
+    def __init__(self, args: argparse.Namespace, bootstrap: str) -> None:
+        self.args = args
+        self.bootstrap = bootstrap
+        self.results: dict[str, Any] = {}
+        self.run_id = f"{os.getpid()}-{int(time.time())}"
+
+    # -- data ---------------------------------------------------------------------------------------
+    def produce(self, prefix: str) -> dict[str, int]:
+        from stream_eval.simulate import SimulationConfig, simulate_lines
+        from stream_eval.stream.kafka import topics
+        from stream_eval.stream.produce import WATERMARKS, send_lines
+
+        config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=200.0)
+        lines = list(simulate_lines(config))
+        kinds = Counter(json.loads(line)["type"] for line in lines)
+        started = time.perf_counter()
+        counts = asyncio.run(send_lines(lines, [self.bootstrap], topics(prefix), flush=True, partitions=PARTITIONS))
+        seconds = time.perf_counter() - started
+        events = sum(n for name, n in counts.items() if name != WATERMARKS)
+        assert events == len(lines), (events, len(lines))
+        log(f"produced {events:,} events ({dict(kinds)}) + {counts[WATERMARKS]} watermarks in {seconds:.1f} s "
+            f"({events / seconds:,.0f}/s)")
+        return {"events": events, "requests": kinds["ranking"], "feedback": kinds["feedback"],
+                "watermarks": counts[WATERMARKS], "bytes": sum(len(line) - 1 for line in lines),
+                "produce_seconds": seconds}
+
+    # -- 1. the worker ------------------------------------------------------------------------------
+    def run_worker(self, prefix: str, group: str, events: int, requests: int,
+                   profile: Path | None = None) -> dict[str, Any]:
+        from stream_eval.stream.broker import free_port
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/metrics"
+        cmd = worker_cmd(self.bootstrap, prefix, group, port)
+        if profile is not None:
+            cmd = ["py-spy", "record", "--format", "raw", "--rate", "200", "-o", str(profile), "--", *cmd]
+        start = time.perf_counter()
+        errors = tempfile.TemporaryFile()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
+        first: tuple[float, float] | None = None
+        done = None
+        last = (0.0, 0.0)
+        timeline: list[tuple[float, float, float]] = []
+        deadline = start + self.args.timeout
+        try:
+            while time.perf_counter() < deadline:
+                if proc.poll() is not None:
+                    errors.seek(0)
+                    raise RuntimeError(f"worker exited {proc.returncode}: {errors.read().decode()[-3000:]}")
+                try:
+                    last = progress(scrape(url))
+                except OSError:
+                    time.sleep(self.args.poll)
+                    continue
+                now = time.perf_counter()
+                timeline.append((round(now - start, 3), last[0], last[1]))
+                if first is None and last[0] > 0:
+                    first = (now, last[0])
+                if last[0] >= events and last[1] >= requests:
+                    done = now
+                    break
+                time.sleep(self.args.poll)
+        finally:
+            if profile is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # py-spy writes its profile and stops the worker
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=30)
+            stop_process(proc)
+        if done is None or first is None:
+            raise RuntimeError(f"worker did not finish in {self.args.timeout} s: events, requests = {last}")
+        if done <= first[0]:
+            raise RuntimeError("the worker counted everything before the second poll: produce more (--requests)")
+        seconds = done - first[0]
+        return {"rate": (events - first[1]) / seconds, "seconds": seconds, "startup": first[0] - start,
+                "wall": done - start, "events": last[0], "requests": last[1],
+                "timeline": timeline}
+
+    def run_child(self, kind: str, prefix: str, group: str, total: int) -> dict[str, Any]:
+        proc = subprocess.run(child_cmd(kind, self.bootstrap, prefix, group, total), capture_output=True,
+                              stdin=subprocess.DEVNULL, timeout=self.args.timeout)
+        # faust sends its agents' stdout to its log (stderr): take the result line from either
+        lines = re.findall(r'\{"messages".*\}', proc.stdout.decode() + proc.stderr.decode(errors="replace"))
+        if not lines:
+            raise RuntimeError(f"{kind} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-3000:]}")
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+
+    def throughput(self) -> None:
+        prefix = f"bench-{self.run_id}-tput-"
+        data = self.produce(prefix)
+        self.results["data"] = data
+        messages = data["events"] + data["watermarks"]
+        runs: dict[str, list[dict[str, Any]]] = {"worker": [], "faust": [], "raw": []}
+        for i in range(self.args.repeat):
+            runs["worker"].append(self.run_worker(prefix, f"worker{i}", data["events"], data["requests"]))
+            log(f"run {i + 1}: worker {runs['worker'][-1]['rate']:,.0f} events/s "
+                f"(startup {runs['worker'][-1]['startup']:.1f} s)")
+            runs["faust"].append(self.run_child("faust", prefix, f"faust{i}", messages))
+            log(f"run {i + 1}: naive faust {runs['faust'][-1]['rate']:,.0f} events/s")
+            runs["raw"].append(self.run_child("raw", prefix, f"raw{i}", messages))
+            log(f"run {i + 1}: raw aiokafka {runs['raw'][-1]['rate']:,.0f} events/s")
+        self.results["throughput"] = runs
+        self.results["ratio"] = [w["rate"] / f["rate"] for w, f in zip(runs["worker"], runs["faust"], strict=True)]
+        if self.args.profile:
+            if not shutil.which("py-spy"):
+                log("py-spy not found: no profile")
+                return
+            raw = Path(self.args.out_dir) / "stream-worker.pyspy.txt"
+            self.run_worker(prefix, "profiled", data["events"], data["requests"], profile=raw)
+            if raw.exists():
+                self.results["profile"] = summarise_collapsed(raw)
+
+    # -- 3. latency ---------------------------------------------------------------------------------
+    def latency(self) -> None:
+        self.results["latency"] = asyncio.run(self._latency())
+
+    async def _latency(self) -> dict[str, Any]:
+        import random
+
+        import orjson
+        from aiokafka import AIOKafkaProducer
+
+        from stream_eval.simulate import SimulationConfig, simulate_lines
+        from stream_eval.stream.broker import free_port
+        from stream_eval.stream.kafka import ensure_topics, event_key, topics
+        from stream_eval.stream.produce import send_lines
+
+        args = self.args
+        prefix = f"bench-{self.run_id}-lat-"
+        names = topics(prefix)
+        await ensure_topics([self.bootstrap], names.inputs, PARTITIONS)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/metrics"
+        proc = subprocess.Popen(worker_cmd(self.bootstrap, prefix, "latency", port), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # live traffic: event time = now, ~5 events per request, paced at a fixed rate of events per second
+        per_request = self.results.get("data", {}).get("events", 5.0 * args.requests) / max(1, args.requests)
+        config = SimulationConfig(requests=0, items_per_request=20, seed=23, endless=True, max_delay=30.0,
+                                  rate=args.rate / per_request, start_ts=round(time.time(), 3))
+        sent: Counter[str] = Counter()
+        head = [config.start_ts]  # event time of the traffic sent so far: the probes' ts, so they are never early
+
+        def live() -> Any:
+            for line in simulate_lines(config):
+                head[0] = max(head[0], float(orjson.loads(line)["ts"]))
+                yield line
+
+        traffic = asyncio.ensure_future(send_lines(live(), [self.bootstrap], names, flush=False,
+                                                   partitions=PARTITIONS, rate=args.rate, counts=sent))
+        scraped: list[tuple[float, float, float, float, float]] = []  # (start, end, probe sum, events, watermark)
+        stop = threading.Event()
+
+        def scraper() -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    text = scrape(url, timeout=2.0)
+                except OSError:
+                    time.sleep(0.1)
+                    continue
+                t1 = time.perf_counter()
+                marks = [v for _, _, v in samples(text, {"stream_eval_watermark_seconds"})]
+                scraped.append((t0, t1, probe_sum(text), progress(text)[0], marks[0] if marks else math.nan))
+                time.sleep(max(0.0, args.scrape_every - (time.perf_counter() - t0)))
+
+        thread = threading.Thread(target=scraper, daemon=True)
+        thread.start()
+        producer = AIOKafkaProducer(bootstrap_servers=[self.bootstrap], linger_ms=5)
+        await producer.start()
+        result: dict[str, Any] = {"rate_target": args.rate}
+        try:
+            # caught up: the worker has counted (almost) everything sent so far, and its event time is defined (the
+            # windows are exported only then; the judgments topic, silent here, holds it back for idle_timeout)
+            warm_start = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.5)
+                if proc.poll() is not None:
+                    raise RuntimeError(f"latency worker exited {proc.returncode}")
+                total_sent = sum(sent.values())
+                if math.isfinite(scraped[-1][4] if scraped else math.nan) and "watermark_s" not in result:
+                    result["watermark_s"] = time.perf_counter() - warm_start
+                if (time.perf_counter() - warm_start > args.warmup and "watermark_s" in result
+                        and scraped[-1][3] >= total_sent - args.rate * 0.5):
+                    break
+                if time.perf_counter() - warm_start > args.timeout:
+                    raise RuntimeError("the latency worker did not catch up")
+            result["warmup_s"] = time.perf_counter() - warm_start
+            log(f"latency: worker caught up after {result['warmup_s']:.0f} s ({sum(sent.values()):,} events sent)")
+            sent0, t_start = sum(sent.values()), time.perf_counter()
+            latencies, lower, missed = [], [], 0
+            for k in range(1, args.probes + 1):
+                rid = f"probe-{self.run_id}-{k:05d}"
+                items = [f"probe-d{j}" for j in range(20)]
+                now = head[0]
+                ranking = {"type": "ranking", "request_id": rid, "ts": round(now, 3), "items": items,
+                           "scores": [round(1 - j / 20, 4) for j in range(20)], "experiment": PROBE_EXPERIMENT,
+                           "arm": PROBE_ARM}
+                click = {"type": "feedback", "request_id": rid, "item": items[0], "ts": round(now, 3) + 0.001}
+                key = event_key("ranking", {"request_id": rid})
+                await producer.send(names.rankings, json.dumps(ranking).encode(), key=key,
+                                    timestamp_ms=int(now * 1000))
+                seen_from = len(scraped)
+                t0 = time.perf_counter()
+                await producer.send(names.feedback, json.dumps(click).encode(), key=key,
+                                    timestamp_ms=int(now * 1000) + 1)
+                while True:
+                    await asyncio.sleep(0.002)
+                    hit = next((s for s in scraped[seen_from:] if s[2] >= k and s[0] >= t0 - 1), None)
+                    if hit is not None:
+                        if hit[1] - t0 > 1:
+                            log(f"slow probe {k}: {hit[1] - t0:.2f} s")
+                        latencies.append(hit[1] - t0)
+                        lower.append(max(0.0, hit[0] - t0))
+                        break
+                    if time.perf_counter() - t0 > 10:
+                        missed += 1
+                        break
+                await asyncio.sleep(random.uniform(0.02, 0.08))
+            seconds = time.perf_counter() - t_start
+            lat = sorted(latencies)
+            result.update({
+                "probes": args.probes, "missed": missed, "latencies": latencies, "lower": lower,
+                "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))],
+                "max": lat[-1], "p50_lower": statistics.median(lower),
+                "rate_achieved": (sum(sent.values()) - sent0) / seconds, "seconds": seconds,
+                "scrape_ms": statistics.median([(b - a) * 1000 for a, b, *_ in scraped]),
+                "scrapes_per_s": len([s for s in scraped if s[0] >= t_start]) / seconds,
+                "worker_events": scraped[-1][3],
+            })
+            log(f"latency: p50 {result['p50'] * 1000:.0f} ms, p99 {result['p99'] * 1000:.0f} ms, "
+                f"traffic {result['rate_achieved']:,.0f} events/s, {missed} probes not seen")
+        finally:
+            stop.set()
+            traffic.cancel()
+            with contextlib.suppress(BaseException):
+                await traffic
+            await producer.stop()
+            stop_process(proc)
+            thread.join(timeout=5)
+        return result
+
+    # -- 4. memory ----------------------------------------------------------------------------------
+    def memory(self) -> None:
+        out = {}
+        for traced in (False, True):
+            proc = subprocess.run(child_cmd("memory", self.args.memory_requests, 5000, int(traced)),
+                                  capture_output=True, stdin=subprocess.DEVNULL)
+            if proc.returncode != 0:
+                raise RuntimeError(f"memory child exited {proc.returncode}: {proc.stderr.decode()[-3000:]}")
+            out["tracemalloc" if traced else "rss"] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        self.results["memory"] = out
+        log(f"memory: {out['rss']['rss_per_request']:.0f} bytes RSS, "
+            f"{out['tracemalloc']['traced_per_request']:.0f} bytes traced per open request")
+
+
+# ==========================================================================================================
+# Report
+# ==========================================================================================================
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**NOT met**"
+
+
+def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Namespace) -> str:
+    out = [f"## Streaming results{' (quick)' if args.quick else ''}: {machine['date']}", ""]
+    out.append(
+        f"Machine: {machine['platform']}; CPU {machine['cpu']}, {machine['cores']} cores "
+        f"({machine['affinity']} usable), {machine['memory_mb'] / 1024:.0f} GiB RAM; {machine['python']}; "
+        f"stream_eval at {machine['commit']} (source digest {machine['code_hash']}"
+        f"{'' if machine['code_hash'] == machine.get('code_hash_end') else ', CHANGED during the run'}). "
+        f"Load average at start {', '.join(f'{x:.2f}' for x in machine['loadavg_start'])}, at end "
+        f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])}. Run took {machine['bench_seconds'] / 60:.1f} min."
+    )
+    out.append("")
+    rows: list[tuple[str, str, bool | None]] = []
+    if "throughput" in results:
+        data, runs = results["data"], results["throughput"]
+        out.append(
+            f"Data: {data['events']:,} simulated events ({data['requests']:,} rankings of ~20 items, "
+            f"{data['feedback']:,} feedback; {data['bytes'] / data['events']:.0f} bytes per event on average) + "
+            f"{data['watermarks']} end-of-stream watermarks, {PARTITIONS} partitions per topic, produced once "
+            f"({data['events'] / data['produce_seconds']:,.0f} events/s). Each row: median (min–max) of "
+            f"{len(runs['worker'])} runs, interleaved worker, faust, aiokafka, with a fresh consumer group each."
+        )
+        out.append("")
+        out.append("| Consumer (one process) | events/s | time, s (from first event) | startup + group join, s |")
+        out.append("|---|---|---|---|")
+        labels = {"worker": "`stream-eval worker` (to every request finalised, polled on /metrics)",
+                  "faust": "faust naive agent: per event `orjson.loads` + dict update (floor)",
+                  "raw": "raw aiokafka `getmany` + `orjson.loads` only (ceiling)"}
+        for name, label in labels.items():
+            rs = runs[name]
+            startup = summary([r["startup"] if "startup" in r else r["first"] for r in rs])
+            out.append(f"| {label} | **{fmt_range(summary([r['rate'] for r in rs]))}** | "
+                       f"{fmt_range(summary([r['seconds'] for r in rs]), lambda x: f'{x:.1f}')} | "
+                       f"{fmt_range(startup, lambda x: f'{x:.1f}')} |")
+        out.append("")
+        rate = summary([r["rate"] for r in runs["worker"]])
+        ratio = summary(results["ratio"])
+        raw = statistics.median(r["rate"] for r in runs["raw"])
+        out.append(f"Worker ÷ naive faust, run by run: {fmt_range(ratio, lambda x: f'{x:.2f}×')}; worker ÷ raw "
+                   f"aiokafka: {rate['median'] / raw:.2f}×.")
+        out.append("")
+        rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", rate["median"]
+                     >= TARGET_EVENTS_PER_S))
+        rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", ratio["median"] >= TARGET_RATIO))
+    if "latency" in results:
+        lat = results["latency"]
+        out.append(
+            f"Latency: live simulated traffic at {lat['rate_target']:,.0f} events/s target "
+            f"({lat['rate_achieved']:,.0f} achieved); the worker's event time (and so its windows) became defined "
+            f"{lat['watermark_s']:.0f} s after it started, probes began once it was caught up, at "
+            f"{lat['warmup_s']:.0f} s; "
+            f"{lat['probes']} probes (ranking + click on position 1, experiment `{PROBE_EXPERIMENT}`), one at a time, "
+            f"/metrics scraped every ~{args.scrape_every * 1000:.0f} ms ({lat['scrapes_per_s']:.0f} scrapes/s, "
+            f"median scrape {lat['scrape_ms']:.1f} ms). Click handed to the producer → the probe arm's "
+            f"`stream_eval_window_sum{{metric=\"MRR\",window=\"5m\"}}` seen raised: **p50 {lat['p50'] * 1000:.0f} ms, "
+            f"p99 {lat['p99'] * 1000:.0f} ms**, max {lat['max'] * 1000:.0f} ms ({lat['missed']} probes not seen "
+            f"within 10 s; p50 to the start of that scrape: {lat['p50_lower'] * 1000:.0f} ms)."
+        )
+        out.append("")
+        rows.append((f"p99 latency at {lat['rate_target']:,.0f} events/s", f"< {TARGET_P99_S:g} s",
+                     lat["p99"] < TARGET_P99_S and not lat["missed"]))
+    if "memory" in results:
+        mem = results["memory"]
+        rss, traced = mem["rss"], mem["tracemalloc"]
+        out.append(
+            f"Memory: {rss['requests']:,} open requests of 20 items in the worker's engine (windows, delays, regroup "
+            f"sink, 4 partitions; finalised: {rss['finalised']}): RSS growth **{rss['rss_per_request']:,.0f} bytes per "
+            f"open request** ({rss['rss0_mb']:.0f} → {rss['rss1_mb']:.0f} MB); tracemalloc "
+            f"{traced['traced_per_request']:,.0f} bytes per request. Largest growth by line (bytes per request): "
+            + "; ".join(f"`{where}` {size:,.0f}" for where, size in traced.get("top", [])[:5]) + "."
+        )
+        out.append("")
+        rows.append(("memory per open request (20 items)", f"≤ {TARGET_BYTES_PER_REQUEST:,} bytes",
+                     rss["rss_per_request"] <= TARGET_BYTES_PER_REQUEST))
+    if rows:
+        out.append("| Target | Required | Measured | Verdict |")
+        out.append("|---|---|---|---|")
+        measured = []
+        if "throughput" in results:
+            measured += [fmt_range(summary([r["rate"] for r in results["throughput"]["worker"]])) + " events/s",
+                         fmt_range(summary(results["ratio"]), lambda x: f"{x:.2f}×")]
+        if "latency" in results:
+            measured.append(f"{results['latency']['p99'] * 1000:.0f} ms")
+        if "memory" in results:
+            measured.append(f"{results['memory']['rss']['rss_per_request']:,.0f} bytes (RSS)")
+        for (name, required, ok), value in zip(rows, measured, strict=True):
+            out.append(f"| {name} | {required} | {value} | {verdict(bool(ok))} |")
+        out.append("")
+    if "profile" in results:
+        pr = results["profile"]
+        out.append(f"Profile of one worker run (py-spy, {pr.get('samples', 0):,} samples), top by own share:")
+        out.append("")
+        for frame, share in pr.get("own", [])[:12]:
+            out.append(f"- `{frame}` {share:.1%}")
+        out.append("")
+    return "\n".join(out)
+
+
+# ==========================================================================================================
+# Command line
+# ==========================================================================================================
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="streaming benchmarks of stream-eval worker (see docs/benchmarks.md)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 30k requests, 50 probes, 30k open requests")
+    p.add_argument("--requests", type=int, help="simulated requests produced (default 60,000; 30,000 with --quick)")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each consumer (default 3)")
+    p.add_argument("--rate", type=float, default=5000.0, help="events/s of the latency run (default 5000)")
+    p.add_argument("--probes", type=int, help="latency probes (default 200; 50 with --quick)")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds of traffic before the probes (default 10)")
+    p.add_argument("--scrape-every", type=float, default=0.02, help="seconds between /metrics scrapes (latency)")
+    p.add_argument("--poll", type=float, default=0.1, help="seconds between /metrics polls (throughput)")
+    p.add_argument("--memory-requests", type=int, help="open requests (default 100,000; 30,000 with --quick)")
+    p.add_argument("--only", help="comma-separated subset of: throughput,latency,memory")
+    p.add_argument("--profile", action="store_true", help="also one worker run under py-spy")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
+    p.add_argument("--out-dir", default=str(HERE / "out"))
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.requests = args.requests or (30_000 if args.quick else 60_000)
+    args.probes = args.probes or (50 if args.quick else 200)
+    args.memory_requests = args.memory_requests or (30_000 if args.quick else 100_000)
+    args.only = set(args.only.split(",")) if args.only else {"throughput", "latency", "memory"}
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        if kind == "memory":
+            child_memory(int(rest[0]), int(rest[1]), bool(int(rest[2])))
+        else:
+            {"faust": child_faust, "raw": child_raw}[kind](rest[0], rest[1], rest[2], int(rest[3]))
+        return 0
+    from stream_eval.stream.broker import Broker, free_port
+
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    started = time.perf_counter()
+    with Broker(free_port()) as broker:
+        bench = StreamBench(args, broker.bootstrap)
+        log(f"broker on {broker.bootstrap}")
+        if "throughput" in args.only:
+            bench.throughput()
+        if "latency" in args.only:
+            bench.latency()
+    if "memory" in args.only:
+        bench.memory()
+    machine["loadavg_end"] = os.getloadavg()
+    machine["code_hash_end"] = code_hash()
+    machine["bench_seconds"] = time.perf_counter() - started
+    text = render(bench.results, machine, args)
+    name = "stream-quick" if args.quick else "stream"
+    (Path(args.out_dir) / f"{name}.md").write_text(text + "\n")
+    (Path(args.out_dir) / f"{name}.json").write_text(
+        json.dumps({"machine": machine, "args": {k: (sorted(v) if isinstance(v, set) else v)
+                                                 for k, v in vars(args).items()}, "results": bench.results},
+                   indent=1, default=str) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
