@@ -1,7 +1,7 @@
 """Streaming benchmarks (issue 3): the worker on a real broker, side by side with its floor and ceiling, in one run.
 
-    python bench/stream.py            # 60k requests (~300k events), 3 runs each; ~10 min on 2 cores
-    python bench/stream.py --quick    # 30k requests (~150k events), 50 latency probes; ~3 min
+    python bench/stream.py            # 60k requests (~300k events), 3 runs each; ~5 min on 2 cores
+    python bench/stream.py --quick    # 20k requests (~100k events), 50 latency probes; ~3 min
     python bench/stream.py --profile  # adds a py-spy profile of one worker run
 
 A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
@@ -659,8 +659,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
 # ==========================================================================================================
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="streaming benchmarks of stream-eval worker (see docs/benchmarks.md)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 30k requests, 50 probes, 30k open requests")
-    p.add_argument("--requests", type=int, help="simulated requests produced (default 60,000; 30,000 with --quick)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 20k requests, 50 probes, 30k open requests")
+    p.add_argument("--requests", type=int, help="simulated requests produced (default 60,000; 20,000 with --quick)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each consumer (default 3)")
     p.add_argument("--rate", type=float, default=5000.0, help="events/s of the latency run (default 5000)")
     p.add_argument("--probes", type=int, help="latency probes (default 200; 50 with --quick)")
@@ -674,7 +674,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.requests = args.requests or (30_000 if args.quick else 60_000)
+    args.requests = args.requests or (20_000 if args.quick else 60_000)
     args.probes = args.probes or (50 if args.quick else 200)
     args.memory_requests = args.memory_requests or (30_000 if args.quick else 100_000)
     args.only = set(args.only.split(",")) if args.only else {"throughput", "latency", "memory"}
