@@ -10,7 +10,8 @@ Event time (SPEC §1):
   watermark events; ``{"type": "watermark", "end": true}`` ends it (+inf) until it speaks again.
 * A unit's join advances to the minimum over its rankings and feedback sources, so feedback that lags its
   ranking in another topic is never late because of the other topic.
-* The engine's sessions and GSB windows close on the minimum over *every* source.
+* The engine's sessions and GSB windows close on the minimum over every rankings and feedback source
+  (judgments join nothing and count at once, so a quiet judgments topic holds nothing back).
 * A source silent for ``idle_timeout`` seconds of wall clock stops holding event time back until it speaks.
 
 Recoverable state (at-least-once delivery without double counting): :meth:`PartitionedEngine.checkpoint`
@@ -266,8 +267,8 @@ class PartitionedEngine:
         overall = math.inf
         speaking = False
         for unit in self.units.values():
-            for source in unit.sources.values():
-                t = source.time(now, idle)
+            for kind in JOINED:  # judgments join nothing: they count at once and never hold event time back
+                t = unit.sources[kind].time(now, idle)
                 if t is not None:
                     speaking = True
                     overall = min(overall, t)
