@@ -588,3 +588,32 @@ def test_compact_positions_are_exact() -> None:
     compact = RequestState(Ranking("r", ["", ",", "a,b", "b"], ts=1.0), 0.0)
     assert type(compact.items) is str
     assert [compact.position(x) for x in ["", ",", "a,b", "b", "a", ",b", "a,b,"]] == [1, 2, 3, 4, 0, 0, 0]
+
+
+NOT_UTF8 = [
+    b'{"type": "ranking", "request_id": "r\xff2", "ts": 1, "items": ["a"]}',
+    b'{"type": "feedback", "request_id": "r1", "item": "\xc3(", "ts": 2}',
+]
+
+
+@pytest.mark.parametrize("line", NOT_UTF8)
+def test_bytes_that_are_not_utf8_are_invalid_not_a_crash(line: bytes) -> None:
+    good = b'{"type": "ranking", "request_id": "r1", "ts": 1, "items": ["a", "b"]}'
+    chunk = good + b"\n" + line + b"\n" + good.replace(b"r1", b"r3") + b"\n"
+    for decode in (decode_chunk, decode_chunk_compact):  # the full decoder and replay's compact one
+        decoded = decode(chunk, Config(), 1, "f")
+        assert [type(e).__name__ == "Invalid" for e in decoded] == [False, True, False]
+        assert decoded[1].code == "bad_utf8" and decoded[1].where == "f:2"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("line", NOT_UTF8)
+def test_kafka_messages_that_are_not_utf8_are_invalid_not_a_crash(line: bytes) -> None:
+    from stream_eval.events.messages import decode_messages
+
+    kind = "ranking" if b'"ranking"' in line else "feedback"
+    good = {"ranking": b'{"request_id": "r1", "ts": 1, "items": ["a"]}',
+            "feedback": b'{"request_id": "r1", "item": "a", "ts": 1}'}[kind]
+    decoded = decode_messages([good, line, good], kind, Config(), [0.0] * 3, ["p@0", "p@1", "p@2"])
+    assert [type(e).__name__ for e in decoded][1] == "Invalid"
+    assert decoded[1].code == "bad_utf8" and decoded[1].where == "p@1" and decoded[1].raw == line  # type: ignore[union-attr]
+    assert type(decoded[0]).__name__ != "Invalid" and type(decoded[2]).__name__ != "Invalid"

@@ -14,6 +14,7 @@ import msgspec
 from stream_eval.config import Config
 from stream_eval.events.schema import (
     _LINE_DECODER,
+    DECODE_ERRORS,
     Event,
     EventError,
     Feedback,
@@ -44,10 +45,10 @@ def decode_message(
         return Invalid(kind, "bad_json", "empty message (no value)", where, b"")
     try:
         event: Event = _DECODERS[kind].decode(value)
-    except msgspec.MsgspecError as error:
+    except DECODE_ERRORS as error:
         try:
             event = _LINE_DECODER.decode(value)  # a watermark, or a message whose type disagrees
-        except msgspec.MsgspecError:
+        except DECODE_ERRORS:
             code, reason = _reason_of(error)
             return Invalid(kind, code, reason, where, bytes(value))
         if type(event) is not Watermark:
@@ -63,7 +64,7 @@ def decode_messages(
     if values and all(v is not None for v in values):
         try:
             decoded: list[Event | Invalid] = _MULTI_DECODERS[kind].decode(b"[" + b",".join(values) + b"]")  # type: ignore[arg-type]  # checked not None
-        except msgspec.MsgspecError:
+        except DECODE_ERRORS:
             decoded = []
         if len(decoded) == len(values):  # a value holding two objects would shift the rest: one by one
             check = validator(config).check

@@ -226,7 +226,7 @@ class Validator:
             if kept != b"[]" or len(scores) > _SHORT_SCORES:  # type: ignore[arg-type]  # bytes here
                 try:
                     SCORES_DECODER.decode(scores)  # type: ignore[arg-type]  # bytes here
-                except msgspec.MsgspecError:
+                except DECODE_ERRORS:
                     return None
             n_scores = 0 if scores == b"[]" else scores.count(b",") + 1  # type: ignore[union-attr]  # bytes here
         if n > self.max_items or len(set(items)) != n:
@@ -301,7 +301,13 @@ _FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "b
                 "experiment": "missing_field", "query_id": "missing_field"}
 
 
-def _reason_of(error: msgspec.MsgspecError) -> tuple[str, str]:
+#: What decoding bytes can raise: msgspec's errors, and UnicodeDecodeError for bytes that are not UTF-8.
+DECODE_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError)
+
+
+def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError) -> tuple[str, str]:
+    if isinstance(error, UnicodeDecodeError):
+        return "bad_utf8", f"not UTF-8 text: {error.reason} at byte {error.start}"
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return "bad_json", text
@@ -329,7 +335,7 @@ def decode_line(line: bytes, config: Config, where: str = "") -> Event | Invalid
     """One JSON Lines record as a validated event, or an :class:`Invalid` with its reason."""
     try:
         event = _LINE_DECODER.decode(line)
-    except msgspec.MsgspecError as error:
+    except DECODE_ERRORS as error:
         code, reason = _reason_of(error)
         return Invalid(_guess_kind(line), code, reason, where, bytes(line))
     return finish(event, config, line, where)
@@ -368,7 +374,7 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
     """
     try:
         decoded = _LINE_DECODER.decode_lines(chunk)
-    except msgspec.MsgspecError:
+    except DECODE_ERRORS:
         return _line_by_line(chunk, config, first_line, source)
     # decode_lines skips blank lines and accepts two JSON values on one line; a line must hold one event.
     if len(decoded) != sum(1 for line in chunk.split(b"\n") if line.strip()):
@@ -411,7 +417,7 @@ def decode_chunk_compact(
     """
     try:
         decoded: list[Any] = _COMPACT_DECODER.decode_lines(chunk)
-    except msgspec.MsgspecError:
+    except DECODE_ERRORS:
         decoded = []
     else:
         if len(decoded) != _nonblank_lines(chunk):

@@ -106,7 +106,7 @@ def route_line(line: bytes, topics: Topics) -> Routed | None:
         return None
     try:
         head = _decode_head(value)
-    except (msgspec.DecodeError, msgspec.ValidationError):  # broken JSON, or not an object
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):  # broken JSON, not an object
         return Routed(value, topics.rankings, None, None)
     kind = head.type
     ts = _event_time(head.ts)
