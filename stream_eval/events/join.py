@@ -64,12 +64,17 @@ _MAX_LABELS = 4096
 _SHORT_SEEN = 8
 
 
-def _label(value: str) -> str:
-    kept = _LABELS.get(value)
+#: Query ids repeat across requests too (head queries most): a larger table, also first come first kept.
+_QUERIES: dict[str, str] = {}
+_MAX_QUERIES = 65_536
+
+
+def _label(value: str, table: dict[str, str] = _LABELS, limit: int = _MAX_LABELS) -> str:
+    kept = table.get(value)
     if kept is not None:
         return kept
-    if len(_LABELS) < _MAX_LABELS:
-        _LABELS[value] = value
+    if len(table) < limit:
+        table[value] = value
     return value
 
 
@@ -89,7 +94,8 @@ class RequestState:
         self.request_id: str = ranking.request_id
         self.experiment = _label(ranking.experiment)
         self.arm = _label(ranking.arm)
-        self.query_id: str | None = ranking.query_id
+        query = ranking.query_id
+        self.query_id: str | None = None if query is None else _label(query, _QUERIES, _MAX_QUERIES)
         self.session_id: str | None = ranking.session_id
         self.items: str | list[str] = ranking.items
         self.n: int = ranking.n

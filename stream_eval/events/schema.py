@@ -102,11 +102,15 @@ class CompactRanking(msgspec.Struct, gc=False):
         """The compact form of a validated :class:`Ranking`."""
         items = event.items
         text: str | list[str] = SEP + SEP.join(items) + SEP if '"' not in "".join(items) else list(items)
-        return cls(event.request_id, text, len(items), event.ts, event.scores,  # type: ignore[arg-type]  # validated: ts is float
+        # Scores as JSON text (~7 bytes a number, not a 24-byte float object each): msgspec writes the
+        # shortest text that reads back as the same float, so the values are exact.
+        scores = None if event.scores is None else _SCORES_ENCODER.encode(event.scores)
+        return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
                    event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
 
 
 SCORES_DECODER = msgspec.json.Decoder(list[float])
+_SCORES_ENCODER = msgspec.json.Encoder()
 #: Longer score arrays are decoded once at validation, to be sure they decode (e.g. no overflow).
 _SHORT_SCORES = 300
 
