@@ -10,8 +10,10 @@ No faust.App is built at import time here; ``stream_eval.stream.entry`` is the m
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import sys
 import tempfile
 import threading
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import faust
 
 from stream_eval.config import Config
+from stream_eval.stream.kafka import ensure_topics
 from stream_eval.stream.worker import StreamWorker, WorkerSettings
 
 log = logging.getLogger("stream_eval.worker")
@@ -74,6 +77,18 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
 
     from stream_eval.export.prometheus import EngineCollector, serve_metrics
 
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # one clear message below, not one per connection attempt
+    try:  # a clear message instead of faust's traceback when the broker is not there
+        asyncio.run(ensure_topics(settings.brokers, [*settings.topics.inputs, settings.control_topic],
+                                  settings.partitions, timeout=30))
+    except TimeoutError:
+        print(f"stream-eval worker: no Kafka broker answers at {','.join(settings.brokers)} (start one with "
+              "`stream-eval broker`, or give --broker)", file=sys.stderr)
+        return 2
+    finally:
+        quiet.setLevel(level)
     registry = CollectorRegistry()
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
