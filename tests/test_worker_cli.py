@@ -1,0 +1,77 @@
+"""`stream-eval worker` and `stream-eval produce` as a user runs them, and the worker's control topic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stream_eval.config import Config
+from stream_eval.engine.replay import replay
+from stream_eval.stream.broker import free_port
+from stream_eval.stream.demo import scrape
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "search-log.jsonl"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "stream_eval.cli", *args]
+
+
+def _requests(url: str) -> float:
+    try:
+        return sum(v for _, v in scrape(url).get("stream_eval_requests_total", []))
+    except OSError:
+        return -1.0
+
+
+async def _send(broker: str, topic: str, value: bytes) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=broker)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value)
+    finally:
+        await producer.stop()
+
+
+def test_worker_and_produce_commands_and_the_control_topic(broker: str, tmp_path: Path) -> None:
+    expected = replay([str(EXAMPLE)], Config()).report()
+    metrics_port = free_port()
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(_cli("worker", "--broker", f"kafka://{broker}", "--topic-prefix", "cli.",
+                                       "--group", "cli", "--metrics-port", str(metrics_port)),
+                                  stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        sent = subprocess.run(_cli("produce", str(EXAMPLE), "--broker", f"kafka://{broker}", "--topic-prefix",
+                                   "cli."), capture_output=True, timeout=120)
+        assert sent.returncode == 0, sent.stderr.decode()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _requests(url) < expected["overall"]["requests"]:
+            assert worker.poll() is None, log.read_text()
+            time.sleep(0.5)
+        assert _requests(url) == expected["overall"]["requests"]
+        samples = scrape(url)
+        assert any(name.startswith("faust_") for name in samples)  # one registry with faust's sensors
+        invalid = sum(v for labels, v in samples["stream_eval_events_total"] if labels["status"] == "invalid")
+        assert invalid == expected["events"]["invalid"]
+        asyncio.run(_send(broker, "cli.cli.control", json.dumps({"command": "report"}).encode()))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "report: " not in log.read_text():
+            time.sleep(0.5)
+        assert "report: " in log.read_text()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            code = worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            raise
+    assert code == 0, log.read_text()
