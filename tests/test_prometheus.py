@@ -194,7 +194,7 @@ def _brute_force(engine: Engine, windows: RollingWindows, joins: list[Join], fin
     if states:
         current, _, _ = engine.evaluate(states)
         for state, row in zip(states, current, strict=True):
-            key = engine.group_keys[engine._group(state.ranking.experiment, state.ranking.arm)]
+            key = engine.group_keys[engine.group_of(state.ranking.experiment, state.ranking.arm)]
             rows.append((state.ts, key, row))
     out: dict[tuple[str, str, str, str], tuple[float, float]] = {}
     wm = windows.watermark
@@ -242,7 +242,7 @@ def test_window_sums_equal_current_values_of_requests_served_in_the_window(strea
 
     def keep(batch: FinalisedBatch) -> None:
         for state, row in zip(batch.states, batch.values, strict=True):
-            key = engine.group_keys[engine._group(state.ranking.experiment, state.ranking.arm)]
+            key = engine.group_keys[engine.group_of(state.ranking.experiment, state.ranking.arm)]
             final[f"{state.ranking.request_id}@{state.seq}@{id(state)}"] = (state.ts, key, row.copy())
 
     engine = Engine(config, on_finalised=keep)

@@ -225,12 +225,8 @@ class Engine:
                 self.windows.close(watermark)
         if sessions:
             self._add_sessions(self.sessions.close(watermark))
-            if self._muted:  # rebuilding: what closes was counted by the previous owner
-                counts, self.gsb.counts = self.gsb.counts, {}
-                self.gsb.close(watermark, self.arms_of)
-                self.gsb.counts = counts
-            else:
-                self.gsb.close(watermark, self.arms_of)
+            # rebuilding (muted): what closes was counted by the previous owner
+            self.gsb.close(watermark, self.arms_of, count=not self._muted)
 
     def flush(self, join: Join | None = None) -> None:
         """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
@@ -247,8 +243,8 @@ class Engine:
             self._finalise(finalised[start : start + self.batch_size])
 
     # -- finalisation ---------------------------------------------------------------------------------
-    def _group(self, experiment: str, arm: str) -> int:
-        """Index of the (bounded) group of an experiment and arm."""
+    def group_of(self, experiment: str, arm: str) -> int:
+        """Index of the group of an experiment and arm (label values bounded)."""
         index = self._raw_groups.get((experiment, arm))
         if index is not None:
             return index
@@ -323,7 +319,7 @@ class Engine:
         group = np.empty(len(states), dtype=np.int64)
         special: list[int] = []
         for i, state in enumerate(states):
-            group[i] = self._group(state.experiment, state.arm)
+            group[i] = self.group_of(state.experiment, state.arm)
             if state.teams is not None or state.query_id is not None or state.subtopics is not None:
                 special.append(i)
         n_groups = len(self.groups)
@@ -382,7 +378,7 @@ class Engine:
         self.invalid_reasons.update(other.invalid_reasons)
         self.with_subtopics += other.with_subtopics
         for key, stats in zip(other.group_keys, other.groups, strict=True):
-            self.groups[self._group(*key)] += stats
+            self.groups[self.group_of(*key)] += stats
         for source, target in ((other.arms_seen, self.arms_seen), (other.teams_seen, self.teams_seen)):
             for experiment, arms in source.items():
                 target.setdefault(experiment, set()).update(arms)
@@ -392,10 +388,6 @@ class Engine:
         """Forget open named sessions and query buckets (the regroup stage moved to another worker)."""
         self.sessions = Sessions(self.config.session_gap, self.config.gauc_weight)
         self.gsb.drop_open()
-
-    def group_of(self, experiment: str, arm: str) -> int:
-        """Index of the group of an experiment and arm (label values bounded)."""
-        return self._group(experiment, arm)
 
     def _add_sessions(self, scored: ScoredSessions | None) -> None:
         if scored is None or self._muted:

@@ -79,11 +79,16 @@ class GsbTracker:
             tally = self._interleaving[experiment] = Counter()
         tally[tuple(sorted(credit.items()))] += 1
 
-    def close(self, watermark: float, arms_of: ArmsOf) -> None:
-        """Give verdicts to the query buckets that no finalisation can change any more."""
+    def close(self, watermark: float, arms_of: ArmsOf, count: bool = True) -> None:
+        """Give verdicts to the query buckets that no finalisation can change any more (``count=False``:
+        just forget them)."""
         if not self._queries:
             return
         closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
+        if not count:
+            for bucket in closing:
+                del self._queries[bucket]
+            return
         for key, per_arm in ((k, v) for b in sorted(closing) for k, v in self._queries.pop(b).items()):
             pair = arms_of(key[0])
             if pair is None or pair.control not in per_arm or pair.treatment not in per_arm:

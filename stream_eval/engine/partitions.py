@@ -54,20 +54,17 @@ class Checkpoint:
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "start": self.start, "processed": self.processed,
-                "watermark": _time_to_json(self.watermark)}
+                "watermark": time_to_json(self.watermark)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
         return cls(int(data["partition"]), {k: int(v) for k, v in data["start"].items()},
-                   {k: int(v) for k, v in data["processed"].items()}, _time_from_json(data["watermark"]))
+                   {k: int(v) for k, v in data["processed"].items()}, float(data["watermark"]))
 
 
-def _time_to_json(value: float) -> float | str:
-    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-
-
-def _time_from_json(value: float | str) -> float:
-    return float(value)
+def time_to_json(value: float) -> float | str:
+    """Event time for JSON, which has no infinities: ``"inf"``/``"-inf"`` (``float()`` reads them back)."""
+    return value if math.isfinite(value) else str(value)
 
 
 class Source:

@@ -20,15 +20,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
+from stream_eval.engine.partitions import time_to_json
+from stream_eval.engine.sessions import Impressions
+
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
-    from stream_eval.engine.sessions import Impressions
     from stream_eval.events.join import RequestState
 
 
@@ -56,8 +59,7 @@ class RegroupSink:
 
     def watermark(self, unit: int, watermark: float) -> None:
         """Every request of input partition ``unit`` finalised by ``watermark`` has its records above."""
-        value = watermark if math.isfinite(watermark) else ("inf" if watermark > 0 else "-inf")
-        self.records.append((b"", orjson.dumps({"k": "w", "u": unit, "t": value})))
+        self.records.append((b"", orjson.dumps({"k": "w", "u": unit, "t": time_to_json(watermark)})))
 
     def take(self) -> list[tuple[bytes, bytes]]:
         records, self.records = self.records, []
@@ -85,7 +87,7 @@ class StageCheckpoint:
 
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "processed": self.processed,
-                "units": [u if math.isfinite(u) else str(u) for u in self.units], "arms": self.arms}
+                "units": [time_to_json(u) for u in self.units], "arms": self.arms}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageCheckpoint:
@@ -97,9 +99,6 @@ class SessionStage:
     """Feeds regrouped records to an engine's sessions and GSB tallies; closes them on the units' watermark."""
 
     def __init__(self, engine: Engine, units: int, checkpoint: StageCheckpoint | None = None) -> None:
-        from stream_eval.engine.sessions import Impressions
-
-        self._impressions = Impressions
         self.engine = engine
         self.units = [-math.inf] * units
         self.watermark = -math.inf
@@ -117,9 +116,6 @@ class SessionStage:
             self.muted_until = checkpoint.processed
             for experiment, arm in checkpoint.arms:
                 engine.arms_seen.setdefault(experiment, set()).add(arm)
-
-    def start(self, checkpoint: StageCheckpoint | None) -> int | None:
-        return checkpoint.start if checkpoint is not None else None
 
     def checkpoint(self) -> StageCheckpoint:
         processed = max(self.received or 0, self.muted_until)
@@ -177,9 +173,7 @@ class SessionStage:
                         engine.close(watermark, windows=False)
         self._add_parts(parts)
 
-    def _quiet(self, offset: int) -> Any:
-        from contextlib import nullcontext
-
+    def _quiet(self, offset: int) -> AbstractContextManager[None]:
         return self.engine.muted(self.engine.join) if offset < self.muted_until else nullcontext()
 
     def _add_parts(self, parts: list[tuple[int, dict[str, Any]]]) -> None:
@@ -194,6 +188,6 @@ class SessionStage:
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
         rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)
-        impressions = self._impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
+        impressions = Impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
         with self._quiet(parts[-1][0]):
             engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts

@@ -113,6 +113,9 @@ class RollingWindows:
     def refresh(self, join: Join) -> None:
         """Re-evaluate the open requests of ``join`` that are new or whose grades changed (one batch)."""
         changed = join.changed
+        if changed is None:  # the join's first refresh: start tracking; everything open is new to the windows
+            join.changed = {}
+            changed = dict(join.open)
         if not changed:
             return
         open_ = join.open
@@ -122,7 +125,7 @@ class RollingWindows:
             return
         values, _, _ = self.engine.evaluate(states)
         group = np.fromiter(
-            (self.engine._group(s.experiment, s.arm) for s in states), dtype=np.int64, count=len(states)
+            (self.engine.group_of(s.experiment, s.arm) for s in states), dtype=np.int64, count=len(states)
         )
         self._replace(states, group, values, final=False)
 
@@ -158,7 +161,8 @@ class RollingWindows:
             index = np.array(slots, dtype=np.int64)
             self._apply(self._bucket[index], self._group[index], self._values[index], -1)
             self._release(slots)
-        join.changed.clear()
+        if join.changed is not None:
+            join.changed.clear()
 
     # -- reading ----------------------------------------------------------------------------------------
     def start(self, watermark: float, seconds: float) -> float:

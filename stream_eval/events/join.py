@@ -161,7 +161,8 @@ class Join:
         self.open: dict[str, RequestState] = {}
         self.pending: dict[str, list[Feedback]] = {}
         self.closed: dict[str, float] = {}
-        self.changed: dict[str, RequestState] = {}  # opened or re-graded since cleared (live windows)
+        # Opened or re-graded since cleared: kept only once live windows read it (they start it, see windows.py).
+        self.changed: dict[str, RequestState] | None = None
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
         self._deadlines: list[tuple[float, int, str]] = []
         self._pending_expiry: list[tuple[float, int, str]] = []
@@ -192,7 +193,8 @@ class Join:
         seq = next(self._seq)
         state = RequestState(event, event.ts + self.horizon, seq)  # type: ignore[operator]  # ts is float
         self.open[rid] = state
-        self.changed[rid] = state
+        if self.changed is not None:
+            self.changed[rid] = state
         heapq.heappush(self._deadlines, (state.deadline, seq, rid))
         waiting = self.pending.pop(rid, None)
         if waiting is not None:
@@ -244,7 +246,8 @@ class Join:
             self.delays.append(ts - state.ts)
         if grade > state.grades.get(item, 0.0):
             state.grades[item] = grade
-            self.changed[state.request_id] = state
+            if self.changed is not None:
+                self.changed[state.request_id] = state
         return "ok"
 
     # -- event time ---------------------------------------------------------------------------------
@@ -254,14 +257,15 @@ class Join:
             self.watermark = watermark
         watermark = self.watermark
         finalised, self._early = self._early, []
-        deadlines = self._deadlines
+        deadlines, changed = self._deadlines, self.changed
         while deadlines and deadlines[0][0] <= watermark:
             _, seq, rid = heapq.heappop(deadlines)
             state = self.open.get(rid)
             if state is None or state.seq != seq:
                 continue  # finalised early (see ``ranking``)
             del self.open[rid]
-            self.changed.pop(rid, None)
+            if changed is not None:
+                changed.pop(rid, None)
             finalised.append(state)
         for state in finalised:
             forget_at = state.deadline + self.horizon
@@ -296,7 +300,8 @@ class Join:
         finalised = self._early + sorted(self.open.values(), key=lambda s: (s.deadline, s.seq))
         self._early = []
         self.open.clear()
-        self.changed.clear()
+        if self.changed is not None:
+            self.changed.clear()
         self._deadlines.clear()
         self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
         self.pending.clear()

@@ -57,7 +57,8 @@ def broker_binary() -> str:
     return path
 
 
-def _port_in_use(host: str, port: int) -> bool:
+def port_in_use(host: str, port: int) -> bool:
+    """Whether ``host:port`` cannot be bound (something listens there)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -151,7 +152,7 @@ class Broker:
         if self.process is not None:
             return self
         binary = broker_binary()
-        if _port_in_use(self.host, self.port):
+        if port_in_use(self.host, self.port):
             raise BrokerError(f"port {self.port} on {self.host} is already in use "
                               f"(another broker? choose another with --port)")
         listener = f"tcp://{self.host}:{self.port}"

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from stream_eval.stream.broker import Broker, BrokerError, free_port
+from stream_eval.stream.broker import Broker, BrokerError, free_port, port_in_use
 from stream_eval.stream.kafka import topics
 
 DEMO_SETTINGS = {
@@ -51,17 +51,6 @@ class DemoOptions:
     prefix: str = "demo."
     view: bool = True
     worker_args: Sequence[str] = ()
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _seconds(label: str) -> float:
@@ -198,10 +187,10 @@ async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[by
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """Start everything, show the view until Ctrl-C/SIGTERM or ``duration``, stop everything; exit code."""
-    port = options.port if _port_free(options.port) else free_port()
+    port = free_port() if port_in_use("127.0.0.1", options.port) else options.port
     if port != options.port:
         print(f"stream-eval demo: port {options.port} is taken, the broker uses {port}", file=sys.stderr)
-    if not _port_free(options.metrics_port):
+    if port_in_use("127.0.0.1", options.metrics_port):
         options.metrics_port = free_port()
         print(f"stream-eval demo: /metrics on port {options.metrics_port}", file=sys.stderr)
     logdir = tempfile.mkdtemp(prefix="stream-eval-demo-")

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,9 @@ class WorkerSettings:
     @property
     def regroup_checkpoint_topic(self) -> str:
         return f"{self.prefix}{self.group}.regroup-checkpoints"
+
+
+Rebalance = Callable[[Any], Awaitable[None]]
 
 
 class _Where(Sequence[str]):
@@ -146,9 +149,7 @@ class StreamWorker:
         self._consumer: Any = None
         self._producer: Any = None
         self._busy = asyncio.Lock()
-        self.ready = asyncio.Event()
         self.events_seen = 0
-        self.started = time.monotonic()
 
     # -- outputs ------------------------------------------------------------------------------------
     def _finalised(self, batch: FinalisedBatch) -> None:
@@ -290,7 +291,6 @@ class StreamWorker:
                     if start is not None:
                         self._consumer.seek(tp, start)
             log.info("assigned partitions %s", sorted(by_unit))
-            self.ready.set()
 
     # -- the loop -----------------------------------------------------------------------------------
     async def _handle(self, batch: dict[Any, list[Any]]) -> None:
@@ -332,41 +332,35 @@ class StreamWorker:
         await ensure_topics(settings.brokers, names, settings.partitions)
         await ensure_topics(settings.brokers, [settings.regroup_topic, settings.regroup_checkpoint_topic], 1)
         self.units = len(await partitions_for(settings.brokers, self.topics.rankings)) or settings.partitions
-        worker = self
-
-        class StageListener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                await worker.on_stage_revoked(revoked)
-
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                await worker.on_stage_assigned(assigned)
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
+            def __init__(self, revoked: Rebalance, assigned: Rebalance) -> None:
+                self.revoked, self.assigned = revoked, assigned
+
             async def on_partitions_revoked(self, revoked: Any) -> None:
-                await worker.on_partitions_revoked(revoked)
+                await self.revoked(revoked)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
-                await worker.on_partitions_assigned(assigned)
+                await self.assigned(assigned)
 
         self._producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5,
                                           max_batch_size=1 << 20)
+        common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
+                  "session_timeout_ms": settings.session_timeout_ms,
+                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **settings.extra}
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.brokers, group_id=settings.group, enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            group_id=settings.group, **common,
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
-            max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20, **settings.extra,
+            max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20,
         )
-        self._stage_consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.brokers, group_id=f"{settings.group}.regroup", enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=settings.heartbeat_interval_ms, **settings.extra,
-        )
+        self._stage_consumer = AIOKafkaConsumer(group_id=f"{settings.group}.regroup", **common)
         await self._producer.start()
         await self._consumer.start()
         await self._stage_consumer.start()
-        self._consumer.subscribe(list(self.topics.inputs), listener=Listener())
-        self._stage_consumer.subscribe([settings.regroup_topic], listener=StageListener())
+        self._consumer.subscribe(list(self.topics.inputs),
+                                 listener=Listener(self.on_partitions_revoked, self.on_partitions_assigned))
+        self._stage_consumer.subscribe([settings.regroup_topic],
+                                       listener=Listener(self.on_stage_revoked, self.on_stage_assigned))
         stop = stop or asyncio.Event()
         last_checkpoint = time.monotonic()
         try:
@@ -386,6 +380,3 @@ class StreamWorker:
             await self._consumer.stop()
             await self._stage_consumer.stop()
             await self._producer.stop()
-
-    def rate(self) -> float:
-        return self.events_seen / max(time.monotonic() - self.started, 1e-9)
