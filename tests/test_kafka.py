@@ -282,3 +282,27 @@ def test_simulate_endless_until_sigterm(broker: str) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A parent killed by SIGKILL (no clean-up runs) does not leave its broker behind (Linux)."""
+    pid_file = tmp_path / "broker.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from stream_eval.stream.broker import Broker, free_port\n"
+        "broker = Broker(free_port()).start()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(broker.process.pid))\n"
+        "time.sleep(600)\n")])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists() and \
+            "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        time.sleep(0.1)
+    alive = Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert not alive, "the broker outlived its parent"

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -55,6 +56,24 @@ def broker_binary() -> str:
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         raise BrokerError(f"broker binary {path} is missing or not executable")
     return path
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """For ``Popen(preexec_fn=...)``: the child gets SIGTERM when its parent dies, even by SIGKILL (Linux).
+
+    Without it a killed ``stream-eval demo`` or test run leaves its broker and worker running.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, in the parent: the child only calls it
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return arm
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -169,6 +188,7 @@ class Broker:
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT if output else None,
             start_new_session=True,  # Ctrl-C on the terminal reaches us, and we stop the broker cleanly
+            preexec_fn=die_with_parent(),
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout

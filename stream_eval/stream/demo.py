@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from stream_eval.stream.broker import Broker, BrokerError, free_port, port_in_use
+from stream_eval.stream.broker import Broker, BrokerError, die_with_parent, free_port, port_in_use
 from stream_eval.stream.kafka import topics
 
 DEMO_SETTINGS = {
@@ -206,7 +206,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         return 1
     worker_log = open(os.path.join(logdir, "worker.log"), "wb")  # noqa: SIM115  # closed below
     worker = subprocess.Popen(_worker_command(broker.bootstrap, options), env=env, stdout=worker_log,
-                              stderr=subprocess.STDOUT)
+                              stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
     code = 0
 
     async def main() -> None:
