@@ -173,6 +173,8 @@ async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[by
                 traffic.result()  # raises what stopped the simulator
             if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited with code {worker.returncode}")
+            if not broker.running():
+                raise RuntimeError("the broker exited")
             try:
                 samples = await asyncio.to_thread(scrape, url)
             except OSError:
@@ -181,8 +183,8 @@ async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[by
                 view.show(view.render(samples))
     finally:
         traffic.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await traffic
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead broker: don't wait for delivery
+            await asyncio.wait_for(traffic, 5)
 
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
