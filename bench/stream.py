@@ -71,6 +71,7 @@ TARGET_RATIO = 4.5
 TARGET_P99_S = 1.0
 TARGET_BYTES_PER_REQUEST = 1024
 PARTITIONS = 4
+MEMORY_CLICKS = 3  # the informational run: clicks per open request
 PROBE_EXPERIMENT, PROBE_ARM = "bench-probe", "probe"
 MIB = 1 << 20
 
@@ -212,8 +213,12 @@ def child_raw(bootstrap: str, prefix: str, group: str, total: int) -> None:
     print(json.dumps(asyncio.run(main())), flush=True)
 
 
-def child_memory(requests: int, batch: int, tracemalloc_on: bool) -> None:
-    """Open requests of 20 items in the worker's engine: RSS and tracemalloc growth per request."""
+def child_memory(requests: int, batch: int, tracemalloc_on: bool, clicks: int = 0) -> None:
+    """Open requests of 20 items in the worker's engine: RSS and tracemalloc growth per request.
+
+    With ``clicks``, each request also gets that many clicks (on its first items, a second apart, right after
+    its ranking): the cost of the grades and feedback keys it then holds, and of its own row in the windows.
+    """
     import tracemalloc
 
     import orjson
@@ -246,17 +251,27 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool) -> None:
             }))
         return out
 
+    feedback_offsets = [0] * PARTITIONS
+
+    def feedback(lo: int, hi: int) -> list[tuple[int, bytes]]:
+        return [(i, orjson.dumps({"type": "feedback", "request_id": f"r{i:08d}", "ts": round(start_ts + i / 1000 + c, 3),
+                                  "item": f"q{i % 5000}-d{(i * 7 + c * 13) % 50}", "kind": "click"}))
+                for i in range(lo, hi) for c in range(clicks)]
+
     def feed(lo: int, hi: int) -> None:
-        values = rankings(lo, hi)
-        by_partition: dict[int, list[bytes]] = {}
-        for i, value in zip(range(lo, hi), values, strict=True):
-            by_partition.setdefault(i % PARTITIONS, []).append(value)
+        topics = [("ranking", offsets, list(zip(range(lo, hi), rankings(lo, hi), strict=True)))]
+        if clicks:
+            topics.append(("feedback", feedback_offsets, feedback(lo, hi)))
         with worker.lock:
-            for partition, part in by_partition.items():
-                first = offsets[partition]
-                offsets[partition] += len(part)
-                events = decode_messages(part, "ranking", config, [start_ts] * len(part), [""] * len(part))
-                worker.partitioned.feed("ranking", partition, list(range(first, first + len(part))), events)
+            for kind, next_offsets, messages in topics:
+                by_partition: dict[int, list[bytes]] = {}
+                for i, value in messages:
+                    by_partition.setdefault(i % PARTITIONS, []).append(value)
+                for partition, part in by_partition.items():
+                    first = next_offsets[partition]
+                    next_offsets[partition] += len(part)
+                    events = decode_messages(part, kind, config, [start_ts] * len(part), [""] * len(part))
+                    worker.partitioned.feed(kind, partition, list(range(first, first + len(part))), events)
             worker.partitioned.tick()
 
     if tracemalloc_on:
@@ -278,6 +293,7 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool) -> None:
     result["open"] = open_requests
     result["finalised"] = sum(stats.requests for stats in worker.engine.groups)
     result["counts"] = {f"{k}/{s}": n for (k, s), n in worker.engine.counts.items()}
+    result["clicks"] = clicks
     if tracemalloc_on and snap0 is not None:
         traced1 = tracemalloc.get_traced_memory()[0]
         result["traced_per_request"] = (traced1 - traced0) / (requests - warm)
@@ -539,15 +555,16 @@ class StreamBench:
     # -- 4. memory ----------------------------------------------------------------------------------
     def memory(self) -> None:
         out = {}
-        for traced in (False, True):
-            proc = subprocess.run(child_cmd("memory", self.args.memory_requests, 5000, int(traced)),
+        for name, traced, clicks in (("rss", 0, 0), ("tracemalloc", 1, 0), ("clicked", 0, MEMORY_CLICKS)):
+            proc = subprocess.run(child_cmd("memory", self.args.memory_requests, 5000, traced, clicks),
                                   capture_output=True, stdin=subprocess.DEVNULL)
             if proc.returncode != 0:
                 raise RuntimeError(f"memory child exited {proc.returncode}: {proc.stderr.decode()[-3000:]}")
-            out["tracemalloc" if traced else "rss"] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+            out[name] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
         self.results["memory"] = out
         log(f"memory: {out['rss']['rss_per_request']:.0f} bytes RSS, "
-            f"{out['tracemalloc']['traced_per_request']:.0f} bytes traced per open request")
+            f"{out['tracemalloc']['traced_per_request']:.0f} bytes traced per open request; "
+            f"{out['clicked']['rss_per_request']:.0f} bytes RSS with {MEMORY_CLICKS} clicks each")
 
 
 # ==========================================================================================================
@@ -627,6 +644,15 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"{traced['traced_per_request']:,.0f} bytes per request. Largest growth by line (bytes per request): "
             + "; ".join(f"`{where}` {size:,.0f}" for where, size in traced.get("top", [])[:5]) + "."
         )
+        if "clicked" in mem:
+            clicked = mem["clicked"]
+            out.append("")
+            out.append(
+                f"The same requests each with {clicked['clicks']} clicks (open, so each holds its grades, its feedback "
+                f"keys and a row of its own in the windows): **{clicked['rss_per_request']:,.0f} bytes per open "
+                f"request** (informational: the target is for a request of 20 items; a request without feedback holds "
+                f"none of these, see `docs/design.md`)."
+            )
         out.append("")
         rows.append(("memory per open request (20 items)", f"≤ {TARGET_BYTES_PER_REQUEST:,} bytes",
                      rss["rss_per_request"] <= TARGET_BYTES_PER_REQUEST))
@@ -686,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         kind, *rest = args.child
         if kind == "memory":
-            child_memory(int(rest[0]), int(rest[1]), bool(int(rest[2])))
+            child_memory(int(rest[0]), int(rest[1]), bool(int(rest[2])), int(rest[3]) if len(rest) > 3 else 0)
         else:
             {"faust": child_faust, "raw": child_raw}[kind](rest[0], rest[1], rest[2], int(rest[3]))
         return 0

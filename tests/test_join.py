@@ -78,7 +78,7 @@ class Driver:
             rid = state.ranking.request_id
             # A request_id may come back as a new request once the first is forgotten (see join.py).
             key = rid if rid not in out else f"{rid}#{sum(k.split('#')[0] == rid for k in out) + 1}"
-            out[key] = dict(state.grades)
+            out[key] = dict(state.grades or {})
         return out
 
     def feedback_counts(self) -> dict[str, int]:

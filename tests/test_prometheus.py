@@ -243,7 +243,7 @@ def test_window_sums_equal_current_values_of_requests_served_in_the_window(strea
     def keep(batch: FinalisedBatch) -> None:
         for state, row in zip(batch.states, batch.values, strict=True):
             key = engine.group_keys[engine.group_of(state.ranking.experiment, state.ranking.arm)]
-            final[f"{state.ranking.request_id}@{state.seq}@{id(state)}"] = (state.ts, key, row.copy())
+            final[f"{state.ranking.request_id}#{len(final)}"] = (state.ts, key, row.copy())
 
     engine = Engine(config, on_finalised=keep)
     windows = RollingWindows(engine, width=10.0)

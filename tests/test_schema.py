@@ -581,11 +581,11 @@ def test_compact_decoding_equals_full_decoding(lines: list[bytes]) -> None:
 
 def test_compact_positions_are_exact() -> None:
     items = [",", '","', "", "a", "a,b", "b"]
-    state = RequestState(Ranking("r", items, ts=1.0), 0.0)
+    state = RequestState(Ranking("r", items, ts=1.0))
     assert state.item_list() == items and state.ranking.items == items
     assert [state.position(item) for item in items] == list(range(1, 7))
     assert [state.position(x) for x in ["c", '"', ",a", "a,", '",', 'a","a,b']] == [0] * 6
-    compact = RequestState(Ranking("r", ["", ",", "a,b", "b"], ts=1.0), 0.0)
+    compact = RequestState(Ranking("r", ["", ",", "a,b", "b"], ts=1.0))
     assert type(compact.items) is str
     assert [compact.position(x) for x in ["", ",", "a,b", "b", "a", ",b", "a,b,"]] == [1, 2, 3, 4, 0, 0, 0]
 

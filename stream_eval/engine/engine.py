@@ -113,7 +113,7 @@ class Engine:
         self.with_subtopics = 0
         self.invalid_examples: list[Invalid] = []
         self.invalid_reasons: Counter[str] = Counter()
-        self.sessions = Sessions(config.session_gap, config.gauc_weight)
+        self.sessions = Sessions(config)
         self._gsb_column = self._find_column(config.gsb_metric)
         self.gsb = GsbTracker(config, self.join.horizon)
         self._muted = False
@@ -307,7 +307,8 @@ class Engine:
                 subtopics = state.subtopics
                 if subtopics is not None and not (result.empty[i] and self.config.empty == "skip"):
                     threshold = self.config.rel_threshold
-                    relevant = [state.grades.get(item, 0.0) >= threshold for item in state.item_list()]
+                    grades = state.grades or {}
+                    relevant = [grades.get(item, 0.0) >= threshold for item in state.item_list()]
                     for j in self._alpha_columns:
                         values[i, j] = alpha_ndcg(subtopics, relevant, self.specs[j].k or 0, self.config.alpha)
         return values, batch, result.empty
@@ -386,7 +387,7 @@ class Engine:
 
     def drop_regrouped(self) -> None:
         """Forget open named sessions and query buckets (the regroup stage moved to another worker)."""
-        self.sessions = Sessions(self.config.session_gap, self.config.gauc_weight)
+        self.sessions = Sessions(self.config)
         self.gsb.drop_open()
 
     def _add_sessions(self, scored: ScoredSessions | None) -> None:

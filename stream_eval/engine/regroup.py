@@ -44,7 +44,7 @@ class RegroupSink:
 
     def session_part(self, state: RequestState, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
-        record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "d": state.deadline,
+        record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "t": state.ts,
                   "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i)}
         self.records.append((str(state.session_id).encode(), orjson.dumps(record)))
 
@@ -69,11 +69,11 @@ class RegroupSink:
 class _Part:
     """A request of a named session as the stage sees it (what Sessions and Impressions read)."""
 
-    __slots__ = ("session_id", "deadline", "n", "scores")
+    __slots__ = ("session_id", "ts", "n", "scores")
 
-    def __init__(self, session_id: str, deadline: float, scores: list[float]) -> None:
+    def __init__(self, session_id: str, ts: float, scores: list[float]) -> None:
         self.session_id = session_id
-        self.deadline = deadline
+        self.ts = ts
         self.n = len(scores)
         self.scores = scores
 
@@ -184,7 +184,7 @@ class SessionStage:
         for offset, record in parts:
             if record["id"] not in open_sessions:
                 self._needed.append((offset, "s", record["id"]))
-        states = [_Part(r["id"], float(r["d"]), [float(x) for x in r["s"]]) for _, r in parts]
+        states = [_Part(r["id"], float(r["t"]), [float(x) for x in r["s"]]) for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
         rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from stream_eval.config import Config
 from stream_eval.events.join import RequestState
 from stream_eval.events.schema import SCORES_DECODER as _SCORES
 from stream_eval.metrics.auc import gauc_weights, session_auc
@@ -88,9 +89,10 @@ class _Session:
 class Sessions:
     """Open named sessions, and the scoring of sessions as they close."""
 
-    def __init__(self, gap: float, weight: str) -> None:
-        self.gap = gap
-        self.weight = weight
+    def __init__(self, config: Config) -> None:
+        self.gap = config.session_gap
+        self.weight = config.gauc_weight
+        self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
         self.open: dict[str, _Session] = {}
         self._closing: list[tuple[float, str]] = []  # (deadline, session id); stale entries are skipped
 
@@ -119,8 +121,9 @@ class Sessions:
                 if session is None:
                     session = self.open[sid] = _Session(int(group[i]))
                 session.parts.append((impressions, i))
-                if state.deadline + self.gap > session.deadline:
-                    session.deadline = state.deadline + self.gap
+                deadline = state.ts + self.horizon + self.gap
+                if deadline > session.deadline:
+                    session.deadline = deadline
                     heapq.heappush(self._closing, (session.deadline, sid))
         if not own.any():
             return None

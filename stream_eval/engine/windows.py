@@ -9,6 +9,9 @@ values change the River way: revert the old contribution, add the new one.
 * Feedback that raises a grade (the join's ``changed``) reverts the request's old row and adds the new one.
 * Finalisation reverts the last row and adds the final values; the finalised request keeps no row, so memory is
   one row per *open* request plus one ``Moments`` per (bucket, group).
+* An open request without grades and without subtopics (most requests, most of their life) has the values every
+  such request has: it holds no row (``RequestState.row`` is ``UNGRADED``) and is neither evaluated nor stored;
+  the windows keep that one row, evaluated from the first such request they see.
 
 Changed requests are evaluated in batches, one :meth:`Engine.evaluate` call per :meth:`Engine.advance` (every
 :meth:`Engine.process` batch ends with one), never per event.
@@ -37,6 +40,7 @@ the join's ``changed`` and enter the windows with the first unmuted :meth:`Engin
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -44,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
-from stream_eval.events.join import Join, RequestState
+from stream_eval.events.join import NO_ROW, UNGRADED, Join, RequestState
 from stream_eval.metrics.aggregates import Moments
 from stream_eval.metrics.gsb import GsbCounts
 from stream_eval.metrics.specs import GAUC
@@ -99,10 +103,12 @@ class RollingWindows:
         self._verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}  # bucket -> (experiment, source)
         self._gauc_seen = [stats.gauc.copy() for stats in engine.groups]
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
-        # One row per open request: slot arrays, grown by doubling.
-        self._slots: dict[str, int] = {}
+        # One row per open request with grades (or subtopics): slot arrays, grown by doubling; the slot of a
+        # request is its ``RequestState.row``.
         self._states: list[RequestState | None] = []
-        self._free: list[int] = []
+        self._free = array("q")
+        self._ungraded: Floats | None = None  # the values of a request without grades or subtopics
+        self._held = 0  # open requests in the windows (with a row or ungraded)
         self._values: Floats = np.zeros((0, self.size))
         self._bucket: Ints = np.zeros(0, dtype=np.int64)
         self._group: Ints = np.zeros(0, dtype=np.int64)
@@ -123,11 +129,18 @@ class RollingWindows:
         changed.clear()
         if not states:
             return
-        values, _, _ = self.engine.evaluate(states)
-        group = np.fromiter(
-            (self.engine.group_of(s.experiment, s.arm) for s in states), dtype=np.int64, count=len(states)
-        )
-        self._replace(states, group, values, final=False)
+        graded = [s for s in states if s.grades is not None or s.subtopics is not None]
+        if len(graded) < len(states):
+            ungraded = [s for s in states if s.grades is None and s.subtopics is None]
+            if self._ungraded is None:
+                self._ungraded = self.engine.evaluate(ungraded[:1])[0][0]
+            self._replace(ungraded, self._groups(ungraded), np.tile(self._ungraded, (len(ungraded), 1)), final=False)
+        if graded:
+            self._replace(graded, self._groups(graded), self.engine.evaluate(graded)[0], final=False)
+
+    def _groups(self, states: Sequence[RequestState]) -> Ints:
+        group_of = self.engine.group_of
+        return np.fromiter((group_of(s.experiment, s.arm) for s in states), dtype=np.int64, count=len(states))
 
     def finalised(self, states: Sequence[RequestState], group: Ints, values: Floats) -> None:
         """Replace the rows of requests just finalised by their final values (they keep no row)."""
@@ -156,11 +169,7 @@ class RollingWindows:
 
     def drop(self, join: Join) -> None:
         """Take the open requests of a partition's ``join`` out of the windows (the partition was revoked)."""
-        slots = [self._slots.pop(rid) for rid, state in join.open.items() if self._owns(rid, state)]
-        if slots:
-            index = np.array(slots, dtype=np.int64)
-            self._apply(self._bucket[index], self._group[index], self._values[index], -1)
-            self._release(slots)
+        self._revert([state for state in join.open.values() if state.row != NO_ROW])
         if join.changed is not None:
             join.changed.clear()
 
@@ -233,34 +242,55 @@ class RollingWindows:
 
     @property
     def open_rows(self) -> int:
-        """Open requests holding a row (memory is proportional to this)."""
-        return len(self._slots)
+        """Open requests the windows hold (with a row of their own, or ungraded)."""
+        return self._held
 
     # -- internals --------------------------------------------------------------------------------------
     def _bucket_of(self, ts: float) -> int:
         return math.floor(ts / self.width)
 
-    def _owns(self, rid: str, state: RequestState) -> bool:
-        slot = self._slots.get(rid)
-        return slot is not None and self._states[slot] is state
+    def _buckets(self, states: Sequence[RequestState]) -> Ints:
+        ts = np.fromiter((s.ts for s in states), dtype=np.float64, count=len(states))
+        return np.floor(ts / self.width).astype(np.int64)
+
+    def _revert(self, states: Sequence[RequestState]) -> None:
+        """Take the current contribution of ``states`` (each held: ``row`` is not ``NO_ROW``) out of the cells."""
+        if not states:
+            return
+        rows = [s.row for s in states if s.row >= 0]
+        if rows:
+            index = np.array(rows, dtype=np.int64)
+            self._apply(self._bucket[index], self._group[index], self._values[index], -1)
+            self._release(rows)
+        if len(rows) < len(states):
+            ungraded = [s for s in states if s.row == UNGRADED]
+            values = np.tile(self._ungraded, (len(ungraded), 1))  # type: ignore[arg-type]  # set with the first
+            self._apply(self._buckets(ungraded), self._groups(ungraded), values, -1)
+        for state in states:
+            state.row = NO_ROW
+        self._held -= len(states)
 
     def _replace(self, states: Sequence[RequestState], group: Ints, values: Floats, final: bool) -> None:
-        slots = self._slots
-        old = [slots.pop(s.request_id) for s in states if self._owns(s.request_id, s)]
-        bucket = np.floor(np.fromiter((s.ts for s in states), dtype=np.float64, count=len(states)) / self.width)
-        bucket_i = bucket.astype(np.int64)
+        self._revert([s for s in states if s.row != NO_ROW])
+        bucket_i = self._buckets(states)
         live = bucket_i >= self._floor
         if not self.with_subtopics and any(s.subtopics is not None for s in states):
             self.with_subtopics = True
-        if old:
-            index = np.array(old, dtype=np.int64)
-            self._apply(self._bucket[index], self._group[index], self._values[index], -1)
-            self._release(old)
         if live.any():
             self._apply(bucket_i[live], group[live], values[live], 1)
             if not final:
-                self._store([s for s, keep in zip(states, live.tolist(), strict=True) if keep],
-                            bucket_i[live], group[live], values[live])
+                kept = [s for s, keep in zip(states, live.tolist(), strict=True) if keep]
+                self._held += len(kept)
+                own = [s.grades is not None or s.subtopics is not None for s in kept]
+                if all(own):
+                    self._store(kept, bucket_i[live], group[live], values[live])
+                    return
+                for state, has_row in zip(kept, own, strict=True):
+                    if not has_row:
+                        state.row = UNGRADED
+                index = np.flatnonzero(live)[own]
+                self._store([s for s, has_row in zip(kept, own, strict=True) if has_row],
+                            bucket_i[index], group[index], values[index])
 
     def _apply(self, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
         """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells."""
@@ -293,6 +323,8 @@ class RollingWindows:
             cell.total_sq += sign * total_sq[i]
 
     def _store(self, states: list[RequestState], bucket: Ints, group: Ints, values: Floats) -> None:
+        if not states:
+            return
         need = len(states) - len(self._free)
         if need > 0:
             self._grow(need)
@@ -303,7 +335,7 @@ class RollingWindows:
         self._group[index] = group
         for slot, state in zip(slots, states, strict=True):
             self._states[slot] = state
-            self._slots[state.request_id] = slot
+            state.row = slot
 
     def _grow(self, need: int) -> None:
         old = len(self._states)
@@ -314,7 +346,7 @@ class RollingWindows:
         self._states.extend([None] * (new - old))
         self._free.extend(range(new - 1, old - 1, -1))
 
-    def _release(self, slots: list[int]) -> None:
+    def _release(self, slots: Sequence[int]) -> None:
         for slot in slots:
             self._states[slot] = None
         self._free.extend(slots)

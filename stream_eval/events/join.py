@@ -78,6 +78,11 @@ def _label(value: str, table: dict[str, str] = _LABELS, limit: int = _MAX_LABELS
     return value
 
 
+#: :attr:`RequestState.row` when the live windows do not hold the request, and when they hold it as ungraded.
+NO_ROW = -2
+UNGRADED = -1
+
+
 class RequestState:
     """A served list and the best grade seen for each of its items so far.
 
@@ -86,9 +91,9 @@ class RequestState:
     """
 
     __slots__ = ("request_id", "experiment", "arm", "query_id", "session_id", "items", "n", "scores", "teams",
-                 "subtopics", "ts", "deadline", "grades", "seen", "seq")
+                 "subtopics", "ts", "grades", "seen", "row")
 
-    def __init__(self, ranking: Ranking | CompactRanking, deadline: float, seq: int = 0) -> None:
+    def __init__(self, ranking: Ranking | CompactRanking) -> None:
         if type(ranking) is not CompactRanking:
             ranking = CompactRanking.of(ranking)  # type: ignore[arg-type]  # a Ranking
         self.request_id: str = ranking.request_id
@@ -102,13 +107,13 @@ class RequestState:
         self.scores: bytes | list[float] | None = ranking.scores
         self.teams: list[str] | None = ranking.teams
         self.subtopics: list[list[str]] | None = ranking.subtopics
-        self.seq = seq
-        self.ts: float = ranking.ts
-        self.deadline = deadline
-        self.grades: dict[str, float] = {}
+        self.ts: float = ranking.ts  # finalised at ts + horizon (not kept: a float object is 24 bytes)
+        # Best grade per item; None until the first feedback (an empty dict is 64 bytes; most requests get none).
+        self.grades: dict[str, float] | None = None
         # (item, kind, grade) of the feedback seen; a click of grade 1 is kept as its item alone. A list while
         # short (a set costs 216 bytes, a list of four 88), then a set.
         self.seen: list[str | tuple[str, str, float]] | set[str | tuple[str, str, float]] | None = None
+        self.row = NO_ROW  # the live windows' row of this request (see engine/windows.py)
 
     @property
     def ranking(self) -> Ranking:
@@ -164,7 +169,10 @@ class Join:
         # Opened or re-graded since cleared: kept only once live windows read it (they start it, see windows.py).
         self.changed: dict[str, RequestState] | None = None
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
-        self._deadlines: list[tuple[float, int, str]] = []
+        # Open requests by the whole second of their deadline (``ts + horizon``): a list slot per request
+        # where a heap entry (deadline, seq, id) cost 70 bytes; a heap of the seconds says which comes next.
+        self._due: dict[int, list[RequestState]] = {}
+        self._due_seconds: list[int] = []
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._closed_expiry: list[tuple[float, int, str]] = []
         self._early: list[RequestState] = []
@@ -180,7 +188,7 @@ class Join:
         """Open a request; ``duplicate`` if its request_id was already seen (and is still remembered)."""
         rid = event.request_id
         previous = self.open.get(rid)
-        if previous is not None and previous.deadline + self.horizon <= self.watermark:
+        if previous is not None and previous.ts + self.horizon + self.horizon <= self.watermark:
             # Finalised and forgotten already had advance run: do now what advance would have done.
             del self.open[rid]
             self._early.append(previous)
@@ -190,12 +198,17 @@ class Join:
             return "duplicate"
         self.counts["ranking", "ok"] += 1
         self.closed.pop(rid, None)
-        seq = next(self._seq)
-        state = RequestState(event, event.ts + self.horizon, seq)  # type: ignore[operator]  # ts is float
+        state = RequestState(event)
         self.open[rid] = state
         if self.changed is not None:
             self.changed[rid] = state
-        heapq.heappush(self._deadlines, (state.deadline, seq, rid))
+        second = math.floor(state.ts + self.horizon)
+        due = self._due.get(second)
+        if due is None:
+            self._due[second] = [state]
+            heapq.heappush(self._due_seconds, second)
+        else:
+            due.append(state)
         waiting = self.pending.pop(rid, None)
         if waiting is not None:
             for feedback in waiting:
@@ -208,7 +221,7 @@ class Join:
     def feedback(self, event: Feedback) -> str:
         """Apply feedback to its request: ``ok``, ``late``, ``duplicate`` or ``pending`` (no ranking yet)."""
         state = self.open.get(event.request_id)
-        if state is not None and state.deadline + self.horizon > self.watermark:
+        if state is not None and state.ts + self.horizon + self.horizon > self.watermark:
             return self._apply(state, event)
         if self._remembered(event.request_id):
             self.counts["feedback", "late"] += 1
@@ -223,7 +236,7 @@ class Join:
 
     def _apply(self, state: RequestState, event: Feedback) -> str:
         ts: float = event.ts  # type: ignore[assignment]  # validated: epoch seconds
-        if ts - state.ts > self.window or state.deadline <= self.watermark:
+        if ts - state.ts > self.window or state.ts + self.horizon <= self.watermark:
             self.counts["feedback", "late"] += 1
             return "late"
         grade: float = event.grade  # type: ignore[assignment]  # validated: kinds without grade get one
@@ -244,8 +257,14 @@ class Join:
         self.counts["feedback", "ok"] += 1
         if self.delays is not None:
             self.delays.append(ts - state.ts)
-        if grade > state.grades.get(item, 0.0):
-            state.grades[item] = grade
+        grades = state.grades
+        if grades is None:
+            if grade > 0.0:
+                state.grades = {item: grade}
+                if self.changed is not None:
+                    self.changed[state.request_id] = state
+        elif grade > grades.get(item, 0.0):
+            grades[item] = grade
             if self.changed is not None:
                 self.changed[state.request_id] = state
         return "ok"
@@ -257,22 +276,37 @@ class Join:
             self.watermark = watermark
         watermark = self.watermark
         finalised, self._early = self._early, []
-        deadlines, changed = self._deadlines, self.changed
-        while deadlines and deadlines[0][0] <= watermark:
-            _, seq, rid = heapq.heappop(deadlines)
-            state = self.open.get(rid)
-            if state is None or state.seq != seq:
-                continue  # finalised early (see ``ranking``)
-            del self.open[rid]
-            if changed is not None:
-                changed.pop(rid, None)
-            finalised.append(state)
+        seconds, due, horizon = self._due_seconds, self._due, self.horizon
+        ready: list[RequestState] = []
+        while seconds and seconds[0] <= watermark:
+            second = seconds[0]
+            states = due[second]
+            if second + 1 > watermark:  # the watermark is inside this second: some may stay open
+                ready += [s for s in states if s.ts + horizon <= watermark]
+                states[:] = [s for s in states if s.ts + horizon > watermark]
+                if states:
+                    break
+            else:
+                ready += states
+            heapq.heappop(seconds)
+            del due[second]
+        if ready:
+            ready.sort(key=lambda s: s.ts + horizon)  # stable: equal deadlines stay in the order they opened
+            open_, changed = self.open, self.changed
+            for state in ready:
+                rid = state.request_id
+                if open_.get(rid) is not state:
+                    continue  # finalised early (see ``ranking``)
+                del open_[rid]
+                if changed is not None:
+                    changed.pop(rid, None)
+                finalised.append(state)
         for state in finalised:
-            forget_at = state.deadline + self.horizon
+            forget_at = state.ts + horizon + horizon
             if forget_at > watermark:
                 rid = state.request_id
                 self.closed[rid] = forget_at
-                heapq.heappush(self._closed_expiry, (forget_at, state.seq, rid))
+                heapq.heappush(self._closed_expiry, (forget_at, next(self._seq), rid))
         self._expire_pending(watermark)
         closed = self._closed_expiry
         while closed and closed[0][0] <= watermark:
@@ -297,12 +331,14 @@ class Join:
 
     def flush(self) -> list[RequestState]:
         """End of input: finalise every open request and count every waiting feedback as an orphan."""
-        finalised = self._early + sorted(self.open.values(), key=lambda s: (s.deadline, s.seq))
+        horizon = self.horizon
+        finalised = self._early + sorted(self.open.values(), key=lambda s: s.ts + horizon)  # stable: opening order
         self._early = []
         self.open.clear()
         if self.changed is not None:
             self.changed.clear()
-        self._deadlines.clear()
+        self._due.clear()
+        self._due_seconds.clear()
         self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
         self.pending.clear()
         self._pending_expiry.clear()
