@@ -271,6 +271,32 @@ def test_window_sums_equal_current_values_of_requests_served_in_the_window(strea
     assert windows.open_rows == 0
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=2, max_size=6),
+    cutoffs=st.lists(st.integers(1, 30), min_size=1, max_size=3, unique=True),
+    empty=st.sampled_from(["zero", "skip"]),
+    gain=st.sampled_from(["exp", "linear"]),
+    with_scores=st.booleans(),
+)
+def test_requests_without_grades_all_have_the_values_the_windows_keep_once(
+    lengths: list[int], cutoffs: list[int], empty: str, gain: str, with_scores: bool
+) -> None:
+    """The windows hold one row for every open request without grades or subtopics: it must not depend on
+    the request (its length, items, scores, arm)."""
+    config = Config(cutoffs=tuple(cutoffs), empty=empty, gain=gain)
+    engine = Engine(config)
+    join = engine.new_join()
+    for i, n in enumerate(lengths):
+        scores = [float(n - j) for j in range(n)] if with_scores else None
+        join.ranking(Ranking(f"r{i}", [f"d{i}-{j}" for j in range(n)], ts=float(i), scores=scores, arm=f"a{i % 2}"))
+        join.feedback(Feedback(f"r{i}", "unjudged", kind="label", grade=0.0, ts=float(i)))  # a grade 0 changes nothing
+    states = list(join.open.values())
+    assert all(state.grades is None for state in states)
+    values, _, _ = engine.evaluate(states)
+    np.testing.assert_array_equal(values, np.tile(values[0], (len(states), 1)))
+
+
 def test_dropping_a_partition_takes_its_open_requests_out_of_the_windows() -> None:
     config = Config()
     engine, windows, registry = _live(config)
