@@ -617,3 +617,33 @@ def test_kafka_messages_that_are_not_utf8_are_invalid_not_a_crash(line: bytes) -
     assert [type(e).__name__ for e in decoded][1] == "Invalid"
     assert decoded[1].code == "bad_utf8" and decoded[1].where == "p@1" and decoded[1].raw == line  # type: ignore[union-attr]
     assert type(decoded[0]).__name__ != "Invalid" and type(decoded[2]).__name__ != "Invalid"
+
+
+#: Feedback-topic messages of every sort: good (with and without ts), invalid field, bad JSON, two objects in one
+#: value, a watermark, a mistyped event, no value at all.
+_MESSAGES = [
+    b'{"request_id": "r1", "item": "a", "ts": 5}',
+    b'{"request_id": "r2", "item": "b", "kind": "label", "grade": 2, "ts": "2026-01-01T00:00:00Z"}',
+    b'{"request_id": "r3", "item": "c"}',
+    b'{"request_id": "r4", "item": "d", "kind": "label", "ts": 1}',
+    b'{"request_id": "r5", "item": ',
+    b'{"request_id": "r6", "item": "e", "ts": 1}{"request_id": "r7", "item": "f", "ts": 1}',
+    b'{"type": "watermark", "ts": 9}',
+    b'{"type": "ranking", "request_id": "r8", "items": ["a"], "ts": 1}',
+    None,
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(picks=st.lists(st.sampled_from(range(len(_MESSAGES))), max_size=300))
+def test_a_batch_of_messages_decodes_as_its_messages_one_by_one(picks: list[int]) -> None:
+    """Whatever bad messages a fetched batch holds, and wherever, the batch decodes to what each message alone
+    decodes to (the fast path splits around bad messages instead of giving up on the batch)."""
+    from stream_eval.events.messages import decode_message, decode_messages
+
+    config = Config()
+    values = [_MESSAGES[i] for i in picks]
+    stamps = [float(n) for n in range(len(values))]
+    where = [f"p@{n}" for n in range(len(values))]
+    expected = [decode_message(v, "feedback", config, t, w) for v, t, w in zip(values, stamps, where, strict=True)]
+    assert decode_messages(values, "feedback", config, stamps, where) == expected

@@ -1,8 +1,10 @@
 """Decoding Kafka message values: the topic gives the type (SPEC §1), a ``type`` field must agree.
 
 Each message is one JSON object. The fast path decodes a whole fetched batch at once into the topic's
-type; a batch with any bad, watermark or mistyped message is decoded message by message so that each is
-classified on its own. A missing ``ts`` is the message's Kafka timestamp.
+type; a batch with a bad, watermark or mistyped message is split in halves, each decoded the same way, down to
+runs of a few messages that are decoded one by one so that each is classified on its own (one bad message in a
+fetch of 20,000 costs a few re-decodes of halves, not 20,000 single decodes). A missing ``ts`` is the message's
+Kafka timestamp.
 """
 
 from __future__ import annotations
@@ -61,17 +63,38 @@ def decode_messages(
     values: Sequence[bytes | None], kind: str, config: Config, default_ts: Sequence[float], where: Sequence[str]
 ) -> list[Event | Invalid]:
     """Messages of one topic-partition, in order; ``default_ts[i]`` is message i's Kafka timestamp (s)."""
-    if values and all(v is not None for v in values):
+    out: list[Event | Invalid] = []
+    _decode_range(values, 0, len(values), kind, config, default_ts, where, out)
+    return out
+
+
+#: Runs of at most this many messages with a bad one among them are decoded message by message.
+_ONE_BY_ONE = 32
+
+
+def _decode_range(
+    values: Sequence[bytes | None], lo: int, hi: int, kind: str, config: Config, default_ts: Sequence[float],
+    where: Sequence[str], out: list[Event | Invalid],
+) -> None:
+    part = values[lo:hi]
+    if part and all(v is not None for v in part):
         try:
-            decoded: list[Event | Invalid] = _MULTI_DECODERS[kind].decode(b"[" + b",".join(values) + b"]")  # type: ignore[arg-type]  # checked not None
+            decoded: list[Event | Invalid] = _MULTI_DECODERS[kind].decode(b"[" + b",".join(part) + b"]")  # type: ignore[arg-type]  # checked not None
         except DECODE_ERRORS:
             decoded = []
-        if len(decoded) == len(values):  # a value holding two objects would shift the rest: one by one
+        if len(decoded) == hi - lo:  # a value holding two objects would shift the rest: split
             check = validator(config).check
             for index, event in enumerate(decoded):
                 try:
-                    check(event, default_ts[index])  # type: ignore[arg-type]  # the topic's type
+                    check(event, default_ts[lo + index])  # type: ignore[arg-type]  # the topic's type
                 except EventError as error:
-                    decoded[index] = Invalid(kind, error.code, error.reason, where[index], bytes(values[index] or b""))
-            return decoded
-    return [decode_message(v, kind, config, t, w) for v, t, w in zip(values, default_ts, where, strict=True)]
+                    decoded[index] = Invalid(kind, error.code, error.reason, where[lo + index],
+                                             bytes(part[index] or b""))
+            out += decoded
+            return
+    if hi - lo <= _ONE_BY_ONE:
+        out += [decode_message(values[i], kind, config, default_ts[i], where[i]) for i in range(lo, hi)]
+        return
+    middle = (lo + hi) // 2
+    _decode_range(values, lo, middle, kind, config, default_ts, where, out)
+    _decode_range(values, middle, hi, kind, config, default_ts, where, out)
