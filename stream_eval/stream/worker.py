@@ -159,15 +159,46 @@ class StreamWorker:
     async def _send_outputs(self) -> None:
         producer, outbox, dead = self._producer, self._outbox, self._dead
         self._outbox, self._dead = [], []
-        for key, value, ts_ms in outbox:
-            await producer.send(self.topics.request_metrics, value, key=key, timestamp_ms=ts_ms)
-        for key, value in self.engine.regroup.take():  # type: ignore[union-attr]  # set in __init__
-            await producer.send(self.settings.regroup_topic, value, key=key or None, partition=0)
+        if outbox:
+            await self._send_batches(self.topics.request_metrics, outbox)
+        regroup = [(key or None, value, None) for key, value in self.engine.regroup.take()]  # type: ignore[union-attr]  # set in __init__
+        if regroup:
+            await self._send_batches(self.settings.regroup_topic, regroup, partition=0)
         for invalid, topic, partition, offset in dead:
             headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
                        ("kind", invalid.kind.encode()), ("topic", topic.encode()),
                        ("partition", str(partition).encode()), ("offset", str(offset).encode())]
             await producer.send(self.topics.dead_letters, invalid.raw, headers=headers)
+
+    async def _send_batches(
+        self, topic: str, records: list[tuple[bytes | None, bytes, int | None]], partition: int | None = None
+    ) -> None:
+        """Send (key, value, timestamp ms) records in order, as whole batches per partition.
+
+        What ``producer.send`` does per record (partition by the key's murmur2 hash, like every Kafka client's
+        default partitioner), without its per-record future and accumulator call: a third of the cost of
+        producing a worker's outputs. Delivery is awaited by ``producer.flush`` at the next checkpoint, as before.
+        """
+        from aiokafka.partitioner import DefaultPartitioner
+
+        producer = self._producer
+        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
+        if partition is None:
+            all_partitions = sorted(await producer.partitions_for(topic))
+            choose = DefaultPartitioner()
+            for record in records:
+                by_partition.setdefault(choose(record[0], all_partitions, all_partitions), []).append(record)
+        else:
+            by_partition[partition] = records
+        for number, part in by_partition.items():
+            batch = producer.create_batch()
+            for key, value, ts_ms in part:
+                if batch.append(key=key, value=value, timestamp=ts_ms) is None:  # full: send it, start the next
+                    await producer.send_batch(batch, topic, partition=number)
+                    batch = producer.create_batch()
+                    if batch.append(key=key, value=value, timestamp=ts_ms) is None:  # larger than a batch:
+                        await producer.send(topic, value, key=key, partition=number, timestamp_ms=ts_ms)  # its error
+            await producer.send_batch(batch, topic, partition=number)
 
     # -- checkpoints --------------------------------------------------------------------------------
     async def _load_checkpoint(self, partition: int) -> Checkpoint | None:
