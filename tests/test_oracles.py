@@ -179,9 +179,14 @@ def generate_sessions(seed: int, n_sessions: int = 600):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_session_auc_matches_sklearn(seed):
+@pytest.mark.parametrize("block", [None, 7])
+def test_session_auc_matches_sklearn(seed, block, monkeypatch):
     session, scores, labels = generate_sessions(seed)
-    n_sessions = int(session.max()) + 1
+    n_sessions = int(session.max()) + 3  # two sessions without items at the end
+    if block is not None:  # many blocks of sessions, in shuffled order: the large-input path
+        monkeypatch.setattr("stream_eval.metrics.auc._BLOCK", block)
+        order = np.random.default_rng(seed).permutation(session.shape[0])
+        session, scores, labels = session[order], scores[order], labels[order]
     ours, positives, negatives = session_auc(session, scores, labels, n_sessions)
     single, both = 0, 0
     for s in range(n_sessions):

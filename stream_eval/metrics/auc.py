@@ -36,6 +36,26 @@ def session_auc(session: Ints, scores: Floats, labels: Bools, n_sessions: int) -
     if session.shape[0] > 1 and bool(np.any(session[1:] < session[:-1])):
         order = np.argsort(session, kind="stable")
         session, scores, labels = session[order], scores[order], labels[order]
+    if n_sessions <= _BLOCK:
+        return _sorted_session_auc(session, scores, labels, n_sessions)
+    # Blocks of sessions: the temporaries of one block stay in cache (one call over 300k sessions was half as
+    # fast per session as calls of 8k); each session lies whole in one block, so the values are the same.
+    bounds = np.searchsorted(session, np.arange(0, n_sessions + _BLOCK, _BLOCK)).tolist()
+    parts = []
+    for block, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        first = block * _BLOCK
+        parts.append(_sorted_session_auc(session[lo:hi] - first, scores[lo:hi], labels[lo:hi],
+                                         min(_BLOCK, n_sessions - first)))
+    auc, positives, negatives = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
+    return auc, positives, negatives
+
+
+#: Sessions per block of :func:`session_auc`.
+_BLOCK = 8192
+
+
+def _sorted_session_auc(session: Ints, scores: Floats, labels: Bools, n_sessions: int) -> tuple[Floats, Ints, Ints]:
+    """:func:`session_auc` of items already in session order."""
     sizes = np.bincount(session, minlength=n_sessions)
     starts = np.zeros(n_sessions + 1, dtype=np.int64)
     np.cumsum(sizes, out=starts[1:])
