@@ -191,6 +191,11 @@ class Validator:
         self._checks: dict[type, Any] = {Ranking: self.ranking, Feedback: self.feedback, Judgment: self.judgment}
 
     def check(self, event: Ranking | Feedback | Judgment, default_ts: float | None = None) -> None:
+        if type(event) is Feedback and event.grade is None and type(event.ts) is float:  # most events: a click
+            grade = self.default_grades.get(event.kind)
+            if grade is not None:
+                event.grade = grade
+                return
         self._checks[type(event)](event)
         ts = event.ts
         if type(ts) is not float:
