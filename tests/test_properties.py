@@ -398,3 +398,31 @@ def test_alpha_ndcg_does_not_depend_on_hash_seed():
                               check=True)
         outputs.add(done.stdout.strip())
     assert outputs == {"1.0"}
+
+
+# -- (f) how often finalisation runs does not matter -----------------------------------------------------------
+@SETTINGS
+@given(log=logs(max_requests=8), data=st.data(), gap=st.sampled_from([5.0, 10.0, 30.0]))
+def test_chunking_does_not_change_values_or_report(log, data, gap):
+    """Events fed in one call or cut into chunks (event time advancing after each) give the same values and
+    report: short windows and session gaps, so that requests finalise and named sessions close (and split,
+    when a request comes more than ``session_gap`` after the session's last one) during the stream."""
+    config = Config(attribution_window=30.0, allowed_lateness=5.0, session_gap=gap, gsb_window=20.0)
+    requests, feedback = log
+    events = sorted([ranking_event(req) for req in requests] + [feedback_event(requests, fb) for fb in feedback],
+                    key=lambda e: (e.ts, type(e) is Feedback))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(events) - 1))), label="cuts"))
+    engine_a, records_a = run(events, config)
+
+    records_b = {}
+
+    def collect(batch):
+        for record in batch.records():
+            records_b[record["request_id"]] = record
+
+    engine_b = Engine(config, on_finalised=collect)
+    for start, end in zip([0, *cuts], [*cuts, len(events)], strict=True):
+        engine_b.process(checked(events[start:end], config))
+    engine_b.flush()
+    assert records_a == records_b
+    assert_close(engine_a.report(), engine_b.report())

@@ -177,14 +177,18 @@ class Engine:
 
     @contextmanager
     def muted(self, join: Join) -> Iterator[None]:
-        """Rebuild ``join``'s state from events already counted elsewhere: nothing is counted or finalised."""
+        """Rebuild ``join``'s state from events already counted elsewhere: nothing is counted or finalised.
+
+        Nests: leaving an inner ``muted`` restores what the outer one set.
+        """
+        was_muted, counts = self._muted, join.counts
         self._muted = True
         join.counts = EventCounts()
         try:
             yield
         finally:
-            self._muted = False
-            join.counts = self.counts
+            self._muted = was_muted
+            join.counts = counts
 
     def judgment(self, event: Judgment) -> None:
         if self._muted:

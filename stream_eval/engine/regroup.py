@@ -17,6 +17,7 @@ record counted, the partitions' watermarks and the arms seen; a new owner re-rea
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -104,7 +105,13 @@ class SessionStage:
         self.watermark = -math.inf
         self.received: int | None = None
         self.muted_until = -1
-        self._needed: deque[tuple[int, str, Any]] = deque()  # (offset, "s"|"q", session id | bucket)
+        # (offset, "s"|"q", session id | bucket) of records whose session or bucket may still be open: a heap
+        self._needed: list[tuple[int, str, Any]] = []
+        # Session parts received but not added: (deadline, offset, record). They are added in deadline order
+        # once every partition is past their deadline, as one engine finalises them in replay: whether a
+        # request starts a new session depends on the order (see Sessions.add).
+        self._waiting: list[tuple[float, int, dict[str, Any]]] = []
+        self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
         self._history: deque[tuple[int, tuple[float, ...]]] = deque()
@@ -129,17 +136,20 @@ class SessionStage:
 
     def _first_needed(self) -> int | None:
         open_sessions, buckets = self.engine.sessions.open, self.engine.gsb.open_buckets()
-        while self._needed:
-            offset, kind, key = self._needed[0]
+        needed = self._needed
+        while needed:
+            offset, kind, key = needed[0]
             if (kind == "s" and key in open_sessions) or (kind == "q" and key in buckets):
-                return offset
-            self._needed.popleft()
-        return None
+                break
+            heapq.heappop(needed)
+        waiting = min((offset for _, offset, _ in self._waiting), default=None)
+        if not needed:
+            return waiting
+        return needed[0][0] if waiting is None else min(needed[0][0], waiting)
 
     def feed(self, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         """Records of the regroup log in offset order (redelivered offsets are skipped)."""
         engine = self.engine
-        parts: list[tuple[int, dict[str, Any]]] = []
         for offset, value in zip(offsets, values, strict=True):
             if self.received is not None and offset < self.received:
                 continue
@@ -147,15 +157,13 @@ class SessionStage:
             record = orjson.loads(value)
             kind = record["k"]
             if kind == "s":
-                parts.append((offset, record))
+                heapq.heappush(self._waiting, (float(record["t"]) + self._horizon, offset, record))
                 continue
-            self._add_parts(parts)
-            parts = []
             with self._quiet(offset):
                 if kind == "q":
                     bucket = engine.gsb.bucket_of(record["t"])
                     if bucket not in engine.gsb.open_buckets():
-                        self._needed.append((offset, "q", bucket))
+                        heapq.heappush(self._needed, (offset, "q", bucket))
                     engine.gsb.query_metric(record["e"], record["a"], record["q"], record["t"], record["v"])
                 elif kind == "a":
                     engine.arms_seen.setdefault(record["e"], set()).add(record["a"])
@@ -170,24 +178,34 @@ class SessionStage:
                     watermark = min(self.units)
                     if watermark > self.watermark or watermark == math.inf:
                         self.watermark = watermark
+                        self._add_parts(watermark)
                         engine.close(watermark, windows=False)
-        self._add_parts(parts)
 
     def _quiet(self, offset: int) -> AbstractContextManager[None]:
         return self.engine.muted(self.engine.join) if offset < self.muted_until else nullcontext()
 
-    def _add_parts(self, parts: list[tuple[int, dict[str, Any]]]) -> None:
+    def _add_parts(self, watermark: float) -> None:
+        """Add the waiting session parts due by ``watermark`` (all partitions have finalised up to it)."""
+        waiting = self._waiting
+        parts: list[tuple[int, dict[str, Any]]] = []
+        while waiting and waiting[0][0] <= watermark:
+            _, offset, record = heapq.heappop(waiting)
+            parts.append((offset, record))
         if not parts:
             return
         engine = self.engine
-        open_sessions = engine.sessions.open
-        for offset, record in parts:
-            if record["id"] not in open_sessions:
-                self._needed.append((offset, "s", record["id"]))
         states = [_Part(r["id"], float(r["t"]), [float(x) for x in r["s"]]) for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
         rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)
         impressions = Impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
-        with self._quiet(parts[-1][0]):
-            engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
+        # (under the quiet context of the watermark record that released them: named parts count nothing)
+        engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
+        # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts
+        # are added in deadline order, which is not the log's order when they come from different partitions).
+        open_sessions = engine.sessions.open
+        for offset, record in parts:
+            session = open_sessions.get(record["id"])
+            if session is not None and offset < session.offset:
+                session.offset = offset
+                heapq.heappush(self._needed, (offset, "s", record["id"]))

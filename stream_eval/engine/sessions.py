@@ -78,12 +78,13 @@ class ScoredSessions:
 
 
 class _Session:
-    __slots__ = ("group", "parts", "deadline")
+    __slots__ = ("group", "parts", "deadline", "offset")
 
     def __init__(self, group: int) -> None:
         self.group = group
         self.parts: list[tuple[Impressions, int]] = []
         self.deadline = -math.inf
+        self.offset = math.inf  # streaming: the smallest regroup-log offset of its parts (engine/regroup.py)
 
 
 class Sessions:
@@ -95,6 +96,7 @@ class Sessions:
         self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
         self.open: dict[str, _Session] = {}
         self._closing: list[tuple[float, str]] = []  # (deadline, session id); stale entries are skipped
+        self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
     def _score(self, session: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
         auc, positives, negatives = session_auc(session, scores, labels, group.shape[0])
@@ -118,10 +120,17 @@ class Sessions:
                     continue
                 sid: str = state.session_id  # type: ignore[assignment]  # named sessions only
                 session = self.open.get(sid)
+                finalised_at = state.ts + self.horizon
+                if session is not None and finalised_at > session.deadline:
+                    # Event time passed the session's close point before this request was finalised: the
+                    # session had ended, however far event time jumped in one step (so the result does not
+                    # depend on how often finalisation runs); the request starts the next one.
+                    self._ended.append(self.open.pop(sid))
+                    session = None
                 if session is None:
                     session = self.open[sid] = _Session(int(group[i]))
                 session.parts.append((impressions, i))
-                deadline = state.ts + self.horizon + self.gap
+                deadline = finalised_at + self.gap
                 if deadline > session.deadline:
                     session.deadline = deadline
                     heapq.heappush(self._closing, (session.deadline, sid))
@@ -137,17 +146,16 @@ class Sessions:
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""
-        if not self.open:
-            return None
         heap, closing = self._closing, []
         while heap and heap[0][0] <= watermark:
             deadline, sid = heapq.heappop(heap)
             session = self.open.get(sid)
             if session is not None and session.deadline == deadline:
                 closing.append(sid)
-        if not closing:
+        sessions, self._ended = self._ended, []
+        sessions += [self.open.pop(sid) for sid in closing]
+        if not sessions:
             return None
-        sessions = [self.open.pop(sid) for sid in closing]
         # Gather the parts batch by batch: one vectorised take per batch of impressions.
         by_batch: dict[int, tuple[Impressions, list[int], list[int]]] = {}
         for k, session in enumerate(sessions):
