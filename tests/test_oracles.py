@@ -250,7 +250,10 @@ def session_events(seed: int, with_scores: bool, n_sessions: int = 150):
 
 @pytest.mark.parametrize("weight", ["impressions", "clicks", "uniform"])
 @pytest.mark.parametrize("with_scores", [True, False])
-def test_engine_gauc_matches_sklearn(weight, with_scores):
+@pytest.mark.parametrize("slices", [False, True])
+def test_engine_gauc_matches_sklearn(weight, with_scores, slices, monkeypatch):
+    if slices:  # every session closes at the end of input: scored 7 at a time (the large-input path)
+        monkeypatch.setattr("stream_eval.engine.sessions._SCORE_AT_ONCE", 7)
     config = Config(gauc_weight=weight)
     events, per_session = session_events(11, with_scores)
     engine = Engine(config)

@@ -68,6 +68,10 @@ class Impressions:
         return (np.flatnonzero(self.labels[self.starts[i] : self.starts[i + 1]]) + 1).tolist()
 
 
+#: Sessions scored together when many close at once.
+_SCORE_AT_ONCE = 16_384
+
+
 class ScoredSessions:
     """Closed sessions: the group of each, its AUC (NaN if single-class) and its GAUC weight."""
 
@@ -156,6 +160,16 @@ class Sessions:
         sessions += [self.open.pop(sid) for sid in closing]
         if not sessions:
             return None
+        if len(sessions) <= _SCORE_AT_ONCE:
+            return self._score_sessions(sessions)
+        # At the end of input every open session closes at once: scored a slice at a time, the temporaries
+        # stay those of one slice (the peak memory of a replay was set here).
+        slices = [self._score_sessions(sessions[k : k + _SCORE_AT_ONCE])
+                  for k in range(0, len(sessions), _SCORE_AT_ONCE)]
+        return ScoredSessions(*(np.concatenate(arrays) for arrays in
+                                zip(*((s.group, s.auc, s.weight) for s in slices), strict=True)))
+
+    def _score_sessions(self, sessions: list[_Session]) -> ScoredSessions:
         # Gather the parts batch by batch: one vectorised take per batch of impressions.
         by_batch: dict[int, tuple[Impressions, list[int], list[int]]] = {}
         for k, session in enumerate(sessions):
