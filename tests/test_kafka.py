@@ -306,3 +306,55 @@ def test_the_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> Non
         time.sleep(0.1)
     alive = Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]
     assert not alive, "the broker outlived its parent"
+
+
+class _FakeProducer:
+    """The slice of AIOKafkaProducer that StreamWorker._send_batches uses, recording what it is given."""
+
+    def __init__(self, batch_bytes: int) -> None:
+        self.batch_bytes = batch_bytes
+        self.sent: list[tuple[int, list[tuple[bytes | None, bytes, int]]]] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0, 1, 2, 3, 4}
+
+    def create_batch(self) -> Any:
+        from aiokafka.producer.message_accumulator import BatchBuilder
+
+        return BatchBuilder(self.batch_bytes, 0, is_transactional=False)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> None:
+        from aiokafka.record.default_records import DefaultRecordBatch
+
+        records = [(r.key, r.value, r.timestamp) for r in DefaultRecordBatch(batch._build())]
+        assert records, "an empty batch was sent"
+        self.sent.append((partition, records))
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
+                   timestamp_ms: int | None = None) -> None:
+        self.sent.append((partition, [(key, value, timestamp_ms)]))  # type: ignore[list-item]  # set here
+
+
+@pytest.mark.parametrize("batch_bytes", [60, 500, 1 << 20])
+def test_outputs_go_out_in_order_to_the_key_partition_in_batches(batch_bytes: int) -> None:
+    """Every record once, in order per partition, on the partition Kafka's default partitioner gives its key;
+    small batches fill and are replaced; a record too large for a batch goes through producer.send (which
+    checks its size), in its place."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from stream_eval.stream import worker as worker_module
+
+    worker = object.__new__(worker_module.StreamWorker)
+    worker._producer = producer = _FakeProducer(batch_bytes)  # type: ignore[assignment]  # a fake
+    large = worker_module._LARGE_RECORD
+    records = [(f"r{i}".encode(), b"v" * (large if i % 97 == 5 else i % 70), 1000 + i) for i in range(400)]
+    asyncio.run(worker._send_batches("request-metrics", records))
+    got: dict[int, list[Any]] = {}
+    for partition, batch in producer.sent:
+        got.setdefault(partition, []).extend(batch)
+    expected: dict[int, list[Any]] = {}
+    choose = DefaultPartitioner()
+    for key, value, ts in records:
+        expected.setdefault(choose(key, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]), []).append((key, value, ts))
+    assert got == expected
+    assert any(len(batch) == 1 and len(batch[0][1]) >= large for _, batch in producer.sent)

@@ -212,3 +212,43 @@ def test_an_idle_partition_stops_holding_event_time_back() -> None:
     assert collect.records["b"]["metrics"]["RR"] == 1.0
     send(1, "ranking", 1, {"request_id": "c", "items": ["x"], "ts": 90.0})  # partition 1 speaks again
     assert engine.watermark == 200.5  # (event time never goes back)
+
+
+def _one_user_log(ts_field: str) -> list[bytes]:
+    """One session id (a user) with a request every 100 s: each request starts a new session (gap 5 s)."""
+    horizon = 10.0
+
+    def part(t: float) -> bytes:
+        time = {"t": t} if ts_field == "t" else {"d": t + horizon}
+        return orjson.dumps({"k": "s", "id": "u1", "e": "x", "a": "A", **time, "s": [1.0, 0.5], "r": [1]})
+
+    log: list[bytes] = []
+    for i in range(20):
+        log += [part(100.0 * i), orjson.dumps({"k": "w", "u": 0, "t": 100.0 * i + 11})]
+    return log
+
+
+def test_a_reused_session_id_does_not_hold_the_stage_checkpoint_back() -> None:
+    """The stage's checkpoint starts at the first part of the sessions still open, not at the first session
+    that ever had the same id (a rebuild would re-read the whole log)."""
+    config = Config(attribution_window=10.0, allowed_lateness=0.0, session_gap=5.0)
+    engine = Engine(config)
+    stage = SessionStage(engine, 1)
+    log = _one_user_log("t")
+    stage.feed(list(range(len(log))), log)
+    assert engine.overall().sessions == 19  # every earlier session closed (and has both classes)
+    assert stage.checkpoint().start == 38  # the open session's only part
+
+
+def test_the_stage_reads_session_parts_written_before_they_carried_ts() -> None:
+    """Parts logged by an older worker carry the finalisation point (``d``), not the serve time (``t``)."""
+    config = Config(attribution_window=10.0, allowed_lateness=0.0, session_gap=5.0)
+    results = []
+    for field in ("t", "d"):
+        engine = Engine(config)
+        stage = SessionStage(engine, 1)
+        log = _one_user_log(field)
+        stage.feed(list(range(len(log))), log)
+        stage.feed([len(log)], [orjson.dumps({"k": "w", "u": 0, "t": "inf"})])
+        results.append(engine.report())
+    assert results[0] == results[1] and results[0]["overall"]["sessions"] == 20

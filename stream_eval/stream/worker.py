@@ -38,6 +38,9 @@ from stream_eval.events.schema import Invalid
 from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, partitions_for, topics
 
 log = logging.getLogger("stream_eval.worker")
+#: The producer's batch size; records of at least ``_LARGE_RECORD`` bytes go through ``producer.send`` alone.
+_BATCH_BYTES = 1 << 20
+_LARGE_RECORD = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -193,12 +196,19 @@ class StreamWorker:
         for number, part in by_partition.items():
             batch = producer.create_batch()
             for key, value, ts_ms in part:
-                if batch.append(key=key, value=value, timestamp=ts_ms) is None:  # full: send it, start the next
+                if len(value) + len(key or b"") >= _LARGE_RECORD:
+                    # producer.send checks the size and raises for a record the broker would refuse (a batch
+                    # builder takes any first record); queued after the batch so far, so order holds
+                    if batch.record_count():
+                        await producer.send_batch(batch, topic, partition=number)
+                        batch = producer.create_batch()
+                    await producer.send(topic, value, key=key, partition=number, timestamp_ms=ts_ms)
+                elif batch.append(key=key, value=value, timestamp=ts_ms) is None:  # full: send it, start the next
                     await producer.send_batch(batch, topic, partition=number)
                     batch = producer.create_batch()
-                    if batch.append(key=key, value=value, timestamp=ts_ms) is None:  # larger than a batch:
-                        await producer.send(topic, value, key=key, partition=number, timestamp_ms=ts_ms)  # its error
-            await producer.send_batch(batch, topic, partition=number)
+                    batch.append(key=key, value=value, timestamp=ts_ms)
+            if batch.record_count():
+                await producer.send_batch(batch, topic, partition=number)
 
     # -- checkpoints --------------------------------------------------------------------------------
     async def _load_checkpoint(self, partition: int) -> Checkpoint | None:
@@ -375,7 +385,7 @@ class StreamWorker:
                 await self.assigned(assigned)
 
         self._producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5,
-                                          max_batch_size=1 << 20)
+                                          max_batch_size=_BATCH_BYTES)
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
                   "session_timeout_ms": settings.session_timeout_ms,
                   "heartbeat_interval_ms": settings.heartbeat_interval_ms, **settings.extra}
