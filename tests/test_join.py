@@ -156,6 +156,37 @@ def test_finalisation_point() -> None:
     assert run.join.advance(1000.0) == []
 
 
+def test_finalisation_point_inside_a_second() -> None:
+    """Open requests are kept by the whole second of their finalisation point: event time stopping inside
+    that second finalises the ones due by then and keeps the rest, whose feedback still counts."""
+    run = Driver()
+    run(rank("r1", 0.5), rank("r2", 0.1))
+    assert [s.request_id for s in run.join.advance(15.2)] == ["r2"]
+    assert run(click("r1", "a", 3.0)) == ["ok"]  # out of order, inside the window and not final yet
+    finalised = run.join.advance(15.5)
+    assert [(s.request_id, s.grades) for s in finalised] == [("r1", {"a": 1.0})]
+
+
+def test_session_close_point_inside_a_second() -> None:
+    """A named session closes when event time passes its last request's finalisation point + session_gap,
+    to the fraction of a second: a request finalised just before that joins it, one just after starts a new
+    session. Each request alone has both classes, so the session count says which happened."""
+    config = Config(attribution_window=WINDOW, allowed_lateness=LATENESS, session_gap=5.0)
+
+    def session_count(second_ts: float) -> int:
+        engine = Engine(config)
+        a = Ranking("a", ["x", "y"], ts=0.5, session_id="s")  # finalised at 15.5: the session closes at 20.5
+        b = Ranking("b", ["x", "y"], ts=second_ts, session_id="s")
+        engine.process([a, click("a", "x", 1.0), b, click("b", "x", second_ts + 1)], event_time=False)
+        for watermark in (20.3, 20.45, 20.7):  # a is finalised at 20.3; its session is open until 20.5
+            engine.advance(watermark)
+        engine.flush()
+        return engine.report()["overall"]["sessions"]
+
+    assert session_count(5.4) == 1  # b finalised at 20.4, before the session closed at 20.5: joins it
+    assert session_count(5.6) == 2  # finalised at 20.6, after: a session of its own
+
+
 def test_duplicate_feedback() -> None:
     run = Driver()
     run(rank("r1", 0))

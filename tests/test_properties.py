@@ -26,8 +26,12 @@ NORMALISED = ("RR", "AP", "P", "R", "nDCG", "ERR")
 
 # -- generated event logs ------------------------------------------------------------------------------------
 @st.composite
-def logs(draw, max_requests: int = 6, named_sessions: bool = True):
-    """A small log: requests (served lists with metadata) and feedback tuples, all within the window."""
+def logs(draw, max_requests: int = 6, named_sessions: bool = True, tenths: bool = False):
+    """A small log: requests (served lists with metadata) and feedback tuples, all within the window.
+
+    With ``tenths``, times are in tenths of a second, so that event time also stops inside a second (the
+    join and the sessions keep what is due by the whole second)."""
+    scale = 10 if tenths else 1
     n_requests = draw(st.integers(1, max_requests))
     requests = []
     for r in range(n_requests):
@@ -39,7 +43,7 @@ def logs(draw, max_requests: int = 6, named_sessions: bool = True):
         requests.append({
             "request_id": f"r{r}",
             "items": [f"i{i}" for i in range(n_items)],
-            "ts": float(draw(st.integers(0, 100))),
+            "ts": draw(st.integers(0, 100 * scale)) / scale,
             "scores": scores,
             "subtopics": subtopics,
             "query_id": draw(st.sampled_from([None, "q0", "q1"])),
@@ -53,7 +57,8 @@ def logs(draw, max_requests: int = 6, named_sessions: bool = True):
             st.integers(0, 7),  # item index; beyond the served list = a judged-but-unserved item
             st.sampled_from(["click", "label"]),
             st.sampled_from([0.0, 1.0, 2.0, 3.0, 4.0, 0.5, 2.5]),
-            st.integers(-50, 100),  # offset from the serve time, inside the attribution window
+            st.integers(-50 * scale, 100 * scale).map(lambda x: x / scale),  # offset from the serve time, inside
+            # the attribution window
         ),
         max_size=30,
     ))
@@ -402,7 +407,7 @@ def test_alpha_ndcg_does_not_depend_on_hash_seed():
 
 # -- (f) how often finalisation runs does not matter -----------------------------------------------------------
 @SETTINGS
-@given(log=logs(max_requests=8), data=st.data(), gap=st.sampled_from([5.0, 10.0, 30.0]))
+@given(log=logs(max_requests=8, tenths=True), data=st.data(), gap=st.sampled_from([5.0, 10.0, 30.0]))
 def test_chunking_does_not_change_values_or_report(log, data, gap):
     """Events fed in one call or cut into chunks (event time advancing after each) give the same values and
     report: short windows and session gaps, so that requests finalise and named sessions close (and split,

@@ -99,7 +99,10 @@ class Sessions:
         self.weight = config.gauc_weight
         self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
         self.open: dict[str, _Session] = {}
-        self._closing: list[tuple[float, str]] = []  # (deadline, session id); stale entries are skipped
+        # (deadline, session id) by the whole second of the deadline, and a heap of those seconds (a heap of
+        # the pairs themselves cost a logarithmic pop with a cache miss per level); stale entries are skipped.
+        self._closing: dict[int, list[tuple[float, str]]] = {}
+        self._closing_seconds: list[int] = []
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
     def _score(self, session: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
@@ -137,7 +140,13 @@ class Sessions:
                 deadline = finalised_at + self.gap
                 if deadline > session.deadline:
                     session.deadline = deadline
-                    heapq.heappush(self._closing, (session.deadline, sid))
+                    second = math.floor(deadline)
+                    due = self._closing.get(second)
+                    if due is None:
+                        self._closing[second] = [(deadline, sid)]
+                        heapq.heappush(self._closing_seconds, second)
+                    else:
+                        due.append((deadline, sid))
         if not own.any():
             return None
         n_shown = np.diff(starts)
@@ -150,12 +159,23 @@ class Sessions:
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""
-        heap, closing = self._closing, []
-        while heap and heap[0][0] <= watermark:
-            deadline, sid = heapq.heappop(heap)
-            session = self.open.get(sid)
-            if session is not None and session.deadline == deadline:
-                closing.append(sid)
+        seconds, due, ready = self._closing_seconds, self._closing, []
+        while seconds and seconds[0] <= watermark:
+            second = seconds[0]
+            entries = due[second]
+            if second + 1 > watermark:  # the watermark is inside this second: some may stay open
+                ready += [entry for entry in entries if entry[0] <= watermark]
+                entries[:] = [entry for entry in entries if entry[0] > watermark]
+                if entries:
+                    break
+            else:
+                ready += entries
+            heapq.heappop(seconds)
+            del due[second]
+        ready.sort()  # closing order (deadline, session id), as a heap of the pairs would pop them
+        open_ = self.open
+        closing = [sid for deadline, sid in ready if (session := open_.get(sid)) is not None
+                   and session.deadline == deadline]
         sessions, self._ended = self._ended, []
         sessions += [self.open.pop(sid) for sid in closing]
         if not sessions:
