@@ -85,7 +85,8 @@ def checked(events, config):
     return out
 
 
-def run(events, config):
+def run(events, config, cuts=()):
+    """The events through one engine, in one call or cut before each index of ``cuts`` (sorted)."""
     records = {}
 
     def collect(batch):
@@ -93,7 +94,8 @@ def run(events, config):
             records[record["request_id"]] = record
 
     engine = Engine(config, on_finalised=collect)
-    engine.process(checked(events, config))
+    for start, end in zip([0, *cuts], [*cuts, len(events)], strict=True):
+        engine.process(checked(events[start:end], config))
     engine.flush()
     return engine, records
 
@@ -418,16 +420,6 @@ def test_chunking_does_not_change_values_or_report(log, data, gap):
                     key=lambda e: (e.ts, type(e) is Feedback))
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(events) - 1))), label="cuts"))
     engine_a, records_a = run(events, config)
-
-    records_b = {}
-
-    def collect(batch):
-        for record in batch.records():
-            records_b[record["request_id"]] = record
-
-    engine_b = Engine(config, on_finalised=collect)
-    for start, end in zip([0, *cuts], [*cuts, len(events)], strict=True):
-        engine_b.process(checked(events[start:end], config))
-    engine_b.flush()
+    engine_b, records_b = run(events, config, cuts)
     assert records_a == records_b
     assert_close(engine_a.report(), engine_b.report())

@@ -91,7 +91,9 @@ class GsbTracker:
             return
         pairs: dict[str, ArmPair | None] = {}
         for key, per_arm in ((k, v) for b in sorted(closing) for k, v in self._queries.pop(b).items()):
-            pair = pairs[key[0]] if key[0] in pairs else pairs.setdefault(key[0], arms_of(key[0]))
+            if key[0] not in pairs:
+                pairs[key[0]] = arms_of(key[0])
+            pair = pairs[key[0]]
             if pair is None or pair.control not in per_arm or pair.treatment not in per_arm:
                 continue
             treatment, control = per_arm[pair.treatment], per_arm[pair.control]

@@ -161,7 +161,7 @@ class SessionStage:
             record = orjson.loads(value)
             kind = record["k"]
             if kind == "s":
-                heapq.heappush(self._waiting, (self._deadline(record), offset, record))
+                heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))
                 continue
             with self._quiet(offset):
                 if kind == "q":
@@ -185,9 +185,9 @@ class SessionStage:
                         self._add_parts(watermark)
                         engine.close(watermark, windows=False)
 
-    def _deadline(self, record: dict[str, Any]) -> float:
-        """A session part's finalisation point (records written before 2026-11-23 carry it as ``d``)."""
-        return float(record["t"]) + self._horizon if "t" in record else float(record["d"])
+    def _serve_ts(self, record: dict[str, Any]) -> float:
+        """A session part's serve time (records written before 2026-11-23 carry its finalisation point ``d``)."""
+        return float(record["t"]) if "t" in record else float(record["d"]) - self._horizon
 
     def _quiet(self, offset: int) -> AbstractContextManager[None]:
         return self.engine.muted(self.engine.join) if offset < self.muted_until else nullcontext()
@@ -202,8 +202,7 @@ class SessionStage:
         if not parts:
             return
         engine = self.engine
-        states = [_Part(r["id"], float(r["t"]) if "t" in r else float(r["d"]) - self._horizon,
-                        [float(x) for x in r["s"]]) for _, r in parts]
+        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]]) for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
         rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)

@@ -7,15 +7,15 @@ requests of a named session wait until event time passes the last request's fina
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Config
-from stream_eval.events.join import RequestState
+from stream_eval.events.join import DueBySecond, RequestState
 from stream_eval.events.schema import SCORES_DECODER as _SCORES
 from stream_eval.metrics.auc import gauc_weights, session_auc
 
@@ -99,10 +99,8 @@ class Sessions:
         self.weight = config.gauc_weight
         self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
         self.open: dict[str, _Session] = {}
-        # (deadline, session id) by the whole second of the deadline, and a heap of those seconds (a heap of
-        # the pairs themselves cost a logarithmic pop with a cache miss per level); stale entries are skipped.
-        self._closing: dict[int, list[tuple[float, str]]] = {}
-        self._closing_seconds: list[int] = []
+        # (deadline, session id) of every deadline a session was given; stale entries are skipped at close.
+        self._closing: DueBySecond[tuple[float, str]] = DueBySecond()
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
     def _score(self, session: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
@@ -140,13 +138,7 @@ class Sessions:
                 deadline = finalised_at + self.gap
                 if deadline > session.deadline:
                     session.deadline = deadline
-                    second = math.floor(deadline)
-                    due = self._closing.get(second)
-                    if due is None:
-                        self._closing[second] = [(deadline, sid)]
-                        heapq.heappush(self._closing_seconds, second)
-                    else:
-                        due.append((deadline, sid))
+                    self._closing.add(deadline, (deadline, sid))
         if not own.any():
             return None
         n_shown = np.diff(starts)
@@ -159,25 +151,15 @@ class Sessions:
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""
-        seconds, due, ready = self._closing_seconds, self._closing, []
-        while seconds and seconds[0] <= watermark:
-            second = seconds[0]
-            entries = due[second]
-            if second + 1 > watermark:  # the watermark is inside this second: some may stay open
-                ready += [entry for entry in entries if entry[0] <= watermark]
-                entries[:] = [entry for entry in entries if entry[0] > watermark]
-                if entries:
-                    break
-            else:
-                ready += entries
-            heapq.heappop(seconds)
-            del due[second]
-        ready.sort()  # closing order (deadline, session id), as a heap of the pairs would pop them
-        open_ = self.open
-        closing = [sid for deadline, sid in ready if (session := open_.get(sid)) is not None
-                   and session.deadline == deadline]
+        ready = self._closing.pop_due(watermark, itemgetter(0))
+        ready.sort()  # closing order: (deadline, session id)
         sessions, self._ended = self._ended, []
-        sessions += [self.open.pop(sid) for sid in closing]
+        open_ = self.open
+        for deadline, sid in ready:
+            session = open_.get(sid)
+            if session is not None and session.deadline == deadline:
+                del open_[sid]
+                sessions.append(session)
         if not sessions:
             return None
         if len(sessions) <= _SCORE_AT_ONCE:

@@ -65,6 +65,11 @@ WindowVerdicts = dict[tuple[str, str, str], GsbCounts]
 _BUCKETS_PER_SHORTEST_WINDOW = 30
 
 
+def _has_row(state: RequestState) -> bool:
+    """Whether an open request needs a row of its own (it has grades or subtopics), not the shared ungraded one."""
+    return state.grades is not None or state.subtopics is not None
+
+
 class RollingWindows:
     """Rolling event-time windows over an :class:`~stream_eval.engine.engine.Engine`; attaches itself to it.
 
@@ -129,12 +134,12 @@ class RollingWindows:
         changed.clear()
         if not states:
             return
-        graded = [s for s in states if s.grades is not None or s.subtopics is not None]
+        graded = [s for s in states if _has_row(s)]
         if len(graded) < len(states):
-            ungraded = [s for s in states if s.grades is None and s.subtopics is None]
+            ungraded = [s for s in states if not _has_row(s)]
             if self._ungraded is None:
                 self._ungraded = self.engine.evaluate(ungraded[:1])[0][0]
-            self._replace(ungraded, self._groups(ungraded), np.tile(self._ungraded, (len(ungraded), 1)), final=False)
+            self._replace(ungraded, self._groups(ungraded), self._ungraded_rows(len(ungraded)), final=False)
         if graded:
             self._replace(graded, self._groups(graded), self.engine.evaluate(graded)[0], final=False)
 
@@ -253,6 +258,10 @@ class RollingWindows:
         ts = np.fromiter((s.ts for s in states), dtype=np.float64, count=len(states))
         return np.floor(ts / self.width).astype(np.int64)
 
+    def _ungraded_rows(self, n: int) -> Floats:
+        """``n`` rows of the values every request without grades or subtopics has (known once one was seen)."""
+        return np.tile(self._ungraded, (n, 1))  # type: ignore[arg-type]  # set with the first such request
+
     def _revert(self, states: Sequence[RequestState]) -> None:
         """Take the current contribution of ``states`` (each held: ``row`` is not ``NO_ROW``) out of the cells."""
         if not states:
@@ -264,8 +273,7 @@ class RollingWindows:
             self._release(rows)
         if len(rows) < len(states):
             ungraded = [s for s in states if s.row == UNGRADED]
-            values = np.tile(self._ungraded, (len(ungraded), 1))  # type: ignore[arg-type]  # set with the first
-            self._apply(self._buckets(ungraded), self._groups(ungraded), values, -1)
+            self._apply(self._buckets(ungraded), self._groups(ungraded), self._ungraded_rows(len(ungraded)), -1)
         for state in states:
             state.row = NO_ROW
         self._held -= len(states)
@@ -281,7 +289,7 @@ class RollingWindows:
             if not final:
                 kept = [s for s, keep in zip(states, live.tolist(), strict=True) if keep]
                 self._held += len(kept)
-                own = [s.grades is not None or s.subtopics is not None for s in kept]
+                own = [_has_row(s) for s in kept]
                 if all(own):
                     self._store(kept, bucket_i[live], group[live], values[live])
                     return

@@ -26,10 +26,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
+from collections.abc import Callable
 from itertools import count
+from typing import Generic, TypeVar
 
 from stream_eval.config import Config
 from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking, item_list, score_list
+
+T = TypeVar("T")
 
 #: Kept for importers; positions are looked up in the compact item text (see :meth:`RequestState.position`).
 SHORT_LIST = 48
@@ -76,6 +80,49 @@ def _label(value: str, table: dict[str, str] = _LABELS, limit: int = _MAX_LABELS
     if len(table) < limit:
         table[value] = value
     return value
+
+
+class DueBySecond(Generic[T]):
+    """Entries kept by the whole second of their due time, with a heap of those seconds: a list slot per entry
+    where a heap of (due time, tie-breaker, entry) tuples cost ~70 bytes and a logarithmic pop with a cache miss
+    per level. Used for the join's open requests and for sessions waiting to close."""
+
+    __slots__ = ("_by_second", "_seconds")
+
+    def __init__(self) -> None:
+        self._by_second: dict[int, list[T]] = {}
+        self._seconds: list[int] = []
+
+    def add(self, due: float, entry: T) -> None:
+        second = math.floor(due)
+        entries = self._by_second.get(second)
+        if entries is None:
+            self._by_second[second] = [entry]
+            heapq.heappush(self._seconds, second)
+        else:
+            entries.append(entry)
+
+    def pop_due(self, watermark: float, due_of: Callable[[T], float]) -> list[T]:
+        """Remove and return the entries due by ``watermark`` (``due_of(entry) <= watermark``), second by second
+        in order, each second's in the order they were added."""
+        seconds, by_second, ready = self._seconds, self._by_second, []
+        while seconds and seconds[0] <= watermark:
+            second = seconds[0]
+            entries = by_second[second]
+            if second + 1 > watermark:  # the watermark is inside this second: some may stay
+                ready += [entry for entry in entries if due_of(entry) <= watermark]
+                entries[:] = [entry for entry in entries if due_of(entry) > watermark]
+                if entries:
+                    break
+            else:
+                ready += entries
+            heapq.heappop(seconds)
+            del by_second[second]
+        return ready
+
+    def clear(self) -> None:
+        self._by_second.clear()
+        self._seconds.clear()
 
 
 #: :attr:`RequestState.row` when the live windows do not hold the request, and when they hold it as ungraded.
@@ -169,10 +216,7 @@ class Join:
         # Opened or re-graded since cleared: kept only once live windows read it (they start it, see windows.py).
         self.changed: dict[str, RequestState] | None = None
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
-        # Open requests by the whole second of their deadline (``ts + horizon``): a list slot per request
-        # where a heap entry (deadline, seq, id) cost 70 bytes; a heap of the seconds says which comes next.
-        self._due: dict[int, list[RequestState]] = {}
-        self._due_seconds: list[int] = []
+        self._due: DueBySecond[RequestState] = DueBySecond()  # open requests, due at their deadline ts + horizon
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._closed_expiry: list[tuple[float, int, str]] = []
         self._early: list[RequestState] = []
@@ -202,13 +246,7 @@ class Join:
         self.open[rid] = state
         if self.changed is not None:
             self.changed[rid] = state
-        second = math.floor(state.ts + self.horizon)
-        due = self._due.get(second)
-        if due is None:
-            self._due[second] = [state]
-            heapq.heappush(self._due_seconds, second)
-        else:
-            due.append(state)
+        self._due.add(state.ts + self.horizon, state)
         waiting = self.pending.pop(rid, None)
         if waiting is not None:
             for feedback in waiting:
@@ -276,20 +314,8 @@ class Join:
             self.watermark = watermark
         watermark = self.watermark
         finalised, self._early = self._early, []
-        seconds, due, horizon = self._due_seconds, self._due, self.horizon
-        ready: list[RequestState] = []
-        while seconds and seconds[0] <= watermark:
-            second = seconds[0]
-            states = due[second]
-            if second + 1 > watermark:  # the watermark is inside this second: some may stay open
-                ready += [s for s in states if s.ts + horizon <= watermark]
-                states[:] = [s for s in states if s.ts + horizon > watermark]
-                if states:
-                    break
-            else:
-                ready += states
-            heapq.heappop(seconds)
-            del due[second]
+        horizon = self.horizon
+        ready = self._due.pop_due(watermark, lambda s: s.ts + horizon)
         if ready:
             ready.sort(key=lambda s: s.ts + horizon)  # stable: equal deadlines stay in the order they opened
             open_, changed = self.open, self.changed
@@ -338,7 +364,6 @@ class Join:
         if self.changed is not None:
             self.changed.clear()
         self._due.clear()
-        self._due_seconds.clear()
         self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
         self.pending.clear()
         self._pending_expiry.clear()
