@@ -558,11 +558,15 @@ COMPACT_EDGE = [  # rankings whose items or scores leave the compact fast path, 
 COMPACT_GOOD = [json.dumps(json.loads(raw), separators=(",", ":")).encode() for raw in GOOD]
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + COMPACT_EDGE + COMPACT_GOOD + [b""]),
-                max_size=25))
-def test_compact_decoding_equals_full_decoding(lines: list[bytes]) -> None:
-    chunk = b"\n".join(lines) + b"\n"
+#: Lines that are not one event: blank, white space only, two events on one line.
+NOT_ONE_EVENT = [b"", b"  ", b"\r", COMPACT_GOOD[0] + b" " + COMPACT_GOOD[2], COMPACT_GOOD[2] + COMPACT_GOOD[4]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + COMPACT_EDGE + COMPACT_GOOD + NOT_ONE_EVENT),
+                max_size=25), st.booleans())
+def test_compact_decoding_equals_full_decoding(lines: list[bytes], last_newline: bool) -> None:
+    chunk = b"\n".join(lines) + (b"\n" if last_newline else b"")
     full = [CompactRanking.of(e) if isinstance(e, Ranking) else e for e in decode_chunk(chunk, CONFIG, 3, "f")]
     compact = decode_chunk_compact(chunk, CONFIG, 3, "f")
     assert len(full) == len(compact)
