@@ -423,3 +423,18 @@ def test_duplicates_detected_past_the_short_list_of_seen_feedback() -> None:
     again = run(*[click("r1", item, 2) for item in items], *[click("r1", item, 2, "label", 2.0) for item in items])
     assert first == ["ok"] * 40 and again == ["duplicate"] * 40
     assert run.finish()["r1"] == {item: 2.0 for item in items}
+
+
+def test_duplicate_feedback_never_confuses_items_that_contain_one_another() -> None:
+    """An item that is a prefix, a suffix or a part of another, or holds a quote or the separator of compact
+    item lists, is never taken for another, before and after feedback of another kind arrives."""
+    run = Driver()
+    plain, quoted = ["ab", "a", "b", "", "a,b"], ['a","b', '","']
+    run(rank("r1", 0, plain + quoted))
+    assert run(*[click("r1", item, 1) for item in plain]) == ["ok"] * 5
+    assert run(*[click("r1", item, 2) for item in reversed(plain)]) == ["duplicate"] * 5
+    assert run(*[click("r1", item, 3) for item in quoted]) == ["ok"] * 2
+    assert run(*[click("r1", item, 4) for item in plain + quoted]) == ["duplicate"] * 7
+    assert run(click("r1", "a", 5, "label", 2.0), click("r1", "a", 6, "label", 2.0)) == ["ok", "duplicate"]
+    assert run.feedback_counts() == {"ok": 8, "duplicate": 13}
+    assert run.finish()["r1"] == {**{item: 1.0 for item in plain + quoted}, "a": 2.0}
