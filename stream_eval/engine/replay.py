@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
-from stream_eval.events.schema import decode_chunk_compact
+from stream_eval.events.schema import count_lines, decode_chunk_compact
 
 CHUNK_BYTES = 1 << 20
 Progress = Callable[[int, int], None]
@@ -52,7 +52,7 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[byt
                 continue
             chunk, rest = data[:cut], data[cut:]
             yield chunk, line, _tell(raw)
-            line += chunk.count(b"\n")
+            line += count_lines(chunk)
         if rest.strip():
             yield rest, line, _tell(raw)
 
