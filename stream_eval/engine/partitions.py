@@ -37,6 +37,8 @@ from stream_eval.events.join import Join
 from stream_eval.events.schema import CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 
 Event = Ranking | Feedback | Judgment | Watermark | Invalid
+#: Rankings, full or compact (the join takes both).
+_RANKINGS = (Ranking, CompactRanking)
 KINDS = ("ranking", "feedback", "judgment")
 JOINED = ("ranking", "feedback")
 #: Seconds of wall clock between two finalisation watermarks of one partition sent to the regroup log.
@@ -110,7 +112,7 @@ class Requests:
         new: set[str] = set()
         for offset, event in zip(offsets, events, strict=True):
             kind = type(event)
-            if kind is Ranking or kind is CompactRanking:
+            if kind in _RANKINGS:
                 rid = event.request_id  # type: ignore[union-attr]  # dispatched on type
                 if rid in new or rid in open_ or rid in closed:
                     continue

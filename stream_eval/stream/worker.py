@@ -174,7 +174,7 @@ class StreamWorker:
             await producer.send(self.topics.dead_letters, invalid.raw, headers=headers)
 
     async def _send_batches(
-        self, topic: str, records: list[tuple[bytes | None, bytes, int | None]], partition: int | None = None
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes, int | None]], partition: int | None = None
     ) -> None:
         """Send (key, value, timestamp ms) records in order, as whole batches per partition.
 
@@ -192,7 +192,7 @@ class StreamWorker:
             for record in records:
                 by_partition.setdefault(choose(record[0], all_partitions, all_partitions), []).append(record)
         else:
-            by_partition[partition] = records
+            by_partition[partition] = list(records)
         for number, part in by_partition.items():
             batch = producer.create_batch()
             for key, value, ts_ms in part:
