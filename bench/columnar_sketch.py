@@ -1,23 +1,29 @@
 """A sketch of the columnar join (docs/design.md), written to size it. It is not the product.
 
-It computes the per-request metrics of a JSON Lines file with the join done on columns instead of per-event
-objects. Each chunk's feedback becomes arrays. Lateness is one array comparison. Duplicates and each item's best
-grade come from sorting the rows of the requests being finalised. Each graded item is searched once in its
-ranking's item text, and the metric kernels run on the result. It prints the CPU time and the overall means,
-beside those of ``replay()`` when ``--check`` is given.
+It computes a replay's main numbers from a JSON Lines file, with the join done on columns instead of per-event
+objects:
 
-It assumes what ``bench/generate.py``'s files satisfy:
+* each chunk's feedback becomes arrays;
+* lateness is one array comparison;
+* duplicates and each item's best grade come from sorting the rows of a block of requests when the block is
+  finalised;
+* each graded item is searched once in its ranking's item text;
+* the metric kernels are today's;
+* group moments, session AUC over the served items, and per-query GSB verdicts are computed from columns.
 
-* every line is a valid ranking or feedback in the simple form. Only msgspec's types check this: the sketch
-  skips the SPEC's other checks;
+Rankings pass through replay's own validation (``Validator.compact``). With ``--check`` it also prints replay()'s
+numbers beside its own: the overall means, the duplicate count, sessions, GAUC and the metric GSB verdicts.
+
+It assumes what ``bench/generate.py``'s files satisfy, and it stops if any of these fails:
+
+* every line is a ranking or feedback in the simple form;
 * every ranking arrives before its feedback;
 * no request id is served twice;
-* serve times never go back.
+* serve times never go back;
+* the arms are called ``control`` and ``treatment``.
 
-It stops if one of the last three fails.
-
-It leaves out pending and orphan feedback, remembered ids, sessions, GAUC, GSB, groups and A/B. Those are the
-rest of the work the real design must fit in its time budget.
+It leaves out pending and orphan feedback, remembered ids, ending a session on its gap (sessions are scored at
+the end), interleaving and judgment GSB, the A/B intervals and the report's assembly.
 
     python bench/columnar_sketch.py bench/data/events.jsonl --check
 """
@@ -35,9 +41,12 @@ import numpy as np
 
 from stream_eval.config import Config
 from stream_eval.engine.replay import read_chunks, replay
-from stream_eval.events.schema import SEP, Feedback, _RawRanking
+from stream_eval.events.schema import SCORES_DECODER, SEP, Feedback, _RawRanking, validator
+from stream_eval.metrics.aggregates import grouped_moments
+from stream_eval.metrics.auc import gauc_weights, session_auc
+from stream_eval.metrics.gsb import metric_verdict
 from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch
-from stream_eval.metrics.specs import request_specs
+from stream_eval.metrics.specs import parse, request_specs
 
 #: Requests per block of feedback rows (finalised together).
 BLOCK = 8192
@@ -66,11 +75,29 @@ class Sketch:
         self.counts = {"ok": 0, "late": 0, "duplicate": 0}
         self.sums = np.zeros(len(self.specs))
         self.n = np.zeros(len(self.specs), dtype=np.int64)
+        # the rest of a report, as columns: validation, groups, sessions and GAUC, per-query GSB
+        self.compact = validator(config).compact
+        self.scores: list[bytes | None] = []
+        self.group = np.empty(1 << 16, dtype=np.int64)
+        self.session = np.empty(1 << 16, dtype=np.int64)
+        self.query = np.empty(1 << 16, dtype=np.int64)
+        self.group_ids: dict[tuple[str, str], int] = {}
+        self.session_ids: dict[str, int] = {}
+        self.query_ids: dict[tuple[str, str], int] = {}
+        self.moments: list = []
+        self.gsb_column = self.specs.index(parse(config.gsb_metric))
+        self.gsb_sums: list[np.ndarray] = []  # per block: (query bucket key, group, value) rows
+        self.items_session: list[np.ndarray] = []  # per block: session code of each served item
+        self.items_score: list[np.ndarray] = []
+        self.items_label: list[np.ndarray] = []
 
     def _grow(self, size: int) -> None:
         while size > self.serve.shape[0]:
             self.serve = np.concatenate((self.serve, np.empty(self.serve.shape[0])))
             self.n_shown = np.concatenate((self.n_shown, np.empty(self.n_shown.shape[0], dtype=np.int64)))
+            for name in ("group", "session", "query"):
+                column = getattr(self, name)
+                setattr(self, name, np.concatenate((column, np.empty(column.shape[0], dtype=np.int64))))
 
     def chunk(self, chunk: bytes) -> None:
         events = self.decoder.decode_lines(chunk)
@@ -83,9 +110,19 @@ class Sketch:
         for offset, event in enumerate(rankings):
             if self.slot_of.setdefault(event.request_id, first + offset) != first + offset:
                 sys.exit(f"assumption failed: {event.request_id} served twice")
-        texts = ['",' + bytes(e.items).decode()[1:-1] + ',"' for e in rankings]
-        self.texts += texts
-        self.n_shown[first : first + len(rankings)] = [text.count(SEP) - 1 for text in texts]
+        checked = [self.compact(e) for e in rankings]  # the SPEC's checks, as replay does them
+        if None in checked:
+            sys.exit("assumption failed: a ranking not in the simple form")
+        self.texts += [c.items for c in checked]  # type: ignore[union-attr]
+        self.scores += [c.scores for c in checked]  # type: ignore[union-attr]
+        span = slice(first, first + len(rankings))
+        self.n_shown[span] = [c.n for c in checked]  # type: ignore[union-attr]
+        group_ids, session_ids, query_ids = self.group_ids, self.session_ids, self.query_ids
+        self.group[span] = [group_ids.setdefault((c.experiment, c.arm), len(group_ids)) for c in checked]  # type: ignore[union-attr]
+        self.session[span] = [session_ids.setdefault(c.session_id or c.request_id, len(session_ids))  # type: ignore[union-attr]
+                              for c in checked]
+        self.query[span] = [-1 if c.query_id is None else query_ids.setdefault((c.experiment, c.query_id),  # type: ignore[union-attr]
+                                                                             len(query_ids)) for c in checked]
         serve = ts[is_ranking]
         self.serve[first : first + len(rankings)] = serve
         if (np.diff(self.serve[max(first - 1, 0) : first + len(rankings)]) < 0).any():
@@ -156,12 +193,57 @@ class Sketch:
         values = evaluate_batch(batch, self.config, self.specs).values
         self.sums += np.nansum(values, axis=0)
         self.n += (~np.isnan(values)).sum(axis=0)
+        group = self.group[lo:end]
+        self.moments.append(grouped_moments(group, values, len(self.group_ids)))
+        # per-query GSB: (experiment, query, gsb_window bucket) of each request with a query, its arm and value
+        bucket = (self.serve[lo:end] // self.config.gsb_window).astype(np.int64)
+        with_query = self.query[lo:end] >= 0
+        self.gsb_sums.append(np.stack((self.query[lo:end][with_query], bucket[with_query], group[with_query],
+                                       values[with_query, self.gsb_column])))
+        # impressions of the block for session AUC: scores (one decode for the block) and relevant labels
+        n = self.n_shown[lo:end]
+        starts = np.zeros(end - lo + 1, dtype=np.int64)
+        np.cumsum(n, out=starts[1:])
+        texts = [t[1:-1] for t in self.scores[lo:end]]  # type: ignore[index]
+        scores = np.array(SCORES_DECODER.decode(b"[" + b",".join(texts) + b"]"))
+        labels = np.zeros(int(starts[-1]), dtype=np.bool_)
+        relevant = best_grade[shown] >= self.config.rel_threshold
+        labels[starts[req[shown][relevant]] + pos[shown][relevant] - 1] = True
+        self.items_session.append(np.repeat(self.session[lo:end], n))
+        self.items_score.append(scores)
+        self.items_label.append(labels)
+        self.scores[lo:end] = [None] * (end - lo)
         self.texts[lo:end] = [None] * (end - lo)
         self.next_block = number + 1
 
     def flush(self) -> None:
         while self.next_block * BLOCK < len(self.texts):
             self.finalise(self.next_block)
+
+    def rest(self) -> dict[str, object]:
+        """GAUC over all sessions (closed at the end: no session gap) and the per-query GSB verdicts."""
+        session = np.concatenate(self.items_session)
+        auc, positives, negatives = session_auc(session, np.concatenate(self.items_score),
+                                                np.concatenate(self.items_label), len(self.session_ids))
+        weight = gauc_weights(positives, negatives, self.config.gauc_weight)
+        counted = ~np.isnan(auc) & (weight > 0)
+        gauc = float((auc[counted] * weight[counted]).sum() / weight[counted].sum())
+        query, bucket, group, value = np.concatenate(self.gsb_sums, axis=1)
+        keep = ~np.isnan(value)
+        key = (query[keep] * (1 << 20) + bucket[keep]).astype(np.int64) * len(self.group_ids) + group[keep]
+        unique, inverse = np.unique(key, return_inverse=True)
+        sums = np.bincount(inverse, weights=value[keep])
+        counts = np.bincount(inverse)
+        arms = {arm: g for (_, arm), g in self.group_ids.items()}
+        control, treatment = arms["control"], arms["treatment"]
+        per_query: dict[int, dict[int, float]] = {}
+        for k, s_, c in zip(unique.tolist(), sums.tolist(), counts.tolist(), strict=True):
+            per_query.setdefault(k // len(self.group_ids), {})[k % len(self.group_ids)] = s_ / c
+        verdicts = {"good": 0, "same": 0, "bad": 0}
+        for arms_of in per_query.values():
+            if control in arms_of and treatment in arms_of:
+                verdicts[metric_verdict(arms_of[treatment], arms_of[control], self.config.gsb_epsilon)] += 1
+        return {"sessions": int(counted.sum()), "GAUC": gauc, "gsb metric": verdicts}
 
     def means(self) -> dict[str, float]:
         return {spec.mean_name: float(s / n) for spec, s, n in zip(self.specs, self.sums, self.n, strict=True)}
@@ -179,6 +261,7 @@ def main() -> None:
     for chunk, _, _ in read_chunks(args.path):
         sketch.chunk(chunk)
     sketch.flush()
+    rest = sketch.rest()
     seconds = time.process_time() - start
     gc.enable()
     events = len(sketch.texts) + sum(sketch.counts.values())
@@ -192,6 +275,10 @@ def main() -> None:
         theirs = report["overall"]["metrics"]
         worst = max(abs(ours[name] - theirs[name]) for name in ours)
         print(f"overall means: max |sketch - replay| = {worst:.2e} over {', '.join(ours)}")
+        gsb = next((g for g in report["gsb"] if g["source"] == "metric"), {})
+        print(f"sketch: {rest}")
+        print(f"replay: sessions {report['overall']['sessions']}, GAUC {report['overall']['metrics']['GAUC']}, "
+              f"gsb metric {dict((k, gsb.get(k)) for k in ('good', 'same', 'bad'))}")
 
 
 if __name__ == "__main__":
