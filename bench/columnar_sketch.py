@@ -64,8 +64,7 @@ class Sketch:
         self.serve = np.empty(1 << 16)
         self.n_shown = np.empty(1 << 16, dtype=np.int64)
         self.texts: list[str | None] = []
-        self.item_ids: dict[str, int] = {}
-        self.item_names: list[str] = []
+        self.item_ids: dict[str, int] = {}  # items that were not served, by name
         self.kind_ids: dict[str, int] = {}
         # feedback rows of open requests by block of BLOCK slots: (slot, item id, kind id, grade) arrays
         # (late rows are never stored); a block is finalised once every request of it is due
@@ -138,19 +137,20 @@ class Sketch:
             served = self.serve[slot]
             late = (fb_ts - served > self.window) | (served + self.horizon <= fb_arrival)
             self.counts["late"] += int(late.sum())
-            grade = np.array([e.grade if e.grade is not None else self.default_grade[e.kind] for e in feedback])
-            items = [e.item for e in feedback]
-            ids = list(map(self.item_ids.get, items))
-            if None in ids:
-                for k, item in enumerate(items):
-                    if ids[k] is None:
-                        ids[k] = self.item_ids.setdefault(item, len(self.item_ids))
-                        if ids[k] == len(self.item_names):
-                            self.item_names.append(item)
-            kinds = [self.kind_ids.setdefault(e.kind, len(self.kind_ids)) for e in feedback]
             keep = ~late
-            new = (slot[keep], np.array(ids, dtype=np.int64)[keep], np.array(kinds, dtype=np.int64)[keep],
-                   grade[keep])
+            kept = np.flatnonzero(keep).tolist()
+            grade = np.array([e.grade if e.grade is not None else self.default_grade[e.kind] for e in feedback])
+            # an item is known by its served position, looked up now (one read of the request's item text); an
+            # item that was not served, by -1 - its id in a table of such items
+            texts = self.texts
+            kept_slots = slot[keep].tolist()
+            kept_items = [feedback[k].item for k in kept]
+            at = [texts[r].find(f'","{item}","') if '"' not in item else -1  # type: ignore[union-attr]
+                  for r, item in zip(kept_slots, kept_items, strict=True)]
+            code = [texts[r].count(SEP, 0, a) + 1 if a >= 0 else -1 - self.item_ids.setdefault(item, len(self.item_ids))  # type: ignore[union-attr]
+                    for r, item, a in zip(kept_slots, kept_items, at, strict=True)]
+            kinds = [self.kind_ids.setdefault(feedback[k].kind, len(self.kind_ids)) for k in kept]
+            new = (slot[keep], np.array(code, dtype=np.int64), np.array(kinds, dtype=np.int64), grade[keep])
             block = new[0] // BLOCK
             order = np.argsort(block, kind="stable")
             cuts = np.flatnonzero(np.diff(block[order])) + 1
@@ -182,11 +182,7 @@ class Sketch:
         starts = np.flatnonzero(pair_start)
         best_grade = np.maximum.reduceat(grade, starts) if starts.shape[0] else np.empty(0)
         graded = best_grade > 0.0
-        req, item_of, best_grade = slot[starts][graded], item[starts][graded], best_grade[graded]
-        texts, names = self.texts, self.item_names
-        found = [texts[lo + r].find(f'","{names[i]}","') for r, i in zip(req.tolist(), item_of.tolist(), strict=True)]
-        pos = np.array([texts[lo + r].count(SEP, 0, at) + 1 if at >= 0 else 0
-                        for r, at in zip(req.tolist(), found, strict=True)], dtype=np.int64)
+        req, pos, best_grade = slot[starts][graded], item[starts][graded], best_grade[graded]
         shown = pos > 0
         batch = JudgedBatch(self.n_shown[lo:end].copy(), req[shown], pos[shown], best_grade[shown], req[~shown],
                             best_grade[~shown])
