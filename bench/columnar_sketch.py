@@ -83,7 +83,7 @@ class Sketch:
         self.group_ids: dict[tuple[str, str], int] = {}
         self.session_ids: dict[str, int] = {}
         self.query_ids: dict[tuple[str, str], int] = {}
-        self.moments: list = []
+        self.moments: list = []  # per block: group moments (kept only so that their cost is counted)
         self.gsb_column = self.specs.index(parse(config.gsb_metric))
         self.gsb_sums: list[np.ndarray] = []  # per block: (query bucket key, group, value) rows
         self.items_session: list[np.ndarray] = []  # per block: session code of each served item
@@ -122,9 +122,8 @@ class Sketch:
                               for c in checked]
         self.query[span] = [-1 if c.query_id is None else query_ids.setdefault((c.experiment, c.query_id),  # type: ignore[union-attr]
                                                                              len(query_ids)) for c in checked]
-        serve = ts[is_ranking]
-        self.serve[first : first + len(rankings)] = serve
-        if (np.diff(self.serve[max(first - 1, 0) : first + len(rankings)]) < 0).any():
+        self.serve[span] = ts[is_ranking]
+        if (np.diff(self.serve[max(first - 1, 0) : span.stop]) < 0).any():
             sys.exit("assumption failed: serve times go back")
         feedback = [e for e in events if type(e) is Feedback]
         if feedback:
@@ -159,8 +158,7 @@ class Sketch:
                     self.blocks.setdefault(int(block[part[0]]), []).append(tuple(c[part] for c in new))
         self.watermark = max(self.watermark, float(ts.max()))
         # requests whose deadline serve + horizon the watermark has reached (serve times are sorted)
-        end = first + len(rankings)
-        ready = int(np.searchsorted(self.serve[:end] + self.horizon, self.watermark, side="right"))
+        ready = int(np.searchsorted(self.serve[: span.stop] + self.horizon, self.watermark, side="right"))
         while (self.next_block + 1) * BLOCK <= ready:
             self.finalise(self.next_block)
 
@@ -179,10 +177,10 @@ class Sketch:
         # the best grade of each (request, item)
         pair_start = np.ones(slot.shape[0], dtype=np.bool_)
         pair_start[1:] = (np.diff(slot) != 0) | (np.diff(item) != 0)
-        starts = np.flatnonzero(pair_start)
-        best_grade = np.maximum.reduceat(grade, starts) if starts.shape[0] else np.empty(0)
+        pairs = np.flatnonzero(pair_start)
+        best_grade = np.maximum.reduceat(grade, pairs) if pairs.shape[0] else np.empty(0)
         graded = best_grade > 0.0
-        req, pos, best_grade = slot[starts][graded], item[starts][graded], best_grade[graded]
+        req, pos, best_grade = slot[pairs][graded], item[pairs][graded], best_grade[graded]
         shown = pos > 0
         batch = JudgedBatch(self.n_shown[lo:end].copy(), req[shown], pos[shown], best_grade[shown], req[~shown],
                             best_grade[~shown])

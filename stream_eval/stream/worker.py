@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,14 +185,16 @@ class StreamWorker:
         from aiokafka.partitioner import DefaultPartitioner
 
         producer = self._producer
-        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
+        by_partition: Mapping[int, Sequence[tuple[bytes | None, bytes, int | None]]]
         if partition is None:
             all_partitions = sorted(await producer.partitions_for(topic))
             choose = DefaultPartitioner()
+            by_key: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
             for record in records:
-                by_partition.setdefault(choose(record[0], all_partitions, all_partitions), []).append(record)
+                by_key.setdefault(choose(record[0], all_partitions, all_partitions), []).append(record)
+            by_partition = by_key
         else:
-            by_partition[partition] = list(records)
+            by_partition = {partition: records}  # as given: no copy
         for number, part in by_partition.items():
             batch = producer.create_batch()
             for key, value, ts_ms in part:
