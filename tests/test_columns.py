@@ -1,0 +1,107 @@
+"""The columnar join equals the per-event join on any stream, any chunking and any schedule of advances."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest.mock import patch
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_eval.config import Config
+from stream_eval.events import columns
+from stream_eval.events.columns import ColumnJoin, Finalised
+from stream_eval.events.join import EventCounts, Join, RequestState
+from stream_eval.events.schema import CompactRanking, Feedback, Ranking
+
+CONFIG = Config(attribution_window=10.0, allowed_lateness=2.0)
+ITEMS = ["a", "b", "c", "d", 'q"uote']
+IDS = ["r0", "r1", "r2", "r3"]
+
+
+@st.composite
+def rankings(draw: Any) -> Ranking:
+    items = draw(st.lists(st.sampled_from(ITEMS), min_size=1, max_size=4, unique=True))
+    return Ranking(draw(st.sampled_from(IDS)), items, ts=draw(st.integers(0, 60)) / 2)
+
+
+@st.composite
+def feedbacks(draw: Any) -> Feedback:
+    kind, grade = draw(st.sampled_from([("click", 1.0), ("label", 0.0), ("label", 1.0), ("label", 2.0),
+                                        ("label", 0.5), ("buy", 3.0)]))
+    return Feedback(draw(st.sampled_from(IDS)), draw(st.sampled_from([*ITEMS, "unshown"])), kind, grade,
+                    ts=draw(st.integers(0, 60)) / 2)
+
+
+streams = st.lists(st.one_of(rankings(), feedbacks()), max_size=60)
+
+
+def _compact(event: Ranking | Feedback) -> CompactRanking | Feedback:
+    return CompactRanking.of(event) if type(event) is Ranking else event
+
+
+def _old_view(states: list[RequestState]) -> list[tuple[str, float, dict[str, float]]]:
+    return [(s.request_id, s.ts, dict(s.grades or {})) for s in states]
+
+
+def _new_view(finalised: Finalised) -> list[tuple[str, float, dict[str, float]]]:
+    return [(r.request_id, float(ts), grades)
+            for r, ts, grades in zip(finalised.rankings, finalised.serve.tolist(), finalised.grades(), strict=True)]
+
+
+def _chunks(events: list[Any], cuts: list[int]) -> list[list[Any]]:
+    bounds = sorted({0, len(events), *(c % (len(events) + 1) for c in cuts)})
+    return [events[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _run_both(events: list[Any], cuts: list[int], advances: list[bool], event_time: bool,
+              external: list[int]) -> None:
+    _compare(events, cuts, advances, event_time, external)
+    # tiny blocks and arrays: rows of several blocks, arrays that grow, slots dropped from the front
+    with patch.multiple(columns, BLOCK=2, TRIM=2, FIRST_CAPACITY=1):
+        _compare(events, cuts, advances, event_time, external)
+
+
+def _compare(events: list[Any], cuts: list[int], advances: list[bool], event_time: bool,
+             external: list[int]) -> None:
+    old_counts, new_counts = EventCounts(), EventCounts()
+    old, new = Join(CONFIG, old_counts), ColumnJoin(CONFIG, new_counts)
+    old.delays, new.delays = [], []
+    # rankings as the decoder gives them (compact) and as a topic may (full): the joins take both
+    mixed = [_compact(e) if k % 2 else e for k, e in enumerate(events)]
+    for n, chunk in enumerate(_chunks(mixed, cuts)):
+        before = None
+        if event_time:
+            ts = np.array([e.ts for e in chunk], dtype=np.float64)
+            before = np.maximum.accumulate(np.concatenate(([new.watermark], ts[:-1])))
+        for event in chunk:
+            (old.feedback if type(event) is Feedback else old.ranking)(event)
+            if event_time and event.ts > old.watermark:
+                old.watermark = event.ts
+        new.add(chunk, before)
+        if event_time:
+            new.watermark = old.watermark
+        assert new_counts == old_counts
+        if advances[n % len(advances)]:
+            target = old.watermark if event_time else external[n % len(external)] / 2
+            assert _new_view(new.advance(target)) == _old_view(old.advance(target))
+            assert new_counts == old_counts
+    assert _new_view(new.flush()) == _old_view(old.flush())
+    assert new_counts == old_counts
+    assert sorted(new.delays) == sorted(old.delays)
+
+
+@settings(max_examples=400, deadline=None)
+@given(streams, st.lists(st.integers(0, 60), max_size=8), st.lists(st.booleans(), min_size=1, max_size=4))
+def test_equals_the_per_event_join_on_event_time(events: list[Any], cuts: list[int], advances: list[bool]) -> None:
+    _run_both(events, cuts, advances, event_time=True, external=[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams, st.lists(st.integers(0, 60), max_size=8), st.lists(st.booleans(), min_size=1, max_size=4),
+       st.lists(st.integers(0, 140), min_size=1, max_size=6))
+def test_equals_the_per_event_join_when_the_watermark_comes_from_outside(
+    events: list[Any], cuts: list[int], advances: list[bool], external: list[int]
+) -> None:
+    _run_both(events, cuts, advances, event_time=False, external=external)
