@@ -16,8 +16,8 @@ from stream_eval.events.join import EventCounts, Join, RequestState
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking
 
 CONFIG = Config(attribution_window=10.0, allowed_lateness=2.0)
-ITEMS = ["a", "b", "c", "d", 'q"uote']
-IDS = ["r0", "r1", "r2", "r3"]
+ITEMS = ["a", "b", "c", "d", 'q"uote', "n\x00ul", "é"]
+IDS = ["r0", "r1", "r2", "r\x003"]
 
 
 @st.composite
@@ -41,13 +41,22 @@ def _compact(event: Ranking | Feedback) -> CompactRanking | Feedback:
     return CompactRanking.of(event) if type(event) is Ranking else event
 
 
-def _old_view(states: list[RequestState]) -> list[tuple[str, float, dict[str, float]]]:
-    return [(s.request_id, s.ts, dict(s.grades or {})) for s in states]
+View = list[tuple[str, float, dict[str, float], list[float]]]
 
 
-def _new_view(finalised: Finalised) -> list[tuple[str, float, dict[str, float]]]:
-    return [(r.request_id, float(ts), grades)
-            for r, ts, grades in zip(finalised.rankings, finalised.serve.tolist(), finalised.grades(), strict=True)]
+def _old_view(states: list[RequestState]) -> View:
+    """Each request's id, serve time, grades of served items and the sorted grades of the others."""
+    out = []
+    for s in states:
+        grades, served = s.grades or {}, set(s.item_list())
+        out.append((s.request_id, s.ts, {item: g for item, g in grades.items() if item in served},
+                    sorted(g for item, g in grades.items() if item not in served)))
+    return out
+
+
+def _new_view(finalised: Finalised) -> View:
+    return list(zip([r.request_id for r in finalised.rankings], finalised.serve.tolist(), finalised.shown_grades(),
+                    finalised.unshown_grades(), strict=True))
 
 
 def _chunks(events: list[Any], cuts: list[int]) -> list[list[Any]]:

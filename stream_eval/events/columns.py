@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
-from itertools import count, repeat
-from typing import Union
+from itertools import compress, count, repeat
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Config
+from stream_eval.events import compiled
 from stream_eval.events.join import EventCounts
 from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking
 
@@ -46,29 +45,31 @@ BLOCK = 8192
 TRIM = 1 << 16
 #: Slots the arrays hold at first (they double when full).
 FIRST_CAPACITY = 1024
-#: Integer duplicate keys: ``(slot mod 2**39) << 24 | position << 4 | kind``; rows outside these bounds
-#: (positions from 2**20, more than 16 kinds) and items that were not served use tuple keys instead.
-_SLOT_MASK = (1 << 39) - 1
-_POSITION_LIMIT = 1 << 20
+#: A feedback row's item is its ``field``: the served position (1, 2...), or ``-1 - code`` for an item that was
+#: not served (codes 0, 1, 2... per request, see :func:`compiled.unshown_codes`). Duplicate keys are integers
+#: ``(slot mod 2**36) << 27 | packed field << 4 | kind``, the packed field being the position, or
+#: ``2**22 + code``; rows outside these bounds (a position or code from 2**22, more than 16 kinds) use tuple
+#: keys in a dict instead.
+_SLOT_MASK = (1 << 36) - 1
+_FIELD_LIMIT = 1 << 22
 _KIND_LIMIT = 16
 #: Grades already seen for a duplicate key: the first grade, or the set of them once there are several.
-SeenGrades = Union[float, set[float]]
+SeenGrades = float | set[float]
 
 
 class Finalised:
     """Requests finalised together, in order, with their judged items (grade > 0) as columns.
 
     ``shown_*`` are the served items with a grade (``shown_req`` indexes ``rankings``, ``shown_pos`` is
-    1-based); ``unshown_*`` the judged items that were not served. The rows come sorted by request, then
-    position (shown) or first feedback (unshown).
+    1-based); ``unshown_*`` the judged items that were not served (only their grades count). The rows come
+    sorted by request, then position (shown) or first feedback (unshown).
     """
 
     __slots__ = ("rankings", "serve", "applied", "shown_req", "shown_pos", "shown_grade", "unshown_req",
-                 "unshown_item", "unshown_grade")
+                 "unshown_grade")
 
     def __init__(self, rankings: list[CompactRanking], serve: Floats, applied: Bools, shown_req: Ints,
-                 shown_pos: Ints, shown_grade: Floats, unshown_req: Ints, unshown_item: list[str],
-                 unshown_grade: Floats) -> None:
+                 shown_pos: Ints, shown_grade: Floats, unshown_req: Ints, unshown_grade: Floats) -> None:
         self.rankings = rankings
         self.serve = serve
         self.applied = applied  # whether any feedback was applied to the request
@@ -76,24 +77,26 @@ class Finalised:
         self.shown_pos = shown_pos
         self.shown_grade = shown_grade
         self.unshown_req = unshown_req
-        self.unshown_item = unshown_item
         self.unshown_grade = unshown_grade
 
     def __len__(self) -> int:
         return len(self.rankings)
 
-    def grades(self) -> list[dict[str, float]]:
-        """Each request's best grade per item (grade > 0), as the per-event join keeps it."""
+    def shown_grades(self) -> list[dict[str, float]]:
+        """Each request's best grade (> 0) per served item."""
         out: list[dict[str, float]] = [{} for _ in self.rankings]
-        items = [_item_list(r.items) if i in set(self.shown_req.tolist()) else []
-                 for i, r in enumerate(self.rankings)]
+        items = [_item_list(r.items) for r in self.rankings]
         for req, pos, grade in zip(self.shown_req.tolist(), self.shown_pos.tolist(), self.shown_grade.tolist(),
                                    strict=True):
             out[req][items[req][pos - 1]] = grade
-        for req, item, grade in zip(self.unshown_req.tolist(), self.unshown_item, self.unshown_grade.tolist(),
-                                    strict=True):
-            out[req][item] = grade
         return out
+
+    def unshown_grades(self) -> list[list[float]]:
+        """Each request's best grades (> 0) of the items that were not served, in ascending order."""
+        out: list[list[float]] = [[] for _ in self.rankings]
+        for req, grade in zip(self.unshown_req.tolist(), self.unshown_grade.tolist(), strict=True):
+            out[req].append(grade)
+        return [sorted(grades) for grades in out]
 
 
 def _item_list(items: str | list[str]) -> list[str]:
@@ -102,7 +105,7 @@ def _item_list(items: str | list[str]) -> list[str]:
 
 def _empty_finalised() -> Finalised:
     no_ints = np.empty(0, dtype=np.int64)
-    return Finalised([], np.empty(0), np.empty(0, dtype=np.bool_), no_ints, no_ints, np.empty(0), no_ints, [],
+    return Finalised([], np.empty(0), np.empty(0, dtype=np.bool_), no_ints, no_ints, np.empty(0), no_ints,
                      np.empty(0))
 
 
@@ -164,6 +167,39 @@ class _DueSlots:
         self._seconds.clear()
 
 
+#: The arrays of ColumnJoin indexed by slot - base.
+_COLUMNS = ("_serve", "_final", "_applied", "_id_first", "_id_last", "_text_first", "_text_last", "_unshown_count")
+
+
+class _Arena:
+    """Bytes of the slots' strings in one growing buffer, cut from the front when slots are dropped."""
+
+    __slots__ = ("data", "used")
+
+    def __init__(self) -> None:
+        self.data = np.empty(1 << 16, dtype=np.uint8)
+        self.used = 0
+
+    def append(self, buffer: npt.NDArray[np.uint8]) -> int:
+        """Add ``buffer``; returns the offset where it starts."""
+        start, end = self.used, self.used + buffer.shape[0]
+        if end > self.data.shape[0]:
+            size = self.data.shape[0]
+            while size < end:
+                size *= 2
+            grown = np.empty(size, dtype=np.uint8)
+            grown[:start] = self.data[:start]
+            self.data = grown
+        self.data[start:end] = buffer
+        self.used = end
+        return start
+
+    def cut(self, offset: int) -> None:
+        """Drop the bytes before ``offset`` (offsets held elsewhere move down by it)."""
+        self.data[: self.used - offset] = self.data[offset : self.used].copy()
+        self.used -= offset
+
+
 class ColumnJoin:
     """Rankings and feedback joined by ``request_id`` on event time, a chunk of events at a time.
 
@@ -176,15 +212,24 @@ class ColumnJoin:
         self.horizon = config.attribution_window + config.allowed_lateness
         self.counts = counts
         self.watermark = -math.inf
-        self.slot_of: dict[str, int] = {}  # request id -> its latest slot (open, or finalised and not yet dropped)
+        # request id -> its latest slot (open, or finalised and not yet dropped): an open-addressing table of
+        # (slot, hash) pairs over the ids' bytes in ``_ids``, slot ``s``'s at ``[_id_first, _id_last)[s - base]``
+        self._id_table = compiled.empty_table(0)
+        self._id_entries = 0
+        self._trim_at = 2 * TRIM  # slots in the arrays when _trim next looks
+        self._ids = _Arena()
+        self._texts = _Arena()  # the compact item texts, as bytes (empty when kept as a list)
         self.base = 0  # the slot at index 0 of the arrays
         self.size = 0  # slots in the arrays
         self._serve = np.empty(FIRST_CAPACITY)
         self._final = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
         self._applied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
-        self._rids: list[str] = []
+        self._id_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._id_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._text_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._text_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._unshown_count = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # codes given to items not served
         self._rankings: list[CompactRanking | None] = []
-        self._items: list[str | None] = []  # the ranking's compact item text ("" when kept as a list)
         self._listed: set[int] = set()  # open slots whose items are kept as a list (an item has a quote)
         self._due = _DueSlots()
         self._early: list[int] = []  # finalised when a new ranking took their id: emitted by the next advance
@@ -192,9 +237,15 @@ class ColumnJoin:
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._seq = count()
         self._rows: dict[int, list[tuple[Ints, Ints, Ints, Floats]]] = {}  # block -> (slot, pos, kind, grade)
-        self._seen: dict[int | tuple[int, str, str], SeenGrades] = {}
-        self._odd_keys: dict[int, list[tuple[int, str, str]]] = {}  # slot -> its tuple keys
-        self._unshown: dict[int, dict[str, float]] = {}  # slot -> best grade of each item that was not served
+        # (key, grade bits) of the applied feedback with an integer key (see _SLOT_MASK), as a compiled table
+        self._dup_table = compiled.empty_table(0)
+        self._dup_entries = 0  # entries in use or deleted
+        self._seen: dict[tuple[int, int, int], SeenGrades] = {}  # the other applied feedback
+        self._odd_keys: dict[int, list[tuple[int, int, int]]] = {}  # slot -> its tuple keys
+        # (slot, item not served) -> code: entries of compiled.UNSHOWN_ENTRY columns, the items' bytes in the arena
+        self._unshown_table = compiled.empty_table(0, compiled.UNSHOWN_ENTRY)
+        self._unshown_entries = 0
+        self._unshown_items = _Arena()
         self._kinds: dict[str, int] = {}
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
 
@@ -205,7 +256,7 @@ class ColumnJoin:
             return
         while capacity < size:
             capacity *= 2
-        for name in ("_serve", "_final", "_applied"):
+        for name in _COLUMNS:
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)
             new[: self.size] = old[: self.size]
@@ -217,6 +268,55 @@ class ColumnJoin:
         if (codes < 0).any():
             codes = np.array([table.setdefault(kind, len(table)) for kind in kinds], dtype=np.int64)
         return codes
+
+    def _keep_strings(self, arena: _Arena, texts: list[str], first: Ints, last: Ints, span: slice) -> None:
+        buffer, starts, ends = compiled.utf8_fields(texts)
+        offset = arena.append(buffer)
+        first[span] = starts + offset
+        last[span] = ends + offset
+
+    def _reserve_keys(self, more: int) -> None:
+        """Room for ``more`` duplicate keys: rebuilt (without deleted entries) when it would be over half full."""
+        if 2 * (self._dup_entries + more) <= self._dup_table.shape[0] // 2:
+            return
+        old = self._dup_table
+        live = int((old[::2] >= 0).sum())
+        self._dup_table = compiled.empty_table(2 * (live + more))
+        self._dup_entries = compiled.rehash(old, self._dup_table)
+
+    def _unshown_codes(self, slots: Ints, items: list[str]) -> Ints:
+        """The code of each (slot, item not served); the table is rebuilt with the open slots' entries alone
+        when it would be over half full."""
+        buffer, starts, ends = compiled.utf8_fields(items)
+        table, arena = self._unshown_table, self._unshown_items
+        if 2 * (self._unshown_entries + len(items)) > table.shape[0] // compiled.UNSHOWN_ENTRY:
+            old, old_arena = table, arena.data
+            table = self._unshown_table = compiled.empty_table(self._unshown_entries + len(items),
+                                                               compiled.UNSHOWN_ENTRY)
+            arena.data = np.empty(max(arena.used, 1 << 16), dtype=np.uint8)
+            arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, ~self._final[: self.size],
+                                                                      self.base, table, arena.data)
+        arena.append(np.empty(buffer.shape[0], dtype=np.uint8))  # room for them all
+        arena.used -= buffer.shape[0]
+        codes, arena.used, added = compiled.unshown_codes(table, arena.data, arena.used, self._unshown_count,
+                                                          self.base, slots, buffer, starts, ends)
+        self._unshown_entries += added
+        return codes
+
+    def _find_ids(self, rids: list[str]) -> Ints:
+        """The latest slot of each request id, or -1."""
+        keys, starts, ends = compiled.utf8_fields(rids)
+        return compiled.find_ids(self._id_table, self._ids.data, self._id_first, self._id_last, self.base, keys,
+                                 starts, ends)
+
+    def _put_ids(self, slots: Ints) -> None:
+        """Make ``slots`` (in order) the latest of their ids; the table grows to stay at most half full."""
+        if 2 * (self._id_entries + slots.shape[0]) > self._id_table.shape[0] // 2:
+            self._id_table = compiled.empty_table(2 * (self._id_entries + slots.shape[0]))
+            self._id_entries = 0
+            slots = np.arange(self.base, self.base + self.size, dtype=np.int64)  # every slot again, in order
+        self._id_entries += compiled.put_ids(self._id_table, self._ids.data, self._id_first, self._id_last,
+                                             self.base, slots)
 
     # -- events ---------------------------------------------------------------------------------------
     def add(self, events: Sequence[Ranking | CompactRanking | Feedback], before: Floats | None = None) -> None:
@@ -232,8 +332,11 @@ class ColumnJoin:
         is_feedback = np.fromiter((type(e) is Feedback for e in events), dtype=np.bool_, count=n_events)
         horizon = self.horizon
         counts = self.counts
-        slot_of = self.slot_of
         # 1. Rankings open slots, in order.
+        ranking_at = np.flatnonzero(~is_feedback).tolist()
+        rids = [events[p].request_id for p in ranking_at]
+        known = self._find_ids(rids).tolist()  # the slot of each id before this chunk, or -1
+        opened: dict[str, int] = {}  # the ids given a slot in this chunk
         first_new = self.base + self.size
         new_at: list[int] = []  # chunk position of each new slot's ranking
         new_ts: list[float] = []
@@ -245,12 +348,12 @@ class ColumnJoin:
         waiting_rows: list[tuple[int, Feedback, int, int, float, bool]] = []
         ranking_ok = ranking_duplicate = 0
         serve = self._serve
-        for p in np.flatnonzero(~is_feedback).tolist():
+        for p, rid, slot in zip(ranking_at, rids, known, strict=True):
             ranking = events[p]
-            rid = ranking.request_id
             mark = marks[p]
-            slot = slot_of.get(rid)
-            if slot is not None:
+            if opened:
+                slot = opened.get(rid, slot)
+            if slot >= 0:
                 served = new_ts[slot - first_new] if slot >= first_new else float(serve[slot - self.base])
                 if served + horizon + horizon > mark:  # open, or finalised and still remembered
                     ranking_duplicate += 1
@@ -261,8 +364,8 @@ class ColumnJoin:
             if type(ranking) is not CompactRanking:
                 ranking = CompactRanking.of(ranking)  # type: ignore[arg-type]  # a Ranking
             new_slot = first_new + len(new_at)
-            slot_of[rid] = new_slot
-            if slot is not None:
+            opened[rid] = new_slot
+            if slot >= 0:
                 replaced[new_slot] = slot
             new_at.append(p)
             new_ts.append(ranking.ts)
@@ -281,27 +384,28 @@ class ColumnJoin:
             self._serve[span] = new_ts
             self._final[span] = False
             self._applied[span] = False
-            self._rids += [r.request_id for r in new_rankings]
             self._rankings += new_rankings
-            self._items += [r.items if type(r.items) is str else "" for r in new_rankings]
-            if "" in self._items[self.size:]:
-                self._listed.update(first_new + k for k, r in enumerate(new_rankings) if type(r.items) is list)
+            texts = [r.items if type(r.items) is str else "" for r in new_rankings]
+            if "" in texts:
+                self._listed.update(first_new + k for k, text in enumerate(texts) if not text)
+            self._keep_strings(self._texts, texts, self._text_first, self._text_last, span)
+            self._keep_strings(self._ids, [r.request_id for r in new_rankings], self._id_first, self._id_last, span)
             self.size += n_new
             slots = np.arange(first_new, first_new + n_new, dtype=np.int64)
+            self._put_ids(slots)
             self._due.add(slots, self._serve[span] + self.horizon)
         for slot in early_here:
             self._final[slot - self.base] = True
         self._early += early_here
         # 2. Feedback finds its slot.
         at = np.flatnonzero(is_feedback)
-        feedback: list[Feedback] = [events[j] for j in at.tolist()]  # type: ignore[misc]  # feedback here
+        feedback: list[Feedback] = list(compress(events, is_feedback.tolist()))  # type: ignore[arg-type]
         rows_slot = np.empty(0, dtype=np.int64)
         rows_at = rows_seq = at[:0]
         rows_mark = np.empty(0)
         rows_feedback: list[Feedback] = []
         if feedback:
-            found = np.fromiter(map(slot_of.get, [f.request_id for f in feedback], repeat(-1)), dtype=np.int64,
-                                count=len(feedback))
+            found = self._find_ids([f.request_id for f in feedback])
             fb_mark = np.array(marks)[at] if before is not None else np.full(at.shape[0], self.watermark)
             missing = found < 0
             slot_index = np.where(missing, self.base, found) - self.base
@@ -326,7 +430,8 @@ class ColumnJoin:
             rows_feedback = [feedback[k] for k in take.tolist()] if take.shape[0] != len(feedback) else feedback
             if odd:
                 waiting_rows += self._odd_feedback(
-                    [(feedback[k], int(at[k]), float(fb_mark[k])) for k in odd], first_new, new_at, replaced,
+                    [(feedback[k], int(at[k]), float(fb_mark[k]), int(found[k])) for k in odd], first_new, new_at,
+                    replaced,
                     early_here, marks)
         # 3. Rows: orphans, late, then apply.
         if waiting_rows:
@@ -348,7 +453,7 @@ class ColumnJoin:
 
     def _odd_feedback(
         self,
-        odd: list[tuple[Feedback, int, float]],
+        odd: list[tuple[Feedback, int, float, int]],
         first_new: int,
         new_at: list[int],
         replaced: dict[int, int],
@@ -363,10 +468,10 @@ class ColumnJoin:
             rankings = self._rankings[first_new - self.base + k]
             opens.setdefault(rankings.request_id, []).append((p, first_new + k))  # type: ignore[union-attr]
         rows: list[tuple[int, Feedback, int, int, float, bool]] = []
-        for event, j, mark in odd:
+        for event, j, mark, found in odd:
             rid = event.request_id
-            slot = self.slot_of.get(rid)
             # the slot its id had when it arrived
+            slot: int | None = found if found >= 0 else None
             while slot is not None and slot >= first_new and new_at[slot - first_new] > j:
                 slot = replaced.get(slot)
             if slot is not None and self._serve[slot - self.base] + horizon + horizon > mark:
@@ -404,54 +509,36 @@ class ColumnJoin:
             slots, index, ts, served = slots[keep], index[keep], ts[keep], served[keep]
         grade = np.array([f.grade for f in feedback], dtype=np.float64)
         kind = self._kind_codes([f.kind for f in feedback])
-        # served position of each item: one search of the request's item text (0: not served)
-        texts = self._items
+        # served position of each item, from the request's compact item text (0: not served)
         items = [f.item for f in feedback]
-        position = np.array([t.count(SEP, 0, a) + 1 if (a := (t := texts[r]).find(SEP + item + SEP)) >= 0 else 0  # type: ignore[union-attr]  # open slots
-                             for r, item in zip(index.tolist(), items, strict=True)], dtype=np.int64)
-        if '"' in "".join(items) or self._listed:  # no item of a compact item text has a quote
-            for k, item in enumerate(items):
-                slot = int(slots[k])
-                if slot in self._listed:
-                    listed: list[str] = self._rankings[slot - self.base].items  # type: ignore[union-attr, assignment]
-                    position[k] = listed.index(item) + 1 if item in listed else 0
-                elif '"' in item:
-                    position[k] = 0
-        simple = (position > 0) & (position < _POSITION_LIMIT) & (kind < _KIND_LIMIT)
+        buffer, starts, ends = compiled.utf8_fields(items)
+        position = compiled.positions(self._texts.data, self._text_first, self._text_last, self.base, slots, buffer,
+                                      starts, ends)
+        if self._listed:  # items kept as a list: no compact text
+            for k in np.flatnonzero(np.isin(slots, list(self._listed))).tolist():
+                listed: list[str] = self._rankings[int(index[k])].items  # type: ignore[union-attr, assignment]
+                position[k] = listed.index(items[k]) + 1 if items[k] in listed else 0
+        field = position
+        not_served = np.flatnonzero(position == 0)
+        if not_served.shape[0]:
+            field[not_served] = -1 - self._unshown_codes(slots[not_served], [items[k] for k in not_served.tolist()])
         applied = np.zeros(len(feedback), dtype=np.bool_)
-        seen = self._seen
-        # integer keys: suspects are keys seen before or repeated here; the rest are new at once
-        take = np.flatnonzero(simple)
+        # integer keys (slot, field, kind) with the grade's bits, in the compiled table
+        simple = _simple(field, kind)
+        take = np.flatnonzero(simple) if not simple.all() else np.arange(len(feedback))
         if take.shape[0]:
-            keys = ((slots[take] & _SLOT_MASK) << 24) | (position[take] << 4) | kind[take]
-            key_list = keys.tolist()
-            suspect = np.fromiter(map(seen.__contains__, key_list), dtype=np.bool_, count=len(key_list))
-            order = np.argsort(keys, kind="stable")
-            repeated = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])
-            suspect[order[repeated]] = True  # a key repeated within these rows
-            suspect[order[repeated + 1]] = True
-            clean = ~suspect
-            grade_list = grade[take].tolist()
-            if clean.all():
-                seen.update(zip(key_list, grade_list, strict=True))
-                applied[take] = True
-            else:
-                clean_at = np.flatnonzero(clean)
-                seen.update(zip(keys[clean_at].tolist(), grade[take][clean_at].tolist(), strict=True))
-                applied[take[clean_at]] = True
-                for k in np.flatnonzero(suspect).tolist():
-                    applied[take[k]] = _first_time(seen, key_list[k], grade_list[k])
-        # tuple keys: items not served, and keys out of the integer bounds
+            keys = _keys(slots[take], field[take], kind[take])
+            self._reserve_keys(take.shape[0])
+            new, added = compiled.first_times(self._dup_table, keys, _grade_bits(grade[take]))
+            self._dup_entries += added
+            applied[take] = new
+        # tuple keys for the rest
         for k in np.flatnonzero(~simple).tolist():
             slot = int(slots[k])
-            key = (slot, items[k], feedback[k].kind)
-            if _first_time(seen, key, float(grade[k])):
+            key = (slot, int(field[k]), int(kind[k]))
+            if _first_time(self._seen, key, float(grade[k])):
                 applied[k] = True
                 self._odd_keys.setdefault(slot, []).append(key)
-                if position[k] == 0:
-                    best = self._unshown.setdefault(slot, {})
-                    if grade[k] > best.get(items[k], 0.0):
-                        best[items[k]] = float(grade[k])
         duplicates = len(feedback) - int(applied.sum())
         counts["feedback", "ok"] += len(feedback) - duplicates
         if duplicates:
@@ -459,9 +546,9 @@ class ColumnJoin:
         self._applied[index[applied]] = True
         if self.delays is not None:
             self.delays += (ts - served)[applied].tolist()
-        store = np.flatnonzero(applied & (position > 0))
+        store = np.flatnonzero(applied)
         if store.shape[0]:
-            row = (slots[store], position[store], kind[store], grade[store])
+            row = (slots[store], field[store], kind[store], grade[store])
             block = row[0] // BLOCK
             if block[0] == block[-1] and (block == block[0]).all():
                 self._rows.setdefault(int(block[0]), []).append(row)
@@ -508,54 +595,45 @@ class ColumnJoin:
             columns = [np.concatenate(c) for c in zip(*stored, strict=True)] if len(stored) > 1 else list(stored[0])
             mine = request_of[columns[0] - base] >= 0
             if mine.all():
-                parts.append(tuple(columns))  # type: ignore[arg-type]
+                parts.append(tuple(columns))  # type: ignore[arg-type]  # the four columns
                 continue
-            parts.append(tuple(c[mine] for c in columns))  # type: ignore[arg-type]
-            self._rows[block] = [tuple(c[~mine] for c in columns)]  # type: ignore[list-item]
+            parts.append(tuple(c[mine] for c in columns))
+            self._rows[block] = [tuple(c[~mine] for c in columns)]
         seen = self._seen
         if parts:
-            row_slot, row_pos, row_kind, row_grade = (np.concatenate(c) for c in zip(*parts, strict=True))
-            simple = (row_pos < _POSITION_LIMIT) & (row_kind < _KIND_LIMIT)
-            keys = ((row_slot[simple] & _SLOT_MASK) << 24) | (row_pos[simple] << 4) | row_kind[simple]
-            deque(map(seen.pop, keys.tolist(), repeat(None)), maxlen=0)  # a key's rows may be several
+            row_slot, row_field, row_kind, row_grade = (np.concatenate(c) for c in zip(*parts, strict=True))
+            simple = _simple(row_field, row_kind)
+            compiled.forget_keys(self._dup_table, _keys(row_slot[simple], row_field[simple], row_kind[simple]),
+                                 _grade_bits(row_grade[simple]))
+            # the best grade of each (request, item)
             req = request_of[row_slot - base]
-            order = np.lexsort((row_pos, req))
-            req, row_pos, row_grade = req[order], row_pos[order], row_grade[order]
+            order = np.lexsort((row_field, req))
+            req, row_field, row_grade = req[order], row_field[order], row_grade[order]
             starts = np.ones(req.shape[0], dtype=np.bool_)
-            starts[1:] = (np.diff(req) != 0) | (np.diff(row_pos) != 0)
+            starts[1:] = (np.diff(req) != 0) | (np.diff(row_field) != 0)
             first = np.flatnonzero(starts)
-            best = np.maximum.reduceat(row_grade, first)
-            graded = best > 0.0
-            shown_req, shown_pos, shown_grade = req[first][graded], row_pos[first][graded], best[graded]
+            best = np.maximum.reduceat(row_grade, first) if first.shape[0] else row_grade
+            req, row_field = req[first], row_field[first]
+            shown, unshown = (best > 0.0) & (row_field > 0), (best > 0.0) & (row_field < 0)
+            shown_req, shown_pos, shown_grade = req[shown], row_field[shown], best[shown]
+            unshown_req, unshown_grade = req[unshown], best[unshown]
         else:
-            shown_req = shown_pos = np.empty(0, dtype=np.int64)
-            shown_grade = np.empty(0)
-        unshown_req: list[int] = []
-        unshown_item: list[str] = []
-        unshown_grade: list[float] = []
+            shown_req = shown_pos = unshown_req = np.empty(0, dtype=np.int64)
+            shown_grade = unshown_grade = np.empty(0)
         slot_list = slots.tolist()
         if self._odd_keys:
             for slot in self._odd_keys.keys() & set(slot_list):
                 for key in self._odd_keys.pop(slot):
                     seen.pop(key, None)  # once per grade seen
-            for k, slot in enumerate(slot_list):
-                best_of = self._unshown.pop(slot, None)
-                if best_of is not None:
-                    for item, grade in best_of.items():
-                        if grade > 0.0:
-                            unshown_req.append(k)
-                            unshown_item.append(item)
-                            unshown_grade.append(grade)
-        rankings_of, items_of = self._rankings, self._items
+        rankings_of = self._rankings
         index_list = index.tolist()
-        rankings: list[CompactRanking] = [rankings_of[i] for i in index_list]  # type: ignore[misc]  # open slots
+        rankings: list[CompactRanking] = [rankings_of[i] for i in index_list]  # open slots: set
         for i in index_list:
             rankings_of[i] = None
-            items_of[i] = None
         if self._listed:
             self._listed.difference_update(slot_list)
         return Finalised(rankings, self._serve[index], self._applied[index], shown_req, shown_pos, shown_grade,
-                         np.array(unshown_req, dtype=np.int64), unshown_item, np.array(unshown_grade))
+                         unshown_req, unshown_grade)
 
     def _expire_pending(self, watermark: float) -> None:
         expiry = self._pending_expiry
@@ -572,26 +650,35 @@ class ColumnJoin:
                 del self.pending[rid]
 
     def _trim(self) -> None:
-        """Drop the slots at the front that are finalised and forgotten, ``TRIM`` at a time."""
+        """Drop the slots at the front that are finalised and forgotten, ``TRIM`` at a time, once the arrays
+        have doubled since the last time (the copy and the rebuilt id table cost once per slot)."""
+        if self.size < self._trim_at:
+            return
         horizon = self.horizon
         dropped = 0
-        while self.size - dropped >= 2 * TRIM:
+        while self.size - dropped >= TRIM:
             window = slice(dropped, dropped + TRIM)
             if not (self._final[window].all() and (self._serve[window] + horizon + horizon <= self.watermark).all()):
                 break
             dropped += TRIM
+        self._trim_at = max(2 * TRIM, 2 * (self.size - dropped)) if dropped else self.size + TRIM
         if not dropped:
             return
-        slot_of = self.slot_of
-        for k, rid in enumerate(self._rids[:dropped]):
-            if slot_of.get(rid) == self.base + k:
-                del slot_of[rid]
-        for name in ("_serve", "_final", "_applied"):
+        for arena, first, last in ((self._ids, self._id_first, self._id_last),
+                                   (self._texts, self._text_first, self._text_last)):
+            offset = int(first[dropped]) if dropped < self.size else arena.used
+            arena.cut(offset)
+            first -= offset
+            last -= offset
+        for name in _COLUMNS:
             column = getattr(self, name)
             column[: self.size - dropped] = column[dropped : self.size].copy()
-        del self._rids[:dropped], self._rankings[:dropped], self._items[:dropped]
+        del self._rankings[:dropped]
         self.base += dropped
         self.size -= dropped
+        self._id_table = compiled.empty_table(2 * self.size)  # the ids of the slots left, again
+        self._id_entries = 0
+        self._put_ids(np.arange(self.base, self.base + self.size, dtype=np.int64))
 
     def flush(self) -> Finalised:
         """End of input: finalise every open request and count every waiting feedback as an orphan."""
@@ -604,20 +691,40 @@ class ColumnJoin:
         self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
         self.pending.clear()
         self._pending_expiry.clear()
-        self.slot_of.clear()
+        self._id_table = compiled.empty_table(0)
+        self._id_entries = 0
+        self._ids.used = self._texts.used = 0
+        self._dup_table = compiled.empty_table(0)
+        self._dup_entries = 0
         self._rows.clear()
         self._seen.clear()
         self._odd_keys.clear()
-        self._unshown.clear()
+        self._unshown_table = compiled.empty_table(0, compiled.UNSHOWN_ENTRY)
+        self._unshown_entries = 0
+        self._unshown_items.used = 0
         self.base += self.size
         self.size = 0
-        self._rids, self._rankings, self._items = [], [], []
+        self._rankings = []
         self._listed.clear()
         return finalised
 
 
-def _first_time(seen: dict[int | tuple[int, str, str], SeenGrades], key: int | tuple[int, str, str],
-                grade: float) -> bool:
+def _simple(field: Ints, kind: Ints) -> Bools:
+    """Rows whose duplicate key fits in an integer (see ``_SLOT_MASK``)."""
+    return (field < _FIELD_LIMIT) & (field >= -_FIELD_LIMIT) & (kind < _KIND_LIMIT)
+
+
+def _keys(slots: Ints, field: Ints, kind: Ints) -> Ints:
+    packed = np.where(field > 0, field, _FIELD_LIMIT - 1 - field)
+    return ((slots & _SLOT_MASK) << 27) | (packed << 4) | kind
+
+
+def _grade_bits(grade: Floats) -> Ints:
+    """Grades as int64 bits for the duplicate table, with -0.0 as 0.0 (equal grades, equal bits)."""
+    return (grade + 0.0).view(np.int64)
+
+
+def _first_time(seen: dict[tuple[int, int, int], SeenGrades], key: tuple[int, int, int], grade: float) -> bool:
     """Record ``grade`` for ``key``; ``False`` if it was seen already (a duplicate)."""
     before = seen.get(key)
     if before is None:

@@ -1,0 +1,300 @@
+"""Compiled loops of the columnar join (numba): request ids to slots, items to served positions, duplicates.
+
+These are the join's memory-bound steps. In Python each costs about a microsecond per feedback on the main
+benchmark file, where the open requests do not fit in the CPU caches: a dict lookup reads the hash table, the
+entry and the stored key; a ``str.find`` reads a ranking's item text served half an hour earlier. Compiled, the
+same reads cost a fraction of that (docs/benchmarks.md).
+
+Strings come in as UTF-8 bytes, many in one buffer with the bounds of each (:func:`utf8_fields`). Matching is
+exact: a hash only chooses where to look; keys are compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+
+Bytes = npt.NDArray[np.uint8]
+Ints = npt.NDArray[np.int64]
+
+EMPTY = -1
+DELETED = -2
+
+
+def utf8_fields(texts: list[str]) -> tuple[Bytes, Ints, Ints]:
+    """The UTF-8 bytes of ``texts`` in one buffer, with each one's start and end."""
+    joined = "\x00".join(texts)
+    if joined.count("\x00") == len(texts) - 1:  # no text has a NUL of its own
+        buffer = np.frombuffer(joined.encode(), dtype=np.uint8)
+        starts, ends = _split(buffer, len(texts))
+        return buffer, starts, ends
+    encoded = [text.encode() for text in texts]  # a text has a NUL: bounds from the lengths
+    ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+    starts = ends - np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), starts, ends
+
+
+@nb.njit(cache=True, nogil=True)
+def _split(buffer: Bytes, n: int) -> tuple[Ints, Ints]:  # pragma: no cover  # compiled
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    if n == 0:
+        return starts, ends
+    k = 0
+    starts[0] = 0
+    for i in range(buffer.shape[0]):
+        if buffer[i] == 0:
+            ends[k] = i
+            k += 1
+            starts[k] = i + 1
+    ends[k] = buffer.shape[0]
+    return starts, ends
+
+
+@nb.njit(cache=True, inline="always")
+def _hash(buffer: Bytes, start: int, end: int) -> np.uint64:  # pragma: no cover  # compiled
+    h = np.uint64(14695981039346656037)
+    for i in range(start, end):
+        h = (h ^ np.uint64(buffer[i])) * np.uint64(1099511628211)
+    h ^= h >> np.uint64(29)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    return h ^ (h >> np.uint64(32))
+
+
+@nb.njit(cache=True, inline="always")
+def _equal(a: Bytes, a0: int, a1: int, b: Bytes, b0: int, b1: int) -> bool:  # pragma: no cover  # compiled
+    if a1 - a0 != b1 - b0:
+        return False
+    for k in range(a1 - a0):
+        if a[a0 + k] != b[b0 + k]:
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def find_ids(table: Ints, arena: Bytes, first: Ints, last: Ints, base: int, keys: Bytes, starts: Ints,
+             ends: Ints) -> Ints:  # pragma: no cover  # compiled
+    """The slot of each key (request id) in ``table``, or -1. ``arena[first[s - base]:last[s - base]]`` holds
+    the id of slot ``s``; ``table`` is open addressing, ``table[2 i]`` a slot and ``table[2 i + 1]`` its hash."""
+    mask = table.shape[0] // 2 - 1
+    out = np.full(starts.shape[0], -1, np.int64)
+    for k in range(starts.shape[0]):
+        h = _hash(keys, starts[k], ends[k])
+        i = np.int64(h & np.uint64(mask))
+        while True:
+            slot = table[2 * i]
+            if slot == EMPTY:
+                break
+            if table[2 * i + 1] == np.int64(h):
+                j = slot - base
+                if _equal(arena, first[j], last[j], keys, starts[k], ends[k]):
+                    out[k] = slot
+                    break
+            i = (i + 1) & mask
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def put_ids(table: Ints, arena: Bytes, first: Ints, last: Ints, base: int,
+            slots: Ints) -> int:  # pragma: no cover  # compiled
+    """Make each slot (in order) the one of its id, replacing the id's earlier slot; returns the entries added."""
+    mask = table.shape[0] // 2 - 1
+    added = 0
+    for slot in slots:
+        j = slot - base
+        h = _hash(arena, first[j], last[j])
+        i = np.int64(h & np.uint64(mask))
+        while True:
+            other = table[2 * i]
+            if other == EMPTY:
+                table[2 * i] = slot
+                table[2 * i + 1] = np.int64(h)
+                added += 1
+                break
+            if table[2 * i + 1] == np.int64(h):
+                o = other - base
+                if _equal(arena, first[o], last[o], arena, first[j], last[j]):
+                    table[2 * i] = slot
+                    break
+            i = (i + 1) & mask
+    return added
+
+
+@nb.njit(cache=True, nogil=True)
+def positions(texts: Bytes, first: Ints, last: Ints, base: int, slots: Ints, items: Bytes, starts: Ints,
+              ends: Ints) -> Ints:  # pragma: no cover  # compiled
+    """1-based position of each item in its slot's compact item text ``","a","b","`` (0: not served)."""
+    out = np.zeros(starts.shape[0], np.int64)
+    for k in range(starts.shape[0]):
+        j = slots[k] - base
+        t, end = first[j] + 3, last[j]
+        size = ends[k] - starts[k]
+        position = 1
+        while t < end:
+            stop = t
+            while not (texts[stop] == 34 and texts[stop + 1] == 44 and texts[stop + 2] == 34):  # '","'
+                stop += 1
+            if stop - t == size and _equal(texts, t, stop, items, starts[k], ends[k]):
+                out[k] = position
+                break
+            position += 1
+            t = stop + 3
+    return out
+
+
+@nb.njit(cache=True, inline="always")
+def _mix(key: np.int64, grade: np.int64) -> np.uint64:  # pragma: no cover  # compiled
+    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(grade) * np.uint64(0xC2B2AE3D27D4EB4F)
+    return h ^ (h >> np.uint64(31))
+
+
+@nb.njit(cache=True, nogil=True)
+def first_times(table: Ints, keys: Ints,
+                grades: Ints) -> tuple[npt.NDArray[np.bool_], int]:  # pragma: no cover  # compiled
+    """Record each ``(key, grade)`` in order; ``True`` where it was not seen before. Returns the entries added.
+
+    ``table[2 i]`` is a key (or EMPTY / DELETED) and ``table[2 i + 1]`` the bits of its grade."""
+    mask = table.shape[0] // 2 - 1
+    new = np.zeros(keys.shape[0], np.bool_)
+    added = 0
+    for k in range(keys.shape[0]):
+        key, grade = keys[k], grades[k]
+        i = np.int64(_mix(key, grade) & np.uint64(mask))
+        free = np.int64(-1)
+        while True:
+            other = table[2 * i]
+            if other == EMPTY:
+                if free < 0:
+                    free = i
+                    added += 1
+                table[2 * free] = key
+                table[2 * free + 1] = grade
+                new[k] = True
+                break
+            if other == DELETED:
+                if free < 0:
+                    free = i
+            elif other == key and table[2 * i + 1] == grade:
+                break
+            i = (i + 1) & mask
+    return new, added
+
+
+@nb.njit(cache=True, nogil=True)
+def forget_keys(table: Ints, keys: Ints, grades: Ints) -> int:  # pragma: no cover  # compiled
+    """Remove each ``(key, grade)`` (present once); returns how many were found."""
+    mask = table.shape[0] // 2 - 1
+    removed = 0
+    for k in range(keys.shape[0]):
+        key, grade = keys[k], grades[k]
+        i = np.int64(_mix(key, grade) & np.uint64(mask))
+        while True:
+            other = table[2 * i]
+            if other == EMPTY:
+                break
+            if other == key and table[2 * i + 1] == grade:
+                table[2 * i] = DELETED
+                removed += 1
+                break
+            i = (i + 1) & mask
+    return removed
+
+
+@nb.njit(cache=True, nogil=True)
+def rehash(old: Ints, new: Ints) -> int:  # pragma: no cover  # compiled
+    """Copy the live ``(key, grade)`` entries of one duplicate table into another (empty) one; returns them."""
+    mask = new.shape[0] // 2 - 1
+    live = 0
+    for i in range(old.shape[0] // 2):
+        key = old[2 * i]
+        if key < 0:
+            continue
+        grade = old[2 * i + 1]
+        j = np.int64(_mix(key, grade) & np.uint64(mask))
+        while new[2 * j] != EMPTY:
+            j = (j + 1) & mask
+        new[2 * j] = key
+        new[2 * j + 1] = grade
+        live += 1
+    return live
+
+
+def empty_table(entries: int, width: int = 2) -> Ints:
+    """An open-addressing table for ``entries`` at a load of at most 1/2: a power of two of entries of
+    ``width`` int64 each, all EMPTY."""
+    size = 1024
+    while size < 2 * entries:
+        size *= 2
+    return np.full(width * size, EMPTY, dtype=np.int64)
+
+
+#: Columns of an entry of the table of items that were not served: slot, code, first byte, end, hash.
+UNSHOWN_ENTRY = 5
+
+
+@nb.njit(cache=True, nogil=True)
+def unshown_codes(table: Ints, arena: Bytes, used: int, counts: Ints, base: int, slots: Ints, items: Bytes,
+                  starts: Ints, ends: Ints) -> tuple[Ints, int, int]:  # pragma: no cover  # compiled
+    """A code for each (slot, item not served): 0, 1, 2... in the order a slot's items are first seen.
+
+    New items are copied to ``arena`` from ``used`` on (the caller leaves room); returns the codes, the bytes
+    used and the entries added. ``counts[s - base]`` is the number of codes slot ``s`` has given."""
+    mask = table.shape[0] // UNSHOWN_ENTRY - 1
+    out = np.empty(starts.shape[0], np.int64)
+    added = 0
+    for k in range(starts.shape[0]):
+        slot = slots[k]
+        h = _hash(items, starts[k], ends[k]) ^ (np.uint64(slot) * np.uint64(0x9E3779B97F4A7C15))
+        i = np.int64(h & np.uint64(mask))
+        while True:
+            e = UNSHOWN_ENTRY * i
+            if table[e] == EMPTY:
+                code = counts[slot - base]
+                counts[slot - base] += 1
+                size = ends[k] - starts[k]
+                arena[used : used + size] = items[starts[k] : ends[k]]
+                table[e] = slot
+                table[e + 1] = code
+                table[e + 2] = used
+                table[e + 3] = used + size
+                table[e + 4] = np.int64(h)
+                used += size
+                added += 1
+                out[k] = code
+                break
+            if (table[e] == slot and table[e + 4] == np.int64(h)
+                    and _equal(arena, table[e + 2], table[e + 3], items, starts[k], ends[k])):
+                out[k] = table[e + 1]
+                break
+            i = (i + 1) & mask
+    return out, used, added
+
+
+@nb.njit(cache=True, nogil=True)
+def keep_unshown(old: Ints, old_arena: Bytes, open_slot: npt.NDArray[np.bool_], base: int, new: Ints,
+                 new_arena: Bytes) -> tuple[int, int]:  # pragma: no cover  # compiled
+    """Copy the entries of open slots (``open_slot[s - base]``) to an empty table and arena; returns the bytes
+    used and the entries kept."""
+    mask = new.shape[0] // UNSHOWN_ENTRY - 1
+    used = 0
+    kept = 0
+    for i in range(old.shape[0] // UNSHOWN_ENTRY):
+        e = UNSHOWN_ENTRY * i
+        slot = old[e]
+        if slot < base or slot - base >= open_slot.shape[0] or not open_slot[slot - base]:
+            continue
+        j = np.int64(np.uint64(old[e + 4]) & np.uint64(mask))
+        while new[UNSHOWN_ENTRY * j] != EMPTY:
+            j = (j + 1) & mask
+        f = UNSHOWN_ENTRY * j
+        size = old[e + 3] - old[e + 2]
+        new_arena[used : used + size] = old_arena[old[e + 2] : old[e + 3]]
+        new[f] = slot
+        new[f + 1] = old[e + 1]
+        new[f + 2] = used
+        new[f + 3] = used + size
+        new[f + 4] = old[e + 4]
+        used += size
+        kept += 1
+    return used, kept
