@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +22,8 @@ from stream_eval.config import ArmPair, Config
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions
-from stream_eval.events.join import EventCounts, Join, RequestState
+from stream_eval.events.columns import ColumnJoin, Finalised
+from stream_eval.events.join import EventCounts, RequestState
 from stream_eval.events.schema import SEP, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.abtest import difference
 from stream_eval.metrics.aggregates import Moments, grouped_moments
@@ -98,7 +100,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.counts = EventCounts()
-        self.join = Join(config, self.counts)
+        self.join = ColumnJoin(config, self.counts)
         self.specs = request_specs(config)
         self._alpha_columns = [j for j, s in enumerate(self.specs) if s.family == "alpha-nDCG"]
         self.on_finalised = on_finalised
@@ -139,44 +141,69 @@ class Engine:
         not move event time: the caller does, with :meth:`advance` (streaming takes the minimum over topics).
         """
         join = self.join if join is None else join
-        ranking, feedback = join.ranking, join.feedback
-        watermark = join.watermark
-        for event in events:
-            kind = type(event)
-            if kind is Feedback:
-                feedback(event)  # type: ignore[arg-type]  # dispatched on type
-            elif kind is CompactRanking or kind is Ranking:
-                ranking(event)  # type: ignore[arg-type]  # dispatched on type
-            elif kind is Judgment:
-                self.judgment(event)  # type: ignore[arg-type]  # dispatched on type
-            elif kind is Watermark:
-                if event_time and event.end:  # type: ignore[union-attr]  # dispatched on type
-                    self.flush(join)
-                    watermark = join.watermark
-                    continue
-            else:
-                self.invalid(event)  # type: ignore[arg-type]  # dispatched on type
-                continue
+        events = events if isinstance(events, list) else list(events)
+        types = list(map(type, events))
+        if not _JOINED.issuperset(types):
+            self._process_mixed(events, types, join, event_time)
+        elif events:
+            before = None
             if event_time:
-                ts: float = event.ts  # type: ignore[union-attr, assignment]  # validated: epoch seconds
-                if ts > watermark:
-                    watermark = join.watermark = ts
+                ts = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
+                before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
+                watermark = max(join.watermark, float(ts.max()))
+            join.add(events, before)  # type: ignore[arg-type]  # rankings and feedback here
+            if event_time:
+                join.watermark = watermark
         if event_time:
-            self.advance(watermark, join)
+            self.advance(join.watermark, join)
         if self.windows is not None and not self._muted:
             self.windows.refresh(join)
         if self.delays is not None:
             self.delays.drain(join, keep=not self._muted)
 
-    def new_join(self) -> Join:
+    def _process_mixed(self, events: list[Any], types: list[type], join: ColumnJoin, event_time: bool) -> None:
+        """:meth:`process` for events that are not all rankings and feedback: judgments and invalid events are
+        taken in turn, the join gets the rest in one call, and the end of a partition flushes it where it is."""
+        joined: list[Any] = []
+        before: list[float] = []
+        watermark = join.watermark
+        for event, kind in zip(events, types, strict=True):
+            if kind in _JOINED:
+                joined.append(event)
+                before.append(watermark)
+            elif kind is Judgment:
+                self.judgment(event)
+            elif kind is Watermark:
+                if event_time and event.end:
+                    self._join_events(join, joined, before, event_time, watermark)
+                    joined, before = [], []
+                    self.flush(join)
+                    watermark = join.watermark
+                    continue
+            else:
+                self.invalid(event)
+                continue
+            if event_time and event.ts > watermark:
+                watermark = event.ts
+        self._join_events(join, joined, before, event_time, watermark)
+
+    @staticmethod
+    def _join_events(join: ColumnJoin, joined: list[Any], before: list[float], event_time: bool,
+                     watermark: float) -> None:
+        if joined:
+            join.add(joined, np.array(before) if event_time else None)
+        if event_time:
+            join.watermark = watermark
+
+    def new_join(self) -> ColumnJoin:
         """A join for one more input partition, counting into this engine's event counts."""
-        join = Join(self.config, self.counts)
+        join = ColumnJoin(self.config, self.counts)
         if self.delays is not None:
             join.delays = []
         return join
 
     @contextmanager
-    def muted(self, join: Join) -> Iterator[None]:
+    def muted(self, join: ColumnJoin) -> Iterator[None]:
         """Rebuild ``join``'s state from events already counted elsewhere: nothing is counted or finalised.
 
         Nests: leaving an inner ``muted`` restores what the outer one set.
@@ -204,7 +231,7 @@ class Engine:
         if len(self.invalid_examples) < 10:
             self.invalid_examples.append(event)
 
-    def advance(self, watermark: float, join: Join | None = None) -> None:
+    def advance(self, watermark: float, join: ColumnJoin | None = None) -> None:
         """Move event time forward and finalise every request, session and GSB window it closes.
 
         With a partition's ``join``, only that partition's requests are finalised; sessions and GSB windows,
@@ -232,7 +259,7 @@ class Engine:
             # rebuilding (muted): what closes was counted by the previous owner
             self.gsb.close(watermark, self.arms_of, count=not self._muted)
 
-    def flush(self, join: Join | None = None) -> None:
+    def flush(self, join: ColumnJoin | None = None) -> None:
         """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
         own = join is None or join is self.join
         join = self.join if join is None else join
@@ -240,11 +267,11 @@ class Engine:
         if own:
             self.close(math.inf)
 
-    def _finalise_all(self, finalised: Sequence[RequestState]) -> None:
+    def _finalise_all(self, finalised: Finalised) -> None:
         if self._muted:
             return
-        for start in range(0, len(finalised), self.batch_size):
-            self._finalise(finalised[start : start + self.batch_size])
+        for part in finalised.split(self.batch_size):
+            self._finalise(part)
 
     # -- finalisation ---------------------------------------------------------------------------------
     def group_of(self, experiment: str, arm: str) -> int:
@@ -317,10 +344,34 @@ class Engine:
                         values[i, j] = alpha_ndcg(subtopics, relevant, self.specs[j].k or 0, self.config.alpha)
         return values, batch, result.empty
 
-    def _finalise(self, states: Sequence[RequestState]) -> None:
-        if not states:
+    def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
+        """Per-request values of finalised requests."""
+        rankings = finalised.rankings
+        n_shown = np.fromiter((r.n for r in rankings), dtype=np.int64, count=len(rankings))
+        batch = JudgedBatch(n_shown, finalised.shown_req, finalised.shown_pos, finalised.shown_grade,
+                            finalised.unshown_req, finalised.unshown_grade)
+        result = evaluate_batch(batch, self.config, self.specs)
+        values = result.values
+        if self._alpha_columns:
+            values[:, self._alpha_columns] = np.nan
+            relevant_rows = batch.shown_grade >= self.config.rel_threshold
+            bounds = np.searchsorted(batch.shown_req, np.arange(len(rankings) + 1))
+            for i, ranking in enumerate(rankings):
+                subtopics = ranking.subtopics
+                if subtopics is not None and not (result.empty[i] and self.config.empty == "skip"):
+                    relevant = [False] * ranking.n
+                    rows = slice(bounds[i], bounds[i + 1])
+                    for position in batch.shown_pos[rows][relevant_rows[rows]].tolist():
+                        relevant[position - 1] = True
+                    for j in self._alpha_columns:
+                        values[i, j] = alpha_ndcg(subtopics, relevant, self.specs[j].k or 0, self.config.alpha)
+        return values, batch, result.empty
+
+    def _finalise(self, finalised: Finalised) -> None:
+        if not len(finalised):
             return
-        values, batch, empty = self.evaluate(states)
+        states: Sequence[Any] = finalised.rankings  # a ranking has the fields of a request read here
+        values, batch, empty = self.evaluate_finalised(finalised)
         group = np.empty(len(states), dtype=np.int64)
         special: list[int] = []
         for i, state in enumerate(states):
@@ -473,6 +524,11 @@ class Engine:
                     "n_control": d.n_control, "n_treatment": d.n_treatment,
                 })
         return out
+
+
+#: Events that go to the join.
+_JOINED = frozenset((CompactRanking, Ranking, Feedback))
+_TS = attrgetter("ts")
 
 
 def _number(value: float) -> float | None:

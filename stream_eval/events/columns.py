@@ -82,6 +82,22 @@ class Finalised:
     def __len__(self) -> int:
         return len(self.rankings)
 
+    def split(self, size: int) -> list[Finalised]:
+        """In parts of at most ``size`` requests, in order."""
+        if len(self) <= size:
+            return [self]
+        parts = []
+        cuts = list(range(0, len(self), size)) + [len(self)]
+        shown = np.searchsorted(self.shown_req, cuts)
+        unshown = np.searchsorted(self.unshown_req, cuts)
+        for k in range(len(cuts) - 1):
+            a, b = cuts[k], cuts[k + 1]
+            s, u = slice(shown[k], shown[k + 1]), slice(unshown[k], unshown[k + 1])
+            parts.append(Finalised(self.rankings[a:b], self.serve[a:b], self.applied[a:b], self.shown_req[s] - a,
+                                   self.shown_pos[s], self.shown_grade[s], self.unshown_req[u] - a,
+                                   self.unshown_grade[u]))
+        return parts
+
     def shown_grades(self) -> list[dict[str, float]]:
         """Each request's best grade (> 0) per served item."""
         out: list[dict[str, float]] = [{} for _ in self.rankings]
