@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine
-from stream_eval.events.join import EventCounts, Join, RequestState
-from stream_eval.events.schema import Feedback, Ranking, validate
+from stream_eval.events.join import EventCounts, Finalised, Join
+from stream_eval.events.schema import CompactRanking, Feedback, Ranking, item_list, validate
 
 WINDOW = 10.0
 LATENESS = 5.0
@@ -33,8 +34,14 @@ def click(rid: str, item: str, ts: float, kind: str = "click", grade: float | No
     return event
 
 
+#: Key of a request's grades of judged items that were not served (only their grades count, not their names).
+NOT_SERVED = "(not served)"
+
+
 class Driver:
-    """Feeds a Join the way the engine does: the watermark is the max event ts seen so far.
+    """Feeds a Join the way the engine does, one event per :meth:`Join.add`: the watermark is the max event ts
+    seen so far. An event's status (``ok``, ``late``, ``duplicate``, ``orphan``; ``pending`` for feedback that
+    waits) is read from the counts it moved.
 
     ``eager`` calls :meth:`Join.advance` after every event; otherwise the watermark is only recorded (as
     :meth:`Engine.process` does inside a chunk) and ``advance`` runs once, at :meth:`finish`.
@@ -44,41 +51,49 @@ class Driver:
         self.counts = EventCounts()
         self.join = Join(config, self.counts)
         self.eager = eager
-        self.finalised: list[RequestState] = []
+        self.finalised: list[tuple[CompactRanking, dict[str, object]]] = []  # each request and its grades
         self.statuses: list[str] = []
+
+    def take(self, finalised: Finalised) -> None:
+        unshown = finalised.unshown_grades()
+        for ranking, grades, others in zip(finalised.rankings, finalised.shown_grades(), unshown, strict=True):
+            self.finalised.append((ranking, {**grades, NOT_SERVED: others} if others else dict(grades)))
 
     def __call__(self, *events: Ranking | Feedback) -> list[str]:
         out = []
         for event in events:
-            if isinstance(event, Ranking):
-                status = self.join.ranking(event)
-            else:
-                status = self.join.feedback(event)
-            out.append(status)
+            kind = "ranking" if isinstance(event, Ranking) else "feedback"
+            before = {status: self.counts[kind, status] for status in ("ok", "late", "duplicate", "orphan")}
+            self.join.add([event], np.array([self.join.watermark]))
+            moved = [status for status, n in before.items() if self.counts[kind, status] > n]
+            out.append(moved[0] if moved else "pending")
             ts: float = event.ts  # type: ignore[assignment]
             if self.eager:
-                self.finalised += self.join.advance(ts)
+                self.take(self.join.advance(ts))
             elif ts > self.join.watermark:
                 self.join.watermark = ts
         self.statuses += out
         return out
 
-    def finish(self) -> dict[str, dict[str, float]]:
-        self.finalised += self.join.advance(self.join.watermark)
-        self.finalised += self.join.flush()
+    def finish(self) -> dict[str, dict[str, object]]:
+        self.end()
         return self.grades()
 
     def end(self) -> None:
-        self.finalised += self.join.advance(self.join.watermark)
-        self.finalised += self.join.flush()
+        self.take(self.join.advance(self.join.watermark))
+        self.take(self.join.flush())
 
-    def grades(self) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
-        for state in self.finalised:
-            rid = state.ranking.request_id
+    def items(self, rid: str) -> list[list[str]]:
+        """The served items of each finalised request with this id, in order."""
+        return [item_list(ranking.items) for ranking, _ in self.finalised if ranking.request_id == rid]
+
+    def grades(self) -> dict[str, dict[str, object]]:
+        out: dict[str, dict[str, object]] = {}
+        for ranking, grades in self.finalised:
+            rid = ranking.request_id
             # A request_id may come back as a new request once the first is forgotten (see join.py).
             key = rid if rid not in out else f"{rid}#{sum(k.split('#')[0] == rid for k in out) + 1}"
-            out[key] = dict(state.grades or {})
+            out[key] = grades
         return out
 
     def feedback_counts(self) -> dict[str, int]:
@@ -108,7 +123,7 @@ def test_grade_is_the_max_over_feedback() -> None:
         click("r1", "a", 4, "label", 1.0), click("r1", "b", 5, "label", 0.0), click("r1", "c", 6))
     run(click("r1", "z", 6, "label", 2.0))  # judged, not shown: kept (it counts in R and IDCG)
     assert run.feedback_counts() == {"ok": 7}
-    assert run.finish() == {"r1": {"a": 3.0, "c": 1.0, "z": 2.0}}
+    assert run.finish() == {"r1": {"a": 3.0, "c": 1.0, NOT_SERVED: [2.0]}}
 
 
 def test_late_by_attribution_window() -> None:
@@ -150,10 +165,10 @@ def test_allowed_lateness_lets_moderately_out_of_order_feedback_count() -> None:
 def test_finalisation_point() -> None:
     run = Driver()
     run(rank("r1", 0))
-    assert run.join.advance(14.999) == []
+    assert not len(run.join.advance(14.999))
     finalised = run.join.advance(15.0)
-    assert [s.ranking.request_id for s in finalised] == ["r1"]
-    assert run.join.advance(1000.0) == []
+    assert [r.request_id for r in finalised.rankings] == ["r1"]
+    assert not len(run.join.advance(1000.0))
 
 
 def test_finalisation_point_inside_a_second() -> None:
@@ -161,10 +176,10 @@ def test_finalisation_point_inside_a_second() -> None:
     that second finalises the ones due by then and keeps the rest, whose feedback still counts."""
     run = Driver()
     run(rank("r1", 0.5), rank("r2", 0.1))
-    assert [s.request_id for s in run.join.advance(15.2)] == ["r2"]
+    assert [r.request_id for r in run.join.advance(15.2).rankings] == ["r2"]
     assert run(click("r1", "a", 3.0)) == ["ok"]  # out of order, inside the window and not final yet
     finalised = run.join.advance(15.5)
-    assert [(s.request_id, s.grades) for s in finalised] == [("r1", {"a": 1.0})]
+    assert [r.request_id for r in finalised.rankings] == ["r1"] and finalised.shown_grades() == [{"a": 1.0}]
 
 
 def test_session_close_point_inside_a_second() -> None:
@@ -210,10 +225,9 @@ def test_duplicate_ranking_first_stands() -> None:
     assert run(rank("r1", 1, ["x", "y"])) == ["duplicate"]
     assert run(click("r1", "x", 2), click("r1", "b", 3)) == ["ok", "ok"]
     run.finish()
-    [state] = run.finalised
-    assert state.ranking.items == ["a", "b"] and state.ts == 0.0
-    assert state.position("x") == 0 and state.position("b") == 2
-    assert state.grades == {"x": 1.0, "b": 1.0}
+    [(ranking, grades)] = run.finalised
+    assert item_list(ranking.items) == ["a", "b"] and ranking.ts == 0.0
+    assert grades == {"b": 1.0, NOT_SERVED: [1.0]}  # x was served by the duplicate only
     assert run.counts["ranking", "ok"] == 1 and run.counts["ranking", "duplicate"] == 1
 
 
@@ -260,7 +274,7 @@ def test_orphan_at_flush() -> None:
     assert run.feedback_counts() == {}
     assert run.finish() == {"r1": {}}
     assert run.feedback_counts() == {"orphan": 3}
-    assert not run.join.pending and not run.join.open
+    assert not run.join.pending and not run.join.open_slots().size
 
 
 def test_advance_never_moves_back() -> None:
@@ -273,7 +287,7 @@ def test_advance_never_moves_back() -> None:
 def test_flush_finalises_in_deadline_order() -> None:
     run = Driver(eager=False)
     run(rank("r3", 30), rank("r1", 10), rank("r2", 20))
-    assert [s.ranking.request_id for s in run.join.flush()] == ["r1", "r2", "r3"]
+    assert [r.request_id for r in run.join.flush().rankings] == ["r1", "r2", "r3"]
 
 
 # -- lazy finalisation is exact -----------------------------------------------------------------------------
@@ -320,7 +334,7 @@ def _check_counts_add_up(run: Driver, events: list[Ranking | Feedback]) -> None:
     n_ranking = sum(isinstance(e, Ranking) for e in events)
     assert run.counts["ranking", "ok"] + run.counts["ranking", "duplicate"] == n_ranking
     assert len(run.finalised) == run.counts["ranking", "ok"]
-    assert not run.join.pending and not run.join.open
+    assert not run.join.pending and not run.join.open_slots().size
 
 
 def _compare(events: list[Ranking | Feedback]) -> None:
@@ -328,8 +342,7 @@ def _compare(events: list[Ranking | Feedback]) -> None:
     _check_counts_add_up(eager, events)
     _check_counts_add_up(lazy, events)
     assert lazy.grades() == eager.grades()
-    assert {s.ranking.request_id: s.ranking.items for s in lazy.finalised} == {
-        s.ranking.request_id: s.ranking.items for s in eager.finalised}
+    assert {r.request_id: r.items for r, _ in lazy.finalised} == {r.request_id: r.items for r, _ in eager.finalised}
     assert lazy.counts == eager.counts
 
 
@@ -354,7 +367,7 @@ def test_counts_add_up_with_advance_every_few_events(events: list[Ranking | Feed
     run = Driver(eager=False)
     for start in range(0, len(events), every):
         run(*_copy(events[start : start + every]))
-        run.finalised += run.join.advance(run.join.watermark)
+        run.take(run.join.advance(run.join.watermark))
     run.end()
     _check_counts_add_up(run, events)
 
@@ -384,7 +397,7 @@ def test_duplicate_ranking_while_remembered_is_a_duplicate() -> None:
     for eager in (False, True):
         run = _run(events, eager)
         assert run.counts["ranking", "duplicate"] == 1, f"eager={eager}"
-        assert [s.ranking.items for s in run.finalised if s.ranking.request_id == "r1"] == [["a"]]
+        assert run.items("r1") == [["a"]]
 
 
 def test_ranking_repeated_after_memory_ends_is_a_new_request_whenever_advance_runs() -> None:
@@ -393,7 +406,7 @@ def test_ranking_repeated_after_memory_ends_is_a_new_request_whenever_advance_ru
     for eager in (False, True):
         run = _run(events, eager)
         assert run.counts["ranking", "duplicate"] == 0, f"eager={eager}"
-        assert [s.ranking.items for s in run.finalised if s.ranking.request_id == "r1"] == [["a"], ["z"]]
+        assert run.items("r1") == [["a"], ["z"]]
 
 
 def test_engine_numbers_do_not_depend_on_how_events_are_batched() -> None:
@@ -415,7 +428,7 @@ def test_engine_numbers_do_not_depend_on_how_events_are_batched() -> None:
 
 
 def test_duplicates_detected_past_the_short_list_of_seen_feedback() -> None:
-    """A request's feedback keys live in a list while few, then in a set: duplicates are caught in both."""
+    """Many feedback keys on one request, of two kinds: every repeat is caught."""
     run = Driver()
     items = [f"i{k}" for k in range(20)]
     run(rank("r1", 0, items))

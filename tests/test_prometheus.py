@@ -190,12 +190,14 @@ def test_window_labels() -> None:
 def _brute_force(engine: Engine, windows: RollingWindows, joins: list[Join], final: dict[str, tuple[float, Any]]):
     """Window sums from scratch: current values of open requests and final values, by serve time."""
     rows: list[tuple[float, tuple[str, str], Any]] = list(final.values())  # type: ignore[arg-type]
-    states = [s for join in joins for s in join.open.values()]
-    if states:
-        current, _, _ = engine.evaluate(states)
-        for state, row in zip(states, current, strict=True):
-            key = engine.group_keys[engine.group_of(state.ranking.experiment, state.ranking.arm)]
-            rows.append((state.ts, key, row))
+    for join in joins:
+        requests = join.current(join.open_slots())
+        if not len(requests):
+            continue
+        current, _, _ = engine.evaluate_finalised(requests)
+        for ranking, row in zip(requests.rankings, current, strict=True):
+            key = engine.group_keys[engine.group_of(ranking.experiment, ranking.arm)]
+            rows.append((ranking.ts, key, row))
     out: dict[tuple[str, str, str, str], tuple[float, float]] = {}
     wm = windows.watermark
     for seconds, label in zip(windows.windows, windows.labels, strict=True):
@@ -242,8 +244,8 @@ def test_window_sums_equal_current_values_of_requests_served_in_the_window(strea
 
     def keep(batch: FinalisedBatch) -> None:
         for state, row in zip(batch.states, batch.values, strict=True):
-            key = engine.group_keys[engine.group_of(state.ranking.experiment, state.ranking.arm)]
-            final[f"{state.ranking.request_id}#{len(final)}"] = (state.ts, key, row.copy())
+            key = engine.group_keys[engine.group_of(state.experiment, state.arm)]
+            final[f"{state.request_id}#{len(final)}"] = (state.ts, key, row.copy())
 
     engine = Engine(config, on_finalised=keep)
     windows = RollingWindows(engine, width=10.0)
@@ -287,14 +289,16 @@ def test_requests_without_grades_all_have_the_values_the_windows_keep_once(
     config = Config(cutoffs=tuple(cutoffs), empty=empty, gain=gain)
     engine = Engine(config)
     join = engine.new_join()
+    events: list[Ranking | Feedback] = []
     for i, n in enumerate(lengths):
         scores = [float(n - j) for j in range(n)] if with_scores else None
-        join.ranking(Ranking(f"r{i}", [f"d{i}-{j}" for j in range(n)], ts=float(i), scores=scores, arm=f"a{i % 2}"))
-        join.feedback(Feedback(f"r{i}", "unjudged", kind="label", grade=0.0, ts=float(i)))  # a grade 0 changes nothing
-    states = list(join.open.values())
-    assert all(state.grades is None for state in states)
-    values, _, _ = engine.evaluate(states)
-    np.testing.assert_array_equal(values, np.tile(values[0], (len(states), 1)))
+        events.append(Ranking(f"r{i}", [f"d{i}-{j}" for j in range(n)], ts=float(i), scores=scores, arm=f"a{i % 2}"))
+        events.append(Feedback(f"r{i}", "unjudged", kind="label", grade=0.0, ts=float(i)))  # a grade 0 changes nothing
+    join.add(events)
+    requests = join.current(join.open_slots())
+    assert len(requests) == len(lengths) and not requests.graded.any()
+    values, _, _ = engine.evaluate_finalised(requests)
+    np.testing.assert_array_equal(values, np.tile(values[0], (len(requests), 1)))
 
 
 def test_dropping_a_partition_takes_its_open_requests_out_of_the_windows() -> None:
@@ -395,7 +399,7 @@ def test_exposition_passes_promtool(tmp_path: Path) -> None:
     simulation = SimulationConfig(requests=1500, rate=0.5, judgments=True, interleaving=True, subtopics=True,
                                   invalid_fraction=0.02)
     engine.process(decode_chunk(Path(_log(tmp_path, simulation)).read_bytes(), config))  # the last hour still open
-    assert engine.join.open and engine.groups[0].requests
+    assert engine.join.open_slots().size and engine.groups[0].requests
     exposition = generate_latest(registry)
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
     problems = set((result.stdout + result.stderr).decode().strip().splitlines())

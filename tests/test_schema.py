@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config
-from stream_eval.events.join import RequestState
+from stream_eval.events.join import EventCounts, Join
 from stream_eval.events.schema import (
     CompactRanking,
     EventError,
@@ -584,14 +584,17 @@ def test_compact_decoding_equals_full_decoding(lines: list[bytes], last_newline:
 
 
 def test_compact_positions_are_exact() -> None:
-    items = [",", '","', "", "a", "a,b", "b"]
-    state = RequestState(Ranking("r", items, ts=1.0))
-    assert state.item_list() == items and state.ranking.items == items
-    assert [state.position(item) for item in items] == list(range(1, 7))
-    assert [state.position(x) for x in ["c", '"', ",a", "a,", '",', 'a","a,b']] == [0] * 6
-    compact = RequestState(Ranking("r", ["", ",", "a,b", "b"], ts=1.0))
-    assert type(compact.items) is str
-    assert [compact.position(x) for x in ["", ",", "a,b", "b", "a", ",b", "a,b,"]] == [1, 2, 3, 4, 0, 0, 0]
+    """The join finds a served item's position exactly whatever the items hold (commas, quotes, the separator
+    of compact item texts, the empty string), and never takes another text for a served item."""
+    for items in ([",", '","', "", "a", "a,b", "b"], ["", ",", "a,b", "b"]):
+        join = Join(Config(), EventCounts())
+        probes = [*items, "c", '"', ",a", "a,", '",', 'a","a,b', ",b", "a,b,"]
+        grade = {probe: float(k + 1) for k, probe in enumerate(probes)}  # a grade that names the probe
+        labels = [Feedback("r", probe, kind="label", grade=grade[probe], ts=2.0) for probe in probes]
+        join.add([Ranking("r", items, ts=1.0), *labels])
+        finalised = join.flush()
+        assert finalised.shown_grades() == [{item: grade[item] for item in items}]
+        assert finalised.unshown_grades() == [sorted(grade[p] for p in probes if p not in items)]
 
 
 NOT_UTF8 = [

@@ -22,9 +22,8 @@ from stream_eval.config import ArmPair, Config
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions
-from stream_eval.events.columns import ColumnJoin, Finalised
-from stream_eval.events.join import EventCounts, RequestState
-from stream_eval.events.schema import SEP, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
+from stream_eval.events.join import EventCounts, Finalised, Join
+from stream_eval.events.schema import CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.abtest import difference
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
@@ -47,7 +46,7 @@ class FinalisedBatch:
 
     __slots__ = ("states", "specs", "values")
 
-    def __init__(self, states: Sequence[RequestState], specs: tuple[MetricSpec, ...], values: Floats) -> None:
+    def __init__(self, states: Sequence[CompactRanking], specs: tuple[MetricSpec, ...], values: Floats) -> None:
         self.states = states
         self.specs = specs
         self.values = values
@@ -100,7 +99,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.counts = EventCounts()
-        self.join = ColumnJoin(config, self.counts)
+        self.join = Join(config, self.counts)
         self.specs = request_specs(config)
         self._alpha_columns = [j for j, s in enumerate(self.specs) if s.family == "alpha-nDCG"]
         self.on_finalised = on_finalised
@@ -161,7 +160,7 @@ class Engine:
         if self.delays is not None:
             self.delays.drain(join, keep=not self._muted)
 
-    def _process_mixed(self, events: list[Any], types: list[type], join: ColumnJoin, event_time: bool) -> None:
+    def _process_mixed(self, events: list[Any], types: list[type], join: Join, event_time: bool) -> None:
         """:meth:`process` for events that are not all rankings and feedback: judgments and invalid events are
         taken in turn, the join gets the rest in one call, and the end of a partition flushes it where it is."""
         joined: list[Any] = []
@@ -188,22 +187,22 @@ class Engine:
         self._join_events(join, joined, before, event_time, watermark)
 
     @staticmethod
-    def _join_events(join: ColumnJoin, joined: list[Any], before: list[float], event_time: bool,
+    def _join_events(join: Join, joined: list[Any], before: list[float], event_time: bool,
                      watermark: float) -> None:
         if joined:
             join.add(joined, np.array(before) if event_time else None)
         if event_time:
             join.watermark = watermark
 
-    def new_join(self) -> ColumnJoin:
+    def new_join(self) -> Join:
         """A join for one more input partition, counting into this engine's event counts."""
-        join = ColumnJoin(self.config, self.counts)
+        join = Join(self.config, self.counts)
         if self.delays is not None:
             join.delays = []
         return join
 
     @contextmanager
-    def muted(self, join: ColumnJoin) -> Iterator[None]:
+    def muted(self, join: Join) -> Iterator[None]:
         """Rebuild ``join``'s state from events already counted elsewhere: nothing is counted or finalised.
 
         Nests: leaving an inner ``muted`` restores what the outer one set.
@@ -231,7 +230,7 @@ class Engine:
         if len(self.invalid_examples) < 10:
             self.invalid_examples.append(event)
 
-    def advance(self, watermark: float, join: ColumnJoin | None = None) -> None:
+    def advance(self, watermark: float, join: Join | None = None) -> None:
         """Move event time forward and finalise every request, session and GSB window it closes.
 
         With a partition's ``join``, only that partition's requests are finalised; sessions and GSB windows,
@@ -259,7 +258,7 @@ class Engine:
             # rebuilding (muted): what closes was counted by the previous owner
             self.gsb.close(watermark, self.arms_of, count=not self._muted)
 
-    def flush(self, join: ColumnJoin | None = None) -> None:
+    def flush(self, join: Join | None = None) -> None:
         """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
         own = join is None or join is self.join
         join = self.join if join is None else join
@@ -288,61 +287,6 @@ class Engine:
         if len(self._raw_groups) < _RAW_GROUP_CACHE:
             self._raw_groups[experiment, arm] = index
         return index
-
-    def evaluate(self, states: Sequence[RequestState]) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
-        """Per-request values of ``states`` as they stand now (also used for open requests' live values)."""
-        s_req: list[int] = []
-        s_pos: list[int] = []
-        s_grade: list[float] = []
-        u_req: list[int] = []
-        u_grade: list[float] = []
-        for i, state in enumerate(states):
-            grades = state.grades
-            if not grades:
-                continue
-            items = state.items
-            if type(items) is str:  # compact: see RequestState.position (f'","{item}","' is SEP + item + SEP)
-                for item, grade in grades.items():
-                    at = items.find(f'","{item}","') if '"' not in item else -1
-                    if at >= 0:
-                        s_req.append(i)
-                        s_pos.append(items.count(SEP, 0, at) + 1)
-                        s_grade.append(grade)
-                    else:
-                        u_req.append(i)
-                        u_grade.append(grade)
-                continue
-            for item, grade in grades.items():
-                position = state.position(item)
-                if position:
-                    s_req.append(i)
-                    s_pos.append(position)
-                    s_grade.append(grade)
-                else:
-                    u_req.append(i)
-                    u_grade.append(grade)
-        n_shown = np.fromiter((s.n for s in states), dtype=np.int64, count=len(states))
-        batch = JudgedBatch(
-            n_shown,
-            np.array(s_req, dtype=np.int64),
-            np.array(s_pos, dtype=np.int64),
-            np.array(s_grade, dtype=np.float64),
-            np.array(u_req, dtype=np.int64),
-            np.array(u_grade, dtype=np.float64),
-        )
-        result = evaluate_batch(batch, self.config, self.specs)
-        values = result.values
-        if self._alpha_columns:
-            values[:, self._alpha_columns] = np.nan
-            for i, state in enumerate(states):
-                subtopics = state.subtopics
-                if subtopics is not None and not (result.empty[i] and self.config.empty == "skip"):
-                    threshold = self.config.rel_threshold
-                    grades = state.grades or {}
-                    relevant = [grades.get(item, 0.0) >= threshold for item in state.item_list()]
-                    for j in self._alpha_columns:
-                        values[i, j] = alpha_ndcg(subtopics, relevant, self.specs[j].k or 0, self.config.alpha)
-        return values, batch, result.empty
 
     def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
         """Per-request values of finalised requests."""
@@ -412,15 +356,15 @@ class Engine:
             if regroup is not None:
                 regroup.arm(experiment, arm)
         if self.windows is not None:
-            self.windows.finalised(states, group, values)
+            self.windows.finalised(finalised, group, values)
         if self.on_finalised is not None:
             self.on_finalised(FinalisedBatch(states, self.specs, values))
 
-    def _regroup_session_part(self, state: RequestState, group: int, impressions: Impressions, i: int) -> None:
+    def _regroup_session_part(self, state: CompactRanking, group: int, impressions: Impressions, i: int) -> None:
         experiment, arm = self.group_keys[group]
         self.regroup.session_part(state, experiment, arm, impressions, i)  # type: ignore[union-attr]  # set
 
-    def add_session_parts(self, states: Sequence[RequestState], group: Ints, impressions: Impressions) -> None:
+    def add_session_parts(self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions) -> None:
         """Requests of named sessions regrouped from other partitions (see ``engine/regroup.py``)."""
         self._add_sessions(self.sessions.add(states, group, impressions))
 

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from stream_eval.engine.engine import Engine
 from stream_eval.events.join import Join
 from stream_eval.events.schema import CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
@@ -108,22 +110,22 @@ class Requests:
         """Record the first ranking or feedback of each request in a batch, as ``join`` (before it takes the
         batch) tells: a ranking is first unless its request is open or finalised; feedback is first unless
         feedback is waiting for the request, was applied to it, or it is finalised (late feedback is not needed)."""
-        open_, pending, closed = join.open, join.pending, join.closed
+        picked = [(offset, event) for offset, event in zip(offsets, events, strict=True)
+                  if type(event) in _RANKINGS or type(event) is Feedback]
+        if not picked:
+            return
+        rids = [event.request_id for _, event in picked]  # type: ignore[union-attr]  # rankings and feedback
+        held, fed, waiting = join.status(rids)
         new: set[str] = set()
-        for offset, event in zip(offsets, events, strict=True):
-            kind = type(event)
-            if kind in _RANKINGS:
-                rid = event.request_id  # type: ignore[union-attr]  # dispatched on type
-                if rid in new or rid in open_ or rid in closed:
+        for (offset, event), rid, is_held, is_fed, is_waiting in zip(
+            picked, rids, held.tolist(), fed.tolist(), waiting.tolist(), strict=True
+        ):
+            if rid in new:
+                continue
+            if type(event) is Feedback:
+                if is_waiting or is_fed:
                     continue
-            elif kind is Feedback:
-                rid = event.request_id  # type: ignore[union-attr]  # dispatched on type
-                if rid in new or rid in pending or rid in closed:
-                    continue
-                state = open_.get(rid)
-                if state is not None and state.seen is not None:
-                    continue
-            else:
+            elif is_held:
                 continue
             new.add(rid)
             self.offsets.append(offset)
@@ -132,12 +134,15 @@ class Requests:
     def first(self, join: Join) -> int | None:
         """The smallest offset still needed (requests the join has forgotten are dropped first)."""
         ids, head = self.ids, self.head
-        open_, pending, closed = join.open, join.pending, join.closed
+        step = 256
         while head < len(ids):
-            rid = ids[head]
-            if rid in open_ or rid in pending or rid in closed:
+            held, _, waiting = join.status(ids[head : head + step])
+            needed = np.flatnonzero(held | waiting)
+            if needed.shape[0]:
+                head += int(needed[0])
                 break
-            head += 1
+            head += step
+        head = min(head, len(ids))
         if head > 4096 and 2 * head > len(ids):
             del self.offsets[:head], ids[:head]
             head = 0

@@ -33,7 +33,7 @@ from stream_eval.engine.sessions import Impressions
 
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
-    from stream_eval.events.join import RequestState
+    from stream_eval.events.schema import CompactRanking
 
 
 class RegroupSink:
@@ -43,7 +43,7 @@ class RegroupSink:
         self.records: list[tuple[bytes, bytes]] = []
         self._arms: set[tuple[str, str]] = set()
 
-    def session_part(self, state: RequestState, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
+    def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
         record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "t": state.ts,
                   "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i)}

@@ -15,14 +15,15 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Config
-from stream_eval.events.join import DueBySecond, RequestState
+from stream_eval.events.join import DueBySecond
 from stream_eval.events.schema import SCORES_DECODER as _SCORES
+from stream_eval.events.schema import CompactRanking
 from stream_eval.metrics.auc import gauc_weights, session_auc
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
-NamedPart = Callable[[RequestState, int, "Impressions", int], None]
+NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
 
 
 class Impressions:
@@ -34,7 +35,7 @@ class Impressions:
 
     __slots__ = ("starts", "scores", "labels")
 
-    def __init__(self, states: Sequence[RequestState], rel_req: Ints, rel_pos: Ints) -> None:
+    def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints) -> None:
         n_shown = np.fromiter((s.n for s in states), dtype=np.int64, count=len(states))
         starts = np.zeros(len(states) + 1, dtype=np.int64)
         np.cumsum(n_shown, out=starts[1:])
@@ -108,7 +109,7 @@ class Sessions:
         return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight))
 
     def add(
-        self, states: Sequence[RequestState], group: Ints, impressions: Impressions, named: NamedPart | None = None
+        self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions, named: NamedPart | None = None
     ) -> ScoredSessions | None:
         """Take a batch of finalised requests; returns the one-request sessions, scored.
 

@@ -10,7 +10,7 @@ values change the River way: revert the old contribution, add the new one.
 * Finalisation reverts the last row and adds the final values; the finalised request keeps no row, so memory is
   one row per *open* request plus one ``Moments`` per (bucket, group).
 * An open request without grades and without subtopics (most requests, most of their life) has the values every
-  such request has: it holds no row (``RequestState.row`` is ``UNGRADED``) and is neither evaluated nor stored;
+  such request has: it holds no row (its row in the join is ``UNGRADED``) and is neither evaluated nor stored;
   the windows keep that one row, evaluated from the first such request they see.
 
 Changed requests are evaluated in batches, one :meth:`Engine.evaluate` call per :meth:`Engine.advance` (every
@@ -48,7 +48,8 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
-from stream_eval.events.join import NO_ROW, UNGRADED, Join, RequestState
+from stream_eval.events.join import NO_ROW, UNGRADED, Finalised, Join
+from stream_eval.events.schema import CompactRanking
 from stream_eval.metrics.aggregates import Moments
 from stream_eval.metrics.gsb import GsbCounts
 from stream_eval.metrics.specs import GAUC
@@ -65,9 +66,11 @@ WindowVerdicts = dict[tuple[str, str, str], GsbCounts]
 _BUCKETS_PER_SHORTEST_WINDOW = 30
 
 
-def _has_row(state: RequestState) -> bool:
-    """Whether an open request needs a row of its own (it has grades or subtopics), not the shared ungraded one."""
-    return state.grades is not None or state.subtopics is not None
+def _has_row(requests: Finalised) -> npt.NDArray[np.bool_]:
+    """Whether each open request needs a row of its own (it has grades or subtopics), not the shared ungraded one."""
+    subtopics = np.fromiter((r.subtopics is not None for r in requests.rankings), dtype=np.bool_,
+                            count=len(requests))
+    return requests.graded | subtopics
 
 
 class RollingWindows:
@@ -108,9 +111,9 @@ class RollingWindows:
         self._verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}  # bucket -> (experiment, source)
         self._gauc_seen = [stats.gauc.copy() for stats in engine.groups]
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
-        # One row per open request with grades (or subtopics): slot arrays, grown by doubling; the slot of a
-        # request is its ``RequestState.row``.
-        self._states: list[RequestState | None] = []
+        # One row per open request with grades (or subtopics): arrays grown by doubling; the join keeps each
+        # request's row (Join.set_rows).
+        self._rows = 0
         self._free = array("q")
         self._ungraded: Floats | None = None  # the values of a request without grades or subtopics
         self._held = 0  # open requests in the windows (with a row or ungraded)
@@ -125,31 +128,32 @@ class RollingWindows:
         """Re-evaluate the open requests of ``join`` that are new or whose grades changed (one batch)."""
         changed = join.changed
         if changed is None:  # the join's first refresh: start tracking; everything open is new to the windows
-            join.changed = {}
-            changed = dict(join.open)
-        if not changed:
+            join.changed = set()
+            slots = join.open_slots()
+        else:
+            slots = np.array(sorted(changed), dtype=np.int64)
+            changed.clear()
+        if not slots.shape[0]:
             return
-        open_ = join.open
-        states = [state for rid, state in changed.items() if open_.get(rid) is state]
-        changed.clear()
-        if not states:
-            return
-        graded = [s for s in states if _has_row(s)]
-        if len(graded) < len(states):
-            ungraded = [s for s in states if not _has_row(s)]
+        requests = join.current(slots)
+        own = _has_row(requests)
+        values = np.empty((len(requests), self.size))
+        if not own.all():
             if self._ungraded is None:
-                self._ungraded = self.engine.evaluate(ungraded[:1])[0][0]
-            self._replace(ungraded, self._groups(ungraded), self._ungraded_rows(len(ungraded)), final=False)
-        if graded:
-            self._replace(graded, self._groups(graded), self.engine.evaluate(graded)[0], final=False)
+                first = int(np.flatnonzero(~own)[0])
+                self._ungraded = self.engine.evaluate_finalised(requests.split_at([first]))[0][0]
+            values[~own] = self._ungraded
+        if own.any():
+            values[own] = self.engine.evaluate_finalised(requests.split_at(np.flatnonzero(own).tolist()))[0]
+        join.set_rows(slots, self._replace(requests, self._groups(requests.rankings), values, final=False, own=own))
 
-    def _groups(self, states: Sequence[RequestState]) -> Ints:
+    def _groups(self, rankings: Sequence[CompactRanking]) -> Ints:
         group_of = self.engine.group_of
-        return np.fromiter((group_of(s.experiment, s.arm) for s in states), dtype=np.int64, count=len(states))
+        return np.fromiter((group_of(r.experiment, r.arm) for r in rankings), dtype=np.int64, count=len(rankings))
 
-    def finalised(self, states: Sequence[RequestState], group: Ints, values: Floats) -> None:
+    def finalised(self, requests: Finalised, group: Ints, values: Floats) -> None:
         """Replace the rows of requests just finalised by their final values (they keep no row)."""
-        self._replace(states, group, values, final=True)
+        self._replace(requests, group, values, final=True)
 
     def close(self, watermark: float) -> None:
         """The all-partition watermark moved: settle scored sessions and verdicts, drop old buckets."""
@@ -174,7 +178,9 @@ class RollingWindows:
 
     def drop(self, join: Join) -> None:
         """Take the open requests of a partition's ``join`` out of the windows (the partition was revoked)."""
-        self._revert([state for state in join.open.values() if state.row != NO_ROW])
+        requests = join.current(join.open_slots())
+        self._revert(requests.rankings, requests.rows)
+        join.set_rows(requests.slots, np.full(len(requests), NO_ROW, dtype=np.int64))
         if join.changed is not None:
             join.changed.clear()
 
@@ -254,51 +260,44 @@ class RollingWindows:
     def _bucket_of(self, ts: float) -> int:
         return math.floor(ts / self.width)
 
-    def _buckets(self, states: Sequence[RequestState]) -> Ints:
-        ts = np.fromiter((s.ts for s in states), dtype=np.float64, count=len(states))
+    def _buckets(self, rankings: Sequence[CompactRanking]) -> Ints:
+        ts = np.fromiter((r.ts for r in rankings), dtype=np.float64, count=len(rankings))
         return np.floor(ts / self.width).astype(np.int64)
 
     def _ungraded_rows(self, n: int) -> Floats:
         """``n`` rows of the values every request without grades or subtopics has (known once one was seen)."""
         return np.tile(self._ungraded, (n, 1))  # type: ignore[arg-type]  # set with the first such request
 
-    def _revert(self, states: Sequence[RequestState]) -> None:
-        """Take the current contribution of ``states`` (each held: ``row`` is not ``NO_ROW``) out of the cells."""
-        if not states:
-            return
-        rows = [s.row for s in states if s.row >= 0]
-        if rows:
-            index = np.array(rows, dtype=np.int64)
-            self._apply(self._bucket[index], self._group[index], self._values[index], -1)
-            self._release(rows)
-        if len(rows) < len(states):
-            ungraded = [s for s in states if s.row == UNGRADED]
-            self._apply(self._buckets(ungraded), self._groups(ungraded), self._ungraded_rows(len(ungraded)), -1)
-        for state in states:
-            state.row = NO_ROW
-        self._held -= len(states)
+    def _revert(self, rankings: Sequence[CompactRanking], rows: Ints) -> None:
+        """Take the current contribution of requests out of the cells: their rows (``NO_ROW``: not held)."""
+        stored = rows[rows >= 0]
+        if stored.shape[0]:
+            self._apply(self._bucket[stored], self._group[stored], self._values[stored], -1)
+            self._free.extend(stored.tolist())
+        ungraded = np.flatnonzero(rows == UNGRADED).tolist()
+        if ungraded:
+            picked = [rankings[i] for i in ungraded]
+            self._apply(self._buckets(picked), self._groups(picked), self._ungraded_rows(len(picked)), -1)
+        self._held -= int((rows != NO_ROW).sum())
 
-    def _replace(self, states: Sequence[RequestState], group: Ints, values: Floats, final: bool) -> None:
-        self._revert([s for s in states if s.row != NO_ROW])
-        bucket_i = self._buckets(states)
+    def _replace(self, requests: Finalised, group: Ints, values: Floats, final: bool,
+                 own: npt.NDArray[np.bool_] | None = None) -> Ints:
+        """Revert the requests' rows, add their values; returns their new rows (``final``: none)."""
+        rankings = requests.rankings
+        self._revert(rankings, requests.rows)
+        rows = np.full(len(rankings), NO_ROW, dtype=np.int64)
+        bucket_i = self._buckets(rankings)
         live = bucket_i >= self._floor
-        if not self.with_subtopics and any(s.subtopics is not None for s in states):
+        if not self.with_subtopics and any(r.subtopics is not None for r in rankings):
             self.with_subtopics = True
         if live.any():
             self._apply(bucket_i[live], group[live], values[live], 1)
             if not final:
-                kept = [s for s, keep in zip(states, live.tolist(), strict=True) if keep]
-                self._held += len(kept)
-                own = [_has_row(s) for s in kept]
-                if all(own):
-                    self._store(kept, bucket_i[live], group[live], values[live])
-                    return
-                for state, has_row in zip(kept, own, strict=True):
-                    if not has_row:
-                        state.row = UNGRADED
-                index = np.flatnonzero(live)[own]
-                self._store([s for s, has_row in zip(kept, own, strict=True) if has_row],
-                            bucket_i[index], group[index], values[index])
+                self._held += int(live.sum())
+                rows[live] = UNGRADED
+                stored = np.flatnonzero(live & own) if own is not None else np.flatnonzero(live)
+                rows[stored] = self._store(bucket_i[stored], group[stored], values[stored])
+        return rows
 
     def _apply(self, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
         """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells."""
@@ -330,34 +329,25 @@ class RollingWindows:
             cell.total += sign * total[i]
             cell.total_sq += sign * total_sq[i]
 
-    def _store(self, states: list[RequestState], bucket: Ints, group: Ints, values: Floats) -> None:
-        if not states:
-            return
-        need = len(states) - len(self._free)
+    def _store(self, bucket: Ints, group: Ints, values: Floats) -> Ints:
+        """Rows for these values; returns them."""
+        need = bucket.shape[0] - len(self._free)
         if need > 0:
             self._grow(need)
-        slots = [self._free.pop() for _ in states]
-        index = np.array(slots, dtype=np.int64)
+        index = np.array([self._free.pop() for _ in range(bucket.shape[0])], dtype=np.int64)
         self._values[index] = values
         self._bucket[index] = bucket
         self._group[index] = group
-        for slot, state in zip(slots, states, strict=True):
-            self._states[slot] = state
-            state.row = slot
+        return index
 
     def _grow(self, need: int) -> None:
-        old = len(self._states)
+        old = self._rows
         new = max(2 * old, old + need, 64)
         self._values = np.concatenate([self._values, np.zeros((new - old, self.size))])
         self._bucket = np.concatenate([self._bucket, np.zeros(new - old, dtype=np.int64)])
         self._group = np.concatenate([self._group, np.zeros(new - old, dtype=np.int64)])
-        self._states.extend([None] * (new - old))
+        self._rows = new
         self._free.extend(range(new - 1, old - 1, -1))
-
-    def _release(self, slots: Sequence[int]) -> None:
-        for slot in slots:
-            self._states[slot] = None
-        self._free.extend(slots)
 
     def _pending_sessions(self) -> dict[int, Moments]:
         """Sessions scored since the last settle, per group (the engine's GAUC moments minus those seen)."""

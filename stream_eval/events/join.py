@@ -17,8 +17,24 @@ Rules (SPEC §1), with the one choice the SPEC leaves open written down:
 
 Finalisation is *lazy but exact*: a request whose finalisation point the watermark has passed is treated
 as final at once (later feedback is late), and one the watermark has taken past its memory is treated as
-forgotten, even before :meth:`Join.advance` removes it; so calling
-``advance`` after every event or after every thousand events gives the same numbers.
+forgotten, even before :meth:`Join.advance` removes it; so calling ``advance`` after every event or after
+every thousand events gives the same numbers.
+
+**On columns.** The join takes a chunk of events at once (a replay chunk, a batch of Kafka records) and builds
+no Python object per event or request. Open requests are *slots*, numbered in opening order: serve times,
+flags and string offsets in arrays, the rankings in a list. In :meth:`Join.add`:
+
+* rankings open slots in one short loop (an id already open or remembered is a duplicate ranking);
+* each feedback's slot, its item's served position and whether it repeats an (item, kind, grade) are found
+  by compiled loops (:mod:`stream_eval.events.compiled`) over the ids and item texts kept as bytes; lateness
+  is one array comparison;
+* applied feedback becomes rows ``(slot, item, kind, grade)``, kept by block of slots; a request's best grade
+  per item comes from its rows when it is finalised (or, for the live windows, when it changes).
+
+Feedback that arrives before its ranking, or for an id whose request was forgotten, goes through a short loop
+over those events alone, with the same rules. The per-event join this replaced is kept in the tests as the
+oracle: on any stream, any chunking and any schedule of ``advance`` the two give the same counts and finalise
+the same requests in the same order with the same grades (``tests/test_join_oracle.py``).
 """
 
 from __future__ import annotations
@@ -26,17 +42,22 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable
-from itertools import count
+from collections.abc import Callable, Sequence
+from itertools import compress, count, repeat
 from typing import Generic, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from stream_eval.config import Config
-from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking, item_list, score_list
+from stream_eval.events import compiled
+from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking
 
 T = TypeVar("T")
 
-#: Kept for importers; positions are looked up in the compact item text (see :meth:`RequestState.position`).
-SHORT_LIST = 48
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
 
 
 class EventCounts(Counter[tuple[str, str]]):
@@ -61,27 +82,6 @@ class EventCounts(Counter[tuple[str, str]]):
         }
 
 
-#: Experiment and arm names are shared by most requests: kept once (a bounded table, first come first kept).
-_LABELS: dict[str, str] = {}
-_MAX_LABELS = 4096
-#: Feedback keys of a request are kept in a list up to this many, then in a set.
-_SHORT_SEEN = 8
-
-
-#: Query ids repeat across requests too (head queries most): a larger table, also first come first kept.
-_QUERIES: dict[str, str] = {}
-_MAX_QUERIES = 65_536
-
-
-def _label(value: str, table: dict[str, str] = _LABELS, limit: int = _MAX_LABELS) -> str:
-    kept = table.get(value)
-    if kept is not None:
-        return kept
-    if len(table) < limit:
-        table[value] = value
-    return value
-
-
 class DueBySecond(Generic[T]):
     """Entries kept by the whole second of their due time, with a heap of those seconds: a list slot per entry
     where a heap of (due time, tie-breaker, entry) tuples cost ~70 bytes and a logarithmic pop with a cache miss
@@ -94,13 +94,15 @@ class DueBySecond(Generic[T]):
         self._seconds: list[int] = []
 
     def add(self, due: float, entry: T) -> None:
-        second = math.floor(due)
+        self._entries(math.floor(due)).append(entry)
+
+    def _entries(self, second: int) -> list[T]:
+        """The entries due in ``second`` (a new, empty list if none were)."""
         entries = self._by_second.get(second)
         if entries is None:
-            self._by_second[second] = [entry]
+            entries = self._by_second[second] = []
             heapq.heappush(self._seconds, second)
-        else:
-            entries.append(entry)
+        return entries
 
     def pop_due(self, watermark: float, due_of: Callable[[T], float]) -> list[T]:
         """Remove and return the entries due by ``watermark`` (``due_of(entry) <= watermark``), second by second
@@ -125,84 +127,195 @@ class DueBySecond(Generic[T]):
         self._seconds.clear()
 
 
-#: :attr:`RequestState.row` when the live windows do not hold the request, and when they hold it as ungraded.
+#: A request's row in the live windows when they do not hold it, and when they hold it as ungraded.
 NO_ROW = -2
 UNGRADED = -1
 
 
-class RequestState:
-    """A served list and the best grade seen for each of its items so far.
+#: Slots per block of feedback rows: finalising requests reads and rewrites the rows of their blocks only.
+BLOCK = 8192
+#: Slots of finalised and forgotten requests are dropped from the front of the arrays this many at a time.
+TRIM = 1 << 16
+#: Slots the arrays hold at first (they double when full).
+FIRST_CAPACITY = 1024
+#: A feedback row's item is its ``field``: the served position (1, 2...), or ``-1 - code`` for an item that was
+#: not served (codes 0, 1, 2... per request, see :func:`compiled.unshown_codes`). Duplicate keys are integers
+#: ``(slot mod 2**36) << 27 | packed field << 4 | kind``, the packed field being the position, or
+#: ``2**22 + code``; rows outside these bounds (a position or code from 2**22, more than 16 kinds) use tuple
+#: keys in a dict instead.
+_SLOT_MASK = (1 << 36) - 1
+_FIELD_LIMIT = 1 << 22
+_KIND_LIMIT = 16
+#: Grades already seen for a duplicate key: the first grade, or the set of them once there are several.
+SeenGrades = float | set[float]
 
-    Compact: the ranking's fields are kept without the decoded event (see :class:`CompactRanking`: the
-    items as one str, the scores as their JSON text); :attr:`ranking` rebuilds the event on demand.
+
+class Finalised:
+    """Requests finalised together, in order, with their judged items (grade > 0) as columns.
+
+    ``shown_*`` are the served items with a grade (``shown_req`` indexes ``rankings``, ``shown_pos`` is
+    1-based); ``unshown_*`` the judged items that were not served (only their grades count). The rows come
+    sorted by request, then position (shown) or first feedback (unshown).
     """
 
-    __slots__ = ("request_id", "experiment", "arm", "query_id", "session_id", "items", "n", "scores", "teams",
-                 "subtopics", "ts", "grades", "seen", "row")
+    __slots__ = ("rankings", "serve", "applied", "shown_req", "shown_pos", "shown_grade", "unshown_req",
+                 "unshown_grade", "slots", "rows", "graded")
 
-    def __init__(self, ranking: Ranking | CompactRanking) -> None:
-        if type(ranking) is not CompactRanking:
-            ranking = CompactRanking.of(ranking)  # type: ignore[arg-type]  # a Ranking
-        self.request_id: str = ranking.request_id
-        self.experiment = _label(ranking.experiment)
-        self.arm = _label(ranking.arm)
-        query = ranking.query_id
-        self.query_id: str | None = None if query is None else _label(query, _QUERIES, _MAX_QUERIES)
-        self.session_id: str | None = ranking.session_id
-        self.items: str | list[str] = ranking.items
-        self.n: int = ranking.n
-        self.scores: bytes | list[float] | None = ranking.scores
-        self.teams: list[str] | None = ranking.teams
-        self.subtopics: list[list[str]] | None = ranking.subtopics
-        self.ts: float = ranking.ts  # finalised at ts + horizon (not kept: a float object is 24 bytes)
-        # Best grade per item; None until the first feedback (an empty dict is 64 bytes; most requests get none).
-        self.grades: dict[str, float] | None = None
-        # (item, kind, grade) of the feedback seen; a click of grade 1 is kept as its item alone. A list while
-        # short (a set costs 216 bytes, a list of four 88), then a set.
-        self.seen: list[str | tuple[str, str, float]] | set[str | tuple[str, str, float]] | None = None
-        self.row = NO_ROW  # the live windows' row of this request (see engine/windows.py)
+    def __init__(self, rankings: list[CompactRanking], serve: Floats, applied: Bools, shown_req: Ints,
+                 shown_pos: Ints, shown_grade: Floats, unshown_req: Ints, unshown_grade: Floats, slots: Ints,
+                 rows: Ints, graded: Bools) -> None:
+        self.rankings = rankings
+        self.serve = serve
+        self.applied = applied  # whether any feedback was applied to the request
+        self.shown_req = shown_req
+        self.shown_pos = shown_pos
+        self.shown_grade = shown_grade
+        self.unshown_req = unshown_req
+        self.unshown_grade = unshown_grade
+        self.slots = slots  # the join's slot of each request
+        self.rows = rows  # the live windows' row of each when it was taken (see Join.set_rows)
+        self.graded = graded  # whether feedback with a grade > 0 was applied
 
-    @property
-    def ranking(self) -> Ranking:
-        """The served ranking as an event (rebuilt: the state keeps its fields in compact form)."""
-        return Ranking(self.request_id, self.item_list(), self.ts, score_list(self.scores), self.query_id,
-                       self.session_id, self.experiment, self.arm, self.teams, self.subtopics)
+    def __len__(self) -> int:
+        return len(self.rankings)
 
-    def item_list(self) -> list[str]:
-        """The served items, in order."""
-        return item_list(self.items)
+    def split_at(self, picked: list[int]) -> Finalised:
+        """The requests at these indexes (ascending), in that order."""
+        index = np.array(picked, dtype=np.int64)
+        new_of = np.full(len(self), -1, dtype=np.int64)
+        new_of[index] = np.arange(index.shape[0])
+        shown = new_of[self.shown_req] >= 0
+        unshown = new_of[self.unshown_req] >= 0
+        return Finalised([self.rankings[i] for i in picked], self.serve[index], self.applied[index],
+                         new_of[self.shown_req[shown]], self.shown_pos[shown], self.shown_grade[shown],
+                         new_of[self.unshown_req[unshown]], self.unshown_grade[unshown], self.slots[index],
+                         self.rows[index], self.graded[index])
 
-    def score_list(self) -> list[float] | None:
-        """The model scores of the served items, ``None`` if the ranking had none."""
-        return score_list(self.scores)
+    def split(self, size: int) -> list[Finalised]:
+        """In parts of at most ``size`` requests, in order."""
+        if len(self) <= size:
+            return [self]
+        parts = []
+        cuts = list(range(0, len(self), size)) + [len(self)]
+        shown = np.searchsorted(self.shown_req, cuts)
+        unshown = np.searchsorted(self.unshown_req, cuts)
+        for k in range(len(cuts) - 1):
+            a, b = cuts[k], cuts[k + 1]
+            s, u = slice(shown[k], shown[k + 1]), slice(unshown[k], unshown[k + 1])
+            parts.append(Finalised(self.rankings[a:b], self.serve[a:b], self.applied[a:b], self.shown_req[s] - a,
+                                   self.shown_pos[s], self.shown_grade[s], self.unshown_req[u] - a,
+                                   self.unshown_grade[u], self.slots[a:b], self.rows[a:b], self.graded[a:b]))
+        return parts
 
-    def position(self, item: str) -> int:
-        """1-based served position of ``item``; 0 if it was not served."""
-        items = self.items
-        if type(items) is str:
-            if '"' in item:
-                return 0  # no item of a compact list has a quote
-            at = items.find(SEP + item + SEP)
-            return 0 if at < 0 else items.count(SEP, 0, at) + 1
-        try:
-            return items.index(item) + 1
-        except ValueError:
-            return 0
+    def shown_grades(self) -> list[dict[str, float]]:
+        """Each request's best grade (> 0) per served item."""
+        out: list[dict[str, float]] = [{} for _ in self.rankings]
+        items = [_item_list(r.items) for r in self.rankings]
+        for req, pos, grade in zip(self.shown_req.tolist(), self.shown_pos.tolist(), self.shown_grade.tolist(),
+                                   strict=True):
+            out[req][items[req][pos - 1]] = grade
+        return out
+
+    def unshown_grades(self) -> list[list[float]]:
+        """Each request's best grades (> 0) of the items that were not served, in ascending order."""
+        out: list[list[float]] = [[] for _ in self.rankings]
+        for req, grade in zip(self.unshown_req.tolist(), self.unshown_grade.tolist(), strict=True):
+            out[req].append(grade)
+        return [sorted(grades) for grades in out]
+
+
+def _item_list(items: str | list[str]) -> list[str]:
+    return items[3:-3].split(SEP) if type(items) is str else list(items)
+
+
+def _empty_finalised() -> Finalised:
+    no_ints = np.empty(0, dtype=np.int64)
+    no_bools = np.empty(0, dtype=np.bool_)
+    return Finalised([], np.empty(0), no_bools, no_ints, no_ints, np.empty(0), no_ints, np.empty(0), no_ints, no_ints,
+                     no_bools)
+
+
+class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
+    """Open slots by the whole second of their deadline: arrays of slots and deadlines per second."""
+
+    __slots__ = ()
+
+    def add_slots(self, slots: Ints, deadlines: Floats) -> None:
+        seconds = np.floor(deadlines).astype(np.int64)
+        order = np.argsort(seconds, kind="stable")
+        cuts = np.flatnonzero(np.diff(seconds[order])) + 1
+        for part in np.split(order, cuts):
+            if part.shape[0]:
+                self._entries(int(seconds[part[0]])).append((slots[part], deadlines[part]))
+
+    def pop_slots(self, watermark: float) -> tuple[Ints, Floats]:
+        """Remove and return the slots whose deadline is at most ``watermark``, with their deadlines."""
+        seconds, by_second = self._seconds, self._by_second
+        slots: list[Ints] = []
+        deadlines: list[Floats] = []
+        while seconds and seconds[0] <= watermark:
+            second = seconds[0]
+            entries = by_second[second]
+            if second + 1 > watermark:  # the watermark is inside this second: some may stay
+                kept = []
+                for part, due in entries:
+                    ready = due <= watermark
+                    slots.append(part[ready])
+                    deadlines.append(due[ready])
+                    if not ready.all():
+                        kept.append((part[~ready], due[~ready]))
+                if kept:
+                    by_second[second] = kept
+                    break
+            else:
+                slots += [part for part, _ in entries]
+                deadlines += [due for _, due in entries]
+            heapq.heappop(seconds)
+            del by_second[second]
+        if not slots:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        return np.concatenate(slots), np.concatenate(deadlines)
+
+
+#: The arrays of Join indexed by slot - base.
+_COLUMNS = ("_serve", "_final", "_applied", "_graded", "_row", "_id_first", "_id_last", "_text_first", "_text_last",
+            "_unshown_count")
+
+
+class _Arena:
+    """Bytes of the slots' strings in one growing buffer, cut from the front when slots are dropped."""
+
+    __slots__ = ("data", "used")
+
+    def __init__(self) -> None:
+        self.data = np.empty(1 << 16, dtype=np.uint8)
+        self.used = 0
+
+    def append(self, buffer: npt.NDArray[np.uint8]) -> int:
+        """Add ``buffer``; returns the offset where it starts."""
+        start, end = self.used, self.used + buffer.shape[0]
+        if end > self.data.shape[0]:
+            size = self.data.shape[0]
+            while size < end:
+                size *= 2
+            grown = np.empty(size, dtype=np.uint8)
+            grown[:start] = self.data[:start]
+            self.data = grown
+        self.data[start:end] = buffer
+        self.used = end
+        return start
+
+    def cut(self, offset: int) -> None:
+        """Drop the bytes before ``offset`` (offsets held elsewhere move down by it)."""
+        self.data[: self.used - offset] = self.data[offset : self.used].copy()
+        self.used -= offset
 
 
 class Join:
-    """Rankings and feedback joined by ``request_id`` on event time.
+    """Rankings and feedback joined by ``request_id`` on event time, a chunk of events at a time.
 
-    >>> from stream_eval.config import Config
-    >>> join = Join(Config(), EventCounts())
-    >>> join.feedback(Feedback("r1", "b", ts=5.0))     # before its ranking: waits
-    'pending'
-    >>> join.ranking(Ranking("r1", ["a", "b"], ts=1.0))
-    'ok'
-    >>> join.feedback(Feedback("r1", "b", grade=1.0, ts=6.0))  # the same click again
-    'duplicate'
-    >>> join.advance(1.0 + 1800 + 60)[0].grades
-    {'b': 1.0}
+    Call :meth:`add` with a chunk of rankings and feedback and the watermark before each event, then
+    :meth:`advance`; :meth:`flush` at the end of input.
     """
 
     def __init__(self, config: Config, counts: EventCounts) -> None:
@@ -210,136 +323,477 @@ class Join:
         self.horizon = config.attribution_window + config.allowed_lateness
         self.counts = counts
         self.watermark = -math.inf
-        self.open: dict[str, RequestState] = {}
+        # request id -> its latest slot (open, or finalised and not yet dropped): an open-addressing table of
+        # (slot, hash) pairs over the ids' bytes in ``_ids``, slot ``s``'s at ``[_id_first, _id_last)[s - base]``
+        self._id_table = compiled.empty_table(0)
+        self._id_entries = 0
+        self._trim_at = 2 * TRIM  # slots in the arrays when _trim next looks
+        self._ids = _Arena()
+        self._texts = _Arena()  # the compact item texts, as bytes (empty when kept as a list)
+        self.base = 0  # the slot at index 0 of the arrays
+        self.size = 0  # slots in the arrays
+        self._serve = np.empty(FIRST_CAPACITY)
+        self._final = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
+        self._applied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
+        self._id_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._id_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._text_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._text_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
+        self._unshown_count = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # codes given to items not served
+        self._graded = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback with a grade > 0 was applied
+        self._row = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # the live windows' row (see set_rows)
+        # open slots that are new or whose grades may have changed: kept once the live windows read it
+        self.changed: set[int] | None = None
+        self._rankings: list[CompactRanking | None] = []
+        self._listed: set[int] = set()  # open slots whose items are kept as a list (an item has a quote)
+        self._due = _DueSlots()
+        self._early: list[int] = []  # finalised when a new ranking took their id: emitted by the next advance
         self.pending: dict[str, list[Feedback]] = {}
-        self.closed: dict[str, float] = {}
-        # Opened or re-graded since cleared: kept only once live windows read it (they start it, see windows.py).
-        self.changed: dict[str, RequestState] | None = None
-        self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
-        self._due: DueBySecond[RequestState] = DueBySecond()  # open requests, due at their deadline ts + horizon
         self._pending_expiry: list[tuple[float, int, str]] = []
-        self._closed_expiry: list[tuple[float, int, str]] = []
-        self._early: list[RequestState] = []
         self._seq = count()
+        self._rows: dict[int, list[tuple[Ints, Ints, Ints, Floats]]] = {}  # block -> (slot, pos, kind, grade)
+        # (key, grade bits) of the applied feedback with an integer key (see _SLOT_MASK), as a compiled table
+        self._dup_table = compiled.empty_table(0)
+        self._dup_entries = 0  # entries in use or deleted
+        self._seen: dict[tuple[int, int, int], SeenGrades] = {}  # the other applied feedback
+        self._odd_keys: dict[int, list[tuple[int, int, int]]] = {}  # slot -> its tuple keys
+        # (slot, item not served) -> code: entries of compiled.UNSHOWN_ENTRY columns, the items' bytes in the arena
+        self._unshown_table = compiled.empty_table(0, compiled.UNSHOWN_ENTRY)
+        self._unshown_entries = 0
+        self._unshown_items = _Arena()
+        self._kinds: dict[str, int] = {}
+        self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
 
-    # -- events -------------------------------------------------------------------------------------
-    def _remembered(self, rid: str) -> bool:
-        """Whether a finalised request is still remembered (lazily: as if ``advance`` had just run)."""
-        forget_at = self.closed.get(rid)
-        return forget_at is not None and forget_at > self.watermark
+    # -- slots ----------------------------------------------------------------------------------------
+    def _grow(self, size: int) -> None:
+        capacity = self._serve.shape[0]
+        if size <= capacity:
+            return
+        while capacity < size:
+            capacity *= 2
+        for name in _COLUMNS:
+            old = getattr(self, name)
+            new = np.zeros(capacity, dtype=old.dtype)
+            new[: self.size] = old[: self.size]
+            setattr(self, name, new)
 
-    def ranking(self, event: Ranking | CompactRanking) -> str:
-        """Open a request; ``duplicate`` if its request_id was already seen (and is still remembered)."""
-        rid = event.request_id
-        previous = self.open.get(rid)
-        if previous is not None and previous.ts + self.horizon + self.horizon <= self.watermark:
-            # Finalised and forgotten already had advance run: do now what advance would have done.
-            del self.open[rid]
-            self._early.append(previous)
-            previous = None
-        if previous is not None or self._remembered(rid):
-            self.counts["ranking", "duplicate"] += 1
-            return "duplicate"
-        self.counts["ranking", "ok"] += 1
-        self.closed.pop(rid, None)
-        state = RequestState(event)
-        self.open[rid] = state
-        if self.changed is not None:
-            self.changed[rid] = state
-        self._due.add(state.ts + self.horizon, state)
-        waiting = self.pending.pop(rid, None)
-        if waiting is not None:
-            for feedback in waiting:
-                if feedback.ts + self.horizon <= self.watermark:  # type: ignore[operator]  # ts is float
-                    self.counts["feedback", "orphan"] += 1
-                else:
-                    self._apply(state, feedback)
-        return "ok"
+    def _kind_codes(self, kinds: list[str]) -> Ints:
+        table = self._kinds
+        codes = np.fromiter(map(table.get, kinds, repeat(-1)), dtype=np.int64, count=len(kinds))
+        if (codes < 0).any():
+            codes = np.array([table.setdefault(kind, len(table)) for kind in kinds], dtype=np.int64)
+        return codes
 
-    def feedback(self, event: Feedback) -> str:
-        """Apply feedback to its request: ``ok``, ``late``, ``duplicate`` or ``pending`` (no ranking yet)."""
-        state = self.open.get(event.request_id)
-        if state is not None and state.ts + self.horizon + self.horizon > self.watermark:
-            return self._apply(state, event)
-        if self._remembered(event.request_id):
-            self.counts["feedback", "late"] += 1
-            return "late"
-        waiting = self.pending.get(event.request_id)
-        if waiting is None:
-            self.pending[event.request_id] = [event]
-        else:
-            waiting.append(event)
-        heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), event.request_id))  # type: ignore[operator]  # ts is float
-        return "pending"
+    def _keep_strings(self, arena: _Arena, texts: list[str], first: Ints, last: Ints, span: slice) -> None:
+        buffer, starts, ends = compiled.utf8_fields(texts)
+        offset = arena.append(buffer)
+        first[span] = starts + offset
+        last[span] = ends + offset
 
-    def _apply(self, state: RequestState, event: Feedback) -> str:
-        ts: float = event.ts  # type: ignore[assignment]  # validated: epoch seconds
-        if ts - state.ts > self.window or state.ts + self.horizon <= self.watermark:
-            self.counts["feedback", "late"] += 1
-            return "late"
-        grade: float = event.grade  # type: ignore[assignment]  # validated: kinds without grade get one
-        item = event.item
-        key = item if grade == 1.0 and event.kind == "click" else (item, event.kind, grade)
-        seen = state.seen
-        if seen is None:
-            state.seen = [key]
-        elif key in seen:
-            self.counts["feedback", "duplicate"] += 1
-            return "duplicate"
-        elif type(seen) is set:
-            seen.add(key)
-        elif len(seen) < _SHORT_SEEN:
-            seen.append(key)  # type: ignore[union-attr]  # a list here
-        else:
-            state.seen = {*seen, key}
-        self.counts["feedback", "ok"] += 1
-        if self.delays is not None:
-            self.delays.append(ts - state.ts)
-        grades = state.grades
-        if grades is None:
-            if grade > 0.0:
-                state.grades = {item: grade}
-                if self.changed is not None:
-                    self.changed[state.request_id] = state
-        elif grade > grades.get(item, 0.0):
-            grades[item] = grade
+    def _reserve_keys(self, more: int) -> None:
+        """Room for ``more`` duplicate keys: rebuilt (without deleted entries) when it would be over half full."""
+        if 2 * (self._dup_entries + more) <= self._dup_table.shape[0] // 2:
+            return
+        old = self._dup_table
+        live = int((old[::2] >= 0).sum())
+        self._dup_table = compiled.empty_table(2 * (live + more))
+        self._dup_entries = compiled.rehash(old, self._dup_table)
+
+    def _unshown_codes(self, slots: Ints, items: list[str]) -> Ints:
+        """The code of each (slot, item not served); the table is rebuilt with the open slots' entries alone
+        when it would be over half full."""
+        buffer, starts, ends = compiled.utf8_fields(items)
+        table, arena = self._unshown_table, self._unshown_items
+        if 2 * (self._unshown_entries + len(items)) > table.shape[0] // compiled.UNSHOWN_ENTRY:
+            old, old_arena = table, arena.data
+            table = self._unshown_table = compiled.empty_table(self._unshown_entries + len(items),
+                                                               compiled.UNSHOWN_ENTRY)
+            arena.data = np.empty(max(arena.used, 1 << 16), dtype=np.uint8)
+            arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, ~self._final[: self.size],
+                                                                      self.base, table, arena.data)
+        arena.append(np.empty(buffer.shape[0], dtype=np.uint8))  # room for them all
+        arena.used -= buffer.shape[0]
+        codes, arena.used, added = compiled.unshown_codes(table, arena.data, arena.used, self._unshown_count,
+                                                          self.base, slots, buffer, starts, ends)
+        self._unshown_entries += added
+        return codes
+
+    def _find_ids(self, rids: list[str]) -> Ints:
+        """The latest slot of each request id, or -1."""
+        keys, starts, ends = compiled.utf8_fields(rids)
+        return compiled.find_ids(self._id_table, self._ids.data, self._id_first, self._id_last, self.base, keys,
+                                 starts, ends)
+
+    def _put_ids(self, slots: Ints) -> None:
+        """Make ``slots`` (in order) the latest of their ids; the table grows to stay at most half full."""
+        if 2 * (self._id_entries + slots.shape[0]) > self._id_table.shape[0] // 2:
+            self._id_table = compiled.empty_table(2 * (self._id_entries + slots.shape[0]))
+            self._id_entries = 0
+            slots = np.arange(self.base, self.base + self.size, dtype=np.int64)  # every slot again, in order
+        self._id_entries += compiled.put_ids(self._id_table, self._ids.data, self._id_first, self._id_last,
+                                             self.base, slots)
+
+    # -- events ---------------------------------------------------------------------------------------
+    def add(self, events: Sequence[Ranking | CompactRanking | Feedback], before: Floats | None = None) -> None:
+        """Join a chunk of rankings and feedback, in arrival order.
+
+        ``before[i]`` is the watermark when event ``i`` arrives (event time moved by the events before it);
+        ``None``: :attr:`watermark` for every event. The caller then moves :attr:`watermark` (``advance``).
+        """
+        if not events:
+            return
+        n_events = len(events)
+        marks: list[float] = [self.watermark] * n_events if before is None else before.tolist()
+        is_feedback = np.fromiter((type(e) is Feedback for e in events), dtype=np.bool_, count=n_events)
+        horizon = self.horizon
+        counts = self.counts
+        # 1. Rankings open slots, in order.
+        ranking_at = np.flatnonzero(~is_feedback).tolist()
+        rids = [events[p].request_id for p in ranking_at]
+        known = self._find_ids(rids).tolist()  # the slot of each id before this chunk, or -1
+        opened: dict[str, int] = {}  # the ids given a slot in this chunk
+        first_new = self.base + self.size
+        new_at: list[int] = []  # chunk position of each new slot's ranking
+        new_ts: list[float] = []
+        new_rankings: list[CompactRanking] = []
+        replaced: dict[int, int] = {}  # new slot -> the slot its id had
+        early_here: list[int] = []  # open slots whose id a new ranking took, in that order
+        # rows applied at another place than their arrival: slot, feedback, applied at, order there, watermark,
+        # and whether they waited for their ranking (then the orphan rule applies)
+        waiting_rows: list[tuple[int, Feedback, int, int, float, bool]] = []
+        ranking_ok = ranking_duplicate = 0
+        serve = self._serve
+        for p, rid, slot in zip(ranking_at, rids, known, strict=True):
+            ranking = events[p]
+            mark = marks[p]
+            if opened:
+                slot = opened.get(rid, slot)
+            if slot >= 0:
+                served = new_ts[slot - first_new] if slot >= first_new else float(serve[slot - self.base])
+                if served + horizon + horizon > mark:  # open, or finalised and still remembered
+                    ranking_duplicate += 1
+                    continue
+                if slot >= first_new or not self._final[slot - self.base]:
+                    early_here.append(slot)  # open but forgotten: finalised now, before the new request opens
+            ranking_ok += 1
+            if type(ranking) is not CompactRanking:
+                ranking = CompactRanking.of(ranking)  # type: ignore[arg-type]  # a Ranking
+            new_slot = first_new + len(new_at)
+            opened[rid] = new_slot
+            if slot >= 0:
+                replaced[new_slot] = slot
+            new_at.append(p)
+            new_ts.append(ranking.ts)
+            new_rankings.append(ranking)
+            waiting = self.pending.pop(rid, None)
+            if waiting is not None:
+                waiting_rows += [(new_slot, f, p, k - len(waiting), mark, True) for k, f in enumerate(waiting)]
+        if ranking_ok:
+            counts["ranking", "ok"] += ranking_ok
+        if ranking_duplicate:
+            counts["ranking", "duplicate"] += ranking_duplicate
+        n_new = len(new_at)
+        if n_new:
+            self._grow(self.size + n_new)
+            span = slice(self.size, self.size + n_new)
+            self._serve[span] = new_ts
+            self._final[span] = False
+            self._applied[span] = False
+            self._graded[span] = False
+            self._row[span] = NO_ROW
+            self._unshown_count[span] = 0
+            self._rankings += new_rankings
+            texts = [r.items if type(r.items) is str else "" for r in new_rankings]
+            if "" in texts:
+                self._listed.update(first_new + k for k, text in enumerate(texts) if not text)
+            self._keep_strings(self._texts, texts, self._text_first, self._text_last, span)
+            self._keep_strings(self._ids, [r.request_id for r in new_rankings], self._id_first, self._id_last, span)
+            self.size += n_new
+            slots = np.arange(first_new, first_new + n_new, dtype=np.int64)
+            self._put_ids(slots)
             if self.changed is not None:
-                self.changed[state.request_id] = state
-        return "ok"
+                self.changed.update(slots.tolist())
+            self._due.add_slots(slots, self._serve[span] + self.horizon)
+        for slot in early_here:
+            self._final[slot - self.base] = True
+        self._early += early_here
+        # 2. Feedback finds its slot.
+        at = np.flatnonzero(is_feedback)
+        feedback: list[Feedback] = list(compress(events, is_feedback.tolist()))  # type: ignore[arg-type]
+        rows_slot = np.empty(0, dtype=np.int64)
+        rows_at = rows_seq = at[:0]
+        rows_mark = np.empty(0)
+        rows_feedback: list[Feedback] = []
+        if feedback:
+            found = self._find_ids([f.request_id for f in feedback])
+            fb_mark = np.array(marks)[at] if before is not None else np.full(at.shape[0], self.watermark)
+            missing = found < 0
+            slot_index = np.where(missing, self.base, found) - self.base
+            opened_later = np.zeros(at.shape[0], dtype=np.bool_)
+            if n_new:
+                new_positions = np.array(new_at, dtype=np.int64)
+                recent = ~missing & (slot_index >= first_new - self.base)
+                opened_later[recent] = new_positions[slot_index[recent] - (first_new - self.base)] > at[recent]
+            alive = self._serve[slot_index] + horizon + horizon > fb_mark
+            final = self._final[slot_index].copy()
+            if early_here:
+                final[np.isin(slot_index + self.base, list(early_here))] = False  # they were open when it arrived
+            regular = ~missing & ~opened_later & alive & ~final
+            remembered = ~missing & ~opened_later & alive & final
+            if remembered.any():
+                counts["feedback", "late"] += int(remembered.sum())
+            odd = np.flatnonzero(~regular & ~remembered).tolist()
+            take = np.flatnonzero(regular)
+            rows_slot = slot_index[take] + self.base
+            rows_at = rows_seq = at[take]
+            rows_mark = fb_mark[take]
+            rows_feedback = [feedback[k] for k in take.tolist()] if take.shape[0] != len(feedback) else feedback
+            if odd:
+                waiting_rows += self._odd_feedback(
+                    [(feedback[k], int(at[k]), float(fb_mark[k]), int(found[k])) for k in odd], first_new, new_at,
+                    replaced,
+                    early_here, marks)
+        # 3. Rows: orphans, late, then apply.
+        if waiting_rows:
+            w_slot, w_feedback, w_at, w_seq, w_mark, w_waits = zip(*waiting_rows, strict=True)
+            rows_slot = np.concatenate((rows_slot, np.array(w_slot, dtype=np.int64)))
+            rows_at = np.concatenate((rows_at, np.array(w_at, dtype=np.int64)))
+            rows_seq = np.concatenate((rows_seq, np.array(w_seq, dtype=np.int64)))
+            rows_mark = np.concatenate((rows_mark, np.array(w_mark, dtype=np.float64)))
+            waiting_flag = np.zeros(rows_slot.shape[0], dtype=np.bool_)
+            waiting_flag[rows_slot.shape[0] - len(waiting_rows):] = w_waits
+            order = np.lexsort((rows_seq, rows_at))
+            rows_slot, rows_mark, waiting_flag = rows_slot[order], rows_mark[order], waiting_flag[order]
+            every = [*rows_feedback, *w_feedback]
+            rows_feedback = [every[k] for k in order.tolist()]
+        else:
+            waiting_flag = np.zeros(rows_slot.shape[0], dtype=np.bool_)
+        if rows_feedback:
+            self._apply(rows_slot, rows_feedback, rows_mark, waiting_flag)
 
-    # -- event time ---------------------------------------------------------------------------------
-    def advance(self, watermark: float) -> list[RequestState]:
+    def _odd_feedback(
+        self,
+        odd: list[tuple[Feedback, int, float, int]],
+        first_new: int,
+        new_at: list[int],
+        replaced: dict[int, int],
+        early_here: list[int],
+        marks: list[float],
+    ) -> list[tuple[int, Feedback, int, int, float, bool]]:
+        """Feedback that did not find an open request when it arrived: before its ranking, for a forgotten
+        request, or while its id was still another request's. Returns the rows to apply; the rest waits."""
+        horizon = self.horizon
+        opens: dict[str, list[tuple[int, int]]] = {}  # id -> (chunk position, slot) of the rankings opened
+        for k, p in enumerate(new_at):
+            rankings = self._rankings[first_new - self.base + k]
+            opens.setdefault(rankings.request_id, []).append((p, first_new + k))  # type: ignore[union-attr]
+        rows: list[tuple[int, Feedback, int, int, float, bool]] = []
+        for event, j, mark, found in odd:
+            rid = event.request_id
+            # the slot its id had when it arrived
+            slot: int | None = found if found >= 0 else None
+            while slot is not None and slot >= first_new and new_at[slot - first_new] > j:
+                slot = replaced.get(slot)
+            if slot is not None and self._serve[slot - self.base] + horizon + horizon > mark:
+                if self._final[slot - self.base] and slot not in early_here:
+                    self.counts["feedback", "late"] += 1
+                else:
+                    rows.append((slot, event, j, j, mark, False))
+                continue
+            later = [(p, s) for p, s in opens.get(rid, ()) if p > j]
+            if later:  # waits for a ranking of this chunk
+                p, s = later[0]
+                rows.append((s, event, p, j, marks[p], True))
+                continue
+            self.pending.setdefault(rid, []).append(event)
+            heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), rid))  # type: ignore[operator]  # ts is float
+        return rows
+
+    def _apply(self, slots: Ints, feedback: list[Feedback], marks: Floats, waiting: Bools) -> None:
+        """Apply feedback rows in order: orphans (waiting rows past their time), late, duplicates, the rest."""
+        counts = self.counts
+        ts = np.array([f.ts for f in feedback], dtype=np.float64)
+        index = slots - self.base
+        served = self._serve[index]
+        orphan = waiting & (ts + self.horizon <= marks)
+        late = ~orphan & ((ts - served > self.window) | (served + self.horizon <= marks))
+        if orphan.any():
+            counts["feedback", "orphan"] += int(orphan.sum())
+        if late.any():
+            counts["feedback", "late"] += int(late.sum())
+        keep = np.flatnonzero(~(orphan | late))
+        if not keep.shape[0]:
+            return
+        if keep.shape[0] != len(feedback):
+            feedback = [feedback[k] for k in keep.tolist()]
+            slots, index, ts, served = slots[keep], index[keep], ts[keep], served[keep]
+        grade = np.array([f.grade for f in feedback], dtype=np.float64)
+        kind = self._kind_codes([f.kind for f in feedback])
+        # served position of each item, from the request's compact item text (0: not served)
+        items = [f.item for f in feedback]
+        buffer, starts, ends = compiled.utf8_fields(items)
+        position = compiled.positions(self._texts.data, self._text_first, self._text_last, self.base, slots, buffer,
+                                      starts, ends)
+        if self._listed:  # items kept as a list: no compact text
+            for k in np.flatnonzero(np.isin(slots, list(self._listed))).tolist():
+                listed: list[str] = self._rankings[int(index[k])].items  # type: ignore[union-attr, assignment]
+                position[k] = listed.index(items[k]) + 1 if items[k] in listed else 0
+        field = position
+        not_served = np.flatnonzero(position == 0)
+        if not_served.shape[0]:
+            field[not_served] = -1 - self._unshown_codes(slots[not_served], [items[k] for k in not_served.tolist()])
+        applied = np.zeros(len(feedback), dtype=np.bool_)
+        # integer keys (slot, field, kind) with the grade's bits, in the compiled table
+        simple = _simple(field, kind)
+        take = np.flatnonzero(simple) if not simple.all() else np.arange(len(feedback))
+        if take.shape[0]:
+            keys = _keys(slots[take], field[take], kind[take])
+            self._reserve_keys(take.shape[0])
+            new, added = compiled.first_times(self._dup_table, keys, _grade_bits(grade[take]))
+            self._dup_entries += added
+            applied[take] = new
+        # tuple keys for the rest
+        for k in np.flatnonzero(~simple).tolist():
+            slot = int(slots[k])
+            key = (slot, int(field[k]), int(kind[k]))
+            if _first_time(self._seen, key, float(grade[k])):
+                applied[k] = True
+                self._odd_keys.setdefault(slot, []).append(key)
+        duplicates = len(feedback) - int(applied.sum())
+        counts["feedback", "ok"] += len(feedback) - duplicates
+        if duplicates:
+            counts["feedback", "duplicate"] += duplicates
+        self._applied[index[applied]] = True
+        self._graded[index[applied & (grade > 0.0)]] = True
+        if self.changed is not None:
+            self.changed.update(slots[applied & (grade > 0.0)].tolist())
+        if self.delays is not None:
+            self.delays += (ts - served)[applied].tolist()
+        store = np.flatnonzero(applied)
+        if store.shape[0]:
+            row = (slots[store], field[store], kind[store], grade[store])
+            block = row[0] // BLOCK
+            if block[0] == block[-1] and (block == block[0]).all():
+                self._rows.setdefault(int(block[0]), []).append(row)
+                return
+            order = np.argsort(block, kind="stable")
+            cuts = np.flatnonzero(np.diff(block[order])) + 1
+            for part in np.split(order, cuts):
+                self._rows.setdefault(int(block[part[0]]), []).append(tuple(c[part] for c in row))  # type: ignore[arg-type]
+
+    # -- event time -----------------------------------------------------------------------------------
+    def advance(self, watermark: float) -> Finalised:
         """Move event time to ``watermark`` (never back) and return the requests it finalises, in order."""
         if watermark > self.watermark:
             self.watermark = watermark
         watermark = self.watermark
-        finalised, self._early = self._early, []
-        horizon = self.horizon
-        ready = self._due.pop_due(watermark, lambda s: s.ts + horizon)
-        if ready:
-            ready.sort(key=lambda s: s.ts + horizon)  # stable: equal deadlines stay in the order they opened
-            open_, changed = self.open, self.changed
-            for state in ready:
-                rid = state.request_id
-                if open_.get(rid) is not state:
-                    continue  # finalised early (see ``ranking``)
-                del open_[rid]
-                if changed is not None:
-                    changed.pop(rid, None)
-                finalised.append(state)
-        for state in finalised:
-            forget_at = state.ts + horizon + horizon
-            if forget_at > watermark:
-                rid = state.request_id
-                self.closed[rid] = forget_at
-                heapq.heappush(self._closed_expiry, (forget_at, next(self._seq), rid))
+        early, self._early = self._early, []
+        slots, deadlines = self._due.pop_slots(watermark)
+        if slots.shape[0]:
+            order = np.lexsort((slots, deadlines))
+            slots = slots[order]
+            slots = slots[~self._final[slots - self.base]]  # not finalised early
+        if early:
+            slots = np.concatenate((np.array(early, dtype=np.int64), slots))
+        finalised = self._finalise(slots)
         self._expire_pending(watermark)
-        closed = self._closed_expiry
-        while closed and closed[0][0] <= watermark:
-            forget_at, _, rid = heapq.heappop(closed)
-            if self.closed.get(rid) == forget_at:
-                del self.closed[rid]
+        self._trim()
         return finalised
+
+    def _finalise(self, slots: Ints) -> Finalised:
+        if not slots.shape[0]:
+            return _empty_finalised()
+        index = slots - self.base
+        self._final[index] = True
+        finalised = self._view(slots, take=True)
+        slot_list = slots.tolist()
+        if self._odd_keys:
+            for slot in self._odd_keys.keys() & set(slot_list):
+                for key in self._odd_keys.pop(slot):
+                    self._seen.pop(key, None)  # once per grade seen
+        rankings_of = self._rankings
+        for i in index.tolist():
+            rankings_of[i] = None
+        if self._listed:
+            self._listed.difference_update(slot_list)
+        if self.changed:
+            self.changed.difference_update(slot_list)
+        return finalised
+
+    def current(self, slots: Ints) -> Finalised:
+        """Open requests as they stand now (their rows stay): the live windows' view."""
+        return self._view(slots, take=False) if slots.shape[0] else _empty_finalised()
+
+    def _view(self, slots: Ints, take: bool) -> Finalised:
+        """The requests of ``slots`` with the best grade of each judged item, from their rows; ``take``: the
+        rows leave their blocks and their duplicate keys are forgotten."""
+        base = self.base
+        index = slots - base
+        request_of = np.full(self.size, -1, dtype=np.int64)
+        request_of[index] = np.arange(slots.shape[0], dtype=np.int64)
+        parts: list[tuple[Ints, Ints, Ints, Floats]] = []
+        for block in np.unique(slots // BLOCK).tolist():
+            stored = self._rows.get(block)
+            if stored is None:
+                continue
+            columns = [np.concatenate(c) for c in zip(*stored, strict=True)] if len(stored) > 1 else list(stored[0])
+            mine = request_of[columns[0] - base] >= 0
+            if mine.all():
+                parts.append(tuple(columns))  # type: ignore[arg-type]  # the four columns
+                if take:
+                    del self._rows[block]
+                continue
+            parts.append(tuple(c[mine] for c in columns))
+            if take:
+                self._rows[block] = [tuple(c[~mine] for c in columns)]
+            elif len(stored) > 1:
+                self._rows[block] = [tuple(columns)]  # type: ignore[list-item]  # kept concatenated
+        if parts:
+            row_slot, row_field, row_kind, row_grade = (np.concatenate(c) for c in zip(*parts, strict=True))
+            if take:
+                simple = _simple(row_field, row_kind)
+                compiled.forget_keys(self._dup_table, _keys(row_slot[simple], row_field[simple], row_kind[simple]),
+                                     _grade_bits(row_grade[simple]))
+            # the best grade of each (request, item)
+            req = request_of[row_slot - base]
+            order = np.lexsort((row_field, req))
+            req, row_field, row_grade = req[order], row_field[order], row_grade[order]
+            starts = np.ones(req.shape[0], dtype=np.bool_)
+            starts[1:] = (np.diff(req) != 0) | (np.diff(row_field) != 0)
+            first = np.flatnonzero(starts)
+            best = np.maximum.reduceat(row_grade, first) if first.shape[0] else row_grade
+            req, row_field = req[first], row_field[first]
+            shown, unshown = (best > 0.0) & (row_field > 0), (best > 0.0) & (row_field < 0)
+            shown_req, shown_pos, shown_grade = req[shown], row_field[shown], best[shown]
+            unshown_req, unshown_grade = req[unshown], best[unshown]
+        else:
+            shown_req = shown_pos = unshown_req = np.empty(0, dtype=np.int64)
+            shown_grade = unshown_grade = np.empty(0)
+        rankings: list[CompactRanking] = [self._rankings[i] for i in index.tolist()]  # open slots: set
+        return Finalised(rankings, self._serve[index], self._applied[index], shown_req, shown_pos, shown_grade,
+                         unshown_req, unshown_grade, slots, self._row[index].copy(), self._graded[index])
+
+    # -- what other parts read ------------------------------------------------------------------------
+    def open_slots(self) -> Ints:
+        """The slots of the open requests, in opening order."""
+        return np.flatnonzero(~self._final[: self.size]) + self.base
+
+    def set_rows(self, slots: Ints, rows: Ints) -> None:
+        """The live windows' row of each slot (see :data:`~stream_eval.events.join.NO_ROW`)."""
+        self._row[slots - self.base] = rows
+
+    def status(self, rids: list[str]) -> tuple[Bools, Bools, Bools]:
+        """For each request id: whether its request is open or finalised and still remembered; whether
+        feedback was applied to it or it is remembered; whether feedback waits for it."""
+        found = self._find_ids(rids)
+        index = np.where(found >= 0, found - self.base, 0)
+        known = found >= 0
+        remembered = known & self._final[index] & (self._serve[index] + self.horizon + self.horizon > self.watermark)
+        held = known & (~self._final[index] | remembered)
+        fed = known & ((~self._final[index] & self._applied[index]) | remembered)
+        pending = self.pending
+        waiting = np.fromiter(map(pending.__contains__, rids), dtype=np.bool_, count=len(rids))
+        return held, fed, waiting
 
     def _expire_pending(self, watermark: float) -> None:
         expiry = self._pending_expiry
@@ -355,18 +809,95 @@ class Join:
             else:
                 del self.pending[rid]
 
-    def flush(self) -> list[RequestState]:
-        """End of input: finalise every open request and count every waiting feedback as an orphan."""
+    def _trim(self) -> None:
+        """Drop the slots at the front that are finalised and forgotten, ``TRIM`` at a time, once the arrays
+        have doubled since the last time (the copy and the rebuilt id table cost once per slot)."""
+        if self.size < self._trim_at:
+            return
         horizon = self.horizon
-        finalised = self._early + sorted(self.open.values(), key=lambda s: s.ts + horizon)  # stable: opening order
+        dropped = 0
+        while self.size - dropped >= TRIM:
+            window = slice(dropped, dropped + TRIM)
+            if not (self._final[window].all() and (self._serve[window] + horizon + horizon <= self.watermark).all()):
+                break
+            dropped += TRIM
+        self._trim_at = max(2 * TRIM, 2 * (self.size - dropped)) if dropped else self.size + TRIM
+        if not dropped:
+            return
+        for arena, first, last in ((self._ids, self._id_first, self._id_last),
+                                   (self._texts, self._text_first, self._text_last)):
+            offset = int(first[dropped]) if dropped < self.size else arena.used
+            arena.cut(offset)
+            first -= offset
+            last -= offset
+        for name in _COLUMNS:
+            column = getattr(self, name)
+            column[: self.size - dropped] = column[dropped : self.size].copy()
+        del self._rankings[:dropped]
+        self.base += dropped
+        self.size -= dropped
+        self._id_table = compiled.empty_table(2 * self.size)  # the ids of the slots left, again
+        self._id_entries = 0
+        self._put_ids(np.arange(self.base, self.base + self.size, dtype=np.int64))
+
+    def flush(self) -> Finalised:
+        """End of input: finalise every open request and count every waiting feedback as an orphan."""
+        open_index = np.flatnonzero(~self._final[: self.size])
+        open_index = open_index[np.argsort(self._serve[open_index] + self.horizon, kind="stable")]
+        slots = np.concatenate((np.array(self._early, dtype=np.int64), open_index + self.base))
         self._early = []
-        self.open.clear()
-        if self.changed is not None:
-            self.changed.clear()
+        finalised = self._finalise(slots)
         self._due.clear()
         self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
         self.pending.clear()
         self._pending_expiry.clear()
-        self.closed.clear()
-        self._closed_expiry.clear()
+        self._id_table = compiled.empty_table(0)
+        self._id_entries = 0
+        self._ids.used = self._texts.used = 0
+        self._dup_table = compiled.empty_table(0)
+        self._dup_entries = 0
+        self._rows.clear()
+        self._seen.clear()
+        self._odd_keys.clear()
+        self._unshown_table = compiled.empty_table(0, compiled.UNSHOWN_ENTRY)
+        self._unshown_entries = 0
+        self._unshown_items.used = 0
+        self.base += self.size
+        self.size = 0
+        self._rankings = []
+        self._listed.clear()
+        if self.changed is not None:
+            self.changed.clear()
         return finalised
+
+
+def _simple(field: Ints, kind: Ints) -> Bools:
+    """Rows whose duplicate key fits in an integer (see ``_SLOT_MASK``)."""
+    return (field < _FIELD_LIMIT) & (field >= -_FIELD_LIMIT) & (kind < _KIND_LIMIT)
+
+
+def _keys(slots: Ints, field: Ints, kind: Ints) -> Ints:
+    packed = np.where(field > 0, field, _FIELD_LIMIT - 1 - field)
+    return ((slots & _SLOT_MASK) << 27) | (packed << 4) | kind
+
+
+def _grade_bits(grade: Floats) -> Ints:
+    """Grades as int64 bits for the duplicate table, with -0.0 as 0.0 (equal grades, equal bits)."""
+    return (grade + 0.0).view(np.int64)
+
+
+def _first_time(seen: dict[tuple[int, int, int], SeenGrades], key: tuple[int, int, int], grade: float) -> bool:
+    """Record ``grade`` for ``key``; ``False`` if it was seen already (a duplicate)."""
+    before = seen.get(key)
+    if before is None:
+        seen[key] = grade
+        return True
+    if type(before) is float:
+        if before == grade:
+            return False
+        seen[key] = {before, grade}
+        return True
+    if grade in before:  # type: ignore[operator]  # a set here
+        return False
+    before.add(grade)  # type: ignore[union-attr]  # a set here
+    return True

@@ -1,4 +1,5 @@
-"""The columnar join equals the per-event join on any stream, any chunking and any schedule of advances."""
+"""The join equals the per-event join it replaced (tests/per_event_join.py) on any stream, any chunking and any
+schedule of advances."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from unittest.mock import patch
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from per_event_join import Join as PerEventJoin
+from per_event_join import RequestState
 
 from stream_eval.config import Config
-from stream_eval.events import columns
-from stream_eval.events.columns import ColumnJoin, Finalised
-from stream_eval.events.join import EventCounts, Join, RequestState
+from stream_eval.events import join as columns
+from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking
 
 CONFIG = Config(attribution_window=10.0, allowed_lateness=2.0)
@@ -75,7 +77,7 @@ def _run_both(events: list[Any], cuts: list[int], advances: list[bool], event_ti
 def _compare(events: list[Any], cuts: list[int], advances: list[bool], event_time: bool,
              external: list[int]) -> None:
     old_counts, new_counts = EventCounts(), EventCounts()
-    old, new = Join(CONFIG, old_counts), ColumnJoin(CONFIG, new_counts)
+    old, new = PerEventJoin(CONFIG, old_counts), Join(CONFIG, new_counts)
     old.delays, new.delays = [], []
     # rankings as the decoder gives them (compact) and as a topic may (full): the joins take both
     mixed = [_compact(e) if k % 2 else e for k, e in enumerate(events)]
