@@ -316,12 +316,12 @@ class Engine:
             return
         states: Sequence[Any] = finalised.rankings  # a ranking has the fields of a request read here
         values, batch, empty = self.evaluate_finalised(finalised)
-        group = np.empty(len(states), dtype=np.int64)
-        special: list[int] = []
-        for i, state in enumerate(states):
-            group[i] = self.group_of(state.experiment, state.arm)
-            if state.teams is not None or state.query_id is not None or state.subtopics is not None:
-                special.append(i)
+        pairs = list(map(_EXPERIMENT_ARM, states))
+        found = list(map(self._raw_groups.get, pairs))
+        if None in found:
+            found = [self.group_of(*pair) if g is None else g for g, pair in zip(found, pairs, strict=True)]
+        group = np.array(found, dtype=np.int64)
+        extras = list(map(_EXTRAS, states))  # (teams, query_id, subtopics) of each
         n_groups = len(self.groups)
         requests = np.bincount(group, minlength=n_groups)
         empties = np.bincount(group[empty], minlength=n_groups)
@@ -337,19 +337,34 @@ class Engine:
         named = None if regroup is None else self._regroup_session_part
         self._add_sessions(self.sessions.add(states, group, impressions, named))
         interleaved = np.zeros(len(states), dtype=np.bool_)
-        metric = values[:, self._gsb_column]
-        for i in special:
-            state = states[i]
-            experiment, arm = self.group_keys[group[i]]
-            if state.subtopics is not None:
+        metric = values[:, self._gsb_column].tolist()
+        if _NO_EXTRAS in extras:  # most requests: no teams, no subtopics; GSB by query below
+            rare = [i for i, (teams, _, subtopics) in enumerate(extras) if teams is not None or subtopics is not None]
+        else:
+            rare = list(range(len(states)))
+        for i in rare:
+            teams, _, subtopics = extras[i]
+            experiment = self.group_keys[group[i]][0]
+            if subtopics is not None:
                 self.with_subtopics += 1
-            if state.teams is not None:
+            if teams is not None:
                 interleaved[i] = True
-                self.teams_seen.setdefault(experiment, set()).update(state.teams)
-                self.gsb.interleaved(experiment, state.teams, impressions.relevant_positions(i))
-            elif state.query_id is not None and metric[i] == metric[i]:
-                query_metric = self.gsb.query_metric if regroup is None else regroup.query_metric
-                query_metric(experiment, arm, state.query_id, state.ts, float(metric[i]))
+                self.teams_seen.setdefault(experiment, set()).update(teams)
+                self.gsb.interleaved(experiment, teams, impressions.relevant_positions(i))
+        # the metric of each request with a query (not interleaved) for the GSB of its query
+        by_query = [i for i, (teams, query, _) in enumerate(extras)
+                    if query is not None and teams is None and metric[i] == metric[i]]
+        if by_query:
+            keys, group_list = self.group_keys, group.tolist()
+            arms = [keys[group_list[i]] for i in by_query]
+            queries = [extras[i][1] for i in by_query]
+            serve = finalised.serve[by_query].tolist()
+            picked = [metric[i] for i in by_query]
+            if regroup is None:
+                self.gsb.query_metrics(arms, queries, serve, picked)
+            else:
+                for (experiment, arm), query, ts, value in zip(arms, queries, serve, picked, strict=True):
+                    regroup.query_metric(experiment, arm, query, ts, value)
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]
             self.arms_seen.setdefault(experiment, set()).add(arm)
@@ -470,6 +485,9 @@ class Engine:
         return out
 
 
+_EXPERIMENT_ARM = attrgetter("experiment", "arm")
+_EXTRAS = attrgetter("teams", "query_id", "subtopics")
+_NO_EXTRAS = (None, None, None)
 #: Events that go to the join.
 _JOINED = frozenset((CompactRanking, Ranking, Feedback))
 _TS = attrgetter("ts")

@@ -60,16 +60,25 @@ class GsbTracker:
 
     def query_metric(self, experiment: str, arm: str, query_id: str, serve_ts: float, value: float) -> None:
         """One finalised request's ``gsb_metric`` for its query."""
-        bucket = self._queries.get(int(serve_ts // self.window))
-        if bucket is None:
-            bucket = self._queries[int(serve_ts // self.window)] = {}
-        per_arm = bucket.setdefault((experiment, query_id), {})
-        sums = per_arm.get(arm)
-        if sums is None:
-            per_arm[arm] = [value, 1.0]
-        else:
-            sums[0] += value
-            sums[1] += 1.0
+        self.query_metrics([(experiment, arm)], [query_id], [serve_ts], [value])
+
+    def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], serve_ts: list[float],
+                      values: list[float]) -> None:
+        """:meth:`query_metric` for many requests: their (experiment, arm), query, serve time and metric."""
+        window, open_ = self.window, self._queries
+        for (experiment, arm), query_id, ts, value in zip(groups, queries, serve_ts, values, strict=True):
+            bucket = open_.get(int(ts // window))
+            if bucket is None:
+                bucket = open_[int(ts // window)] = {}
+            per_arm = bucket.get((experiment, query_id))
+            if per_arm is None:
+                per_arm = bucket[experiment, query_id] = {}
+            sums = per_arm.get(arm)
+            if sums is None:
+                per_arm[arm] = [value, 1.0]
+            else:
+                sums[0] += value
+                sums[1] += 1.0
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
         """One finalised interleaved request: the teams credited with its relevant items."""

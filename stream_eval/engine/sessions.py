@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +23,8 @@ from stream_eval.metrics.auc import gauc_weights, session_auc
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
+_N = attrgetter("n")
+_SCORES_OF = attrgetter("scores")
 NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
 
 
@@ -36,30 +38,35 @@ class Impressions:
     __slots__ = ("starts", "scores", "labels")
 
     def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints) -> None:
-        n_shown = np.fromiter((s.n for s in states), dtype=np.int64, count=len(states))
+        n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
         starts = np.zeros(len(states) + 1, dtype=np.int64)
         np.cumsum(n_shown, out=starts[1:])
         total = int(starts[-1])
         part = np.repeat(np.arange(len(states)), n_shown)
         scores = starts[part] - np.arange(total, dtype=np.float64) - 1.0
-        texts: list[bytes] = []  # scores still as JSON text (the usual case): decoded in one call
-        given: list[float] = []
-        with_scores = np.zeros(len(states), dtype=np.bool_)
-        for i, state in enumerate(states):
-            kept = state.scores
-            if kept is not None:
-                if type(kept) is bytes:
-                    texts.append(kept[1:-1])
-                else:
-                    if texts:
-                        given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
-                        texts = []
-                    given.extend(kept)
-                with_scores[i] = True
-        if texts:
-            given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
-        if given:
-            scores[with_scores[part]] = given
+        kept_scores = list(map(_SCORES_OF, states))
+        if kept_scores and all(type(kept) is bytes for kept in kept_scores):
+            # every ranking kept its scores as JSON text (the usual case): "[1,2]" "[3]" read as one "[1,2,3]"
+            # (flat arrays of numbers, never empty)
+            scores = np.array(_SCORES.decode(b"".join(kept_scores).replace(b"][", b",")))
+        else:
+            texts: list[bytes] = []  # runs of scores still as JSON text: decoded in one call each
+            given: list[float] = []
+            with_scores = np.zeros(len(states), dtype=np.bool_)
+            for i, kept in enumerate(kept_scores):
+                if kept is not None:
+                    if type(kept) is bytes:
+                        texts.append(kept[1:-1])
+                    else:
+                        if texts:
+                            given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
+                            texts = []
+                        given.extend(kept)
+                    with_scores[i] = True
+            if texts:
+                given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
+            if given:
+                scores[with_scores[part]] = given
         labels = np.zeros(total, dtype=np.bool_)
         labels[starts[rel_req] + rel_pos - 1] = True
         self.starts, self.scores, self.labels = starts, scores, labels

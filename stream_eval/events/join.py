@@ -44,6 +44,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import compress, count, repeat
+from operator import attrgetter
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -54,6 +55,7 @@ from stream_eval.events import compiled
 from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking
 
 T = TypeVar("T")
+_TS = attrgetter("ts")
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -450,7 +452,7 @@ class Join:
         # 1. Rankings open slots, in order.
         ranking_at = np.flatnonzero(~is_feedback).tolist()
         rids = [events[p].request_id for p in ranking_at]
-        known = self._find_ids(rids).tolist()  # the slot of each id before this chunk, or -1
+        known_slots = self._find_ids(rids)  # the slot of each id before this chunk, or -1
         opened: dict[str, int] = {}  # the ids given a slot in this chunk
         first_new = self.base + self.size
         new_at: list[int] = []  # chunk position of each new slot's ranking
@@ -463,7 +465,14 @@ class Join:
         waiting_rows: list[tuple[int, Feedback, int, int, float, bool]] = []
         ranking_ok = ranking_duplicate = 0
         serve = self._serve
-        for p, rid, slot in zip(ranking_at, rids, known, strict=True):
+        rankings: list[CompactRanking] = [events[p] for p in ranking_at]  # type: ignore[misc]  # rankings here
+        if (rids and known_slots.max() < 0 and len(set(rids)) == len(rids) and self.pending.keys().isdisjoint(rids)
+                and all(type(r) is CompactRanking for r in rankings)):
+            # new ids only, each once, none awaited: every ranking opens a slot (the loop below, at once)
+            ranking_ok, new_at, new_rankings = len(rids), ranking_at, rankings
+            new_ts = list(map(_TS, rankings))
+            rankings = []
+        for p, rid, slot in zip(ranking_at if rankings else [], rids, known_slots.tolist(), strict=False):
             ranking = events[p]
             mark = marks[p]
             if opened:
