@@ -298,3 +298,80 @@ def keep_unshown(old: Ints, old_arena: Bytes, open_slot: npt.NDArray[np.bool_], 
         used += size
         kept += 1
     return used, kept
+
+
+@nb.njit(cache=True, nogil=True)
+def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s_starts: Ints, s_ends: Ints,
+                    max_items: int) -> Ints:  # pragma: no cover  # compiled
+    """The number of items of each ranking whose raw ``items`` and ``scores`` pass :meth:`Validator.compact`'s
+    checks in their plainest form, -1 for any other ranking (the caller runs :meth:`Validator.compact` on it,
+    which gives the result or the error).
+
+    Plainest form: ``items`` is ``["a","b",...]`` with ASCII items without quotes or backslashes (so the
+    compact text is exact), at most ``max_items`` and all different; ``scores`` is ``null`` or a flat array of
+    at most 300 bytes of digits, ``.``, ``-`` and commas, with one number per item."""
+    out = np.full(i_starts.shape[0], -1, np.int64)
+    size = 64
+    while size < 2 * max_items:
+        size *= 2
+    mask = size - 1
+    owner = np.full(size, -1, np.int64)  # the ranking that holds each entry of the item set: no clearing
+    first = np.empty(size, np.int64)
+    last = np.empty(size, np.int64)
+    hashes = np.empty(size, np.uint64)
+    for k in range(i_starts.shape[0]):
+        start, end = i_starts[k], i_ends[k]
+        if end - start < 4 or items[start] != 91 or items[start + 1] != 34 or items[end - 1] != 93:
+            continue
+        n = 0
+        i = start + 2
+        plain = True
+        while plain:
+            a = i
+            while items[i] != 34:  # the item runs to the next quote
+                if items[i] == 92 or items[i] >= 128:
+                    plain = False
+                    break
+                i += 1
+            if not plain:
+                break
+            n += 1
+            if n > max_items:
+                plain = False
+                break
+            # the set of items so far: a repeated item leaves the plain form
+            h = _hash(items, a, i)
+            j = np.int64(h & np.uint64(mask))
+            while owner[j] == k:
+                if hashes[j] == h and _equal(items, first[j], last[j], items, a, i):
+                    plain = False
+                    break
+                j = (j + 1) & mask
+            if not plain:
+                break
+            owner[j], hashes[j], first[j], last[j] = k, h, a, i
+            if i + 2 == end - 1 + 1 and items[i + 1] == 93:  # '"]': the last item
+                break
+            if i + 3 < end and items[i + 1] == 44 and items[i + 2] == 34:  # '","': another item
+                i += 3
+                continue
+            plain = False
+        if not plain:
+            continue
+        a, b = s_starts[k], s_ends[k]
+        if b - a == 4 and scores[a] == 110 and scores[a + 1] == 117 and scores[a + 2] == 108 and scores[a + 3] == 108:
+            out[k] = n  # null
+            continue
+        if b - a < 2 or b - a > 300 or scores[a] != 91 or scores[b - 1] != 93:
+            continue
+        commas = 0
+        for i in range(a + 1, b - 1):
+            c = scores[i]
+            if c == 44:
+                commas += 1
+            elif not (48 <= c <= 57 or c == 46 or c == 45):  # digits, '.', '-'
+                plain = False
+                break
+        if plain and (0 if b - a == 2 else commas + 1) == n:
+            out[k] = n
+    return out

@@ -12,12 +12,14 @@ import functools
 import math
 import re
 from datetime import datetime
+from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
 
 from stream_eval.config import Config
+from stream_eval.events import compiled
 
 Time = float | str | None
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -110,6 +112,8 @@ class CompactRanking(msgspec.Struct, gc=False):
                    event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
 
 
+_RAW_ITEMS = attrgetter("items")
+_RAW_SCORES = attrgetter("scores")
 SCORES_DECODER = msgspec.json.Decoder(list[float])
 _SCORES_ENCODER = msgspec.json.Encoder()
 #: Longer score arrays are decoded once at validation, to be sure they decode (e.g. no overflow).
@@ -208,6 +212,42 @@ class Validator:
         if n > self.max_items or len(set(items)) != n:
             self._check_items(items)
         self._check_lengths(event, n, ("scores", "teams", "subtopics"))
+
+    def compact_many(self, events: list[_RawRanking]) -> list[CompactRanking | EventError | None]:
+        """:meth:`compact` of each ranking (its result, or the error it raises). The plainest rankings are
+        checked by one compiled pass over their raw items and scores (:func:`compiled.simple_rankings`), the
+        others one by one."""
+        items = list(map(_RAW_ITEMS, events))
+        scores = list(map(_RAW_SCORES, events))
+        item_bytes, scores_bytes = b"".join(items), b"".join(scores)
+        i_ends = np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
+        s_ends = np.cumsum(np.fromiter(map(len, scores), dtype=np.int64, count=len(scores)))
+        i_starts = i_ends - np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+        s_starts = s_ends - np.fromiter(map(len, scores), dtype=np.int64, count=len(scores))
+        counts = compiled.simple_rankings(np.frombuffer(item_bytes, dtype=np.uint8), i_starts, i_ends,
+                                          np.frombuffer(scores_bytes, dtype=np.uint8), s_starts, s_ends,
+                                          self.max_items).tolist()
+        text = item_bytes.decode("ascii", "replace")  # the plain rankings are ASCII: their offsets hold
+        out: list[CompactRanking | EventError | None] = []
+        for event, n, a, b, raw_scores in zip(events, counts, i_starts.tolist(), i_ends.tolist(), scores, strict=True):
+            try:
+                if n < 0:
+                    out.append(self.compact(event))
+                    continue
+                if event.teams is not None or event.subtopics is not None:
+                    self._check_lengths(event, n, ("teams", "subtopics"))
+                ts = event.ts
+                if type(ts) is not float:
+                    ts = parse_time(ts)
+            except EventError as error:
+                out.append(error)
+                continue
+            kept: bytes | None = bytes(raw_scores)  # a msgspec.Raw
+            out.append(CompactRanking(event.request_id, '",' + text[a + 1 : b - 1] + ',"', n, ts,
+                                      None if kept == b"null" else kept,
+                                      event.query_id, event.session_id, event.experiment, event.arm, event.teams,
+                                      event.subtopics))
+        return out
 
     def compact(self, event: _RawRanking) -> CompactRanking | None:
         """Validate a ranking decoded with raw ``items`` and ``scores``, exactly as :meth:`ranking` and
@@ -443,28 +483,29 @@ def decode_chunk_compact(
         return [CompactRanking.of(e) if type(e) is Ranking else e  # type: ignore[misc]  # dispatched on type
                 for e in _line_by_line(chunk, config, first_line, source)]
     checker = validator(config)
-    check, compact = checker.check, checker.compact
+    check = checker.check
     results: list[Any] = decoded
     lines: list[tuple[int, bytes]] | None = None
     invalid = False
-    for index, event in enumerate(decoded):
-        kind = type(event)
-        if kind is _RawRanking:
-            try:
-                converted = compact(event)
-            except EventError as error:
-                results[index] = Invalid("ranking", error.code, error.reason)
-                invalid = True
-                continue
-            if converted is None:
-                if lines is None:
-                    lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
-                number, line = lines[index]
-                full = decode_line(line, config, f"{source}:{number}")
-                results[index] = CompactRanking.of(full) if type(full) is Ranking else full
-                continue
+    types = list(map(type, decoded))
+    at = [index for index, kind in enumerate(types) if kind is _RawRanking]
+    for index, converted in zip(at, checker.compact_many([decoded[index] for index in at]), strict=True):
+        if type(converted) is CompactRanking:
             results[index] = converted
-        elif kind is Watermark:
+        elif converted is None:
+            if lines is None:
+                lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+            number, line = lines[index]
+            full = decode_line(line, config, f"{source}:{number}")
+            results[index] = CompactRanking.of(full) if type(full) is Ranking else full
+        else:
+            results[index] = Invalid("ranking", converted.code, converted.reason)  # type: ignore[union-attr]
+            invalid = True
+    for index, kind in enumerate(types):
+        if kind is _RawRanking:
+            continue
+        event = decoded[index]
+        if kind is Watermark:
             results[index] = finish(event, config)
             invalid = True  # perhaps
         else:
