@@ -297,7 +297,7 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool, clicks: int = 
     if tracemalloc_on and snap0 is not None:
         traced1 = tracemalloc.get_traced_memory()[0]
         result["traced_per_request"] = (traced1 - traced0) / (requests - warm)
-        top = tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:8]
+        top = tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:16]
         result["top"] = [(str(s.traceback[0]).replace(str(ROOT) + os.sep, ""), s.size_diff / (requests - warm))
                          for s in top]
     print(json.dumps(result), flush=True)

@@ -51,19 +51,26 @@ class Driver:
         self.counts = EventCounts()
         self.join = Join(config, self.counts)
         self.eager = eager
-        self.finalised: list[tuple[CompactRanking, dict[str, object]]] = []  # each request and its grades
+        # each request finalised, its served items and its grades (by item; those not served as NOT_SERVED)
+        self.finalised: list[tuple[CompactRanking, list[str], dict[str, object]]] = []
         self.statuses: list[str] = []
+        self._items: dict[int, list[str]] = {}  # the items of each ranking given to the join (it keeps them as bytes)
 
     def take(self, finalised: Finalised) -> None:
         unshown = finalised.unshown_grades()
         for ranking, grades, others in zip(finalised.rankings, finalised.shown_grades(), unshown, strict=True):
-            self.finalised.append((ranking, {**grades, NOT_SERVED: others} if others else dict(grades)))
+            items = self._items[id(ranking)]
+            named: dict[str, object] = {items[position - 1]: grade for position, grade in grades.items()}
+            self.finalised.append((ranking, items, {**named, NOT_SERVED: others} if others else named))
 
     def __call__(self, *events: Ranking | Feedback) -> list[str]:
         out = []
         for event in events:
             kind = "ranking" if isinstance(event, Ranking) else "feedback"
             before = {status: self.counts[kind, status] for status in ("ok", "late", "duplicate", "orphan")}
+            if isinstance(event, Ranking):
+                event = CompactRanking.of(event)
+                self._items[id(event)] = item_list(event.items)
             self.join.add([event], np.array([self.join.watermark]))
             moved = [status for status, n in before.items() if self.counts[kind, status] > n]
             out.append(moved[0] if moved else "pending")
@@ -85,11 +92,11 @@ class Driver:
 
     def items(self, rid: str) -> list[list[str]]:
         """The served items of each finalised request with this id, in order."""
-        return [item_list(ranking.items) for ranking, _ in self.finalised if ranking.request_id == rid]
+        return [items for ranking, items, _ in self.finalised if ranking.request_id == rid]
 
     def grades(self) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}
-        for ranking, grades in self.finalised:
+        for ranking, _, grades in self.finalised:
             rid = ranking.request_id
             # A request_id may come back as a new request once the first is forgotten (see join.py).
             key = rid if rid not in out else f"{rid}#{sum(k.split('#')[0] == rid for k in out) + 1}"
@@ -179,7 +186,7 @@ def test_finalisation_point_inside_a_second() -> None:
     assert [r.request_id for r in run.join.advance(15.2).rankings] == ["r2"]
     assert run(click("r1", "a", 3.0)) == ["ok"]  # out of order, inside the window and not final yet
     finalised = run.join.advance(15.5)
-    assert [r.request_id for r in finalised.rankings] == ["r1"] and finalised.shown_grades() == [{"a": 1.0}]
+    assert [r.request_id for r in finalised.rankings] == ["r1"] and finalised.shown_grades() == [{1: 1.0}]
 
 
 def test_session_close_point_inside_a_second() -> None:
@@ -225,8 +232,8 @@ def test_duplicate_ranking_first_stands() -> None:
     assert run(rank("r1", 1, ["x", "y"])) == ["duplicate"]
     assert run(click("r1", "x", 2), click("r1", "b", 3)) == ["ok", "ok"]
     run.finish()
-    [(ranking, grades)] = run.finalised
-    assert item_list(ranking.items) == ["a", "b"] and ranking.ts == 0.0
+    [(ranking, items, grades)] = run.finalised
+    assert items == ["a", "b"] and ranking.ts == 0.0
     assert grades == {"b": 1.0, NOT_SERVED: [1.0]}  # x was served by the duplicate only
     assert run.counts["ranking", "ok"] == 1 and run.counts["ranking", "duplicate"] == 1
 
@@ -342,7 +349,8 @@ def _compare(events: list[Ranking | Feedback]) -> None:
     _check_counts_add_up(eager, events)
     _check_counts_add_up(lazy, events)
     assert lazy.grades() == eager.grades()
-    assert {r.request_id: r.items for r, _ in lazy.finalised} == {r.request_id: r.items for r, _ in eager.finalised}
+    assert {r.request_id: items for r, items, _ in lazy.finalised} == {
+        r.request_id: items for r, items, _ in eager.finalised}
     assert lazy.counts == eager.counts
 
 

@@ -13,7 +13,7 @@ from per_event_join import Join as PerEventJoin
 from per_event_join import RequestState
 
 from stream_eval.config import Config
-from stream_eval.events import join as columns
+from stream_eval.events import join as join_module
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking
 
@@ -43,16 +43,16 @@ def _compact(event: Ranking | Feedback) -> CompactRanking | Feedback:
     return CompactRanking.of(event) if type(event) is Ranking else event
 
 
-View = list[tuple[str, float, dict[str, float], list[float]]]
+View = list[tuple[str, float, dict[int, float], list[float]]]
 
 
 def _old_view(states: list[RequestState]) -> View:
-    """Each request's id, serve time, grades of served items and the sorted grades of the others."""
+    """Each request's id, serve time, grades by served position and the sorted grades of the other items."""
     out = []
     for s in states:
-        grades, served = s.grades or {}, set(s.item_list())
-        out.append((s.request_id, s.ts, {item: g for item, g in grades.items() if item in served},
-                    sorted(g for item, g in grades.items() if item not in served)))
+        grades = s.grades or {}
+        out.append((s.request_id, s.ts, {s.position(item): g for item, g in grades.items() if s.position(item)},
+                    sorted(g for item, g in grades.items() if not s.position(item))))
     return out
 
 
@@ -69,8 +69,8 @@ def _chunks(events: list[Any], cuts: list[int]) -> list[list[Any]]:
 def _run_both(events: list[Any], cuts: list[int], advances: list[bool], event_time: bool,
               external: list[int]) -> None:
     _compare(events, cuts, advances, event_time, external)
-    # tiny blocks and arrays: rows of several blocks, arrays that grow, slots dropped from the front
-    with patch.multiple(columns, BLOCK=2, TRIM=2, FIRST_CAPACITY=1):
+    # tiny blocks and arrays: rows of several blocks, arrays that grow, slots and texts dropped from the front
+    with patch.multiple(join_module, BLOCK=2, TRIM=2, FIRST_CAPACITY=1, TEXT_CUT=0):
         _compare(events, cuts, advances, event_time, external)
 
 

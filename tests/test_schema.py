@@ -601,7 +601,7 @@ def test_compact_positions_are_exact() -> None:
         labels = [Feedback("r", probe, kind="label", grade=grade[probe], ts=2.0) for probe in probes]
         join.add([Ranking("r", items, ts=1.0), *labels])
         finalised = join.flush()
-        assert finalised.shown_grades() == [{item: grade[item] for item in items}]
+        assert finalised.shown_grades() == [{position: grade[item] for position, item in enumerate(items, 1)}]
         assert finalised.unshown_grades() == [sorted(grade[p] for p in probes if p not in items)]
 
 

@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from stream_eval.config import Config
 from stream_eval.events import compiled
-from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking
+from stream_eval.events.schema import CompactRanking, Feedback, Ranking
 
 T = TypeVar("T")
 _TS = attrgetter("ts")
@@ -138,7 +138,9 @@ UNGRADED = -1
 BLOCK = 8192
 #: Slots of finalised and forgotten requests are dropped from the front of the arrays this many at a time.
 TRIM = 1 << 16
-#: Slots the arrays hold at first (they double when full).
+#: Item texts of finalised requests are dropped once they take this many bytes (and as many as the rest).
+TEXT_CUT = 1 << 20
+#: Slots the arrays hold at first (they grow by half when full).
 FIRST_CAPACITY = 1024
 #: A feedback row's item is its ``field``: the served position (1, 2...), or ``-1 - code`` for an item that was
 #: not served (codes 0, 1, 2... per request, see :func:`compiled.unshown_codes`). Duplicate keys are integers
@@ -209,13 +211,12 @@ class Finalised:
                                    self.unshown_grade[u], self.slots[a:b], self.rows[a:b], self.graded[a:b]))
         return parts
 
-    def shown_grades(self) -> list[dict[str, float]]:
-        """Each request's best grade (> 0) per served item."""
-        out: list[dict[str, float]] = [{} for _ in self.rankings]
-        items = [_item_list(r.items) for r in self.rankings]
+    def shown_grades(self) -> list[dict[int, float]]:
+        """Each request's best grade (> 0) per served position."""
+        out: list[dict[int, float]] = [{} for _ in self.rankings]
         for req, pos, grade in zip(self.shown_req.tolist(), self.shown_pos.tolist(), self.shown_grade.tolist(),
                                    strict=True):
-            out[req][items[req][pos - 1]] = grade
+            out[req][pos] = grade
         return out
 
     def unshown_grades(self) -> list[list[float]]:
@@ -224,10 +225,6 @@ class Finalised:
         for req, grade in zip(self.unshown_req.tolist(), self.unshown_grade.tolist(), strict=True):
             out[req].append(grade)
         return [sorted(grades) for grades in out]
-
-
-def _item_list(items: str | list[str]) -> list[str]:
-    return items[3:-3].split(SEP) if type(items) is str else list(items)
 
 
 def _empty_finalised() -> Finalised:
@@ -299,7 +296,7 @@ class _Arena:
         if end > self.data.shape[0]:
             size = self.data.shape[0]
             while size < end:
-                size *= 2
+                size += size // 2  # by half: the bytes held stay within 1.5x (on average 1.25x) of those used
             grown = np.empty(size, dtype=np.uint8)
             grown[:start] = self.data[:start]
             self.data = grown
@@ -330,6 +327,7 @@ class Join:
         self._id_table = compiled.empty_table(0)
         self._id_entries = 0
         self._trim_at = 2 * TRIM  # slots in the arrays when _trim next looks
+        self._first_open = 0  # no slot before it is open (see _cut_texts)
         self._ids = _Arena()
         self._texts = _Arena()  # the compact item texts, as bytes (empty when kept as a list)
         self.base = 0  # the slot at index 0 of the arrays
@@ -372,7 +370,7 @@ class Join:
         if size <= capacity:
             return
         while capacity < size:
-            capacity *= 2
+            capacity += capacity // 2 + 1
         for name in _COLUMNS:
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)
@@ -516,6 +514,7 @@ class Join:
             if "" in texts:
                 self._listed.update(first_new + k for k, text in enumerate(texts) if not text)
             self._keep_strings(self._texts, texts, self._text_first, self._text_last, span)
+            _keep_lightly(new_rankings)
             self._keep_strings(self._ids, [r.request_id for r in new_rankings], self._id_first, self._id_last, span)
             self.size += n_new
             slots = np.arange(first_new, first_new + n_new, dtype=np.int64)
@@ -707,6 +706,7 @@ class Join:
         finalised = self._finalise(slots)
         self._expire_pending(watermark)
         self._trim()
+        self._cut_texts()
         return finalised
 
     def _finalise(self, slots: Ints) -> Finalised:
@@ -835,7 +835,7 @@ class Join:
             return
         for arena, first, last in ((self._ids, self._id_first, self._id_last),
                                    (self._texts, self._text_first, self._text_last)):
-            offset = int(first[dropped]) if dropped < self.size else arena.used
+            offset = max(int(first[dropped]) if dropped < self.size else arena.used, 0)  # texts may be cut already
             arena.cut(offset)
             first -= offset
             last -= offset
@@ -848,6 +848,25 @@ class Join:
         self._id_table = compiled.empty_table(2 * self.size)  # the ids of the slots left, again
         self._id_entries = 0
         self._put_ids(np.arange(self.base, self.base + self.size, dtype=np.int64))
+
+    def _cut_texts(self) -> None:
+        """Drop the item texts of the finalised slots before the first open one (only open requests read
+        theirs), once they take at least as many bytes as the texts kept."""
+        index = max(self._first_open - self.base, 0)
+        while index < self.size:
+            window = self._final[index : min(index + TRIM, self.size)]
+            if not window.all():
+                index += int(np.argmin(window))
+                break
+            index += window.shape[0]
+        self._first_open = self.base + index
+        texts = self._texts
+        offset = int(self._text_first[index]) if index < self.size else texts.used
+        if offset < max(texts.used - offset, TEXT_CUT):
+            return
+        texts.cut(offset)
+        self._text_first[: self.size] -= offset
+        self._text_last[: self.size] -= offset
 
     def flush(self) -> Finalised:
         """End of input: finalise every open request and count every waiting feedback as an orphan."""
@@ -878,6 +897,32 @@ class Join:
         if self.changed is not None:
             self.changed.clear()
         return finalised
+
+
+#: Experiment, arm and query names repeat across requests: the join keeps one copy of each (first come, first
+#: kept, a bounded table).
+_LABELS: dict[str, str] = {}
+_MAX_LABELS = 65_536
+
+
+def _keep_lightly(rankings: list[CompactRanking]) -> None:
+    """What an open request keeps of its ranking: its item text lives in the join's bytes (a compact
+    ranking's ``items`` becomes empty), and its experiment, arm and query names are shared."""
+    labels = _LABELS
+    for ranking in rankings:
+        if type(ranking.items) is str:
+            ranking.items = ""
+        experiment, arm, query = ranking.experiment, ranking.arm, ranking.query_id
+        ranking.experiment = labels.get(experiment) or _label(experiment)
+        ranking.arm = labels.get(arm) or _label(arm)
+        if query is not None:
+            ranking.query_id = labels.get(query) or _label(query)
+
+
+def _label(value: str) -> str:
+    if len(_LABELS) < _MAX_LABELS:
+        _LABELS[value] = value
+    return value
 
 
 def _simple(field: Ints, kind: Ints) -> Bools:
