@@ -13,6 +13,7 @@ from per_event_join import Join as PerEventJoin
 from per_event_join import RequestState
 
 from stream_eval.config import Config
+from stream_eval.events import compiled
 from stream_eval.events import join as join_module
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking
@@ -70,7 +71,8 @@ def _run_both(events: list[Any], cuts: list[int], advances: list[bool], event_ti
               external: list[int]) -> None:
     _compare(events, cuts, advances, event_time, external)
     # tiny blocks and arrays: rows of several blocks, arrays that grow, slots and texts dropped from the front
-    with patch.multiple(join_module, BLOCK=2, TRIM=2, FIRST_CAPACITY=1, TEXT_CUT=0):
+    with patch.multiple(join_module, BLOCK=2, TRIM=2, FIRST_CAPACITY=1, TEXT_CUT=0), \
+            patch.object(compiled, "MIN_TABLE", 2):  # tables rebuilt and grown as they fill
         _compare(events, cuts, advances, event_time, external)
 
 
@@ -116,3 +118,14 @@ def test_equals_the_per_event_join_when_the_watermark_comes_from_outside(
     events: list[Any], cuts: list[int], advances: list[bool], external: list[int]
 ) -> None:
     _run_both(events, cuts, advances, event_time=False, external=external)
+
+
+def test_early_finalised_request_keeps_its_items_not_served_while_the_table_is_rebuilt() -> None:
+    """A request finalised early (a new ranking took its id, past its memory) still gets the feedback that arrived
+    before that ranking in the same chunk; rebuilding the table of items not served must keep its items, or a
+    repeated label would count twice (found by review: 600 other labels in the chunk force the rebuild)."""
+    first = [Ranking("A", ["a"], ts=0.0), Ranking("B", ["b"], ts=0.0), Feedback("A", "x", "label", 1.0, ts=1.0)]
+    second = [Feedback("A", "x", "label", 1.0, ts=5.0),
+              *[Feedback("B", f"u{i}", "label", 1.0, ts=5.0) for i in range(600)],
+              Ranking("C", ["c"], ts=30.0), Ranking("A", ["a"], ts=30.0)]
+    _run_both(first + second, [len(first)], [False], event_time=True, external=[0])

@@ -20,6 +20,8 @@ Ints = npt.NDArray[np.int64]
 
 EMPTY = -1
 DELETED = -2
+#: Entries of the smallest table (a power of two).
+MIN_TABLE = 1024
 
 
 def utf8_fields(texts: list[str]) -> tuple[Bytes, Ints, Ints]:
@@ -223,7 +225,7 @@ def rehash(old: Ints, new: Ints) -> int:  # pragma: no cover  # compiled
 def empty_table(entries: int, width: int = 2) -> Ints:
     """An open-addressing table for ``entries`` at a load of at most 1/2: a power of two of entries of
     ``width`` int64 each, all EMPTY."""
-    size = 1024
+    size = MIN_TABLE
     while size < 2 * entries:
         size *= 2
     return np.full(width * size, EMPTY, dtype=np.int64)

@@ -409,7 +409,9 @@ class Join:
             table = self._unshown_table = compiled.empty_table(self._unshown_entries + len(items),
                                                                compiled.UNSHOWN_ENTRY)
             arena.data = np.empty(max(arena.used, 1 << 16), dtype=np.uint8)
-            arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, ~self._final[: self.size],
+            held = ~self._final[: self.size]
+            held[np.array(self._early, dtype=np.int64) - self.base] = True  # finalised early, may still get rows
+            arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, held,
                                                                       self.base, table, arena.data)
         arena.append(np.empty(buffer.shape[0], dtype=np.uint8))  # room for them all
         arena.used -= buffer.shape[0]
@@ -439,6 +441,9 @@ class Join:
 
         ``before[i]`` is the watermark when event ``i`` arrives (event time moved by the events before it);
         ``None``: :attr:`watermark` for every event. The caller then moves :attr:`watermark` (``advance``).
+
+        The join takes the rankings it opens requests with: it keeps a compact ranking's item text as bytes and
+        empties its ``items`` (and shares its label strings), so a ranking object goes to one join, once.
         """
         if not events:
             return
@@ -512,6 +517,8 @@ class Join:
             self._rankings += new_rankings
             texts = [r.items if type(r.items) is str else "" for r in new_rankings]
             if "" in texts:
+                if any(r.items == "" for r in new_rankings):
+                    raise ValueError("a ranking was given to the join twice (it keeps a ranking's items, see add)")
                 self._listed.update(first_new + k for k, text in enumerate(texts) if not text)
             self._keep_strings(self._texts, texts, self._text_first, self._text_last, span)
             _keep_lightly(new_rankings)
@@ -784,8 +791,10 @@ class Join:
 
     # -- what other parts read ------------------------------------------------------------------------
     def open_slots(self) -> Ints:
-        """The slots of the open requests, in opening order."""
-        return np.flatnonzero(~self._final[: self.size]) + self.base
+        """The slots of the requests not finalised yet, in opening order (with those finalised early because a
+        new ranking took their id, until the next :meth:`advance` hands them over)."""
+        slots = np.flatnonzero(~self._final[: self.size]) + self.base
+        return np.union1d(slots, self._early) if self._early else slots
 
     def set_rows(self, slots: Ints, rows: Ints) -> None:
         """The live windows' row of each slot (see :data:`~stream_eval.events.join.NO_ROW`)."""
