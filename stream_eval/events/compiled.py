@@ -274,6 +274,21 @@ def unshown_codes(table: Ints, arena: Bytes, used: int, counts: Ints, base: int,
 
 
 @nb.njit(cache=True, nogil=True)
+def unshown_live(table: Ints, open_slot: npt.NDArray[np.bool_],
+                 base: int) -> tuple[int, int]:  # pragma: no cover  # compiled
+    """The entries of open slots (``open_slot[s - base]``) in a table of items not served, and their bytes."""
+    entries = 0
+    size = 0
+    for i in range(table.shape[0] // UNSHOWN_ENTRY):
+        e = UNSHOWN_ENTRY * i
+        slot = table[e]
+        if slot >= base and slot - base < open_slot.shape[0] and open_slot[slot - base]:
+            entries += 1
+            size += table[e + 3] - table[e + 2]
+    return entries, size
+
+
+@nb.njit(cache=True, nogil=True)
 def keep_unshown(old: Ints, old_arena: Bytes, open_slot: npt.NDArray[np.bool_], base: int, new: Ints,
                  new_arena: Bytes) -> tuple[int, int]:  # pragma: no cover  # compiled
     """Copy the entries of open slots (``open_slot[s - base]``) to an empty table and arena; returns the bytes

@@ -400,17 +400,17 @@ class Join:
         self._dup_entries = compiled.rehash(old, self._dup_table)
 
     def _unshown_codes(self, slots: Ints, items: list[str]) -> Ints:
-        """The code of each (slot, item not served); the table is rebuilt with the open slots' entries alone
-        when it would be over half full."""
+        """The code of each (slot, item not served); the table is rebuilt, sized for the open slots' entries
+        alone, when it would be over half full."""
         buffer, starts, ends = compiled.utf8_fields(items)
         table, arena = self._unshown_table, self._unshown_items
         if 2 * (self._unshown_entries + len(items)) > table.shape[0] // compiled.UNSHOWN_ENTRY:
             old, old_arena = table, arena.data
-            table = self._unshown_table = compiled.empty_table(self._unshown_entries + len(items),
-                                                               compiled.UNSHOWN_ENTRY)
-            arena.data = np.empty(max(arena.used, 1 << 16), dtype=np.uint8)
             held = ~self._final[: self.size]
             held[np.array(self._early, dtype=np.int64) - self.base] = True  # finalised early, may still get rows
+            live, size = compiled.unshown_live(old, held, self.base)  # sized for these: the table cannot creep up
+            table = self._unshown_table = compiled.empty_table(live + len(items), compiled.UNSHOWN_ENTRY)
+            arena.data = np.empty(max(size + buffer.shape[0], 1 << 16), dtype=np.uint8)
             arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, held,
                                                                       self.base, table, arena.data)
         arena.append(np.empty(buffer.shape[0], dtype=np.uint8))  # room for them all
