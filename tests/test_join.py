@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from unittest.mock import patch
 
 import numpy as np
 from hypothesis import Phase, given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine
+from stream_eval.events import join as join_module
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking, item_list, validate
 
@@ -459,3 +461,29 @@ def test_duplicate_feedback_never_confuses_items_that_contain_one_another() -> N
     assert run(click("r1", "a", 5, "label", 2.0), click("r1", "a", 6, "label", 2.0)) == ["ok", "duplicate"]
     assert run.feedback_counts() == {"ok": 8, "duplicate": 13}
     assert run.finish()["r1"] == {**{item: 1.0 for item in plain + quoted}, "a": 2.0}
+
+
+def _held_bytes(join: Join) -> int:
+    """Bytes of the join's arrays and buffers (its columns, tables, rows and byte buffers)."""
+    arrays = [value for value in vars(join).values() if isinstance(value, np.ndarray)]
+    arrays += [join._ids.data, join._texts.data, join._unshown_items.data]
+    arrays += [column for parts in join._rows.values() for part in parts for column in part]
+    return sum(array.nbytes for array in arrays)
+
+
+def test_memory_does_not_grow_with_finished_requests() -> None:
+    """In steady state (one request a second, each finalised 15 s later) what the join holds stays the same
+    whether 4,000 or 8,000 requests have been finalised: labels on items not served, duplicates and clicks.
+    (Slots are dropped TRIM at a time and item texts once they pass TEXT_CUT bytes: both made small here, so
+    that the steady state comes within the test.)"""
+    with patch.multiple(join_module, TRIM=64, TEXT_CUT=0):
+        run = Driver()
+        held = []
+        for second in range(8000):
+            events = [rank(f"r{second}", second, ["a", "b", "c"]), click(f"r{second}", "b", second),
+                      click(f"r{second}", "b", second)]
+            events += [click(f"r{second}", f"other{k}", second, "label", 2.0) for k in range(3)]
+            run(*events)
+            if second in (3999, 7999):
+                held.append(_held_bytes(run.join))
+    assert held[1] <= held[0] * 1.05, held
