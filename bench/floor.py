@@ -3,7 +3,7 @@
 Decodes a JSON Lines file chunk by chunk as replay does, puts each chunk's feedback into columns (request slot
 found with one C-level ``map(dict.get)``, ts, item, kind) and gives each ranking a slot; no validation, no join
 rules, no finalisation. Compare its CPU time with ``stream-eval replay`` on the same file (docs/design.md,
-"Planned, not built: a columnar join").
+"The join on columns").
 
     python bench/floor.py bench/data/events.jsonl
 """

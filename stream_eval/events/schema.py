@@ -121,7 +121,7 @@ _SHORT_SCORES = 300
 
 
 def item_list(items: str | list[str]) -> list[str]:
-    """The items of a :class:`CompactRanking` (or :class:`RequestState`) as a list."""
+    """The items of a :class:`CompactRanking` as a list."""
     return items[3:-3].split(SEP) if type(items) is str else list(items)
 
 
