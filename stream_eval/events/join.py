@@ -292,17 +292,22 @@ class _Arena:
 
     def append(self, buffer: npt.NDArray[np.uint8]) -> int:
         """Add ``buffer``; returns the offset where it starts."""
-        start, end = self.used, self.used + buffer.shape[0]
+        start = self.used
+        self.reserve(buffer.shape[0])
+        self.data[start : start + buffer.shape[0]] = buffer
+        self.used += buffer.shape[0]
+        return start
+
+    def reserve(self, more: int) -> None:
+        """Room for ``more`` bytes after those used."""
+        end = self.used + more
         if end > self.data.shape[0]:
             size = self.data.shape[0]
             while size < end:
                 size += size // 2  # by half: the bytes held stay within 1.5x (on average 1.25x) of those used
             grown = np.empty(size, dtype=np.uint8)
-            grown[:start] = self.data[:start]
+            grown[: self.used] = self.data[: self.used]
             self.data = grown
-        self.data[start:end] = buffer
-        self.used = end
-        return start
 
     def cut(self, offset: int) -> None:
         """Drop the bytes before ``offset`` (offsets held elsewhere move down by it)."""
@@ -413,8 +418,7 @@ class Join:
             arena.data = np.empty(max(size + buffer.shape[0], 1 << 16), dtype=np.uint8)
             arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, held,
                                                                       self.base, table, arena.data)
-        arena.append(np.empty(buffer.shape[0], dtype=np.uint8))  # room for them all
-        arena.used -= buffer.shape[0]
+        arena.reserve(buffer.shape[0])  # room for them all
         codes, arena.used, added = compiled.unshown_codes(table, arena.data, arena.used, self._unshown_count,
                                                           self.base, slots, buffer, starts, ends)
         self._unshown_entries += added
