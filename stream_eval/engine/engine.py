@@ -291,7 +291,7 @@ class Engine:
     def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
         """Per-request values of finalised requests."""
         rankings = finalised.rankings
-        n_shown = np.fromiter((r.n for r in rankings), dtype=np.int64, count=len(rankings))
+        n_shown = np.fromiter(map(_N, rankings), dtype=np.int64, count=len(rankings))
         batch = JudgedBatch(n_shown, finalised.shown_req, finalised.shown_pos, finalised.shown_grade,
                             finalised.unshown_req, finalised.unshown_grade)
         result = evaluate_batch(batch, self.config, self.specs)
@@ -332,16 +332,13 @@ class Engine:
                 stats.empty += int(empties[g])
                 stats.moments += moments
         relevant = batch.shown_grade >= self.config.rel_threshold
-        impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant])
+        impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown)
         regroup = self.regroup
         named = None if regroup is None else self._regroup_session_part
         self._add_sessions(self.sessions.add(states, group, impressions, named))
         interleaved = np.zeros(len(states), dtype=np.bool_)
         metric = values[:, self._gsb_column].tolist()
-        if _NO_EXTRAS in extras:  # most requests: no teams, no subtopics; GSB by query below
-            rare = [i for i, (teams, _, subtopics) in enumerate(extras) if teams is not None or subtopics is not None]
-        else:
-            rare = list(range(len(states)))
+        rare = [i for i, (teams, _, subtopics) in enumerate(extras) if teams is not None or subtopics is not None]
         for i in rare:
             teams, _, subtopics = extras[i]
             experiment = self.group_keys[group[i]][0]
@@ -487,7 +484,7 @@ class Engine:
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
 _EXTRAS = attrgetter("teams", "query_id", "subtopics")
-_NO_EXTRAS = (None, None, None)
+_N = attrgetter("n")
 #: Events that go to the join.
 _JOINED = frozenset((CompactRanking, Ranking, Feedback))
 _TS = attrgetter("ts")

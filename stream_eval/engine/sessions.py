@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -25,6 +26,7 @@ Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 _N = attrgetter("n")
 _SCORES_OF = attrgetter("scores")
+_ENCODER = msgspec.json.Encoder()
 NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
 
 
@@ -37,36 +39,22 @@ class Impressions:
 
     __slots__ = ("starts", "scores", "labels")
 
-    def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints) -> None:
-        n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
+    def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints,
+                 n_shown: Ints | None = None) -> None:
+        if n_shown is None:
+            n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
         starts = np.zeros(len(states) + 1, dtype=np.int64)
         np.cumsum(n_shown, out=starts[1:])
         total = int(starts[-1])
         part = np.repeat(np.arange(len(states)), n_shown)
         scores = starts[part] - np.arange(total, dtype=np.float64) - 1.0
+        # scores as JSON text (as rankings keep them; a list is encoded, exactly): "[1,2]" "[3]" read as one
+        # "[1,2,3]" (flat arrays of numbers, never empty)
         kept_scores = list(map(_SCORES_OF, states))
-        if kept_scores and all(type(kept) is bytes for kept in kept_scores):
-            # every ranking kept its scores as JSON text (the usual case): "[1,2]" "[3]" read as one "[1,2,3]"
-            # (flat arrays of numbers, never empty)
-            scores = np.array(_SCORES.decode(b"".join(kept_scores).replace(b"][", b",")))
-        else:
-            texts: list[bytes] = []  # runs of scores still as JSON text: decoded in one call each
-            given: list[float] = []
-            with_scores = np.zeros(len(states), dtype=np.bool_)
-            for i, kept in enumerate(kept_scores):
-                if kept is not None:
-                    if type(kept) is bytes:
-                        texts.append(kept[1:-1])
-                    else:
-                        if texts:
-                            given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
-                            texts = []
-                        given.extend(kept)
-                    with_scores[i] = True
-            if texts:
-                given.extend(_SCORES.decode(b"[" + b",".join(texts) + b"]"))
-            if given:
-                scores[with_scores[part]] = given
+        texts = [kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in kept_scores if kept is not None]
+        if texts:
+            with_scores = np.fromiter((kept is not None for kept in kept_scores), dtype=np.bool_, count=len(states))
+            scores[with_scores[part]] = _SCORES.decode(b"".join(texts).replace(b"][", b","))
         labels = np.zeros(total, dtype=np.bool_)
         labels[starts[rel_req] + rel_pos - 1] = True
         self.starts, self.scores, self.labels = starts, scores, labels

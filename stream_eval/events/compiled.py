@@ -32,9 +32,15 @@ def utf8_fields(texts: list[str]) -> tuple[Bytes, Ints, Ints]:
         starts, ends = _split(buffer, len(texts))
         return buffer, starts, ends
     encoded = [text.encode() for text in texts]  # a text has a NUL: bounds from the lengths
-    ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-    starts = ends - np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts, ends = bounds(encoded)
     return np.frombuffer(b"".join(encoded), dtype=np.uint8), starts, ends
+
+
+def bounds(parts: list[bytes] | list[object]) -> tuple[Ints, Ints]:
+    """Where each of ``parts`` (bytes-like) starts and ends in ``b"".join(parts)``."""
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))  # type: ignore[arg-type]  # sized
+    ends = np.cumsum(lengths)
+    return ends - lengths, ends
 
 
 @nb.njit(cache=True, nogil=True)
@@ -367,7 +373,7 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
             if not plain:
                 break
             owner[j], hashes[j], first[j], last[j] = k, h, a, i
-            if i + 2 == end - 1 + 1 and items[i + 1] == 93:  # '"]': the last item
+            if i + 2 == end and items[i + 1] == 93:  # '"]': the last item
                 break
             if i + 3 < end and items[i + 1] == 44 and items[i + 2] == 34:  # '","': another item
                 i += 3

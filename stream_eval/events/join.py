@@ -56,6 +56,7 @@ from stream_eval.events.schema import CompactRanking, Feedback, Ranking
 
 T = TypeVar("T")
 _TS = attrgetter("ts")
+_REQUEST_ID = attrgetter("request_id")
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -109,13 +110,19 @@ class DueBySecond(Generic[T]):
     def pop_due(self, watermark: float, due_of: Callable[[T], float]) -> list[T]:
         """Remove and return the entries due by ``watermark`` (``due_of(entry) <= watermark``), second by second
         in order, each second's in the order they were added."""
+        return self._pop(watermark, lambda entries: ([e for e in entries if due_of(e) <= watermark],
+                                                     [e for e in entries if due_of(e) > watermark]))
+
+    def _pop(self, watermark: float, split: Callable[[list[T]], tuple[list[T], list[T]]]) -> list[T]:
+        """Remove and return the entries due by ``watermark``; ``split`` parts the entries of the second the
+        watermark is in into those due and those kept."""
         seconds, by_second, ready = self._seconds, self._by_second, []
         while seconds and seconds[0] <= watermark:
             second = seconds[0]
             entries = by_second[second]
             if second + 1 > watermark:  # the watermark is inside this second: some may stay
-                ready += [entry for entry in entries if due_of(entry) <= watermark]
-                entries[:] = [entry for entry in entries if due_of(entry) > watermark]
+                due, entries[:] = split(entries)
+                ready += due
                 if entries:
                     break
             else:
@@ -162,15 +169,14 @@ class Finalised:
     sorted by request, then position (shown) or first feedback (unshown).
     """
 
-    __slots__ = ("rankings", "serve", "applied", "shown_req", "shown_pos", "shown_grade", "unshown_req",
-                 "unshown_grade", "slots", "rows", "graded")
+    __slots__ = ("rankings", "serve", "shown_req", "shown_pos", "shown_grade", "unshown_req", "unshown_grade",
+                 "slots", "rows", "graded")
 
-    def __init__(self, rankings: list[CompactRanking], serve: Floats, applied: Bools, shown_req: Ints,
-                 shown_pos: Ints, shown_grade: Floats, unshown_req: Ints, unshown_grade: Floats, slots: Ints,
-                 rows: Ints, graded: Bools) -> None:
+    def __init__(self, rankings: list[CompactRanking], serve: Floats, shown_req: Ints, shown_pos: Ints,
+                 shown_grade: Floats, unshown_req: Ints, unshown_grade: Floats, slots: Ints, rows: Ints,
+                 graded: Bools) -> None:
         self.rankings = rankings
         self.serve = serve
-        self.applied = applied  # whether any feedback was applied to the request
         self.shown_req = shown_req
         self.shown_pos = shown_pos
         self.shown_grade = shown_grade
@@ -188,28 +194,30 @@ class Finalised:
         index = np.array(picked, dtype=np.int64)
         new_of = np.full(len(self), -1, dtype=np.int64)
         new_of[index] = np.arange(index.shape[0])
-        shown = new_of[self.shown_req] >= 0
-        unshown = new_of[self.unshown_req] >= 0
-        return Finalised([self.rankings[i] for i in picked], self.serve[index], self.applied[index],
-                         new_of[self.shown_req[shown]], self.shown_pos[shown], self.shown_grade[shown],
-                         new_of[self.unshown_req[unshown]], self.unshown_grade[unshown], self.slots[index],
-                         self.rows[index], self.graded[index])
+        shown, unshown = new_of[self.shown_req] >= 0, new_of[self.unshown_req] >= 0
+        return self._part(index, [self.rankings[i] for i in picked], shown, new_of[self.shown_req[shown]], unshown,
+                          new_of[self.unshown_req[unshown]])
 
     def split(self, size: int) -> list[Finalised]:
         """In parts of at most ``size`` requests, in order."""
         if len(self) <= size:
             return [self]
-        parts = []
         cuts = list(range(0, len(self), size)) + [len(self)]
-        shown = np.searchsorted(self.shown_req, cuts)
-        unshown = np.searchsorted(self.unshown_req, cuts)
+        shown, unshown = np.searchsorted(self.shown_req, cuts), np.searchsorted(self.unshown_req, cuts)
+        parts = []
         for k in range(len(cuts) - 1):
             a, b = cuts[k], cuts[k + 1]
             s, u = slice(shown[k], shown[k + 1]), slice(unshown[k], unshown[k + 1])
-            parts.append(Finalised(self.rankings[a:b], self.serve[a:b], self.applied[a:b], self.shown_req[s] - a,
-                                   self.shown_pos[s], self.shown_grade[s], self.unshown_req[u] - a,
-                                   self.unshown_grade[u], self.slots[a:b], self.rows[a:b], self.graded[a:b]))
+            parts.append(self._part(slice(a, b), self.rankings[a:b], s, self.shown_req[s] - a, u,
+                                    self.unshown_req[u] - a))
         return parts
+
+    def _part(self, requests: slice | Ints, rankings: list[CompactRanking], shown: slice | Bools, shown_req: Ints,
+              unshown: slice | Bools, unshown_req: Ints) -> Finalised:
+        """Some of these requests (``requests``), with their rows (``shown``, ``unshown``) renumbered."""
+        return Finalised(rankings, self.serve[requests], shown_req, self.shown_pos[shown], self.shown_grade[shown],
+                         unshown_req, self.unshown_grade[unshown], self.slots[requests], self.rows[requests],
+                         self.graded[requests])
 
     def shown_grades(self) -> list[dict[int, float]]:
         """Each request's best grade (> 0) per served position."""
@@ -229,9 +237,8 @@ class Finalised:
 
 def _empty_finalised() -> Finalised:
     no_ints = np.empty(0, dtype=np.int64)
-    no_bools = np.empty(0, dtype=np.bool_)
-    return Finalised([], np.empty(0), no_bools, no_ints, no_ints, np.empty(0), no_ints, np.empty(0), no_ints, no_ints,
-                     no_bools)
+    return Finalised([], np.empty(0), no_ints, no_ints, np.empty(0), no_ints, np.empty(0), no_ints, no_ints,
+                     np.empty(0, dtype=np.bool_))
 
 
 class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
@@ -249,31 +256,16 @@ class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
 
     def pop_slots(self, watermark: float) -> tuple[Ints, Floats]:
         """Remove and return the slots whose deadline is at most ``watermark``, with their deadlines."""
-        seconds, by_second = self._seconds, self._by_second
-        slots: list[Ints] = []
-        deadlines: list[Floats] = []
-        while seconds and seconds[0] <= watermark:
-            second = seconds[0]
-            entries = by_second[second]
-            if second + 1 > watermark:  # the watermark is inside this second: some may stay
-                kept = []
-                for part, due in entries:
-                    ready = due <= watermark
-                    slots.append(part[ready])
-                    deadlines.append(due[ready])
-                    if not ready.all():
-                        kept.append((part[~ready], due[~ready]))
-                if kept:
-                    by_second[second] = kept
-                    break
-            else:
-                slots += [part for part, _ in entries]
-                deadlines += [due for _, due in entries]
-            heapq.heappop(seconds)
-            del by_second[second]
-        if not slots:
+
+        def split(entries: list[tuple[Ints, Floats]]) -> tuple[list[tuple[Ints, Floats]], list[tuple[Ints, Floats]]]:
+            ready = [(part[due <= watermark], due[due <= watermark]) for part, due in entries]
+            kept = [(part[due > watermark], due[due > watermark]) for part, due in entries]
+            return ready, [entry for entry in kept if entry[0].shape[0]]
+
+        parts = self._pop(watermark, split)
+        if not parts:
             return np.empty(0, dtype=np.int64), np.empty(0)
-        return np.concatenate(slots), np.concatenate(deadlines)
+        return np.concatenate([part for part, _ in parts]), np.concatenate([due for _, due in parts])
 
 
 #: The arrays of Join indexed by slot - base.
@@ -327,35 +319,42 @@ class Join:
         self.horizon = config.attribution_window + config.allowed_lateness
         self.counts = counts
         self.watermark = -math.inf
-        # request id -> its latest slot (open, or finalised and not yet dropped): an open-addressing table of
-        # (slot, hash) pairs over the ids' bytes in ``_ids``, slot ``s``'s at ``[_id_first, _id_last)[s - base]``
-        self._id_table = compiled.empty_table(0)
-        self._id_entries = 0
-        self._trim_at = 2 * TRIM  # slots in the arrays when _trim next looks
-        self._first_open = 0  # no slot before it is open (see _cut_texts)
-        self._ids = _Arena()
-        self._texts = _Arena()  # the compact item texts, as bytes (empty when kept as a list)
-        self.base = 0  # the slot at index 0 of the arrays
+        # open slots that are new or whose grades may have changed: kept once the live windows read it
+        self.changed: set[int] | None = None
+        self._kinds: dict[str, int] = {}
+        self._seq = count()
+        self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
+        self._start(0)
+
+    def _start(self, base: int) -> None:
+        """No request yet; the next slot is ``base``."""
+        self.base = base  # the slot at index 0 of the arrays
         self.size = 0  # slots in the arrays
-        self._serve = np.empty(FIRST_CAPACITY)
+        # the columns (_COLUMNS)
+        self._serve = np.zeros(FIRST_CAPACITY)
         self._final = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
-        self._applied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
+        self._applied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback was applied
+        self._graded = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback with a grade > 0 was applied
+        self._row = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # the live windows' row (see set_rows)
         self._id_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._id_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._text_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._text_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._unshown_count = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # codes given to items not served
-        self._graded = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback with a grade > 0 was applied
-        self._row = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # the live windows' row (see set_rows)
-        # open slots that are new or whose grades may have changed: kept once the live windows read it
-        self.changed: set[int] | None = None
+        # request id -> its latest slot (open, or finalised and not yet dropped): an open-addressing table of
+        # (slot, hash) pairs over the ids' bytes in ``_ids``, slot ``s``'s at ``[_id_first, _id_last)[s - base]``
+        self._id_table = compiled.empty_table(0)
+        self._id_entries = 0
+        self._trim_at = 2 * TRIM  # slots in the arrays when _trim next looks
+        self._first_open = base  # no slot before it is open (see _cut_texts)
+        self._ids = _Arena()
+        self._texts = _Arena()  # the compact item texts, as bytes (empty when kept as a list)
         self._rankings: list[CompactRanking | None] = []
         self._listed: set[int] = set()  # open slots whose items are kept as a list (an item has a quote)
         self._due = _DueSlots()
         self._early: list[int] = []  # finalised when a new ranking took their id: emitted by the next advance
         self.pending: dict[str, list[Feedback]] = {}
         self._pending_expiry: list[tuple[float, int, str]] = []
-        self._seq = count()
         self._rows: dict[int, list[tuple[Ints, Ints, Ints, Floats]]] = {}  # block -> (slot, pos, kind, grade)
         # (key, grade bits) of the applied feedback with an integer key (see _SLOT_MASK), as a compiled table
         self._dup_table = compiled.empty_table(0)
@@ -366,8 +365,6 @@ class Join:
         self._unshown_table = compiled.empty_table(0, compiled.UNSHOWN_ENTRY)
         self._unshown_entries = 0
         self._unshown_items = _Arena()
-        self._kinds: dict[str, int] = {}
-        self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
 
     # -- slots ----------------------------------------------------------------------------------------
     def _grow(self, size: int) -> None:
@@ -458,7 +455,8 @@ class Join:
         counts = self.counts
         # 1. Rankings open slots, in order.
         ranking_at = np.flatnonzero(~is_feedback).tolist()
-        rids = [events[p].request_id for p in ranking_at]
+        rankings: list[CompactRanking] = [events[p] for p in ranking_at]  # type: ignore[misc]  # rankings here
+        rids = list(map(_REQUEST_ID, rankings))
         known_slots = self._find_ids(rids)  # the slot of each id before this chunk, or -1
         opened: dict[str, int] = {}  # the ids given a slot in this chunk
         first_new = self.base + self.size
@@ -472,15 +470,13 @@ class Join:
         waiting_rows: list[tuple[int, Feedback, int, int, float, bool]] = []
         ranking_ok = ranking_duplicate = 0
         serve = self._serve
-        rankings: list[CompactRanking] = [events[p] for p in ranking_at]  # type: ignore[misc]  # rankings here
         if (rids and known_slots.max() < 0 and len(set(rids)) == len(rids) and self.pending.keys().isdisjoint(rids)
                 and all(type(r) is CompactRanking for r in rankings)):
             # new ids only, each once, none awaited: every ranking opens a slot (the loop below, at once)
             ranking_ok, new_at, new_rankings = len(rids), ranking_at, rankings
             new_ts = list(map(_TS, rankings))
             rankings = []
-        for p, rid, slot in zip(ranking_at if rankings else [], rids, known_slots.tolist(), strict=False):
-            ranking = events[p]
+        for p, ranking, rid, slot in zip(ranking_at, rankings, rids, known_slots.tolist(), strict=False):
             mark = marks[p]
             if opened:
                 slot = opened.get(rid, slot)
@@ -790,8 +786,8 @@ class Join:
             shown_req = shown_pos = unshown_req = np.empty(0, dtype=np.int64)
             shown_grade = unshown_grade = np.empty(0)
         rankings: list[CompactRanking] = [self._rankings[i] for i in index.tolist()]  # open slots: set
-        return Finalised(rankings, self._serve[index], self._applied[index], shown_req, shown_pos, shown_grade,
-                         unshown_req, unshown_grade, slots, self._row[index].copy(), self._graded[index])
+        return Finalised(rankings, self._serve[index], shown_req, shown_pos, shown_grade, unshown_req, unshown_grade,
+                         slots, self._row[index].copy(), self._graded[index])
 
     # -- what other parts read ------------------------------------------------------------------------
     def open_slots(self) -> Ints:
@@ -888,25 +884,8 @@ class Join:
         slots = np.concatenate((np.array(self._early, dtype=np.int64), open_index + self.base))
         self._early = []
         finalised = self._finalise(slots)
-        self._due.clear()
         self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
-        self.pending.clear()
-        self._pending_expiry.clear()
-        self._id_table = compiled.empty_table(0)
-        self._id_entries = 0
-        self._ids.used = self._texts.used = 0
-        self._dup_table = compiled.empty_table(0)
-        self._dup_entries = 0
-        self._rows.clear()
-        self._seen.clear()
-        self._odd_keys.clear()
-        self._unshown_table = compiled.empty_table(0, compiled.UNSHOWN_ENTRY)
-        self._unshown_entries = 0
-        self._unshown_items.used = 0
-        self.base += self.size
-        self.size = 0
-        self._rankings = []
-        self._listed.clear()
+        self._start(self.base + self.size)
         if self.changed is not None:
             self.changed.clear()
         return finalised

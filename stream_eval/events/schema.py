@@ -220,10 +220,8 @@ class Validator:
         items = list(map(_RAW_ITEMS, events))
         scores = list(map(_RAW_SCORES, events))
         item_bytes, scores_bytes = b"".join(items), b"".join(scores)
-        i_ends = np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
-        s_ends = np.cumsum(np.fromiter(map(len, scores), dtype=np.int64, count=len(scores)))
-        i_starts = i_ends - np.fromiter(map(len, items), dtype=np.int64, count=len(items))
-        s_starts = s_ends - np.fromiter(map(len, scores), dtype=np.int64, count=len(scores))
+        i_starts, i_ends = compiled.bounds(items)
+        s_starts, s_ends = compiled.bounds(scores)
         counts = compiled.simple_rankings(np.frombuffer(item_bytes, dtype=np.uint8), i_starts, i_ends,
                                           np.frombuffer(scores_bytes, dtype=np.uint8), s_starts, s_ends,
                                           self.max_items).tolist()
@@ -234,19 +232,11 @@ class Validator:
                 if n < 0:
                     out.append(self.compact(event))
                     continue
-                if event.teams is not None or event.subtopics is not None:
-                    self._check_lengths(event, n, ("teams", "subtopics"))
-                ts = event.ts
-                if type(ts) is not float:
-                    ts = parse_time(ts)
+                kept: bytes | None = bytes(raw_scores)  # a msgspec.Raw
+                out.append(self._compacted(event, '",' + text[a + 1 : b - 1] + ',"', n,
+                                           None if kept == b"null" else kept))
             except EventError as error:
                 out.append(error)
-                continue
-            kept: bytes | None = bytes(raw_scores)  # a msgspec.Raw
-            out.append(CompactRanking(event.request_id, '",' + text[a + 1 : b - 1] + ',"', n, ts,
-                                      None if kept == b"null" else kept,
-                                      event.query_id, event.session_id, event.experiment, event.arm, event.teams,
-                                      event.subtopics))
         return out
 
     def compact(self, event: _RawRanking) -> CompactRanking | None:
@@ -283,7 +273,12 @@ class Validator:
             self._check_items(items)
         if n_scores != n:
             raise EventError("bad_length", f"scores: {n_scores} entries for {n} items")
-        self._check_lengths(event, n, ("teams", "subtopics"))
+        return self._compacted(event, text, n, scores)
+
+    def _compacted(self, event: _RawRanking, text: str, n: int, scores: bytes | None) -> CompactRanking:
+        """The checks left once items and scores are known good, and the compact ranking."""
+        if event.teams is not None or event.subtopics is not None:
+            self._check_lengths(event, n, ("teams", "subtopics"))
         ts = event.ts
         if type(ts) is not float:
             ts = parse_time(ts)
