@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.events.join import EventCounts, Join
+from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import (
     CompactRanking,
     EventError,
@@ -19,6 +21,7 @@ from stream_eval.events.schema import (
     Ranking,
     Watermark,
     decode_chunk,
+    decode_chunk_columns,
     decode_chunk_compact,
     decode_line,
     finish,
@@ -662,3 +665,123 @@ def test_a_batch_of_messages_decodes_as_its_messages_one_by_one(picks: list[int]
     where = [f"p@{n}" for n in range(len(values))]
     expected = [decode_message(v, "feedback", config, t, w) for v, t, w in zip(values, stamps, where, strict=True)]
     assert decode_messages(values, "feedback", config, stamps, where) == expected
+
+
+# -- feedback read into columns (events/scan.py) -------------------------------------------------------------
+
+FB = b'"type":"feedback","request_id":"r1","item":"a"'
+FEEDBACK_EDGE = [  # feedback lines the compiled reader must read exactly as msgspec, or leave to it
+    b"{" + FB + b',"ts":2}',
+    b"{" + FB + b',"ts":2.5,"kind":"click"}',
+    b'{"ts":2,"item":"a","request_id":"r1","type":"feedback"}',
+    b'{ "type" : "feedback" ,\t"request_id":"r1", "item": "a", "ts": 2 }\r',
+    b"  {" + FB + b',"ts":2}  ',
+    b"{" + FB + b',"ts":2,"kind":"label","grade":0}',
+    b"{" + FB + b',"ts":2,"kind":"label","grade":2.75}',
+    b"{" + FB + b',"ts":2,"kind":"label","grade":null}',
+    b"{" + FB + b',"ts":2,"kind":"click","grade":3}',
+    b"{" + FB + b',"ts":2,"kind":"purchase"}',
+    b"{" + FB + b',"ts":2,"kind":"purchase","grade":1}',
+    b"{" + FB + b',"ts":2,"kind":"nope"}',
+    b"{" + FB + b',"ts":2,"grade":-1}',
+    b"{" + FB + b',"ts":2,"grade":-0}',
+    b"{" + FB + b',"ts":2,"grade":"2"}',
+    b"{" + FB + b',"ts":2,"grade":true}',
+    b"{" + FB + b',"ts":-0.0}',
+    b"{" + FB + b',"ts":1767225600.123456}',
+    b"{" + FB + b',"ts":1767225600.1234567}',
+    b"{" + FB + b',"ts":0.1000000000000001}',
+    b"{" + FB + b',"ts":12345678901234567890}',
+    b"{" + FB + b',"ts":1e3}',
+    b"{" + FB + b',"ts":1.5E-2}',
+    b"{" + FB + b',"ts":01}',
+    b"{" + FB + b',"ts":1.}',
+    b"{" + FB + b',"ts":.5}',
+    b"{" + FB + b',"ts":-}',
+    b"{" + FB + b',"ts":"2026-01-01T00:00:00Z"}',
+    b"{" + FB + b',"ts":"2026-01-01T00:00:00"}',
+    b"{" + FB + b',"ts":null}',
+    b"{" + FB + b"}",
+    b"{" + FB + b',"ts":2,"ts":3}',
+    b"{" + FB + b',"ts":2,"extra":"x","n":1.5e400,"b":false,"z":null}',
+    b"{" + FB + b',"ts":2,"nested":{"a":1}}',
+    b"{" + FB + b',"ts":2,"list":[1,2]}',
+    b"{" + FB + b',"ts":2}x',
+    b"{" + FB + b',"ts":2}{"a":1}',
+    b"{" + FB + b',"ts":2,}',
+    b"{" + FB + b',"ts" 2}',
+    b"{" + FB + b',"ts":2',
+    b'{"type":"feedbackx","request_id":"r1","item":"a","ts":2}',
+    b'{"type":"feedback","request_id":"","item":"a","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"","ts":2}',
+    b'{"type":"feedback","request_id":"r1","ts":2}',
+    b'{"type":"feedback","item":"a","ts":2}',
+    b'{"request_id":"r1","item":"a","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"a\\"b","ts":2}',
+    b'{"type":"feedback","request_id":"r\\u0031","item":"a","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"\xc0\x80","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"\xed\xa0\x80","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"\xf5\x80\x80\x80","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"\xe4\xb8","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"a\tb","ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":1,"ts":2}',
+    b'{"type":"feedback","request_id":"r1","item":"a","kind":null,"ts":2}',
+    b'{"ty\\u0070e":"feedback","request_id":"r1","item":"a","ts":2}',
+    b'["type","feedback"]',
+    b"{}",
+    b"\x0c{" + FB + b',"ts":2}',
+]
+KINDS_CONFIG = Config(kinds=(("purchase", 3.0),))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + MALFORMED + COMPACT_GOOD + NOT_ONE_EVENT
+                                + FEEDBACK_EDGE), max_size=25),
+       st.booleans(), st.sampled_from([CONFIG, KINDS_CONFIG]))
+def test_feedback_read_into_columns_equals_msgspec(lines: list[bytes], last_newline: bool, config: Config) -> None:
+    """Every line decodes to the same event, in the same order, with the same line number in its reason,
+    whether the compiled reader took it or left it to msgspec."""
+    chunk = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    assert decode_chunk_columns(chunk, config, 7, "f").as_list() == decode_chunk_compact(chunk, config, 7, "f")
+
+
+def test_plain_feedback_is_read_into_columns() -> None:
+    """The forms a log usually has do not go through msgspec (they are in the columns, not the objects)."""
+    plain = [*FEEDBACK_EDGE[:7], FEEDBACK_EDGE[8], *FEEDBACK_EDGE[16:20], FEEDBACK_EDGE[48]]
+    chunk = b"\n".join([ranking(), *plain])
+    decoded = decode_chunk_columns(chunk, CONFIG)
+    assert len(decoded.feedback) == len(plain) and decoded.feedback_at.tolist() == list(range(1, len(plain) + 1))
+    assert [type(e) for e in decoded.events] == [CompactRanking]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,25})?", fullmatch=True), st.sampled_from([b"ts", b"grade"]))
+def test_numbers_read_in_columns_are_exact(text: str, key: bytes) -> None:
+    """A time or grade read into columns is the double nearest its decimal text, as ``float`` has it; every
+    number without an exponent is read there, but integers of more than 15 digits and negative grades."""
+    number = text.encode()
+    line = b"{" + FB + b',"ts":' + number + b"}" if key == b"ts" else b"{" + FB + b',"ts":1,"grade":' + number + b"}"
+    decoded = decode_chunk_columns(line, CONFIG)
+    long_integer = "." not in text and sum(c.isdigit() for c in text) > 15
+    if len(decoded.feedback):
+        value = (decoded.feedback.ts if key == b"ts" else decoded.feedback.grade)[0]
+        assert str(value) == str(msgspec.json.decode(number, type=float)) and not long_integer
+        assert decoded.as_list() == decode_chunk_compact(line, CONFIG)
+    else:
+        assert long_integer or (key == b"grade" and float(text) < 0) or (key == b"grade" and text.startswith("-"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                                   st.from_regex(r"-?(0|[1-9][0-9]{0,25})(\.[0-9]{1,25})?([eE][+-]?[0-9]{1,2})?",
+                                                 fullmatch=True)), min_size=1, max_size=8), max_size=6))
+def test_scores_read_by_compiled_code_equal_msgspec(arrays: list[list[float | str]]) -> None:
+    """Scores kept as JSON text are read back (:func:`scan.json_numbers`) to the same doubles as msgspec."""
+    texts = [b"[" + b",".join(x.encode() if isinstance(x, str) else msgspec.json.encode(x) for x in a) + b"]"
+             for a in arrays]
+    text = b"".join(texts)
+    expected = [v for t in texts for v in msgspec.json.decode(t, type=list[float])]
+    values = json_numbers(text, len(expected))
+    assert values is not None and [str(v) for v in values.tolist()] == [str(v) for v in expected]
+    assert json_numbers(text, len(expected) + 1) is None and json_numbers(text + b"[x]", len(expected) + 1) is None

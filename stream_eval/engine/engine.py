@@ -23,7 +23,7 @@ from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions
 from stream_eval.events.join import EventCounts, Finalised, Join
-from stream_eval.events.schema import CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
+from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.abtest import difference
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
@@ -129,7 +129,7 @@ class Engine:
     # -- input --------------------------------------------------------------------------------------
     def process(
         self,
-        events: Iterable[Ranking | CompactRanking | Feedback | Judgment | Watermark | Invalid],
+        events: Iterable[Ranking | CompactRanking | Feedback | Judgment | Watermark | Invalid] | Chunk,
         join: Join | None = None,
         event_time: bool = True,
     ) -> None:
@@ -140,6 +140,12 @@ class Engine:
         not move event time: the caller does, with :meth:`advance` (streaming takes the minimum over topics).
         """
         join = self.join if join is None else join
+        if isinstance(events, Chunk):
+            if event_time and not any(type(e) is Watermark and e.end for e in events.events):
+                self._process_chunk(events, join)
+                events = []
+            else:
+                events = events.as_list()
         events = events if isinstance(events, list) else list(events)
         types = list(map(type, events))
         if not _JOINED.issuperset(types):
@@ -159,6 +165,32 @@ class Engine:
             self.windows.refresh(join)
         if self.delays is not None:
             self.delays.drain(join, keep=not self._muted)
+
+    def _process_chunk(self, chunk: Chunk, join: Join) -> None:
+        """:meth:`process` of a decoded chunk without the end of a partition: judgments and invalid events are
+        taken first (as :meth:`_process_mixed` does), then the join gets the rest, feedback as columns."""
+        if not len(chunk):
+            return
+        objects: list[Any] = chunk.events
+        objects_at = chunk.events_at
+        types = list(map(type, objects))
+        ts = np.empty(len(chunk))
+        ts[chunk.feedback_at] = chunk.feedback.ts
+        if _JOINED.issuperset(types):
+            ts[objects_at] = list(map(_TS, objects))
+        else:
+            for event, kind in zip(objects, types, strict=True):
+                if kind is Judgment:
+                    self.judgment(event)
+                elif kind is Invalid:
+                    self.invalid(event)
+            ts[objects_at] = [-math.inf if kind is Invalid else e.ts for e, kind in zip(objects, types, strict=True)]
+            joined = [k for k, kind in enumerate(types) if kind in _JOINED]
+            objects, objects_at = [objects[k] for k in joined], objects_at[joined]
+        before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
+        watermark = max(join.watermark, float(ts.max()))
+        join.add_columns(objects, objects_at, chunk.feedback, chunk.feedback_at, before)
+        join.watermark = watermark
 
     def _process_mixed(self, events: list[Any], types: list[type], join: Join, event_time: bool) -> None:
         """:meth:`process` for events that are not all rankings and feedback: judgments and invalid events are

@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
-from stream_eval.events.schema import count_lines, decode_chunk_compact
+from stream_eval.events.schema import count_lines, decode_chunk_columns
 
 CHUNK_BYTES = 1 << 20
 Progress = Callable[[int, int], None]
@@ -97,7 +97,7 @@ def replay(
         for path in paths:
             offset = done
             for chunk, first_line, position in read_chunks(path):
-                decoded = decode_chunk_compact(chunk, config, first_line, "stdin" if path == "-" else path)
+                decoded = decode_chunk_columns(chunk, config, first_line, "stdin" if path == "-" else path)
                 engine.process(decoded)
                 events += len(decoded)
                 done = offset + position

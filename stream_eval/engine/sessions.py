@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from stream_eval.config import Config
 from stream_eval.events.join import DueBySecond
+from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import SCORES_DECODER as _SCORES
 from stream_eval.events.schema import CompactRanking
 from stream_eval.metrics.auc import gauc_weights, session_auc
@@ -54,7 +55,10 @@ class Impressions:
         texts = [kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in kept_scores if kept is not None]
         if texts:
             with_scores = np.fromiter((kept is not None for kept in kept_scores), dtype=np.bool_, count=len(states))
-            scores[with_scores[part]] = _SCORES.decode(b"".join(texts).replace(b"][", b","))
+            scored = with_scores[part]
+            text = b"".join(texts)
+            values = json_numbers(text, int(scored.sum()))
+            scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values
         labels = np.zeros(total, dtype=np.bool_)
         labels[starts[rel_req] + rel_pos - 1] = True
         self.starts, self.scores, self.labels = starts, scores, labels

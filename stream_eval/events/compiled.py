@@ -71,7 +71,7 @@ def _hash(buffer: Bytes, start: int, end: int) -> np.uint64:  # pragma: no cover
 
 
 @nb.njit(cache=True, inline="always")
-def _equal(a: Bytes, a0: int, a1: int, b: Bytes, b0: int, b1: int) -> bool:  # pragma: no cover  # compiled
+def equal_bytes(a: Bytes, a0: int, a1: int, b: Bytes, b0: int, b1: int) -> bool:  # pragma: no cover  # compiled
     if a1 - a0 != b1 - b0:
         return False
     for k in range(a1 - a0):
@@ -96,7 +96,7 @@ def find_ids(table: Ints, arena: Bytes, first: Ints, last: Ints, base: int, keys
                 break
             if table[2 * i + 1] == np.int64(h):
                 j = slot - base
-                if _equal(arena, first[j], last[j], keys, starts[k], ends[k]):
+                if equal_bytes(arena, first[j], last[j], keys, starts[k], ends[k]):
                     out[k] = slot
                     break
             i = (i + 1) & mask
@@ -122,7 +122,7 @@ def put_ids(table: Ints, arena: Bytes, first: Ints, last: Ints, base: int,
                 break
             if table[2 * i + 1] == np.int64(h):
                 o = other - base
-                if _equal(arena, first[o], last[o], arena, first[j], last[j]):
+                if equal_bytes(arena, first[o], last[o], arena, first[j], last[j]):
                     table[2 * i] = slot
                     break
             i = (i + 1) & mask
@@ -143,7 +143,7 @@ def positions(texts: Bytes, first: Ints, last: Ints, base: int, slots: Ints, ite
             stop = t
             while not (texts[stop] == 34 and texts[stop + 1] == 44 and texts[stop + 2] == 34):  # '","'
                 stop += 1
-            if stop - t == size and _equal(texts, t, stop, items, starts[k], ends[k]):
+            if stop - t == size and equal_bytes(texts, t, stop, items, starts[k], ends[k]):
                 out[k] = position
                 break
             position += 1
@@ -272,7 +272,7 @@ def unshown_codes(table: Ints, arena: Bytes, used: int, counts: Ints, base: int,
                 out[k] = code
                 break
             if (table[e] == slot and table[e + 4] == np.int64(h)
-                    and _equal(arena, table[e + 2], table[e + 3], items, starts[k], ends[k])):
+                    and equal_bytes(arena, table[e + 2], table[e + 3], items, starts[k], ends[k])):
                 out[k] = table[e + 1]
                 break
             i = (i + 1) & mask
@@ -366,7 +366,7 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
             h = _hash(items, a, i)
             j = np.int64(h & np.uint64(mask))
             while owner[j] == k:
-                if hashes[j] == h and _equal(items, first[j], last[j], items, a, i):
+                if hashes[j] == h and equal_bytes(items, first[j], last[j], items, a, i):
                     plain = False
                     break
                 j = (j + 1) & mask

@@ -43,7 +43,7 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from itertools import compress, count, repeat
+from itertools import compress, count
 from operator import attrgetter
 from typing import Generic, TypeVar
 
@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from stream_eval.config import Config
 from stream_eval.events import compiled
-from stream_eval.events.schema import CompactRanking, Feedback, Ranking
+from stream_eval.events.schema import CompactRanking, Feedback, FeedbackColumns, Ranking
 
 T = TypeVar("T")
 _TS = attrgetter("ts")
@@ -60,6 +60,7 @@ _REQUEST_ID = attrgetter("request_id")
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+Bytes = npt.NDArray[np.uint8]
 Bools = npt.NDArray[np.bool_]
 
 
@@ -321,7 +322,6 @@ class Join:
         self.watermark = -math.inf
         # open slots that are new or whose grades may have changed: kept once the live windows read it
         self.changed: set[int] | None = None
-        self._kinds: dict[str, int] = {}
         self._seq = count()
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
         self._start(0)
@@ -379,13 +379,6 @@ class Join:
             new[: self.size] = old[: self.size]
             setattr(self, name, new)
 
-    def _kind_codes(self, kinds: list[str]) -> Ints:
-        table = self._kinds
-        codes = np.fromiter(map(table.get, kinds, repeat(-1)), dtype=np.int64, count=len(kinds))
-        if (codes < 0).any():
-            codes = np.array([table.setdefault(kind, len(table)) for kind in kinds], dtype=np.int64)
-        return codes
-
     def _keep_strings(self, arena: _Arena, texts: list[str], first: Ints, last: Ints, span: slice) -> None:
         buffer, starts, ends = compiled.utf8_fields(texts)
         offset = arena.append(buffer)
@@ -401,21 +394,21 @@ class Join:
         self._dup_table = compiled.empty_table(2 * (live + more))
         self._dup_entries = compiled.rehash(old, self._dup_table)
 
-    def _unshown_codes(self, slots: Ints, items: list[str]) -> Ints:
-        """The code of each (slot, item not served); the table is rebuilt, sized for the open slots' entries
-        alone, when it would be over half full."""
-        buffer, starts, ends = compiled.utf8_fields(items)
+    def _unshown_codes(self, slots: Ints, buffer: Bytes, starts: Ints, ends: Ints) -> Ints:
+        """The code of each (slot, item not served), the items' UTF-8 at ``buffer[starts:ends]``; the table is
+        rebuilt, sized for the open slots' entries alone, when it would be over half full."""
         table, arena = self._unshown_table, self._unshown_items
-        if 2 * (self._unshown_entries + len(items)) > table.shape[0] // compiled.UNSHOWN_ENTRY:
+        n_items = slots.shape[0]
+        if 2 * (self._unshown_entries + n_items) > table.shape[0] // compiled.UNSHOWN_ENTRY:
             old, old_arena = table, arena.data
             held = ~self._final[: self.size]
             held[np.array(self._early, dtype=np.int64) - self.base] = True  # finalised early, may still get rows
             live, size = compiled.unshown_live(old, held, self.base)  # sized for these: the table cannot creep up
-            table = self._unshown_table = compiled.empty_table(live + len(items), compiled.UNSHOWN_ENTRY)
-            arena.data = np.empty(max(size + buffer.shape[0], 1 << 16), dtype=np.uint8)
+            table = self._unshown_table = compiled.empty_table(live + n_items, compiled.UNSHOWN_ENTRY)
+            arena.data = np.empty(max(size + int((ends - starts).sum()), 1 << 16), dtype=np.uint8)
             arena.used, self._unshown_entries = compiled.keep_unshown(old, old_arena, held,
                                                                       self.base, table, arena.data)
-        arena.reserve(buffer.shape[0])  # room for them all
+        arena.reserve(int((ends - starts).sum()))  # room for them all
         codes, arena.used, added = compiled.unshown_codes(table, arena.data, arena.used, self._unshown_count,
                                                           self.base, slots, buffer, starts, ends)
         self._unshown_entries += added
@@ -423,7 +416,10 @@ class Join:
 
     def _find_ids(self, rids: list[str]) -> Ints:
         """The latest slot of each request id, or -1."""
-        keys, starts, ends = compiled.utf8_fields(rids)
+        return self._find(*compiled.utf8_fields(rids))
+
+    def _find(self, keys: Bytes, starts: Ints, ends: Ints) -> Ints:
+        """:meth:`_find_ids` of the ids at ``keys[starts:ends]`` (UTF-8)."""
         return compiled.find_ids(self._id_table, self._ids.data, self._id_first, self._id_last, self.base, keys,
                                  starts, ends)
 
@@ -446,16 +442,33 @@ class Join:
         The join takes the rankings it opens requests with: it keeps a compact ranking's item text as bytes and
         empties its ``items`` (and shares its label strings), so a ranking object goes to one join, once.
         """
-        if not events:
+        self.add_columns(events, np.arange(len(events)), _NO_FEEDBACK, np.empty(0, dtype=np.int64), before)
+
+    def add_columns(self, objects: Sequence[Ranking | CompactRanking | Feedback], objects_at: Ints,
+                    feedback: FeedbackColumns, feedback_at: Ints, before: Floats | None = None) -> None:
+        """:meth:`add` for a chunk whose events come as objects and as feedback columns, each at its place
+        (``objects_at``, ``feedback_at``: ascending) among the chunk's events; ``before`` is indexed by place.
+        Places may skip events that are not the join's (judgments, invalid events)."""
+        if not len(objects) and not len(feedback):
             return
-        n_events = len(events)
-        marks: list[float] = [self.watermark] * n_events if before is None else before.tolist()
-        is_feedback = np.fromiter((type(e) is Feedback for e in events), dtype=np.bool_, count=n_events)
+        is_feedback = np.fromiter((type(e) is Feedback for e in objects), dtype=np.bool_, count=len(objects))
+        if is_feedback.any():  # feedback objects join the columns, in order
+            more = FeedbackColumns.of(list(compress(objects, is_feedback.tolist())))  # type: ignore[arg-type]
+            feedback_at = np.concatenate((feedback_at, objects_at[is_feedback]))
+            order = np.argsort(feedback_at, kind="stable")
+            feedback, feedback_at = FeedbackColumns.concat([feedback, more]).take(order), feedback_at[order]
+            objects = list(compress(objects, (~is_feedback).tolist()))
+            objects_at = objects_at[~is_feedback]
+        if before is None:
+            places = max(int(objects_at.max()) if len(objects) else -1, int(feedback_at.max()) if len(feedback) else -1)
+            marks: list[float] = [self.watermark] * (places + 1)
+        else:
+            marks = before.tolist()
         horizon = self.horizon
         counts = self.counts
         # 1. Rankings open slots, in order.
-        ranking_at = np.flatnonzero(~is_feedback).tolist()
-        rankings: list[CompactRanking] = [events[p] for p in ranking_at]  # type: ignore[misc]  # rankings here
+        ranking_at = objects_at.tolist()
+        rankings: list[CompactRanking] = objects  # type: ignore[assignment]  # rankings here
         rids = list(map(_REQUEST_ID, rankings))
         known_slots = self._find_ids(rids)  # the slot of each id before this chunk, or -1
         opened: dict[str, int] = {}  # the ids given a slot in this chunk
@@ -533,14 +546,13 @@ class Join:
             self._final[slot - self.base] = True
         self._early += early_here
         # 2. Feedback finds its slot.
-        at = np.flatnonzero(is_feedback)
-        feedback: list[Feedback] = list(compress(events, is_feedback.tolist()))  # type: ignore[arg-type]
+        at = feedback_at
         rows_slot = np.empty(0, dtype=np.int64)
         rows_at = rows_seq = at[:0]
         rows_mark = np.empty(0)
-        rows_feedback: list[Feedback] = []
-        if feedback:
-            found = self._find_ids([f.request_id for f in feedback])
+        rows_feedback = feedback.take(rows_slot)
+        if len(feedback):
+            found = self._find(feedback.text, feedback.rid_start, feedback.rid_end)
             fb_mark = np.array(marks)[at] if before is not None else np.full(at.shape[0], self.watermark)
             missing = found < 0
             slot_index = np.where(missing, self.base, found) - self.base
@@ -562,10 +574,10 @@ class Join:
             rows_slot = slot_index[take] + self.base
             rows_at = rows_seq = at[take]
             rows_mark = fb_mark[take]
-            rows_feedback = [feedback[k] for k in take.tolist()] if take.shape[0] != len(feedback) else feedback
+            rows_feedback = feedback.take(take) if take.shape[0] != len(feedback) else feedback
             if odd:
                 waiting_rows += self._odd_feedback(
-                    [(feedback[k], int(at[k]), float(fb_mark[k]), int(found[k])) for k in odd], first_new, new_at,
+                    [(feedback.event(k), int(at[k]), float(fb_mark[k]), int(found[k])) for k in odd], first_new, new_at,
                     replaced,
                     early_here, marks)
         # 3. Rows: orphans, late, then apply.
@@ -579,11 +591,10 @@ class Join:
             waiting_flag[rows_slot.shape[0] - len(waiting_rows):] = w_waits
             order = np.lexsort((rows_seq, rows_at))
             rows_slot, rows_mark, waiting_flag = rows_slot[order], rows_mark[order], waiting_flag[order]
-            every = [*rows_feedback, *w_feedback]
-            rows_feedback = [every[k] for k in order.tolist()]
+            rows_feedback = FeedbackColumns.concat([rows_feedback, FeedbackColumns.of(w_feedback)]).take(order)
         else:
             waiting_flag = np.zeros(rows_slot.shape[0], dtype=np.bool_)
-        if rows_feedback:
+        if len(rows_feedback):
             self._apply(rows_slot, rows_feedback, rows_mark, waiting_flag)
 
     def _odd_feedback(
@@ -624,10 +635,10 @@ class Join:
             heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), rid))  # type: ignore[operator]  # ts is float
         return rows
 
-    def _apply(self, slots: Ints, feedback: list[Feedback], marks: Floats, waiting: Bools) -> None:
+    def _apply(self, slots: Ints, feedback: FeedbackColumns, marks: Floats, waiting: Bools) -> None:
         """Apply feedback rows in order: orphans (waiting rows past their time), late, duplicates, the rest."""
         counts = self.counts
-        ts = np.array([f.ts for f in feedback], dtype=np.float64)
+        ts = feedback.ts
         index = slots - self.base
         served = self._serve[index]
         orphan = waiting & (ts + self.horizon <= marks)
@@ -640,23 +651,23 @@ class Join:
         if not keep.shape[0]:
             return
         if keep.shape[0] != len(feedback):
-            feedback = [feedback[k] for k in keep.tolist()]
+            feedback = feedback.take(keep)
             slots, index, ts, served = slots[keep], index[keep], ts[keep], served[keep]
-        grade = np.array([f.grade for f in feedback], dtype=np.float64)
-        kind = self._kind_codes([f.kind for f in feedback])
+        grade, kind = feedback.grade, feedback.kind
         # served position of each item, from the request's compact item text (0: not served)
-        items = [f.item for f in feedback]
-        buffer, starts, ends = compiled.utf8_fields(items)
+        buffer, starts, ends = feedback.text, feedback.item_start, feedback.item_end
         position = compiled.positions(self._texts.data, self._text_first, self._text_last, self.base, slots, buffer,
                                       starts, ends)
         if self._listed:  # items kept as a list: no compact text
             for k in np.flatnonzero(np.isin(slots, list(self._listed))).tolist():
                 listed: list[str] = self._rankings[int(index[k])].items  # type: ignore[union-attr, assignment]
-                position[k] = listed.index(items[k]) + 1 if items[k] in listed else 0
+                item = feedback.item(k)
+                position[k] = listed.index(item) + 1 if item in listed else 0
         field = position
         not_served = np.flatnonzero(position == 0)
         if not_served.shape[0]:
-            field[not_served] = -1 - self._unshown_codes(slots[not_served], [items[k] for k in not_served.tolist()])
+            field[not_served] = -1 - self._unshown_codes(slots[not_served], buffer, starts[not_served],
+                                                         ends[not_served])
         applied = np.zeros(len(feedback), dtype=np.bool_)
         # integer keys (slot, field, kind) with the grade's bits, in the compiled table
         simple = _simple(field, kind)
@@ -890,6 +901,8 @@ class Join:
             self.changed.clear()
         return finalised
 
+
+_NO_FEEDBACK = FeedbackColumns.of([])
 
 #: Experiment, arm and query names repeat across requests: the join keeps one copy of each (first come, first
 #: kept, a bounded table).

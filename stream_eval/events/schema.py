@@ -11,15 +11,21 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Sequence
 from datetime import datetime
+from itertools import repeat
 from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from stream_eval.config import Config
-from stream_eval.events import compiled
+from stream_eval.events import compiled, scan
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
 
 Time = float | str | None
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -49,6 +55,81 @@ class Feedback(msgspec.Struct, tag="feedback", tag_field="type", gc=False):
     kind: str = "click"
     grade: Grade | None = None
     ts: Time = None
+
+
+#: Feedback kinds by code, one numbering for the whole process (codes are never persisted).
+KIND_NAMES: list[str] = []
+_KIND_CODES: dict[str, int] = {}
+
+
+def kind_codes(kinds: list[str]) -> npt.NDArray[np.int64]:
+    """The code of each kind name (:data:`KIND_NAMES` ``[code]`` is the name), new names numbered as met."""
+    codes = np.fromiter(map(_KIND_CODES.get, kinds, repeat(-1)), dtype=np.int64, count=len(kinds))
+    if (codes < 0).any():
+        for kind in kinds:
+            if kind not in _KIND_CODES:
+                _KIND_CODES[kind] = len(KIND_NAMES)
+                KIND_NAMES.append(kind)
+        codes = np.fromiter(map(_KIND_CODES.__getitem__, kinds), dtype=np.int64, count=len(kinds))
+    return codes
+
+
+class FeedbackColumns:
+    """Validated feedback events as columns: the request id and the item of each are bounds in ``text``
+    (UTF-8), the kind a code of :func:`kind_codes`; the grade is set (a default grade applied) and ``ts`` is
+    epoch seconds."""
+
+    __slots__ = ("text", "rid_start", "rid_end", "item_start", "item_end", "kind", "grade", "ts")
+
+    def __init__(self, text: npt.NDArray[np.uint8], rid_start: Ints, rid_end: Ints, item_start: Ints, item_end: Ints,
+                 kind: Ints, grade: Floats, ts: Floats) -> None:
+        self.text = text
+        self.rid_start, self.rid_end = rid_start, rid_end
+        self.item_start, self.item_end = item_start, item_end
+        self.kind, self.grade, self.ts = kind, grade, ts
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+    @classmethod
+    def of(cls, events: Sequence[Feedback]) -> FeedbackColumns:
+        """The columns of validated :class:`Feedback` events."""
+        n = len(events)
+        text, starts, ends = compiled.utf8_fields([e.request_id for e in events] + [e.item for e in events])
+        return cls(text, starts[:n], ends[:n], starts[n:], ends[n:], kind_codes([e.kind for e in events]),
+                   np.array([e.grade for e in events], dtype=np.float64),
+                   np.array([e.ts for e in events], dtype=np.float64))
+
+    def take(self, index: Ints | slice) -> FeedbackColumns:
+        """The events at ``index``, in that order (sharing ``text``)."""
+        return FeedbackColumns(self.text, self.rid_start[index], self.rid_end[index], self.item_start[index],
+                               self.item_end[index], self.kind[index], self.grade[index], self.ts[index])
+
+    @staticmethod
+    def concat(parts: Sequence[FeedbackColumns]) -> FeedbackColumns:
+        """The events of ``parts``, one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        shifts = np.cumsum([0] + [p.text.shape[0] for p in parts[:-1]])
+        return FeedbackColumns(
+            np.concatenate([p.text for p in parts]),
+            *(np.concatenate([getattr(p, name) + shift for p, shift in zip(parts, shifts, strict=True)])
+              for name in ("rid_start", "rid_end", "item_start", "item_end")),
+            *(np.concatenate([getattr(p, name) for p in parts]) for name in ("kind", "grade", "ts")))
+
+    def request_id(self, k: int) -> str:
+        return self.text[self.rid_start[k] : self.rid_end[k]].tobytes().decode()
+
+    def item(self, k: int) -> str:
+        return self.text[self.item_start[k] : self.item_end[k]].tobytes().decode()
+
+    def event(self, k: int) -> Feedback:
+        """Event ``k`` as a :class:`Feedback`."""
+        return Feedback(self.request_id(k), self.item(k), KIND_NAMES[int(self.kind[k])], float(self.grade[k]),
+                        float(self.ts[k]))
+
+    def events(self) -> list[Feedback]:
+        return [self.event(k) for k in range(len(self))]
 
 
 class Judgment(msgspec.Struct, tag="judgment", tag_field="type", gc=False):
@@ -187,13 +268,21 @@ class Validator:
     :class:`EventError`. Built once per config: the hot path does no dict building or attribute chains.
     """
 
-    __slots__ = ("max_items", "default_grades", "graded_kinds", "_checks")
+    __slots__ = ("max_items", "default_grades", "graded_kinds", "_checks", "scan_kinds")
 
     def __init__(self, config: Config) -> None:
         self.max_items = config.max_items
         self.default_grades = config.kind_grades
         self.graded_kinds = {"label", *self.default_grades}
         self._checks: dict[type, Any] = {Ranking: self.ranking, Feedback: self.feedback, Judgment: self.judgment}
+        # the kinds as scan.scan_lines takes them: their bytes and bounds, default grades (NaN: none), the
+        # index of click, and each one's code (kind_codes)
+        names = sorted(self.graded_kinds)
+        texts = [name.encode() for name in names]
+        starts, ends = compiled.bounds(texts)
+        self.scan_kinds = (np.frombuffer(b"".join(texts) or b"\0", dtype=np.uint8), starts, ends,
+                           np.array([self.default_grades.get(name, math.nan) for name in names]),
+                           names.index("click") if "click" in names else -1, kind_codes(names))
 
     def check(self, event: Ranking | Feedback | Judgment, default_ts: float | None = None) -> None:
         if type(event) is Feedback and event.grade is None and type(event.ts) is float:  # most events: a click
@@ -403,12 +492,16 @@ def finish(
     return event
 
 
-def _line_by_line(chunk: bytes, config: Config, first_line: int, source: str) -> list[Event | Invalid]:
-    return [
-        decode_line(line, config, f"{source}:{first_line + offset}")
-        for offset, line in enumerate(chunk.split(b"\n"))
-        if line.strip()
-    ]
+def _numbered(chunk: bytes, first_line: int, numbers: list[int] | None) -> list[tuple[int, bytes]]:
+    """The non-blank lines of ``chunk`` with their numbers: counted from ``first_line``, or ``numbers``."""
+    if numbers is None:
+        return [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+    return list(zip(numbers, (line for line in chunk.split(b"\n") if line.strip()), strict=True))
+
+
+def _line_by_line(chunk: bytes, config: Config, first_line: int, source: str,
+                  numbers: list[int] | None = None) -> list[Event | Invalid]:
+    return [decode_line(line, config, f"{source}:{number}") for number, line in _numbered(chunk, first_line, numbers)]
 
 
 def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str = "") -> list[Event | Invalid]:
@@ -435,7 +528,7 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
         except EventError as error:
             results[index] = Invalid(type_name(event), error.code, error.reason)
     if any(type(result) is Invalid for result in results):
-        lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+        lines = _numbered(chunk, first_line, None)
         for index, result in enumerate(results):
             if type(result) is Invalid:
                 number, line = lines[index]
@@ -459,13 +552,14 @@ def _nonblank_lines(chunk: bytes) -> int:
 
 
 def decode_chunk_compact(
-    chunk: bytes, config: Config, first_line: int = 1, source: str = ""
+    chunk: bytes, config: Config, first_line: int = 1, source: str = "", numbers: list[int] | None = None
 ) -> list[CompactRanking | Feedback | Judgment | Watermark | Invalid]:
     """:func:`decode_chunk` with each valid ranking as a :class:`CompactRanking` (what replay feeds the join).
 
     Items and scores are decoded as raw JSON text (one object each instead of one per item), checked and
     kept in compact form; a ranking whose items or scores are not in the simple form is decoded in full.
-    The results equal ``decode_chunk``'s, rankings converted with :meth:`CompactRanking.of`.
+    The results equal ``decode_chunk``'s, rankings converted with :meth:`CompactRanking.of`. ``numbers``:
+    the line number of each non-blank line, when they are not counted from ``first_line``.
     """
     try:
         decoded: list[Any] = _COMPACT_DECODER.decode_lines(chunk)
@@ -476,7 +570,7 @@ def decode_chunk_compact(
             decoded = []
     if not decoded:
         return [CompactRanking.of(e) if type(e) is Ranking else e  # type: ignore[misc]  # dispatched on type
-                for e in _line_by_line(chunk, config, first_line, source)]
+                for e in _line_by_line(chunk, config, first_line, source, numbers)]
     checker = validator(config)
     check = checker.check
     results: list[Any] = decoded
@@ -489,7 +583,7 @@ def decode_chunk_compact(
             results[index] = converted
         elif converted is None:
             if lines is None:
-                lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+                lines = _numbered(chunk, first_line, numbers)
             number, line = lines[index]
             full = decode_line(line, config, f"{source}:{number}")
             results[index] = CompactRanking.of(full) if type(full) is Ranking else full
@@ -511,10 +605,58 @@ def decode_chunk_compact(
                 invalid = True
     if invalid:
         if lines is None:
-            lines = [(first_line + k, line) for k, line in enumerate(chunk.split(b"\n")) if line.strip()]
+            lines = _numbered(chunk, first_line, numbers)
         for index, result in enumerate(results):
             if type(result) is Invalid and not result.where:
                 number, line = lines[index]
                 result.where = f"{source}:{number}"
                 result.raw = bytes(line)
     return results
+
+
+class Chunk:
+    """A decoded chunk of lines (:func:`decode_chunk_columns`): the plain feedback events as columns, the other
+    events as objects; ``feedback_at`` and ``events_at`` are their places among the chunk's events."""
+
+    __slots__ = ("events", "events_at", "feedback", "feedback_at")
+
+    def __init__(self, events: list[CompactRanking | Feedback | Judgment | Watermark | Invalid], events_at: Ints,
+                 feedback: FeedbackColumns, feedback_at: Ints) -> None:
+        self.events, self.events_at = events, events_at
+        self.feedback, self.feedback_at = feedback, feedback_at
+
+    def __len__(self) -> int:
+        return len(self.events) + len(self.feedback)
+
+    def as_list(self) -> list[CompactRanking | Feedback | Judgment | Watermark | Invalid]:
+        """Every event in order, the columns' feedback as :class:`Feedback` objects."""
+        out: list[Any] = [None] * len(self)
+        for k, event in zip(self.events_at.tolist(), self.events, strict=True):
+            out[k] = event
+        for k, event in zip(self.feedback_at.tolist(), self.feedback.events(), strict=True):
+            out[k] = event
+        return out
+
+
+def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, source: str = "") -> Chunk:
+    """:func:`decode_chunk_compact` with the feedback in the plainest form read into columns by compiled code
+    (:mod:`stream_eval.events.scan`); every other line goes through :func:`decode_chunk_compact`. The events
+    are the same, in the same order (:meth:`Chunk.as_list`)."""
+    kinds, kind_starts, kind_ends, grades, click, codes = validator(config).scan_kinds
+    raw = np.frombuffer(chunk, dtype=np.uint8)
+    lines, fast, fields, values = scan.scan_lines(raw, kinds, kind_starts, kind_ends, grades, click)
+    read = fast.astype(np.bool_)
+    other = np.flatnonzero(~read)
+    events: list[Any] = []
+    if other.shape[0]:
+        bounds = lines[other]
+        rest = b"\n".join([chunk[a:b] for a, b in zip(bounds[:, 0].tolist(), bounds[:, 1].tolist(), strict=True)])
+        events = decode_chunk_compact(rest, config, first_line, source, (bounds[:, 2] + first_line).tolist())
+    f = fields[read].T.copy()
+    grade, ts = values[read].T.copy()
+    for column, start, end in ((ts, f[5], f[6]), (grade, f[7], f[8])):
+        if (start >= 0).any():  # long decimal fractions: parsed by float, correctly rounded as by msgspec
+            at = np.flatnonzero(start >= 0)
+            column[at] = [float(chunk[a:b]) for a, b in zip(start[at].tolist(), end[at].tolist(), strict=True)]
+    return Chunk(events, other, FeedbackColumns(raw, f[0], f[1], f[2], f[3], codes[f[4]], grade, ts),
+                 np.flatnonzero(read))
