@@ -12,12 +12,25 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, KeysView
+from operator import itemgetter
+
+import numpy as np
+import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Config
-from stream_eval.metrics.gsb import GsbCounts, interleaving_verdict, metric_verdict
+from stream_eval.metrics.gsb import VERDICTS, GsbCounts, interleaving_verdict, metric_verdicts
+
+Floats = npt.NDArray[np.float64]
 
 ArmsOf = Callable[[str], ArmPair | None]
 Credit = tuple[tuple[str, int], ...]
+
+
+def _side(pair: ArmPair | None, arm: str) -> int:
+    """0 for the control arm, 1 for the treatment, -1 for any other (or no pair)."""
+    if pair is None:
+        return -1
+    return 0 if arm == pair.control else 1 if arm == pair.treatment else -1
 
 
 class GsbTracker:
@@ -28,8 +41,9 @@ class GsbTracker:
         self.epsilon = config.gsb_epsilon
         self.horizon = horizon
         self.counts: dict[tuple[str, str], GsbCounts] = {}
-        # bucket -> (experiment, query_id) -> arm -> [sum, count]; a bucket closes as a whole.
-        self._queries: dict[int, dict[tuple[str, str], dict[str, list[float]]]] = {}
+        # bucket -> the finalised requests with a query served in it, in parts: ((experiment, arm) of each,
+        # query of each, metric of each). A bucket closes as a whole.
+        self._queries: dict[int, list[tuple[list[tuple[str, str]], list[str], Floats]]] = {}
         self._interleaving: dict[str, Counter[Credit]] = {}
 
     def _counts(self, experiment: str, source: str) -> GsbCounts:
@@ -65,20 +79,19 @@ class GsbTracker:
     def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], serve_ts: list[float],
                       values: list[float]) -> None:
         """:meth:`query_metric` for many requests: their (experiment, arm), query, serve time and metric."""
-        window, open_ = self.window, self._queries
-        for (experiment, arm), query_id, ts, value in zip(groups, queries, serve_ts, values, strict=True):
-            bucket = open_.get(int(ts // window))
-            if bucket is None:
-                bucket = open_[int(ts // window)] = {}
-            per_arm = bucket.get((experiment, query_id))
-            if per_arm is None:
-                per_arm = bucket[experiment, query_id] = {}
-            sums = per_arm.get(arm)
-            if sums is None:
-                per_arm[arm] = [value, 1.0]
-            else:
-                sums[0] += value
-                sums[1] += 1.0
+        if not groups:
+            return
+        # floor division of floats, as Python's // (numpy's is CPython's algorithm)
+        buckets = np.floor_divide(np.array(serve_ts, dtype=np.float64), self.window).astype(np.int64)
+        metric = np.array(values, dtype=np.float64)
+        if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():
+            self._queries.setdefault(int(buckets[0]), []).append((groups, queries, metric))
+            return
+        for bucket in np.unique(buckets).tolist():
+            rows = np.flatnonzero(buckets == bucket)
+            picked = rows.tolist()
+            self._queries.setdefault(bucket, []).append(([groups[i] for i in picked], [queries[i] for i in picked],
+                                                         metric[rows]))
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
         """One finalised interleaved request: the teams credited with its relevant items."""
@@ -94,20 +107,42 @@ class GsbTracker:
         if not self._queries:
             return
         closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
-        if not count:
-            for bucket in closing:
-                del self._queries[bucket]
+        parts = [(bucket, part) for bucket in closing for part in self._queries.pop(bucket)]
+        if not count or not parts:
             return
-        pairs: dict[str, ArmPair | None] = {}
-        for key, per_arm in ((k, v) for b in sorted(closing) for k, v in self._queries.pop(b).items()):
-            if key[0] not in pairs:
-                pairs[key[0]] = arms_of(key[0])
-            pair = pairs[key[0]]
-            if pair is None or pair.control not in per_arm or pair.treatment not in per_arm:
-                continue
-            treatment, control = per_arm[pair.treatment], per_arm[pair.control]
-            verdict = metric_verdict(treatment[0] / treatment[1], control[0] / control[1], self.epsilon)
-            self._counts(key[0], "metric").add(verdict)
+        groups = [g for _, (part_groups, _, _) in parts for g in part_groups]
+        queries = [q for _, (_, part_queries, _) in parts for q in part_queries]
+        values = np.concatenate([part_values for _, (_, _, part_values) in parts])
+        buckets = np.repeat([bucket for bucket, _ in parts], [len(part_queries) for _, (_, part_queries, _) in parts])
+        # each request's side: 0 control, 1 treatment, -1 neither (or the experiment has no arm pair yet)
+        pairs = {experiment: arms_of(experiment) for experiment, _ in dict.fromkeys(groups)}
+        side_of = {(experiment, arm): _side(pairs[experiment], arm) for experiment, arm in dict.fromkeys(groups)}
+        side = np.fromiter(map(side_of.__getitem__, groups), dtype=np.int64, count=len(groups))
+        # one key per (bucket, experiment, query), numbered in order of appearance
+        experiments = list(map(itemgetter(0), groups))
+        keys = list(zip(buckets.tolist(), experiments, queries, strict=True))
+        number = {key: k for k, key in enumerate(dict.fromkeys(keys))}
+        code = np.fromiter(map(number.__getitem__, keys), dtype=np.int64, count=len(keys))
+        used = side >= 0
+        cell = 2 * code[used] + side[used]
+        # sums in arrival order, as adding request by request would give
+        sums = np.bincount(cell, weights=values[used], minlength=2 * len(number)).reshape(-1, 2)
+        counts = np.bincount(cell, minlength=2 * len(number)).reshape(-1, 2).astype(np.float64)
+        both = np.flatnonzero((counts > 0).all(axis=1))
+        if not both.shape[0]:
+            return
+        means = sums[both] / counts[both]
+        verdict = metric_verdicts(means[:, 1], means[:, 0], self.epsilon)
+        key_experiment = [key[1] for key in number]
+        names = list(dict.fromkeys(key_experiment[k] for k in both.tolist()))
+        index = {name: k for k, name in enumerate(names)}
+        experiment_of = np.fromiter((index[key_experiment[k]] for k in both.tolist()), dtype=np.int64,
+                                    count=both.shape[0])
+        tally = np.bincount(3 * experiment_of + verdict, minlength=3 * len(names)).reshape(-1, 3)
+        for name, row in zip(names, tally.tolist(), strict=True):
+            for verdict_name, times in zip(VERDICTS, row, strict=True):
+                if times:
+                    self._counts(name, "metric").add(verdict_name, times)
 
     def totals(self, arms_of: ArmsOf) -> dict[tuple[str, str], GsbCounts]:
         """All counts, the interleaving tallies resolved with the arms as they are known now."""

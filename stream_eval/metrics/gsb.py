@@ -10,6 +10,9 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 VERDICTS = ("good", "same", "bad")
 SOURCES = ("judgment", "metric", "interleaving")
 
@@ -58,11 +61,15 @@ def metric_verdict(treatment: float, control: float, epsilon: float = 0.0) -> st
     >>> metric_verdict(0.8, 0.7), metric_verdict(0.7, 0.8), metric_verdict(0.70, 0.70)
     ('good', 'bad', 'same')
     """
-    if treatment - control > epsilon:
-        return "good"
-    if control - treatment > epsilon:
-        return "bad"
-    return "same"
+    return VERDICTS[int(metric_verdicts(np.array([treatment]), np.array([control]), epsilon)[0])]
+
+
+def metric_verdicts(treatment: npt.NDArray[np.float64], control: npt.NDArray[np.float64],
+                    epsilon: float = 0.0) -> npt.NDArray[np.int64]:
+    """:func:`metric_verdict` of many pairs, as indexes into :data:`VERDICTS` (0 good, 1 same, 2 bad)."""
+    good = treatment - control > epsilon
+    bad = ~good & (control - treatment > epsilon)
+    return np.where(good, 0, np.where(bad, 2, 1)).astype(np.int64)
 
 
 def interleaving_credit(teams: Sequence[str], relevant_positions: Sequence[int]) -> dict[str, int]:

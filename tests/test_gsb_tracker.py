@@ -1,0 +1,63 @@
+"""GSB from per-query metrics (engine/gsb.py) against a plain reference: sums per (bucket, experiment, query,
+arm) added request by request, a verdict per bucket and query served by both arms."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_eval.config import ArmPair, Config
+from stream_eval.engine.gsb import GsbTracker
+from stream_eval.metrics.gsb import metric_verdict
+
+ARMS = {"e1": ArmPair("c", "t"), "e2": ArmPair("t", "c")}  # e3 has no pair: no verdict
+
+
+def arms_of(experiment: str) -> ArmPair | None:
+    return ARMS.get(experiment)
+
+
+def reference(requests: list[tuple[str, str, str, float, float]], window: float, epsilon: float) -> dict[str, list[int]]:
+    sums: dict[tuple[int, str, str], dict[str, list[float]]] = {}
+    for experiment, arm, query, ts, value in requests:
+        per_arm = sums.setdefault((int(ts // window), experiment, query), {})
+        total = per_arm.setdefault(arm, [0.0, 0.0])
+        total[0] += value
+        total[1] += 1.0
+    out: dict[str, list[int]] = {}
+    for (_, experiment, _), per_arm in sums.items():
+        pair = arms_of(experiment)
+        if pair is None or pair.control not in per_arm or pair.treatment not in per_arm:
+            continue
+        t, c = per_arm[pair.treatment], per_arm[pair.control]
+        verdict = metric_verdict(t[0] / t[1], c[0] / c[1], epsilon)
+        out.setdefault(experiment, [0, 0, 0])[("good", "same", "bad").index(verdict)] += 1
+    return out
+
+
+REQUEST = st.tuples(st.sampled_from(["e1", "e2", "e3"]), st.sampled_from(["c", "t", "x"]),
+                    st.sampled_from(["q1", "q2", "q3"]), st.floats(0, 50), st.sampled_from([0.0, 0.1, 0.2, 0.3, 1 / 3, 1.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(REQUEST, max_size=12), max_size=8), st.sampled_from([5.0, 7.5, 100.0]),
+       st.sampled_from([0.0, 0.05]), st.lists(st.floats(0, 80), max_size=4))
+def test_query_gsb_equals_request_by_request_sums(batches: list[list[tuple[str, str, str, float, float]]],
+                                                  window: float, epsilon: float, closes: list[float]) -> None:
+    """In batches, with closes in between (each closing only buckets no later request falls in), the verdicts
+    are those of the reference over all requests."""
+    tracker = GsbTracker(Config(gsb_window=window, gsb_epsilon=epsilon), horizon=0.0)
+    served: list[tuple[str, str, str, float, float]] = []
+    closed_before = -1.0
+    for k, batch in enumerate(batches):
+        batch = [r for r in batch if int(r[3] // window) > closed_before]  # a closed bucket gets no more requests
+        tracker.query_metrics([(e, a) for e, a, _, _, _ in batch], [q for _, _, q, _, _ in batch],
+                              [ts for *_, ts, _ in batch], [v for *_, v in batch])
+        served += batch
+        if k < len(closes):
+            tracker.close(closes[k], arms_of)
+            closed_before = max(closed_before, closes[k] // window - 1)
+    tracker.close(1e9, arms_of)
+    got = {experiment: [c.good, c.same, c.bad] for (experiment, source), c in tracker.counts.items()
+           if source == "metric"}
+    assert got == reference(served, window, epsilon)
