@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, KeysView
-from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -107,42 +106,44 @@ class GsbTracker:
         if not self._queries:
             return
         closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
-        parts = [(bucket, part) for bucket in closing for part in self._queries.pop(bucket)]
-        if not count or not parts:
-            return
-        groups = [g for _, (part_groups, _, _) in parts for g in part_groups]
-        queries = [q for _, (_, part_queries, _) in parts for q in part_queries]
-        values = np.concatenate([part_values for _, (_, _, part_values) in parts])
-        buckets = np.repeat([bucket for bucket, _ in parts], [len(part_queries) for _, (_, part_queries, _) in parts])
-        # each request's side: 0 control, 1 treatment, -1 neither (or the experiment has no arm pair yet)
-        pairs = {experiment: arms_of(experiment) for experiment, _ in dict.fromkeys(groups)}
-        side_of = {(experiment, arm): _side(pairs[experiment], arm) for experiment, arm in dict.fromkeys(groups)}
-        side = np.fromiter(map(side_of.__getitem__, groups), dtype=np.int64, count=len(groups))
-        # one key per (bucket, experiment, query), numbered in order of appearance
-        experiments = list(map(itemgetter(0), groups))
-        keys = list(zip(buckets.tolist(), experiments, queries, strict=True))
-        number = {key: k for k, key in enumerate(dict.fromkeys(keys))}
-        code = np.fromiter(map(number.__getitem__, keys), dtype=np.int64, count=len(keys))
-        used = side >= 0
-        cell = 2 * code[used] + side[used]
-        # sums in arrival order, as adding request by request would give
-        sums = np.bincount(cell, weights=values[used], minlength=2 * len(number)).reshape(-1, 2)
-        counts = np.bincount(cell, minlength=2 * len(number)).reshape(-1, 2).astype(np.float64)
-        both = np.flatnonzero((counts > 0).all(axis=1))
-        if not both.shape[0]:
-            return
-        means = sums[both] / counts[both]
-        verdict = metric_verdicts(means[:, 1], means[:, 0], self.epsilon)
-        key_experiment = [key[1] for key in number]
-        names = list(dict.fromkeys(key_experiment[k] for k in both.tolist()))
-        index = {name: k for k, name in enumerate(names)}
-        experiment_of = np.fromiter((index[key_experiment[k]] for k in both.tolist()), dtype=np.int64,
-                                    count=both.shape[0])
-        tally = np.bincount(3 * experiment_of + verdict, minlength=3 * len(names)).reshape(-1, 3)
-        for name, row in zip(names, tally.tolist(), strict=True):
-            for verdict_name, times in zip(VERDICTS, row, strict=True):
-                if times:
-                    self._counts(name, "metric").add(verdict_name, times)
+        for bucket in sorted(closing):
+            parts = self._queries.pop(bucket)
+            if count:
+                self._verdicts(parts, arms_of)
+
+    def _verdicts(self, parts: list[tuple[list[tuple[str, str]], list[str], Floats]], arms_of: ArmsOf) -> None:
+        """Count the verdicts of one closed bucket: a query served by both arms of its experiment gets one."""
+        groups = [g for part_groups, _, _ in parts for g in part_groups]
+        queries = [q for _, part_queries, _ in parts for q in part_queries]
+        values = np.concatenate([part_values for _, _, part_values in parts])
+        # each request's experiment, and side: 0 control, 1 treatment, -1 neither (or the experiment has no pair)
+        known = {group: k for k, group in enumerate(dict.fromkeys(groups))}
+        names = list(dict.fromkeys(experiment for experiment, _ in known))
+        pairs = [arms_of(name) for name in names]
+        group_experiment = np.array([names.index(experiment) for experiment, _ in known], dtype=np.int64)
+        group_side = np.array([_side(pairs[names.index(experiment)], arm) for experiment, arm in known],
+                              dtype=np.int64)
+        group = np.fromiter(map(known.__getitem__, groups), dtype=np.int64, count=len(groups))
+        experiment_of, side = group_experiment[group], group_side[group]
+        for e, name in enumerate(names):
+            rows = np.flatnonzero((experiment_of == e) & (side >= 0))
+            if not rows.shape[0]:
+                continue
+            picked = queries if rows.shape[0] == len(queries) else [queries[i] for i in rows.tolist()]
+            # a query's code: the first of its rows (str keys, set once: no tuple per request)
+            first: dict[str, int] = {}
+            code = np.fromiter(map(first.setdefault, picked, range(len(picked))), dtype=np.int64, count=len(picked))
+            cell = 2 * code + side[rows]
+            # sums in arrival order, as adding request by request would give
+            sums = np.bincount(cell, weights=values[rows], minlength=2 * len(picked)).reshape(-1, 2)
+            counts = np.bincount(cell, minlength=2 * len(picked)).reshape(-1, 2)
+            both = np.flatnonzero((counts > 0).all(axis=1))
+            if both.shape[0]:
+                means = sums[both] / counts[both]
+                tally = np.bincount(metric_verdicts(means[:, 1], means[:, 0], self.epsilon), minlength=3)
+                for verdict, times in zip(VERDICTS, tally.tolist(), strict=True):
+                    if times:
+                        self._counts(name, "metric").add(verdict, times)
 
     def totals(self, arms_of: ArmsOf) -> dict[tuple[str, str], GsbCounts]:
         """All counts, the interleaving tallies resolved with the arms as they are known now."""
