@@ -17,7 +17,10 @@ def arms_of(experiment: str) -> ArmPair | None:
     return ARMS.get(experiment)
 
 
-def reference(requests: list[tuple[str, str, str, float, float]], window: float, epsilon: float) -> dict[str, list[int]]:
+Request = tuple[str, str, str, float, float]  # experiment, arm, query, serve time, metric
+
+
+def reference(requests: list[Request], window: float, epsilon: float) -> dict[str, list[int]]:
     sums: dict[tuple[int, str, str], dict[str, list[float]]] = {}
     for experiment, arm, query, ts, value in requests:
         per_arm = sums.setdefault((int(ts // window), experiment, query), {})
@@ -36,18 +39,19 @@ def reference(requests: list[tuple[str, str, str, float, float]], window: float,
 
 
 REQUEST = st.tuples(st.sampled_from(["e1", "e2", "e3"]), st.sampled_from(["c", "t", "x"]),
-                    st.sampled_from(["q1", "q2", "q3"]), st.floats(0, 50), st.sampled_from([0.0, 0.1, 0.2, 0.3, 1 / 3, 1.0]))
+                    st.sampled_from(["q1", "q2", "q3"]), st.floats(0, 50),
+                    st.sampled_from([0.0, 0.1, 0.2, 0.3, 1 / 3, 1.0]))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(REQUEST, max_size=12), max_size=8), st.sampled_from([5.0, 7.5, 100.0]),
        st.sampled_from([0.0, 0.05]), st.lists(st.floats(0, 80), max_size=4))
-def test_query_gsb_equals_request_by_request_sums(batches: list[list[tuple[str, str, str, float, float]]],
+def test_query_gsb_equals_request_by_request_sums(batches: list[list[Request]],
                                                   window: float, epsilon: float, closes: list[float]) -> None:
     """In batches, with closes in between (each closing only buckets no later request falls in), the verdicts
     are those of the reference over all requests."""
     tracker = GsbTracker(Config(gsb_window=window, gsb_epsilon=epsilon), horizon=0.0)
-    served: list[tuple[str, str, str, float, float]] = []
+    served: list[Request] = []
     closed_before = -1.0
     for k, batch in enumerate(batches):
         batch = [r for r in batch if int(r[3] // window) > closed_before]  # a closed bucket gets no more requests

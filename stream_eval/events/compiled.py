@@ -331,8 +331,8 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
     which gives the result or the error).
 
     Plainest form: ``items`` is ``["a","b",...]`` with ASCII items without quotes or backslashes (so the
-    compact text is exact), at most ``max_items`` and all different; ``scores`` is ``null`` or a flat array of
-    at most 300 bytes of digits, ``.``, ``-`` and commas, with one number per item."""
+    compact text is exact), at most ``max_items`` and all different; ``scores`` is ``null`` (or empty: none) or a
+    flat array of at most 300 bytes of digits, ``.``, ``-`` and commas, with one number per item."""
     out = np.full(i_starts.shape[0], -1, np.int64)
     size = 64
     while size < 2 * max_items:
@@ -382,6 +382,9 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
         if not plain:
             continue
         a, b = s_starts[k], s_ends[k]
+        if b == a:
+            out[k] = n  # no scores
+            continue
         if b - a == 4 and scores[a] == 110 and scores[a + 1] == 117 and scores[a + 2] == 108 and scores[a + 3] == 108:
             out[k] = n  # null
             continue

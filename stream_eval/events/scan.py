@@ -1,19 +1,26 @@
-"""A compiled reader of feedback lines (numba): the plainest feedback events go from JSON bytes to columns.
+"""A compiled reader of JSON lines (numba): the plainest feedback events and rankings, from bytes to columns.
 
 Four events in five of a typical log are feedback: a flat object of a few short strings and numbers. Decoded
 by msgspec, each becomes a Python object that is checked, then read field by field into the join's columns;
 that was a quarter of a replay. :func:`scan_lines` reads such lines straight into columns (the bounds of the
-request id and the item in the chunk, the kind's code, the grade and the time) and leaves every other line,
-and every feedback line it is not sure of, to msgspec and :class:`~stream_eval.events.schema.Validator`.
+request id and the item in the chunk, the kind's index, the grade and the time). It also finds the bounds of
+each field of a plain ranking, which :func:`~stream_eval.events.schema.decode_chunk_columns` makes compact
+without decoding the line again. Every other line, and every line it is not sure of, goes to msgspec and
+:class:`~stream_eval.events.schema.Validator`, which give the reasons.
 
-A line is read here only when the answer cannot differ from msgspec's: an object of keys and scalar values
-(JSON white space allowed), keys without escapes, each of ``type``, ``request_id``, ``item``, ``kind``,
-``grade`` and ``ts`` at most once, ``"type": "feedback"``, a non-empty request id, strings of valid UTF-8
-without escapes or control characters, a kind of the config (``click`` when absent) with a grade or a default
-grade, a ``ts`` number. Numbers are read here only in the form where one division is correctly rounded
-(at most 15 digits, no exponent: both the digits and the power of ten are exact doubles). Longer decimal
-fractions (a time in microseconds) are parsed by Python's ``float``, correctly rounded as msgspec's parser is;
-any other number sends the line to msgspec.
+A line is read here only when the answer cannot differ from msgspec's: an object of keys and values that are
+scalars or flat arrays (JSON white space allowed), keys without escapes, each known key at most once, strings of
+valid UTF-8 without escapes or control characters, and a ``ts`` number.
+
+* Feedback: ``"type": "feedback"``, a non-empty request id, an item, a kind of the config (``click`` when
+  absent) with a grade, or one that has a default grade.
+* Rankings: ``"type": "ranking"``, ASCII request id, labels and items; ``items`` an array of strings; ``scores``
+  an array of numbers or null; ``teams`` and ``subtopics`` absent or null (anything else goes to msgspec).
+
+Numbers are read here only in the form where one division is correctly rounded (at most 15 digits, no
+exponent: both the digits and the power of ten are exact doubles). Longer decimal fractions (a time in
+microseconds) are left to Python's ``float``, correctly rounded as msgspec's parser is; any other number sends
+the line to msgspec.
 """
 
 from __future__ import annotations
@@ -32,13 +39,27 @@ Bools = npt.NDArray[np.bool_]
 _POWERS = np.array([10.0**k for k in range(16)])  # exact: 10**15 < 2**53
 _MAX_DIGITS = 15
 #: The keys read, numbered from 1 (0: any other key, whose scalar value is skipped).
-_KEYS = (b"type", b"request_id", b"item", b"kind", b"grade", b"ts")
+_KEYS = (b"type", b"request_id", b"item", b"kind", b"grade", b"ts", b"items", b"scores", b"query_id", b"session_id",
+         b"experiment", b"arm", b"teams", b"subtopics")
+_N_KEYS = len(_KEYS)
 _KEY_TEXT = np.frombuffer(b"".join(_KEYS), dtype=np.uint8)
 _KEY_ENDS = np.cumsum([len(k) for k in _KEYS])
 _KEY_STARTS = _KEY_ENDS - np.array([len(k) for k in _KEYS])
+(_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS, _ITEMS, _SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _TEAMS,
+ _SUBTOPICS) = range(1, _N_KEYS + 1)
 _FEEDBACK = np.frombuffer(b"feedback", dtype=np.uint8)
-_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS = 1, 2, 3, 4, 5, 6
-_REQUIRED = (1 << _TYPE) | (1 << _REQUEST_ID) | (1 << _ITEM) | (1 << _TS)
+_RANKING = np.frombuffer(b"ranking", dtype=np.uint8)
+#: What a line is, as :func:`scan_lines` tells.
+FEEDBACK, RANKING = 1, 2
+#: Types of values.
+_ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY = range(6)
+#: The columns of :func:`scan_lines`'s ``fields``: start and end of each key's value (a string's inside its
+#: quotes; an array with its brackets; -1 for a ranking's optional value that is absent or null), then the index
+#: of the kind, and whether the time and the grade were read exactly (else parse their text).
+COLUMNS = {key.decode(): (2 * k, 2 * k + 1) for k, key in enumerate(_KEYS)}
+_KIND_INDEX, _TS_EXACT, _GRADE_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2
+KIND_INDEX, TS_EXACT, GRADE_EXACT = _KIND_INDEX, _TS_EXACT, _GRADE_EXACT
+_WIDTH = 2 * _N_KEYS + 3
 
 
 @nb.njit(cache=True, inline="always")
@@ -53,20 +74,22 @@ def _skip(b: Bytes, i: int, e: int) -> int:  # pragma: no cover  # compiled
     return i
 
 
-@nb.njit(cache=True)
-def _string_end(b: Bytes, i: int, e: int) -> int:  # pragma: no cover  # compiled
-    """``b[i]`` is a quote: the index of the closing quote, or -1 if the string has an escape, a control
-    character or bytes that are not UTF-8, or does not end on the line."""
+@nb.njit(cache=True, inline="always")
+def _string_end(b: Bytes, i: int, e: int) -> tuple[int, bool]:  # pragma: no cover  # compiled
+    """``b[i]`` is a quote: (the index of the closing quote, whether the string is ASCII), or (-1, False) if the
+    string has an escape, a control character or bytes that are not UTF-8, or does not end on the line."""
     i += 1
+    ascii = True
     while i < e:
         c = b[i]
         if c == 34:
-            return i
+            return i, ascii
         if c == 92 or c < 32:
-            return -1
+            return -1, False
         if c < 128:
             i += 1
             continue
+        ascii = False
         # UTF-8: the lead byte gives the length and the range of the first continuation byte
         if 0xC2 <= c <= 0xDF:
             more, low, high = 1, 0x80, 0xBF
@@ -83,21 +106,54 @@ def _string_end(b: Bytes, i: int, e: int) -> int:  # pragma: no cover  # compile
         elif c == 0xF4:
             more, low, high = 3, 0x80, 0x8F
         else:
-            return -1
+            return -1, False
         if i + more >= e or not low <= b[i + 1] <= high:
-            return -1
+            return -1, False
         for k in range(2, more + 1):
             if not 0x80 <= b[i + k] <= 0xBF:
-                return -1
+                return -1, False
         i += more + 1
-    return -1
+    return -1, False
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
+def _array_end(b: Bytes, i: int, e: int, strings: bool) -> tuple[int, bool]:  # pragma: no cover  # compiled
+    """``b[i]`` opens an array of strings (``strings``) or of numbers in a form read here: (the index after its
+    ``]``, whether its strings are ASCII), or (-1, False)."""
+    i = _skip(b, i + 1, e)
+    ascii = True
+    if i < e and b[i] == 93:
+        return i + 1, ascii
+    while i < e:
+        if strings:
+            if b[i] != 34:
+                return -1, False
+            close, plain = _string_end(b, i, e)
+            if close < 0:
+                return -1, False
+            ascii = ascii and plain
+            i = close + 1
+        else:
+            i, _, _ = _number(b, i, e)
+            if i < 0:
+                return -1, False
+        i = _skip(b, i, e)
+        if i < e and b[i] == 44:
+            i = _skip(b, i + 1, e)
+            continue
+        if i < e and b[i] == 93:
+            return i + 1, ascii
+        return -1, False
+    return -1, False
+
+
+@nb.njit(cache=True, inline="always")
 def _number(b: Bytes, i: int, e: int) -> tuple[int, float, bool]:  # pragma: no cover  # compiled
     """A JSON number at ``b[i]``: (the index after it, its value, whether the value is exact), or (-1, 0, False)
     when it is not in a form read here. Numbers with a fraction and more than 15 digits are read (to be
     parsed by the caller) but their value is not exact."""
+    if i >= e:
+        return -1, 0.0, False
     negative = b[i] == 45
     if negative:
         i += 1
@@ -134,7 +190,7 @@ def _number(b: Bytes, i: int, e: int) -> tuple[int, float, bool]:  # pragma: no 
     return i, -value if negative and (decimals or mantissa) else value, True
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _literal(b: Bytes, i: int, e: int) -> tuple[int, int]:  # pragma: no cover  # compiled
     """``null``/``true``/``false`` at ``b[i]``: (the index after it, 0/1/2), or (-1, -1)."""
     if i + 4 <= e and b[i] == 110 and b[i + 1] == 117 and b[i + 2] == 108 and b[i + 3] == 108:
@@ -147,115 +203,140 @@ def _literal(b: Bytes, i: int, e: int) -> tuple[int, int]:  # pragma: no cover  
 
 
 @nb.njit(cache=True)
-def _feedback_line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats,
-                   click: int, out: Ints, values: Floats) -> bool:  # pragma: no cover  # compiled
-    """Read the line ``b[s:e]`` if it is a feedback event in the plain form: ``out`` gets the bounds of the
-    request id and the item and the kind's index, ``values`` the grade and the time."""
+def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats, click: int,
+          out: Ints, values: Floats, what: Ints, ascii: Bools) -> int:  # pragma: no cover  # compiled
+    """Read the line ``b[s:e]`` if it is a feedback or a ranking in the plain form: returns FEEDBACK or RANKING
+    (0: neither). ``out`` gets the bounds of each key's value (see :data:`COLUMNS`), the kind's index and
+    whether the time and the grade are exact; ``values`` the grade and the time. ``what`` and ``ascii`` are
+    scratch space: the type of each key's value (_ABSENT...), and whether a string value is ASCII."""
+    what[:] = _ABSENT
+    ascii[:] = True
     i = _skip(b, s, e)
     if i >= e or b[i] != 123:
-        return False
+        return 0
     i = _skip(b, i + 1, e)
-    seen = 0
-    kind = click
     grade = np.nan
     ts = 0.0
-    out[5] = out[7] = -1
+    ts_exact = grade_exact = True
     while True:
         if i >= e or b[i] != 34:
-            return False
-        close = _string_end(b, i, e)
+            return 0
+        close, _ = _string_end(b, i, e)
         if close < 0:
-            return False
+            return 0
         key = 0
-        for k in range(_KEY_STARTS.shape[0]):
+        for k in range(_N_KEYS):
             if equal_bytes(b, i + 1, close, _KEY_TEXT, _KEY_STARTS[k], _KEY_ENDS[k]):
                 key = k + 1
                 break
-        if key and seen & (1 << key):
-            return False  # a repeated key: msgspec decides
-        seen |= 1 << key
+        if key and what[key] != _ABSENT:
+            return 0  # a repeated key: msgspec decides
         i = _skip(b, close + 1, e)
         if i >= e or b[i] != 58:
-            return False
+            return 0
         i = _skip(b, i + 1, e)
         if i >= e:
-            return False
+            return 0
+        start = i
         c = b[i]
         if c == 34:
-            close = _string_end(b, i, e)
+            close, plain = _string_end(b, i, e)
             if close < 0:
-                return False
-            if key == _TYPE:
-                if not equal_bytes(b, i + 1, close, _FEEDBACK, 0, _FEEDBACK.shape[0]):
-                    return False
-            elif key == _REQUEST_ID:
-                if close == i + 1:
-                    return False  # empty: msgspec rejects it
-                out[0], out[1] = i + 1, close
-            elif key == _ITEM:
-                out[2], out[3] = i + 1, close
-            elif key == _KIND:
-                kind = -1
-                for k in range(kind_starts.shape[0]):
-                    if equal_bytes(b, i + 1, close, kinds, kind_starts[k], kind_ends[k]):
-                        kind = k
-                        break
-                if kind < 0:
-                    return False
-            elif key != 0:
-                return False  # a string grade or time
-            i = close + 1
+                return 0
+            what[key], ascii[key] = _STRING, plain
+            start, i = i + 1, close + 1
+            if key:
+                out[2 * key - 2], out[2 * key - 1] = start, close
         elif c == 45 or 48 <= c <= 57:
-            start = i
             i, value, exact = _number(b, i, e)
             if i < 0:
-                return False
+                return 0
+            what[key] = _NUMBER
             if key == _GRADE:
                 if c == 45 and not (exact and value == 0):
-                    return False  # below 0 (or perhaps): msgspec gives the reason
-                grade = value
-                if not exact:
-                    out[7], out[8] = start, i
+                    return 0  # below 0 (or perhaps): msgspec gives the reason
+                grade, grade_exact = value, exact
             elif key == _TS:
-                ts = value
-                if not exact:
-                    out[5], out[6] = start, i
-            elif key != 0:
-                return False
+                ts, ts_exact = value, exact
+            if key:
+                out[2 * key - 2], out[2 * key - 1] = start, i
+        elif c == 91:
+            i, plain = _array_end(b, i, e, key != _SCORES)
+            if i < 0 or not (key == _ITEMS or key == _SCORES or key == 0):
+                return 0  # an array of another key (teams, subtopics): msgspec
+            what[key], ascii[key] = _ARRAY, plain
+            if key:
+                out[2 * key - 2], out[2 * key - 1] = start, i
         else:
             i, word = _literal(b, i, e)
             if i < 0:
-                return False
-            if key != 0 and not (key == _GRADE and word == 0):
-                return False  # only a null grade (= none) or a literal of another key
+                return 0
+            what[key] = _NULL if word == 0 else _BOOL
         i = _skip(b, i, e)
         if i >= e:
-            return False
+            return 0
         if b[i] == 44:
             i = _skip(b, i + 1, e)
             continue
         if b[i] != 125:
-            return False
+            return 0
         break
-    if _skip(b, i + 1, e) != e or seen & _REQUIRED != _REQUIRED or kind < 0:
-        return False
-    if grade != grade and out[7] < 0:
-        grade = grades[kind]
-        if grade != grade:
-            return False  # no default grade for this kind: msgspec's path gives the reason
-    out[4] = kind
-    values[0], values[1] = grade, ts
-    return True
+    if _skip(b, i + 1, e) != e or what[_TYPE] != _STRING or what[_TS] != _NUMBER:
+        return 0
+    if what[_REQUEST_ID] != _STRING or out[2 * _REQUEST_ID - 1] == out[2 * _REQUEST_ID - 2]:
+        return 0  # no request id, or an empty one (msgspec rejects it)
+    t0, t1 = out[2 * _TYPE - 2], out[2 * _TYPE - 1]
+    out[_TS_EXACT], out[_GRADE_EXACT] = ts_exact, grade_exact
+    values[1] = ts
+    if equal_bytes(b, t0, t1, _FEEDBACK, 0, _FEEDBACK.shape[0]):
+        if what[_ITEM] != _STRING or what[_GRADE] == _STRING or what[_GRADE] == _BOOL or what[_GRADE] == _ARRAY:
+            return 0
+        kind = click
+        if what[_KIND] != _ABSENT:
+            if what[_KIND] != _STRING:
+                return 0
+            kind = -1
+            for k in range(kind_starts.shape[0]):
+                if equal_bytes(b, out[2 * _KIND - 2], out[2 * _KIND - 1], kinds, kind_starts[k], kind_ends[k]):
+                    kind = k
+                    break
+        if kind < 0:
+            return 0
+        if what[_GRADE] != _NUMBER:
+            grade = grades[kind]
+            if grade != grade:
+                return 0  # no default grade for this kind: msgspec's path gives the reason
+        out[_KIND_INDEX] = kind
+        values[0] = grade
+        return FEEDBACK
+    if not equal_bytes(b, t0, t1, _RANKING, 0, _RANKING.shape[0]):
+        return 0
+    if what[_ITEMS] != _ARRAY or not (ascii[_REQUEST_ID] and ascii[_ITEMS]):
+        return 0
+    if not (what[_SCORES] == _ARRAY or what[_SCORES] == _NULL or what[_SCORES] == _ABSENT):
+        return 0
+    for key in (_QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM):
+        optional = key == _QUERY_ID or key == _SESSION_ID
+        if not ((what[key] == _STRING and ascii[key]) or what[key] == _ABSENT or (optional and what[key] == _NULL)):
+            return 0
+    if not ((what[_TEAMS] == _ABSENT or what[_TEAMS] == _NULL) and (what[_SUBTOPICS] == _ABSENT
+                                                                    or what[_SUBTOPICS] == _NULL)):
+        return 0
+    for key in (_SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM):
+        if what[key] != _STRING and what[key] != _ARRAY:
+            out[2 * key - 2] = out[2 * key - 1] = -1  # none (absent or null)
+    return RANKING
 
 
 def scan_lines(b: Bytes, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats,
                click: int) -> tuple[Ints, Ints, Ints, Floats]:
-    """The non-blank lines of ``b`` (blank as ``bytes.strip`` has it) and the feedback among them read here.
+    """The non-blank lines of ``b`` (blank as ``bytes.strip`` has it), and the feedback and rankings among them
+    that are read here.
 
-    One row per non-blank line: ``lines`` (start, end, line number from 0, blank lines counted), ``fast`` (1 if
-    read here), ``fields`` (request id start and end, item start and end, index of the kind in ``kinds``,
-    start and end of the time's text and of the grade's when they are to be parsed by the caller, else -1),
-    ``values`` (grade, ts). ``click`` is the index of the default kind (-1: none).
+    One row per non-blank line: ``lines`` (start, end, line number from 0, blank lines counted), ``fast``
+    (:data:`FEEDBACK`, :data:`RANKING`, or 0 for a line left to msgspec), ``fields`` (:data:`COLUMNS`),
+    ``values`` (grade, ts). ``click`` is the index of the default kind (-1: none). A ranking read here still
+    needs its items and scores checked (:func:`~stream_eval.events.compiled.simple_rankings`).
     """
     return _scan(b, np.flatnonzero(b == 10), kinds, kind_starts, kind_ends, grades, click)  # numpy finds newlines
 
@@ -267,8 +348,10 @@ def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: 
     rows = newlines.shape[0] + 1
     lines = np.empty((rows, 3), np.int64)
     fast = np.zeros(rows, np.int64)
-    fields = np.zeros((rows, 9), np.int64)
+    fields = np.zeros((rows, _WIDTH), np.int64)
     values = np.zeros((rows, 2), np.float64)
+    what = np.zeros(_N_KEYS + 1, np.int64)
+    ascii = np.ones(_N_KEYS + 1, np.bool_)
     k = 0
     i = 0
     for number in range(rows):
@@ -283,8 +366,7 @@ def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: 
                 break
         if not blank:
             lines[k, 0], lines[k, 1], lines[k, 2] = i, j, number
-            if _feedback_line(b, i, j, kinds, kind_starts, kind_ends, grades, click, fields[k], values[k]):
-                fast[k] = 1
+            fast[k] = _line(b, i, j, kinds, kind_starts, kind_ends, grades, click, fields[k], values[k], what, ascii)
             k += 1
         i = j + 1
     return lines[:k], fast[:k], fields[:k], values[:k]

@@ -26,6 +26,7 @@ from stream_eval.events import compiled, scan
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
 
 Time = float | str | None
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -639,24 +640,81 @@ class Chunk:
 
 
 def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, source: str = "") -> Chunk:
-    """:func:`decode_chunk_compact` with the feedback in the plainest form read into columns by compiled code
-    (:mod:`stream_eval.events.scan`); every other line goes through :func:`decode_chunk_compact`. The events
-    are the same, in the same order (:meth:`Chunk.as_list`)."""
-    kinds, kind_starts, kind_ends, grades, click, codes = validator(config).scan_kinds
+    """:func:`decode_chunk_compact` with the feedback in the plainest form read into columns, and the rankings in
+    the plainest form made compact, by compiled code (:mod:`stream_eval.events.scan`); every other line goes
+    through :func:`decode_chunk_compact`. The events are the same, in the same order (:meth:`Chunk.as_list`)."""
+    checker = validator(config)
+    kinds, kind_starts, kind_ends, grades, click, codes = checker.scan_kinds
     raw = np.frombuffer(chunk, dtype=np.uint8)
     lines, fast, fields, values = scan.scan_lines(raw, kinds, kind_starts, kind_ends, grades, click)
-    read = fast.astype(np.bool_)
-    other = np.flatnonzero(~read)
-    events: list[Any] = []
-    if other.shape[0]:
-        bounds = lines[other]
+    columns = fields.T  # a view: each key's bounds are rows
+    ranked = np.flatnonzero(fast == scan.RANKING)
+    rankings: list[CompactRanking] = []
+    if ranked.shape[0]:
+        rankings, plain = _plain_rankings(chunk, raw, columns[:, ranked], values[ranked, 1], checker.max_items)
+        fast[ranked[~plain]] = 0  # items or scores not in the plainest form: msgspec and Validator.compact
+    objects_at = np.flatnonzero(fast != scan.FEEDBACK)
+    other = fast[objects_at] == 0
+    events: list[Any] = rankings
+    if other.any():
+        bounds = lines[objects_at[other]]
         rest = b"\n".join([chunk[a:b] for a, b in zip(bounds[:, 0].tolist(), bounds[:, 1].tolist(), strict=True)])
-        events = decode_chunk_compact(rest, config, first_line, source, (bounds[:, 2] + first_line).tolist())
-    f = fields[read].T.copy()
-    grade, ts = values[read].T.copy()
-    for column, start, end in ((ts, f[5], f[6]), (grade, f[7], f[8])):
-        if (start >= 0).any():  # long decimal fractions: parsed by float, correctly rounded as by msgspec
-            at = np.flatnonzero(start >= 0)
-            column[at] = [float(chunk[a:b]) for a, b in zip(start[at].tolist(), end[at].tolist(), strict=True)]
-    return Chunk(events, other, FeedbackColumns(raw, f[0], f[1], f[2], f[3], codes[f[4]], grade, ts),
-                 np.flatnonzero(read))
+        decoded = decode_chunk_compact(rest, config, first_line, source, (bounds[:, 2] + first_line).tolist())
+        if not rankings:
+            events = decoded
+        else:
+            merged = np.empty(objects_at.shape[0], dtype=object)
+            merged[other], merged[~other] = decoded, rankings
+            events = merged.tolist()
+    read = np.flatnonzero(fast == scan.FEEDBACK)
+    return Chunk(events, objects_at, _feedback_columns(chunk, raw, columns[:, read], values[read], codes), read)
+
+
+def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints) -> Floats:
+    """``column`` with the numbers not read exactly parsed from their text by ``float`` (correctly rounded, as
+    msgspec's parser is)."""
+    parse = np.flatnonzero(exact == 0)
+    if parse.shape[0]:
+        column = column.copy()
+        column[parse] = [float(chunk[a:b]) for a, b in zip(starts[parse].tolist(), ends[parse].tolist(), strict=True)]
+    return column
+
+
+def _feedback_columns(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, values: Floats,
+                      codes: Ints) -> FeedbackColumns:
+    """The feedback lines read by :func:`scan.scan_lines` (their columns and values) as :class:`FeedbackColumns`."""
+    (rid0, rid1), (item0, item1), (ts0, ts1), (grade0, grade1) = (
+        (columns[a], columns[b]) for a, b in (scan.COLUMNS[k] for k in ("request_id", "item", "ts", "grade")))
+    ts = _parsed(chunk, values[:, 1], columns[scan.TS_EXACT], ts0, ts1)
+    grade = _parsed(chunk, values[:, 0], columns[scan.GRADE_EXACT], grade0, grade1)
+    return FeedbackColumns(raw, rid0.copy(), rid1.copy(), item0.copy(), item1.copy(), codes[columns[scan.KIND_INDEX]],
+                           grade, ts)
+
+
+def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts: Floats,
+                    max_items: int) -> tuple[list[CompactRanking], Bools]:
+    """The rankings read by :func:`scan.scan_lines` whose items and scores are in the plainest form (checked as
+    :meth:`Validator.compact_many` does), made compact; and which of them those are."""
+    bound = {key: (columns[a], columns[b]) for key, (a, b) in scan.COLUMNS.items()}
+    (i0, i1), (s0, s1) = bound["items"], bound["scores"]
+    counts = compiled.simple_rankings(raw, i0, i1, raw, np.maximum(s0, 0), np.maximum(s1, 0), max_items)
+    plain = counts >= 0
+    if not plain.all():
+        columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
+        bound = {key: (columns[a], columns[b]) for key, (a, b) in scan.COLUMNS.items()}
+    text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
+
+    def strings(key: str, absent: str | None) -> list[str | None]:
+        starts, ends = bound[key]
+        if (starts >= 0).all():
+            return [text[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return [text[a:b] if a >= 0 else absent for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+    (i0, i1), (s0, s1), (t0, t1) = bound["items"], bound["scores"], bound["ts"]
+    items = ['",' + text[a + 1 : b - 1] + ',"' for a, b in zip(i0.tolist(), i1.tolist(), strict=True)]
+    scores = [chunk[a:b] if a >= 0 else None for a, b in zip(s0.tolist(), s1.tolist(), strict=True)]
+    times = _parsed(chunk, ts, columns[scan.TS_EXACT], t0, t1).tolist()
+    made = list(map(CompactRanking, strings("request_id", None), items, counts.tolist(), times, scores,
+                    strings("query_id", None), strings("session_id", None), strings("experiment", "default"),
+                    strings("arm", "default")))
+    return made, plain
