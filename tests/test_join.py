@@ -7,6 +7,7 @@ finalised when the watermark reaches ``t + 15``, and feedback waiting for a rank
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable
 from unittest.mock import patch
 
@@ -487,3 +488,28 @@ def test_memory_does_not_grow_with_finished_requests() -> None:
             if second in (3999, 7999):
                 held.append(_held_bytes(run.join))
     assert held[1] <= held[0] * 1.05, held
+
+
+
+def test_the_join_arrays_are_sized_by_the_requests_held() -> None:
+    """The join's columns grow only when no finalised and forgotten slot can be dropped to make room: at an
+    uneven rate (0 to 3 requests a second), their capacity stays within one growth step of the requests open
+    or remembered at once, plus one block of slots that are dropped together. (Trimming only when the arrays had
+    doubled let a peak of arrivals just after a trim push them a growth step further: 2,294 slots here, against
+    1,529 now.)"""
+    rng = random.Random(7)
+    config = Config(attribution_window=300.0, allowed_lateness=0.0)
+    memory = 2 * (config.attribution_window + config.allowed_lateness)  # a slot is forgotten this long after it opens
+    trim = 256  # slots dropped together
+    with patch.multiple(join_module, TRIM=trim, TEXT_CUT=0, FIRST_CAPACITY=16):
+        run = Driver(config)
+        served: list[float] = []
+        most_held = most_new = 0
+        for second in range(12000):
+            new = rng.choice([0, 1, 1, 2, 3])
+            run(*[rank(f"r{len(served) + k}", second, ["a", "b"]) for k in range(new)])
+            served += [float(second)] * new
+            most_held = max(most_held, sum(1 for ts in served[-4 * int(memory):] if ts + memory > second))
+            most_new = max(most_new, new)
+        capacity = run.join._serve.shape[0]
+    assert capacity <= 1.5 * (most_held + trim + most_new) + 2, (capacity, most_held)

@@ -451,6 +451,8 @@ class Join:
         Places may skip events that are not the join's (judgments, invalid events)."""
         if not len(objects) and not len(feedback):
             return
+        if self.size + len(objects) > self._serve.shape[0]:
+            self._trim(full=True)  # room for the new slots, if forgotten ones can make it
         is_feedback = np.fromiter((type(e) is Feedback for e in objects), dtype=np.bool_, count=len(objects))
         if is_feedback.any():  # feedback objects join the columns, in order
             more = FeedbackColumns.of(list(compress(objects, is_feedback.tolist())))  # type: ignore[arg-type]
@@ -838,14 +840,18 @@ class Join:
             else:
                 del self.pending[rid]
 
-    def _trim(self) -> None:
+    def _trim(self, full: bool = False) -> None:
         """Drop the slots at the front that are finalised and forgotten, ``TRIM`` at a time, once the arrays
-        have doubled since the last time (the copy and the rebuilt id table cost once per slot)."""
-        if self.size < self._trim_at:
+        have doubled since the last time (the copy and the rebuilt id table cost once per slot), or when they
+        are ``full``: they grow only when no slot can be dropped, so their size follows the requests held, not
+        how the points of trimming happened to fall."""
+        if self.size < self._trim_at and not full:
             return
         horizon = self.horizon
         dropped = 0
-        while self.size - dropped >= TRIM:
+        # slots finalised early wait for the next advance to hand them out: nothing from the first of them is dropped
+        limit = min(self._early) - self.base if self._early else self.size
+        while dropped + TRIM <= limit:
             window = slice(dropped, dropped + TRIM)
             if not (self._final[window].all() and (self._serve[window] + horizon + horizon <= self.watermark).all()):
                 break
