@@ -162,10 +162,6 @@ def _port(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("replay", "worker"):  # long runs: keep the heap from growing with requests done
-        from stream_eval.memory import pin_mmap_threshold
-
-        pin_mmap_threshold()
     try:
         if args.command == "replay":
             from stream_eval.commands import replay_command
