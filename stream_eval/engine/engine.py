@@ -140,25 +140,16 @@ class Engine:
         not move event time: the caller does, with :meth:`advance` (streaming takes the minimum over topics).
         """
         join = self.join if join is None else join
-        if isinstance(events, Chunk):
-            if event_time and not any(type(e) is Watermark and e.end for e in events.events):
-                self._process_chunk(events, join)
-                events = []
+        chunk = events if isinstance(events, Chunk) else Chunk.of(events if isinstance(events, list) else list(events))
+        if event_time and not any(type(e) is Watermark and e.end for e in chunk.events):
+            self._process_chunk(chunk, join)
+        else:
+            listed = chunk.as_list()
+            types = list(map(type, listed))
+            if not _JOINED.issuperset(types):
+                self._process_mixed(listed, types, join, event_time)
             else:
-                events = events.as_list()
-        events = events if isinstance(events, list) else list(events)
-        types = list(map(type, events))
-        if not _JOINED.issuperset(types):
-            self._process_mixed(events, types, join, event_time)
-        elif events:
-            before = None
-            if event_time:
-                ts = np.fromiter(map(_TS, events), dtype=np.float64, count=len(events))
-                before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
-                watermark = max(join.watermark, float(ts.max()))
-            join.add(events, before)  # type: ignore[arg-type]  # rankings and feedback here
-            if event_time:
-                join.watermark = watermark
+                join.add(listed)  # type: ignore[arg-type]  # rankings and feedback here
         if event_time:
             self.advance(join.watermark, join)
         if self.windows is not None and not self._muted:
@@ -167,8 +158,8 @@ class Engine:
             self.delays.drain(join, keep=not self._muted)
 
     def _process_chunk(self, chunk: Chunk, join: Join) -> None:
-        """:meth:`process` of a decoded chunk without the end of a partition: judgments and invalid events are
-        taken first (as :meth:`_process_mixed` does), then the join gets the rest, feedback as columns."""
+        """:meth:`process` on event time, without the end of a partition: judgments and invalid events are taken
+        first (as :meth:`_process_mixed` does), then the join gets the rest (feedback read as columns stays so)."""
         if not len(chunk):
             return
         objects: list[Any] = chunk.events

@@ -83,9 +83,6 @@ class GsbTracker:
         # floor division of floats, as Python's // (numpy's is CPython's algorithm)
         buckets = np.floor_divide(np.array(serve_ts, dtype=np.float64), self.window).astype(np.int64)
         metric = np.array(values, dtype=np.float64)
-        if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():
-            self._queries.setdefault(int(buckets[0]), []).append((groups, queries, metric))
-            return
         for bucket in np.unique(buckets).tolist():
             rows = np.flatnonzero(buckets == bucket)
             picked = rows.tolist()
@@ -119,10 +116,9 @@ class GsbTracker:
         # each request's experiment, and side: 0 control, 1 treatment, -1 neither (or the experiment has no pair)
         known = {group: k for k, group in enumerate(dict.fromkeys(groups))}
         names = list(dict.fromkeys(experiment for experiment, _ in known))
-        pairs = [arms_of(name) for name in names]
+        pairs = {name: arms_of(name) for name in names}
         group_experiment = np.array([names.index(experiment) for experiment, _ in known], dtype=np.int64)
-        group_side = np.array([_side(pairs[names.index(experiment)], arm) for experiment, arm in known],
-                              dtype=np.int64)
+        group_side = np.array([_side(pairs[experiment], arm) for experiment, arm in known], dtype=np.int64)
         group = np.fromiter(map(known.__getitem__, groups), dtype=np.int64, count=len(groups))
         experiment_of, side = group_experiment[group], group_side[group]
         for e, name in enumerate(names):

@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from stream_eval.config import Config
 from stream_eval.events import compiled
-from stream_eval.events.schema import CompactRanking, Feedback, FeedbackColumns, Ranking
+from stream_eval.events.schema import NO_FEEDBACK, CompactRanking, Feedback, FeedbackColumns, Ranking
 
 T = TypeVar("T")
 _TS = attrgetter("ts")
@@ -442,7 +442,7 @@ class Join:
         The join takes the rankings it opens requests with: it keeps a compact ranking's item text as bytes and
         empties its ``items`` (and shares its label strings), so a ranking object goes to one join, once.
         """
-        self.add_columns(events, np.arange(len(events)), _NO_FEEDBACK, np.empty(0, dtype=np.int64), before)
+        self.add_columns(events, np.arange(len(events)), NO_FEEDBACK, np.empty(0, dtype=np.int64), before)
 
     def add_columns(self, objects: Sequence[Ranking | CompactRanking | Feedback], objects_at: Ints,
                     feedback: FeedbackColumns, feedback_at: Ints, before: Floats | None = None) -> None:
@@ -552,7 +552,7 @@ class Join:
         rows_slot = np.empty(0, dtype=np.int64)
         rows_at = rows_seq = at[:0]
         rows_mark = np.empty(0)
-        rows_feedback = feedback.take(rows_slot)
+        rows_feedback = NO_FEEDBACK
         if len(feedback):
             found = self._find(feedback.text, feedback.rid_start, feedback.rid_end)
             fb_mark = np.array(marks)[at] if before is not None else np.full(at.shape[0], self.watermark)
@@ -907,8 +907,6 @@ class Join:
             self.changed.clear()
         return finalised
 
-
-_NO_FEEDBACK = FeedbackColumns.of([])
 
 #: Experiment, arm and query names repeat across requests: the join keeps one copy of each (first come, first
 #: kept, a bounded table).

@@ -57,8 +57,7 @@ _ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY = range(6)
 #: quotes; an array with its brackets; -1 for a ranking's optional value that is absent or null), then the index
 #: of the kind, and whether the time and the grade were read exactly (else parse their text).
 COLUMNS = {key.decode(): (2 * k, 2 * k + 1) for k, key in enumerate(_KEYS)}
-_KIND_INDEX, _TS_EXACT, _GRADE_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2
-KIND_INDEX, TS_EXACT, GRADE_EXACT = _KIND_INDEX, _TS_EXACT, _GRADE_EXACT
+KIND_INDEX, TS_EXACT, GRADE_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2
 _WIDTH = 2 * _N_KEYS + 3
 
 
@@ -237,16 +236,14 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
         i = _skip(b, i + 1, e)
         if i >= e:
             return 0
-        start = i
+        start = end = i  # the value's bounds (a string's inside its quotes)
         c = b[i]
         if c == 34:
             close, plain = _string_end(b, i, e)
             if close < 0:
                 return 0
             what[key], ascii[key] = _STRING, plain
-            start, i = i + 1, close + 1
-            if key:
-                out[2 * key - 2], out[2 * key - 1] = start, close
+            start, end, i = i + 1, close, close + 1
         elif c == 45 or 48 <= c <= 57:
             i, value, exact = _number(b, i, e)
             if i < 0:
@@ -258,20 +255,21 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
                 grade, grade_exact = value, exact
             elif key == _TS:
                 ts, ts_exact = value, exact
-            if key:
-                out[2 * key - 2], out[2 * key - 1] = start, i
+            end = i
         elif c == 91:
             i, plain = _array_end(b, i, e, key != _SCORES)
             if i < 0 or not (key == _ITEMS or key == _SCORES or key == 0):
                 return 0  # an array of another key (teams, subtopics): msgspec
             what[key], ascii[key] = _ARRAY, plain
-            if key:
-                out[2 * key - 2], out[2 * key - 1] = start, i
+            end = i
         else:
             i, word = _literal(b, i, e)
             if i < 0:
                 return 0
             what[key] = _NULL if word == 0 else _BOOL
+            end = i
+        if key:
+            out[2 * key - 2], out[2 * key - 1] = start, end
         i = _skip(b, i, e)
         if i >= e:
             return 0
@@ -286,7 +284,7 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
     if what[_REQUEST_ID] != _STRING or out[2 * _REQUEST_ID - 1] == out[2 * _REQUEST_ID - 2]:
         return 0  # no request id, or an empty one (msgspec rejects it)
     t0, t1 = out[2 * _TYPE - 2], out[2 * _TYPE - 1]
-    out[_TS_EXACT], out[_GRADE_EXACT] = ts_exact, grade_exact
+    out[TS_EXACT], out[GRADE_EXACT] = ts_exact, grade_exact
     values[1] = ts
     if equal_bytes(b, t0, t1, _FEEDBACK, 0, _FEEDBACK.shape[0]):
         if what[_ITEM] != _STRING or what[_GRADE] == _STRING or what[_GRADE] == _BOOL or what[_GRADE] == _ARRAY:
@@ -306,7 +304,7 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
             grade = grades[kind]
             if grade != grade:
                 return 0  # no default grade for this kind: msgspec's path gives the reason
-        out[_KIND_INDEX] = kind
+        out[KIND_INDEX] = kind
         values[0] = grade
         return FEEDBACK
     if not equal_bytes(b, t0, t1, _RANKING, 0, _RANKING.shape[0]):

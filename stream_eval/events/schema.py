@@ -133,6 +133,10 @@ class FeedbackColumns:
         return [self.event(k) for k in range(len(self))]
 
 
+#: No feedback, as columns.
+NO_FEEDBACK = FeedbackColumns.of([])
+
+
 class Judgment(msgspec.Struct, tag="judgment", tag_field="type", gc=False):
     """A side-by-side verdict of treatment vs control for one query (topic ``judgments``)."""
 
@@ -200,6 +204,12 @@ SCORES_DECODER = msgspec.json.Decoder(list[float])
 _SCORES_ENCODER = msgspec.json.Encoder()
 #: Longer score arrays are decoded once at validation, to be sure they decode (e.g. no overflow).
 _SHORT_SCORES = 300
+
+
+def compact_texts(text: str, starts: list[int], ends: list[int]) -> list[str]:
+    """The compact item text of each plain raw ``items`` array ``text[start:end]`` (``["a","b"]`` becomes
+    ``","a","b","``)."""
+    return ['",' + text[a + 1 : b - 1] + ',"' for a, b in zip(starts, ends, strict=True)]
 
 
 def item_list(items: str | list[str]) -> list[str]:
@@ -315,16 +325,16 @@ class Validator:
         counts = compiled.simple_rankings(np.frombuffer(item_bytes, dtype=np.uint8), i_starts, i_ends,
                                           np.frombuffer(scores_bytes, dtype=np.uint8), s_starts, s_ends,
                                           self.max_items).tolist()
-        text = item_bytes.decode("ascii", "replace")  # the plain rankings are ASCII: their offsets hold
+        # the plain rankings are ASCII: their offsets hold
+        texts = compact_texts(item_bytes.decode("ascii", "replace"), i_starts.tolist(), i_ends.tolist())
         out: list[CompactRanking | EventError | None] = []
-        for event, n, a, b, raw_scores in zip(events, counts, i_starts.tolist(), i_ends.tolist(), scores, strict=True):
+        for event, n, text, raw_scores in zip(events, counts, texts, scores, strict=True):
             try:
                 if n < 0:
                     out.append(self.compact(event))
                     continue
                 kept: bytes | None = bytes(raw_scores)  # a msgspec.Raw
-                out.append(self._compacted(event, '",' + text[a + 1 : b - 1] + ',"', n,
-                                           None if kept == b"null" else kept))
+                out.append(self._compacted(event, text, n, None if kept == b"null" else kept))
             except EventError as error:
                 out.append(error)
         return out
@@ -629,8 +639,15 @@ class Chunk:
     def __len__(self) -> int:
         return len(self.events) + len(self.feedback)
 
+    @classmethod
+    def of(cls, events: list[Any]) -> Chunk:
+        """Events already decoded, all as objects."""
+        return cls(events, np.arange(len(events)), NO_FEEDBACK, np.empty(0, dtype=np.int64))
+
     def as_list(self) -> list[CompactRanking | Feedback | Judgment | Watermark | Invalid]:
         """Every event in order, the columns' feedback as :class:`Feedback` objects."""
+        if not len(self.feedback):
+            return self.events  # every place is an object's
         out: list[Any] = [None] * len(self)
         for k, event in zip(self.events_at.tolist(), self.events, strict=True):
             out[k] = event
@@ -691,28 +708,28 @@ def _feedback_columns(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, v
                            grade, ts)
 
 
+#: The fields a plain ranking is made of, read as text.
+_RANKING_FIELDS = ("request_id", "items", "scores", "query_id", "session_id", "experiment", "arm")
+
+
 def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts: Floats,
                     max_items: int) -> tuple[list[CompactRanking], Bools]:
     """The rankings read by :func:`scan.scan_lines` whose items and scores are in the plainest form (checked as
     :meth:`Validator.compact_many` does), made compact; and which of them those are."""
-    bound = {key: (columns[a], columns[b]) for key, (a, b) in scan.COLUMNS.items()}
-    (i0, i1), (s0, s1) = bound["items"], bound["scores"]
+    (i0, i1), (s0, s1) = (columns[list(scan.COLUMNS[key])] for key in ("items", "scores"))
     counts = compiled.simple_rankings(raw, i0, i1, raw, np.maximum(s0, 0), np.maximum(s1, 0), max_items)
     plain = counts >= 0
-    if not plain.all():
-        columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
-        bound = {key: (columns[a], columns[b]) for key, (a, b) in scan.COLUMNS.items()}
+    columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
+    bound = {key: (columns[a].tolist(), columns[b].tolist()) for key, (a, b) in scan.COLUMNS.items()
+             if key in _RANKING_FIELDS}
     text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
 
     def strings(key: str, absent: str | None) -> list[str | None]:
-        starts, ends = bound[key]
-        if (starts >= 0).all():
-            return [text[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-        return [text[a:b] if a >= 0 else absent for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return [text[a:b] if a >= 0 else absent for a, b in zip(*bound[key], strict=True)]
 
-    (i0, i1), (s0, s1), (t0, t1) = bound["items"], bound["scores"], bound["ts"]
-    items = ['",' + text[a + 1 : b - 1] + ',"' for a, b in zip(i0.tolist(), i1.tolist(), strict=True)]
-    scores = [chunk[a:b] if a >= 0 else None for a, b in zip(s0.tolist(), s1.tolist(), strict=True)]
+    (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
+    items = compact_texts(text, *bound["items"])
+    scores = [chunk[a:b] if a >= 0 else None for a, b in zip(*bound["scores"], strict=True)]
     times = _parsed(chunk, ts, columns[scan.TS_EXACT], t0, t1).tolist()
     made = list(map(CompactRanking, strings("request_id", None), items, counts.tolist(), times, scores,
                     strings("query_id", None), strings("session_id", None), strings("experiment", "default"),
