@@ -45,6 +45,19 @@ _N_KEYS = len(_KEYS)
 _KEY_TEXT = np.frombuffer(b"".join(_KEYS), dtype=np.uint8)
 _KEY_ENDS = np.cumsum([len(k) for k in _KEYS])
 _KEY_STARTS = _KEY_ENDS - np.array([len(k) for k in _KEYS])
+
+
+@nb.njit(cache=True, inline="always")
+def _key_hash(first: int, last: int, length: int) -> int:  # pragma: no cover  # compiled
+    """A key's bucket in :data:`_KEY_BY_HASH`, from its first and last byte and its length: each known key has a
+    bucket of its own, so a key is compared with one known key instead of all of them."""
+    return (int(first) + 5 * int(length) + int(last)) & 63
+
+
+_KEY_BY_HASH = np.zeros(64, dtype=np.int64)  # bucket -> 1 + the index of the known key there, 0: none
+for _number_of_key, _key in enumerate(_KEYS, start=1):
+    assert not _KEY_BY_HASH[_key_hash(_key[0], _key[-1], len(_key))], "two known keys share a bucket"
+    _KEY_BY_HASH[_key_hash(_key[0], _key[-1], len(_key))] = _number_of_key
 (_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS, _ITEMS, _SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _TEAMS,
  _SUBTOPICS) = range(1, _N_KEYS + 1)
 _FEEDBACK = np.frombuffer(b"feedback", dtype=np.uint8)
@@ -224,10 +237,10 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
         if close < 0:
             return 0
         key = 0
-        for k in range(_N_KEYS):
-            if equal_bytes(b, i + 1, close, _KEY_TEXT, _KEY_STARTS[k], _KEY_ENDS[k]):
-                key = k + 1
-                break
+        if close > i + 1:  # the one known key this one can be (by its hash), compared byte for byte
+            k = _KEY_BY_HASH[_key_hash(b[i + 1], b[close - 1], close - i - 1)]
+            if k and equal_bytes(b, i + 1, close, _KEY_TEXT, _KEY_STARTS[k - 1], _KEY_ENDS[k - 1]):
+                key = k
         if key and what[key] != _ABSENT:
             return 0  # a repeated key: msgspec decides
         i = _skip(b, close + 1, e)
