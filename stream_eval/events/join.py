@@ -756,17 +756,19 @@ class Join:
     def _view(self, slots: Ints, take: bool) -> Finalised:
         """The requests of ``slots`` with the best grade of each judged item, from their rows; ``take``: the
         rows leave their blocks and their duplicate keys are forgotten."""
-        base = self.base
-        index = slots - base
-        request_of = np.full(self.size, -1, dtype=np.int64)
-        request_of[index] = np.arange(slots.shape[0], dtype=np.int64)
+        index = slots - self.base
+        blocks = np.unique(slots // BLOCK)
+        # the request of each slot of the blocks read (-1: not asked for), from the first block's first slot
+        low = int(blocks[0]) * BLOCK
+        request_of = np.full((int(blocks[-1]) + 1) * BLOCK - low, -1, dtype=np.int64)
+        request_of[slots - low] = np.arange(slots.shape[0], dtype=np.int64)
         parts: list[tuple[Ints, Ints, Ints, Floats]] = []
-        for block in np.unique(slots // BLOCK).tolist():
+        for block in blocks.tolist():
             stored = self._rows.get(block)
             if stored is None:
                 continue
             columns = [np.concatenate(c) for c in zip(*stored, strict=True)] if len(stored) > 1 else list(stored[0])
-            mine = request_of[columns[0] - base] >= 0
+            mine = request_of[columns[0] - low] >= 0
             if mine.all():
                 parts.append(tuple(columns))  # type: ignore[arg-type]  # the four columns
                 if take:
@@ -784,7 +786,7 @@ class Join:
                 compiled.forget_keys(self._dup_table, _keys(row_slot[simple], row_field[simple], row_kind[simple]),
                                      _grade_bits(row_grade[simple]))
             # the best grade of each (request, item)
-            req = request_of[row_slot - base]
+            req = request_of[row_slot - low]
             order = np.lexsort((row_field, req))
             req, row_field, row_grade = req[order], row_field[order], row_grade[order]
             starts = np.ones(req.shape[0], dtype=np.bool_)
