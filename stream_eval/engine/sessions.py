@@ -181,18 +181,19 @@ class Sessions:
                     entry = by_batch[id(impressions)] = (impressions, [], [])
                 entry[1].append(i)
                 entry[2].append(k)
-        owner_parts, length_parts, score_parts, label_parts = [], [], [], []
+        part_owners: list[int] = []  # the session of each part, batch by batch
+        length_parts, score_parts, label_parts = [], [], []
         for impressions, requests, owners in by_batch.values():
             index = np.array(requests, dtype=np.int64)
             first, lengths = impressions.starts[index], impressions.starts[index + 1] - impressions.starts[index]
             offsets = _ranges(first, lengths)
             score_parts.append(impressions.scores[offsets])
             label_parts.append(impressions.labels[offsets])
-            owner_parts.append(owners)
+            part_owners += owners
             length_parts.append(lengths)
-        # The items in session order: the parts are sorted by session (stable), not the items (a part is ~20
-        # items; sorting the items made session_auc sort them again, most of a close's time).
-        owner = np.concatenate([np.array(owners, dtype=np.int64) for owners in owner_parts])
+        # The items in session order, as session_auc needs them: the parts (a request's ~20 items each) are
+        # sorted by session, stably, instead of session_auc sorting all the items again.
+        owner = np.array(part_owners, dtype=np.int64)
         lengths = np.concatenate(length_parts)
         order = np.argsort(owner, kind="stable")
         items = _ranges((np.cumsum(lengths) - lengths)[order], lengths[order])
