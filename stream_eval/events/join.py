@@ -304,7 +304,7 @@ class _Arena:
 
     def cut(self, offset: int) -> None:
         """Drop the bytes before ``offset`` (offsets held elsewhere move down by it)."""
-        self.data[: self.used - offset] = self.data[offset : self.used].copy()
+        self.data[: self.used - offset] = self.data[offset : self.used]
         self.used -= offset
 
 
