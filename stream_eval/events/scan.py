@@ -47,8 +47,7 @@ _KEY_ENDS = np.cumsum([len(k) for k in _KEYS])
 _KEY_STARTS = _KEY_ENDS - np.array([len(k) for k in _KEYS])
 
 
-@nb.njit(cache=True, inline="always")
-def _key_hash(first: int, last: int, length: int) -> int:  # pragma: no cover  # compiled
+def _bucket(first: int, last: int, length: int) -> int:
     """A key's bucket in :data:`_KEY_BY_HASH`, from its first and last byte and its length: each known key has a
     bucket of its own, so a key is compared with one known key instead of all of them."""
     return (int(first) + 5 * int(length) + int(last)) & 63
@@ -56,8 +55,9 @@ def _key_hash(first: int, last: int, length: int) -> int:  # pragma: no cover  #
 
 _KEY_BY_HASH = np.zeros(64, dtype=np.int64)  # bucket -> 1 + the index of the known key there, 0: none
 for _number_of_key, _key in enumerate(_KEYS, start=1):
-    assert not _KEY_BY_HASH[_key_hash(_key[0], _key[-1], len(_key))], "two known keys share a bucket"
-    _KEY_BY_HASH[_key_hash(_key[0], _key[-1], len(_key))] = _number_of_key
+    assert not _KEY_BY_HASH[_bucket(_key[0], _key[-1], len(_key))], "two known keys share a bucket"
+    _KEY_BY_HASH[_bucket(_key[0], _key[-1], len(_key))] = _number_of_key
+_key_hash = nb.njit(cache=True, inline="always")(_bucket)  # the same function, compiled for the line reader
 (_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS, _ITEMS, _SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _TEAMS,
  _SUBTOPICS) = range(1, _N_KEYS + 1)
 _FEEDBACK = np.frombuffer(b"feedback", dtype=np.uint8)
