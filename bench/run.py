@@ -60,8 +60,9 @@ TARGET_SESSIONS_PER_S = 200_000
 MEMORY_FLAT_TOLERANCE = 0.10  # peak RSS of the largest file may exceed the smallest by at most 10 %
 # The smallest memory-series file spans this much event time. What the engine holds is at its steady size after
 # ~62 min (attribution window + lateness, then the session gap), but the process's RSS keeps rising until ~2.2 h
-# (GSB query buckets live up to gsb_window + horizon = 91 min, and the heap settles): the 1M-request file at
-# 50/s levels off from 40 % on. A smaller span would measure that warm-up, not growth with finished requests.
+# (measured, not explained in full: GSB query buckets live up to gsb_window + horizon = 91 min, and the heap
+# settles): the 1M-request file at 50/s levels off from 40 % on. A smaller span would measure that warm-up, not
+# growth with finished requests.
 MEMORY_SPAN_S = 10_000.0
 PYTREC_MEASURES = ("ndcg_cut.10", "map", "recip_rank", "P.10", "recall.10")
 RANX_METRICS = ("ndcg_burges@10", "mrr", "map", "precision@10", "recall@10")  # burges = exp gain, our default
