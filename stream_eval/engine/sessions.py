@@ -196,9 +196,10 @@ class Sessions:
         owner = np.array(part_owners, dtype=np.int64)
         lengths = np.concatenate(length_parts)
         order = np.argsort(owner, kind="stable")
-        items = _ranges((np.cumsum(lengths) - lengths)[order], lengths[order])
+        sorted_lengths = lengths[order]
+        items = _ranges((np.cumsum(lengths) - lengths)[order], sorted_lengths)
         group = np.array([s.group for s in sessions], dtype=np.int64)
-        return self._score(np.repeat(owner[order], lengths[order]), np.concatenate(score_parts)[items],
+        return self._score(np.repeat(owner[order], sorted_lengths), np.concatenate(score_parts)[items],
                            np.concatenate(label_parts)[items], group)
 
 

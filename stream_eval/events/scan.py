@@ -55,8 +55,10 @@ def _bucket(first: int, last: int, length: int) -> int:
 
 _KEY_BY_HASH = np.zeros(64, dtype=np.int64)  # bucket -> 1 + the index of the known key there, 0: none
 for _number_of_key, _key in enumerate(_KEYS, start=1):
-    assert not _KEY_BY_HASH[_bucket(_key[0], _key[-1], len(_key))], "two known keys share a bucket"
-    _KEY_BY_HASH[_bucket(_key[0], _key[-1], len(_key))] = _number_of_key
+    _key_bucket = _bucket(_key[0], _key[-1], len(_key))
+    if _KEY_BY_HASH[_key_bucket]:
+        raise RuntimeError(f"known keys {_KEYS[_KEY_BY_HASH[_key_bucket] - 1]!r} and {_key!r} share a bucket")
+    _KEY_BY_HASH[_key_bucket] = _number_of_key
 _key_hash = nb.njit(cache=True, inline="always")(_bucket)  # the same function, compiled for the line reader
 (_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS, _ITEMS, _SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _TEAMS,
  _SUBTOPICS) = range(1, _N_KEYS + 1)
