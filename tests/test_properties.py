@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,15 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, GroupStats
-from stream_eval.events.schema import Feedback, Invalid, Ranking, finish
+from stream_eval.events.schema import (
+    Chunk,
+    Feedback,
+    Invalid,
+    Ranking,
+    decode_chunk_columns,
+    decode_chunk_compact,
+    finish,
+)
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
 from stream_eval.metrics.auc import session_auc
@@ -423,3 +432,45 @@ def test_chunking_does_not_change_values_or_report(log, data, gap):
     engine_b, records_b = run(events, config, cuts)
     assert records_a == records_b
     assert_close(engine_a.report(), engine_b.report())
+
+
+# -- rankings read by the line reader join as the same requests --------------------------------------------------
+ODD_LINES = [
+    b'{"type":"ranking","request_id":"r0","ts":3,"items":["x\\"y","z"],"experiment":"e1","arm":"a"}',  # a quote
+    b'{"type":"judgment","query_id":"q0","item":"i1","grade":2}',
+    b'{"type":"ranking","request_id":"r1","ts":4,"items":["i0"],"teams":["a"],"experiment":"e2","arm":"a"}',
+    b"{broken",
+]
+
+
+@SETTINGS
+@given(log=logs(max_requests=8, tenths=True), data=st.data())
+def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):
+    """Replay's chunks leave the items of the rankings the line reader read in the chunk's bytes, for the join
+    to copy; the same lines decoded into objects give the same requests and report: with repeated request ids
+    (duplicate rankings, ids taken again), rankings left to msgspec and other events in the same chunk."""
+    config = Config(attribution_window=30.0, allowed_lateness=5.0, session_gap=10.0, gsb_window=20.0)
+    requests, feedback = log
+    requests = [{**req, "subtopics": None} for req in requests]  # (a ranking with subtopics goes to msgspec)
+    events = sorted([ranking_event(req) for req in requests] + [feedback_event(requests, fb) for fb in feedback],
+                    key=lambda e: (e.ts, type(e) is Feedback))
+    lines = [msgspec.json.encode(e) for e in events]
+    served = [k for k, e in enumerate(events) if type(e) is Ranking]
+    for k in data.draw(st.lists(st.sampled_from(served), max_size=4), label="repeated"):
+        # a ranking again, later (before other rankings): a duplicate, or (after its horizon) a new request
+        lines.insert(data.draw(st.integers(k + 1, len(lines)), label="again at"), lines[k])
+    for line in data.draw(st.lists(st.sampled_from(ODD_LINES), max_size=3), label="odd"):
+        lines.insert(data.draw(st.integers(0, len(lines)), label="at"), line)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(lines) - 1))), label="cuts"))
+    chunks = [b"\n".join(lines[a:b]) for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=True)]
+
+    def replayed(decode):
+        records = []
+        engine = Engine(config, on_finalised=lambda batch: records.extend(batch.records()))
+        for chunk in chunks:
+            engine.process(decode(chunk))
+        engine.flush()
+        return records, engine.report()
+
+    from_bytes = replayed(lambda chunk: decode_chunk_columns(chunk, config))
+    assert from_bytes == replayed(lambda chunk: Chunk.of(decode_chunk_compact(chunk, config)))

@@ -817,7 +817,9 @@ def test_plain_rankings_do_not_go_through_msgspec(monkeypatch: pytest.MonkeyPatc
     expected = decode_chunk_compact(b"\n".join(plain), CONFIG)
     monkeypatch.setattr(schema, "decode_chunk_compact", None)  # any line left to msgspec would fail here
     decoded = decode_chunk_columns(b"\n".join(plain), CONFIG)
-    assert decoded.events == expected and all(type(e) is CompactRanking for e in decoded.events)
+    assert decoded.plain is not None and decoded.plain.rankings == decoded.events  # items left in the chunk
+    assert all(e.items == "" for e in decoded.events)
+    assert decoded.as_list() == expected and all(type(e) is CompactRanking for e in decoded.events)
 
 
 @settings(max_examples=400, deadline=None)

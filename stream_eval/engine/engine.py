@@ -180,7 +180,11 @@ class Engine:
             objects, objects_at = [objects[k] for k in joined], objects_at[joined]
         before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
         watermark = max(join.watermark, float(ts.max()))
-        join.add_columns(objects, objects_at, chunk.feedback, chunk.feedback_at, before)
+        plain = chunk.plain
+        if plain is not None and types.count(CompactRanking) != len(plain):  # rankings read by msgspec too
+            plain.fill_items()
+            plain = None
+        join.add_columns(objects, objects_at, chunk.feedback, chunk.feedback_at, before, plain)
         join.watermark = watermark
 
     def _process_mixed(self, events: list[Any], types: list[type], join: Join, event_time: bool) -> None:

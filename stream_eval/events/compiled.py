@@ -401,3 +401,57 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
         if plain and (0 if b - a == 2 else commas + 1) == n:
             out[k] = n
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def distinct_spans(raw: Bytes, starts: Ints, ends: Ints) -> tuple[Ints, Ints]:  # pragma: no cover  # compiled
+    """The byte strings ``raw[starts[k]:ends[k]]`` numbered in order of first appearance: the number of each
+    (-1 where ``starts[k] < 0``: none), and the ``k`` where each number first appears."""
+    n = starts.shape[0]
+    size = 64
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    first_at = np.full(size, -1, np.int64)  # entry -> the k of its first appearance
+    number = np.empty(size, np.int64)
+    hashes = np.empty(size, np.uint64)
+    codes = np.full(n, -1, np.int64)
+    firsts = np.empty(n, np.int64)
+    m = 0
+    for k in range(n):
+        a, b = starts[k], ends[k]
+        if a < 0:
+            continue
+        h = _hash(raw, a, b)
+        j = np.int64(h & np.uint64(mask))
+        while first_at[j] >= 0:
+            f = first_at[j]
+            if hashes[j] == h and equal_bytes(raw, starts[f], ends[f], raw, a, b):
+                break
+            j = (j + 1) & mask
+        if first_at[j] < 0:
+            first_at[j], hashes[j], number[j] = k, h, m
+            firsts[m] = k
+            m += 1
+        codes[k] = number[j]
+    return codes, firsts[:m]
+
+
+@nb.njit(cache=True, nogil=True)
+def copy_spans(source: Bytes, starts: Ints, ends: Ints, before: Bytes, after: Bytes, target: Bytes, at: int,
+               first: Ints, last: Ints) -> int:  # pragma: no cover  # compiled
+    """Write each ``before + source[starts[k]:ends[k]] + after`` into ``target`` from ``at``, one after the other
+    (``target`` has room); ``first[k]``, ``last[k]`` get where each starts and ends. Returns the end."""
+    for k in range(starts.shape[0]):
+        first[k] = at
+        for c in before:
+            target[at] = c
+            at += 1
+        for i in range(starts[k], ends[k]):
+            target[at] = source[i]
+            at += 1
+        for c in after:
+            target[at] = c
+            at += 1
+        last[k] = at
+    return at

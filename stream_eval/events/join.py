@@ -52,7 +52,16 @@ import numpy.typing as npt
 
 from stream_eval.config import Config
 from stream_eval.events import compiled
-from stream_eval.events.schema import NO_FEEDBACK, CompactRanking, Feedback, FeedbackColumns, Ranking
+from stream_eval.events.schema import (
+    LABELS,
+    NO_FEEDBACK,
+    CompactRanking,
+    Feedback,
+    FeedbackColumns,
+    PlainRankings,
+    Ranking,
+    label,
+)
 
 T = TypeVar("T")
 _TS = attrgetter("ts")
@@ -160,6 +169,10 @@ _FIELD_LIMIT = 1 << 22
 _KIND_LIMIT = 16
 #: Grades already seen for a duplicate key: the first grade, or the set of them once there are several.
 SeenGrades = float | set[float]
+#: A compact item text is the inside of the JSON array between these halves: ``"a","b"`` becomes ``","a","b","``
+#: (:func:`~stream_eval.events.schema.compact_texts`).
+_FRAME = np.frombuffer(b'",,"', dtype=np.uint8)
+_NO_FRAME = np.frombuffer(b"", dtype=np.uint8)
 
 
 class Finalised:
@@ -385,6 +398,15 @@ class Join:
         first[span] = starts + offset
         last[span] = ends + offset
 
+    @staticmethod
+    def _copy_spans(arena: _Arena, raw: Bytes, starts: Ints, ends: Ints, frame: Bytes, first: Ints, last: Ints,
+                    span: slice) -> None:
+        """:meth:`_keep_strings` of byte strings ``raw[starts:ends]``, each put between ``frame``'s two halves."""
+        arena.reserve(int((ends - starts).sum()) + starts.shape[0] * frame.shape[0])
+        half = frame.shape[0] // 2
+        arena.used = compiled.copy_spans(raw, starts, ends, frame[:half], frame[half:], arena.data, arena.used,
+                                         first[span], last[span])
+
     def _reserve_keys(self, more: int) -> None:
         """Room for ``more`` duplicate keys: rebuilt (without deleted entries) when it would be over half full."""
         if 2 * (self._dup_entries + more) <= self._dup_table.shape[0] // 2:
@@ -445,10 +467,14 @@ class Join:
         self.add_columns(events, np.arange(len(events)), NO_FEEDBACK, np.empty(0, dtype=np.int64), before)
 
     def add_columns(self, objects: Sequence[Ranking | CompactRanking | Feedback], objects_at: Ints,
-                    feedback: FeedbackColumns, feedback_at: Ints, before: Floats | None = None) -> None:
+                    feedback: FeedbackColumns, feedback_at: Ints, before: Floats | None = None,
+                    plain: PlainRankings | None = None) -> None:
         """:meth:`add` for a chunk whose events come as objects and as feedback columns, each at its place
         (``objects_at``, ``feedback_at``: ascending) among the chunk's events; ``before`` is indexed by place.
-        Places may skip events that are not the join's (judgments, invalid events)."""
+        Places may skip events that are not the join's (judgments, invalid events).
+
+        With ``plain``, the rankings among ``objects`` are exactly ``plain.rankings``, in order: their ids and
+        items are copied from the chunk's bytes (their ``items`` are empty, their names already shared)."""
         if not len(objects) and not len(feedback):
             return
         if self.size + len(objects) > self._serve.shape[0]:
@@ -472,7 +498,13 @@ class Join:
         ranking_at = objects_at.tolist()
         rankings: list[CompactRanking] = objects  # type: ignore[assignment]  # rankings here
         rids = list(map(_REQUEST_ID, rankings))
-        known_slots = self._find_ids(rids)  # the slot of each id before this chunk, or -1
+        if plain is None:
+            known_slots = self._find_ids(rids)  # the slot of each id before this chunk, or -1
+        elif len(plain) == len(rankings):
+            known_slots = self._find(plain.raw, plain.id_start, plain.id_end)
+        else:
+            raise ValueError(f"{len(rankings)} rankings given with the bytes of {len(plain)}")
+        taken: list[int] = []  # with plain: the index in rankings of each new slot's ranking
         opened: dict[str, int] = {}  # the ids given a slot in this chunk
         first_new = self.base + self.size
         new_at: list[int] = []  # chunk position of each new slot's ranking
@@ -486,12 +518,13 @@ class Join:
         ranking_ok = ranking_duplicate = 0
         serve = self._serve
         if (rids and known_slots.max() < 0 and len(set(rids)) == len(rids) and self.pending.keys().isdisjoint(rids)
-                and all(type(r) is CompactRanking for r in rankings)):
+                and (plain is not None or all(type(r) is CompactRanking for r in rankings))):
             # new ids only, each once, none awaited: every ranking opens a slot (the loop below, at once)
             ranking_ok, new_at, new_rankings = len(rids), ranking_at, rankings
             new_ts = list(map(_TS, rankings))
             rankings = []
-        for p, ranking, rid, slot in zip(ranking_at, rankings, rids, known_slots.tolist(), strict=False):
+        for k, (p, ranking, rid, slot) in enumerate(zip(ranking_at, rankings, rids, known_slots.tolist(),
+                                                        strict=False)):
             mark = marks[p]
             if opened:
                 slot = opened.get(rid, slot)
@@ -512,6 +545,7 @@ class Join:
             new_at.append(p)
             new_ts.append(ranking.ts)
             new_rankings.append(ranking)
+            taken.append(k)
             waiting = self.pending.pop(rid, None)
             if waiting is not None:
                 waiting_rows += [(new_slot, f, p, k - len(waiting), mark, True) for k, f in enumerate(waiting)]
@@ -530,14 +564,22 @@ class Join:
             self._row[span] = NO_ROW
             self._unshown_count[span] = 0
             self._rankings += new_rankings
-            texts = [r.items if type(r.items) is str else "" for r in new_rankings]
-            if "" in texts:
-                if any(r.items == "" for r in new_rankings):
-                    raise ValueError("a ranking was given to the join twice (it keeps a ranking's items, see add)")
-                self._listed.update(first_new + k for k, text in enumerate(texts) if not text)
-            self._keep_strings(self._texts, texts, self._text_first, self._text_last, span)
-            _keep_lightly(new_rankings)
-            self._keep_strings(self._ids, [r.request_id for r in new_rankings], self._id_first, self._id_last, span)
+            if plain is None:
+                texts = [r.items if type(r.items) is str else "" for r in new_rankings]
+                if "" in texts:
+                    if any(r.items == "" for r in new_rankings):
+                        raise ValueError("a ranking was given to the join twice (it keeps a ranking's items, see add)")
+                    self._listed.update(first_new + k for k, text in enumerate(texts) if not text)
+                self._keep_strings(self._texts, texts, self._text_first, self._text_last, span)
+                _keep_lightly(new_rankings)
+                self._keep_strings(self._ids, [r.request_id for r in new_rankings], self._id_first, self._id_last,
+                                   span)
+            else:
+                pick = slice(None) if not taken else np.array(taken, dtype=np.int64)
+                self._copy_spans(self._texts, plain.raw, plain.items_start[pick], plain.items_end[pick], _FRAME,
+                                 self._text_first, self._text_last, span)
+                self._copy_spans(self._ids, plain.raw, plain.id_start[pick], plain.id_end[pick], _NO_FRAME,
+                                 self._id_first, self._id_last, span)
             self.size += n_new
             slots = np.arange(first_new, first_new + n_new, dtype=np.int64)
             self._put_ids(slots)
@@ -910,30 +952,18 @@ class Join:
         return finalised
 
 
-#: Experiment, arm and query names repeat across requests: the join keeps one copy of each (first come, first
-#: kept, a bounded table).
-_LABELS: dict[str, str] = {}
-_MAX_LABELS = 65_536
-
-
 def _keep_lightly(rankings: list[CompactRanking]) -> None:
     """What an open request keeps of its ranking: its item text lives in the join's bytes (a compact
     ranking's ``items`` becomes empty), and its experiment, arm and query names are shared."""
-    labels = _LABELS
+    labels = LABELS
     for ranking in rankings:
         if type(ranking.items) is str:
             ranking.items = ""
         experiment, arm, query = ranking.experiment, ranking.arm, ranking.query_id
-        ranking.experiment = labels.get(experiment) or _label(experiment)
-        ranking.arm = labels.get(arm) or _label(arm)
+        ranking.experiment = labels.get(experiment) or label(experiment)
+        ranking.arm = labels.get(arm) or label(arm)
         if query is not None:
-            ranking.query_id = labels.get(query) or _label(query)
-
-
-def _label(value: str) -> str:
-    if len(_LABELS) < _MAX_LABELS:
-        _LABELS[value] = value
-    return value
+            ranking.query_id = labels.get(query) or label(query)
 
 
 def _simple(field: Ints, kind: Ints) -> Bools:

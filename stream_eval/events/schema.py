@@ -625,16 +625,47 @@ def decode_chunk_compact(
     return results
 
 
+class PlainRankings:
+    """The rankings of a chunk read by the line reader, in order, with their request ids and item arrays left in
+    the chunk's bytes (``raw[id_start:id_end]``, and the inside of the array, ``"a","b"``, at
+    ``raw[items_start:items_end]``): their ``items`` stays empty until :meth:`fill_items`, as the join copies the
+    bytes into its own instead (:meth:`~stream_eval.events.join.Join.add_columns`)."""
+
+    __slots__ = ("rankings", "chunk", "raw", "id_start", "id_end", "items_start", "items_end", "filled")
+
+    def __init__(self, rankings: list[CompactRanking], chunk: bytes, columns: Ints) -> None:
+        self.rankings, self.chunk, self.raw = rankings, chunk, np.frombuffer(chunk, dtype=np.uint8)
+        (self.id_start, self.id_end), (items_start, items_end) = (
+            columns[list(scan.COLUMNS[key])] for key in ("request_id", "items"))
+        self.items_start, self.items_end = items_start + 1, items_end - 1
+        self.filled = False
+
+    def __len__(self) -> int:
+        return len(self.rankings)
+
+    def fill_items(self) -> None:
+        """Give each ranking its compact item text (for every use but the join's)."""
+        if self.filled:
+            return
+        self.filled = True
+        texts = compact_texts(self.chunk.decode("latin-1"), (self.items_start - 1).tolist(),
+                              (self.items_end + 1).tolist())
+        for ranking, text in zip(self.rankings, texts, strict=True):
+            ranking.items = text
+
+
 class Chunk:
     """A decoded chunk of lines (:func:`decode_chunk_columns`): the plain feedback events as columns, the other
-    events as objects; ``feedback_at`` and ``events_at`` are their places among the chunk's events."""
+    events as objects; ``feedback_at`` and ``events_at`` are their places among the chunk's events. ``plain``: the
+    rankings among the objects that the line reader read, whose items are left in the chunk's bytes."""
 
-    __slots__ = ("events", "events_at", "feedback", "feedback_at")
+    __slots__ = ("events", "events_at", "feedback", "feedback_at", "plain")
 
     def __init__(self, events: list[CompactRanking | Feedback | Judgment | Watermark | Invalid], events_at: Ints,
-                 feedback: FeedbackColumns, feedback_at: Ints) -> None:
+                 feedback: FeedbackColumns, feedback_at: Ints, plain: PlainRankings | None = None) -> None:
         self.events, self.events_at = events, events_at
         self.feedback, self.feedback_at = feedback, feedback_at
+        self.plain = plain
 
     def __len__(self) -> int:
         return len(self.events) + len(self.feedback)
@@ -645,7 +676,9 @@ class Chunk:
         return cls(events, np.arange(len(events)), NO_FEEDBACK, np.empty(0, dtype=np.int64))
 
     def as_list(self) -> list[CompactRanking | Feedback | Judgment | Watermark | Invalid]:
-        """Every event in order, the columns' feedback as :class:`Feedback` objects."""
+        """Every event in order, the columns' feedback as :class:`Feedback` objects (rankings with their items)."""
+        if self.plain is not None:
+            self.plain.fill_items()
         if not len(self.feedback):
             return self.events  # every place is an object's
         out: list[Any] = [None] * len(self)
@@ -667,8 +700,10 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
     columns = fields.T  # a view: each key's bounds are rows
     ranked = np.flatnonzero(fast == scan.RANKING)
     rankings: list[CompactRanking] = []
+    read_rankings = None
     if ranked.shape[0]:
-        rankings, plain = _plain_rankings(chunk, raw, columns[:, ranked], values[ranked, 1], checker.max_items)
+        read_rankings, plain = _plain_rankings(chunk, raw, columns[:, ranked], values[ranked, 1], checker.max_items)
+        rankings = read_rankings.rankings
         fast[ranked[~plain]] = 0  # items or scores not in the plainest form: msgspec and Validator.compact
     objects_at = np.flatnonzero(fast != scan.FEEDBACK)
     other = fast[objects_at] == 0
@@ -684,7 +719,8 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
             merged[other], merged[~other] = decoded, rankings
             events = merged.tolist()
     read = np.flatnonzero(fast == scan.FEEDBACK)
-    return Chunk(events, objects_at, _feedback_columns(chunk, raw, columns[:, read], values[read], codes), read)
+    return Chunk(events, objects_at, _feedback_columns(chunk, raw, columns[:, read], values[read], codes), read,
+                 read_rankings if rankings else None)
 
 
 def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints) -> Floats:
@@ -713,25 +749,50 @@ _RANKING_FIELDS = ("request_id", "items", "scores", "query_id", "session_id", "e
 
 
 def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts: Floats,
-                    max_items: int) -> tuple[list[CompactRanking], Bools]:
+                    max_items: int) -> tuple[PlainRankings, Bools]:
     """The rankings read by :func:`scan.scan_lines` whose items and scores are in the plainest form (checked as
-    :meth:`Validator.compact_many` does), made compact; and which of them those are."""
+    :meth:`Validator.compact_many` does), made compact with their items left in the chunk; and which of them
+    those are."""
     (i0, i1), (s0, s1) = (columns[list(scan.COLUMNS[key])] for key in ("items", "scores"))
     counts = compiled.simple_rankings(raw, i0, i1, raw, np.maximum(s0, 0), np.maximum(s1, 0), max_items)
     plain = counts >= 0
     columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
-    bound = {key: (columns[a].tolist(), columns[b].tolist()) for key, (a, b) in scan.COLUMNS.items()
-             if key in _RANKING_FIELDS}
     text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
 
-    def strings(key: str, absent: str | None) -> list[str | None]:
-        return [text[a:b] if a >= 0 else absent for a, b in zip(*bound[key], strict=True)]
+    def strings(key: str) -> list[str | None]:
+        starts, ends = (columns[k].tolist() for k in scan.COLUMNS[key])
+        return [text[a:b] if a >= 0 else None for a, b in zip(starts, ends, strict=True)]
+
+    def labels(key: str, absent: str | None) -> list[str | None]:
+        # few distinct names: each is read once, as the label kept (see label())
+        starts, ends = (columns[k] for k in scan.COLUMNS[key])
+        codes, firsts = compiled.distinct_spans(raw, starts, ends)
+        kept = LABELS.get
+        names = [text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)]
+        names = [kept(name) or label(name) for name in names]
+        return np.array([*names, absent], dtype=object)[codes].tolist()  # type: ignore[no-any-return]  # code -1: absent
 
     (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
-    items = compact_texts(text, *bound["items"])
-    scores = [chunk[a:b] if a >= 0 else None for a, b in zip(*bound["scores"], strict=True)]
+    scores = [chunk[a:b] if a >= 0 else None for a, b in zip(*(columns[k].tolist() for k in scan.COLUMNS["scores"]),
+                                                                strict=True)]
     times = _parsed(chunk, ts, columns[scan.TS_EXACT], t0, t1).tolist()
-    made = list(map(CompactRanking, strings("request_id", None), items, counts.tolist(), times, scores,
-                    strings("query_id", None), strings("session_id", None), strings("experiment", "default"),
-                    strings("arm", "default")))
-    return made, plain
+    made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, scores,
+                    labels("query_id", None), strings("session_id"), labels("experiment", "default"),
+                    labels("arm", "default")))
+    return PlainRankings(made, chunk, columns), plain
+
+
+#: Experiment, arm and query names repeat across requests: open requests share one copy of each (first come, first
+#: kept, a bounded table).
+LABELS: dict[str, str] = {}
+_MAX_LABELS = 65_536
+
+
+def label(value: str) -> str:
+    """The copy of ``value`` that requests share (``LABELS.get(value) or label(value)`` inline)."""
+    kept = LABELS.get(value)
+    if kept is not None:
+        return kept
+    if len(LABELS) < _MAX_LABELS:
+        LABELS[value] = value
+    return value
