@@ -117,28 +117,33 @@ class Sessions:
         """
         own = np.fromiter((s.session_id is None for s in states), dtype=np.bool_, count=len(states))
         starts = impressions.starts
-        if not own.all():
+        if not own.all() and named is not None:
+            for i in np.flatnonzero(~own).tolist():
+                named(states[i], int(group[i]), impressions, i)
+        elif not own.all():
+            open_, horizon, gap, groups = self.open, self.horizon, self.gap, group.tolist()
+            closing: list[tuple[float, str]] = []  # (deadline, session id) of each deadline given, in order
             for i in np.flatnonzero(~own).tolist():
                 state = states[i]
-                if named is not None:
-                    named(state, int(group[i]), impressions, i)
-                    continue
                 sid: str = state.session_id  # type: ignore[assignment]  # named sessions only
-                session = self.open.get(sid)
-                finalised_at = state.ts + self.horizon
+                session = open_.get(sid)
+                finalised_at = state.ts + horizon
                 if session is not None and finalised_at > session.deadline:
                     # Event time passed the session's close point before this request was finalised: the
                     # session had ended, however far event time jumped in one step (so the result does not
                     # depend on how often finalisation runs); the request starts the next one.
-                    self._ended.append(self.open.pop(sid))
+                    self._ended.append(open_.pop(sid))
                     session = None
                 if session is None:
-                    session = self.open[sid] = _Session(int(group[i]))
+                    session = open_[sid] = _Session(groups[i])
                 session.parts.append((impressions, i))
-                deadline = finalised_at + self.gap
+                deadline = finalised_at + gap
                 if deadline > session.deadline:
                     session.deadline = deadline
-                    self._closing.add(deadline, (deadline, sid))
+                    closing.append((deadline, sid))
+            if closing:
+                self._closing.add_many(np.fromiter(map(itemgetter(0), closing), dtype=np.float64,
+                                                   count=len(closing)), closing)
         if not own.any():
             return None
         n_shown = np.diff(starts)

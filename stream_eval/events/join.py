@@ -109,6 +109,11 @@ class DueBySecond(Generic[T]):
     def add(self, due: float, entry: T) -> None:
         self._entries(math.floor(due)).append(entry)
 
+    def add_many(self, dues: Floats, entries: list[T]) -> None:
+        """:meth:`add` each entry with its due time, in order."""
+        for second, index in _by_second(dues):
+            self._entries(second).extend([entries[k] for k in index.tolist()])
+
     def _entries(self, second: int) -> list[T]:
         """The entries due in ``second`` (a new, empty list if none were)."""
         entries = self._by_second.get(second)
@@ -144,6 +149,14 @@ class DueBySecond(Generic[T]):
     def clear(self) -> None:
         self._by_second.clear()
         self._seconds.clear()
+
+
+def _by_second(dues: Floats) -> list[tuple[int, Ints]]:
+    """The whole seconds of ``dues``, each with the indexes of the times in it (ascending)."""
+    seconds = np.floor(dues).astype(np.int64)
+    order = np.argsort(seconds, kind="stable")
+    cuts = np.flatnonzero(np.diff(seconds[order])) + 1
+    return [(int(seconds[part[0]]), part) for part in np.split(order, cuts) if part.shape[0]]
 
 
 #: A request's row in the live windows when they do not hold it, and when they hold it as ungraded.
@@ -261,12 +274,8 @@ class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
     __slots__ = ()
 
     def add_slots(self, slots: Ints, deadlines: Floats) -> None:
-        seconds = np.floor(deadlines).astype(np.int64)
-        order = np.argsort(seconds, kind="stable")
-        cuts = np.flatnonzero(np.diff(seconds[order])) + 1
-        for part in np.split(order, cuts):
-            if part.shape[0]:
-                self._entries(int(seconds[part[0]])).append((slots[part], deadlines[part]))
+        for second, part in _by_second(deadlines):
+            self._entries(second).append((slots[part], deadlines[part]))
 
     def pop_slots(self, watermark: float) -> tuple[Ints, Floats]:
         """Remove and return the slots whose deadline is at most ``watermark``, with their deadlines."""
