@@ -13,7 +13,7 @@ What is measured (see docs/benchmarks.md):
 1. ``stream-eval replay FILE --format json -o /dev/null --no-progress`` as a child process: wall time,
    CPU time and peak RSS (``os.wait4`` rusage of that child alone).
 2. ``stream_eval.engine.replay.replay([FILE], Config())`` + ``report()`` timed inside a fresh child process,
-   with its RSS sampled after every 1 MiB chunk.
+   with its RSS sampled after every read chunk.
 3. The pytrec_eval pipeline in a child process: read the same JSONL, ``orjson.loads`` every line, build
    the run (served order) and qrels (max grade per item) dicts, ``RelevanceEvaluator`` with ndcg_cut.10,
    map, recip_rank, P.10, recall.10, ``evaluate``. Garbage collection is disabled in it (a stronger baseline).

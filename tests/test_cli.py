@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from stream_eval.engine.replay import CHUNK_BYTES
+
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 
@@ -272,22 +274,23 @@ def test_several_files_are_their_concatenation(tmp_path: Path, log: Path, defaul
 
 
 def test_long_file_read_in_several_chunks(tmp_path: Path) -> None:
-    """More than one read chunk (1 MiB): line numbers run on across chunks, and the numbers do not depend on
-    where the chunks end. r1 is finalised at 1860 s and forgotten one horizon later (join.py), so r1 served
+    """More than one read chunk (CHUNK_BYTES): line numbers run on across chunks, and the numbers do not depend
+    on where the chunks end. r1 is finalised at 1860 s and forgotten one horizon later (join.py), so r1 served
     again two hours after is a new request, and the clicks that follow it count for the new one."""
+    n = 12_000 * CHUNK_BYTES // (1 << 20)  # ~1.2 chunks of lines
     lines = [ranking("r1", 0, ["a", "b"], arm="A")]
-    lines += [ranking(f"f{k}", k, [f"i{j}" for j in range(8)], arm="A") for k in range(1, 12_001)]
-    lines.insert(11_000, "{broken")
-    lines += [click("r1", "a", 12_000), ranking("r1", 12_000, ["a", "b"], arm="A"), click("r1", "b", 12_001)]
+    lines += [ranking(f"f{k}", k, [f"i{j}" for j in range(8)], arm="A") for k in range(1, n + 1)]
+    lines.insert(n - 1000, "{broken")
+    lines += [click("r1", "a", n), ranking("r1", n, ["a", "b"], arm="A"), click("r1", "b", n + 1)]
     path = write(tmp_path / "long.jsonl", lines)
-    assert path.stat().st_size > 1.2 * (1 << 20)
+    assert path.stat().st_size > 1.2 * CHUNK_BYTES
     result = cli("replay", path, "--format", "json")
     assert result.returncode == 0, result.stderr.decode()
-    assert f"{path}:11001" in result.stderr.decode()
+    assert f"{path}:{n - 999}" in result.stderr.decode()
     rep = json.loads(result.stdout)
-    assert rep["events"] == {"ranking": 12_002, "feedback": 2, "judgment": 0, "invalid": 1, "late": 0,
+    assert rep["events"] == {"ranking": n + 2, "feedback": 2, "judgment": 0, "invalid": 1, "late": 0,
                              "duplicate": 0, "orphan": 0}
-    assert rep["overall"]["requests"] == 12_002
+    assert rep["overall"]["requests"] == n + 2
 
 
 def test_per_request_output(default_rows: dict[str, dict[str, Any]]) -> None:

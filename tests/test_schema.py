@@ -852,3 +852,26 @@ def test_scores_read_by_compiled_code_equal_msgspec(arrays: list[list[float | st
     values = json_numbers(text, len(expected))
     assert values is not None and [str(v) for v in values.tolist()] == [str(v) for v in expected]
     assert json_numbers(text, len(expected) + 1) is None and json_numbers(text + b"[x]", len(expected) + 1) is None
+
+
+@pytest.mark.parametrize("room", [65_536, 2])
+def test_plain_rankings_share_their_names(monkeypatch: pytest.MonkeyPatch, room: int) -> None:
+    """Experiment, arm and query names read by the line reader are one string per name across chunks (open
+    requests hold many); once the bounded table is full, new names stay as read, with the right values."""
+    monkeypatch.setattr(schema, "LABELS", {})
+    monkeypatch.setattr(schema, "_MAX_LABELS", room)
+
+    def line(rid: str, experiment: str, query: str | None) -> bytes:
+        event = {"type": "ranking", "request_id": rid, "ts": 1, "items": ["a", "b"], "experiment": experiment,
+                 "arm": "A", "query_id": query}
+        return json.dumps(event, separators=(",", ":")).encode()
+
+    first = decode_chunk_columns(b"\n".join([line("r1", "e1", "q"), line("r2", "e2", None)]), CONFIG)
+    second = decode_chunk_columns(b"\n".join([line("r3", "e2", "q"), line("r4", "e1", "q")]), CONFIG)
+    events = [*first.events, *second.events]
+    assert first.plain is not None and second.plain is not None  # read by the line reader
+    assert [(e.experiment, e.arm, e.query_id) for e in events] == [
+        ("e1", "A", "q"), ("e2", "A", None), ("e2", "A", "q"), ("e1", "A", "q")]
+    assert events[3].experiment is events[0].experiment and events[3].query_id is events[2].query_id
+    # read in order: queries, experiments, arms; with room for two names, e2 came when the table was full
+    assert (events[2].experiment is events[1].experiment) == (room > 2)

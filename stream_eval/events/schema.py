@@ -767,9 +767,7 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
         # few distinct names: each is read once, as the label kept (see label())
         starts, ends = (columns[k] for k in scan.COLUMNS[key])
         codes, firsts = compiled.distinct_spans(raw, starts, ends)
-        kept = LABELS.get
-        names = [text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)]
-        names = [kept(name) or label(name) for name in names]
+        names = labels_of([text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)])
         return np.array([*names, absent], dtype=object)[codes].tolist()  # type: ignore[no-any-return]  # code -1: absent
 
     (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
@@ -796,3 +794,11 @@ def label(value: str) -> str:
     if len(LABELS) < _MAX_LABELS:
         LABELS[value] = value
     return value
+
+
+def labels_of(values: list[str]) -> list[str]:
+    """:func:`label` of each value."""
+    kept = LABELS.get
+    if len(LABELS) >= _MAX_LABELS:  # full: values not kept stay as they are
+        return [kept(value, value) for value in values]
+    return [kept(value) or label(value) for value in values]
