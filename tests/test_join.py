@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine
+from stream_eval.events import compiled
 from stream_eval.events import join as join_module
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking, item_list, validate
@@ -513,3 +514,20 @@ def test_the_join_arrays_are_sized_by_the_requests_held() -> None:
             most_new = max(most_new, new)
         capacity = run.join._serve.shape[0]
     assert capacity <= 1.5 * (most_held + trim + most_new) + 2, (capacity, most_held)
+
+
+def test_an_id_whose_hash_another_entry_shares_is_still_found() -> None:
+    """find_ids takes the first entry with the key's hash as its candidate and compares bytes afterwards; an entry
+    of another id with the same hash (forged here: two 64-bit hashes practically never collide) sends the key
+    back to probing, which finds its own entry further on."""
+    arena = np.frombuffer(b"ab", dtype=np.uint8)
+    first, last = np.array([0, 1]), np.array([1, 2])  # slot 0 is "a", slot 1 is "b"
+    table = compiled.empty_table(4)
+    mask = table.shape[0] // 2 - 1
+    h = int(np.int64(compiled._hash(arena, 1, 2)))  # the hash of "b"
+    home = h & mask
+    table[2 * home], table[2 * home + 1] = 0, h  # "a" filed under the hash of "b"
+    table[2 * ((home + 1) & mask)], table[2 * ((home + 1) & mask) + 1] = 1, h
+    keys = np.frombuffer(b"bac", dtype=np.uint8)
+    found = compiled.find_ids(table, arena, first, last, 0, keys, np.array([0, 1, 2]), np.array([1, 2, 3]))
+    assert found.tolist() == [1, -1, -1]  # "a" is only filed under another hash; "c" is not there

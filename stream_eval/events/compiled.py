@@ -84,20 +84,45 @@ def equal_bytes(a: Bytes, a0: int, a1: int, b: Bytes, b0: int, b1: int) -> bool:
 def find_ids(table: Ints, arena: Bytes, first: Ints, last: Ints, base: int, keys: Bytes, starts: Ints,
              ends: Ints) -> Ints:  # pragma: no cover  # compiled
     """The slot of each key (request id) in ``table``, or -1. ``arena[first[s - base]:last[s - base]]`` holds
-    the id of slot ``s``; ``table`` is open addressing, ``table[2 i]`` a slot and ``table[2 i + 1]`` its hash."""
+    the id of slot ``s``; ``table`` is open addressing, ``table[2 i]`` a slot and ``table[2 i + 1]`` its hash.
+
+    In stages, each a loop of loads that do not wait for one another (the table, the slots' bounds and their
+    bytes are cache misses on large inputs): the hashes, then each key's first entry with its hash, then that
+    slot's bounds, then its bytes; a key whose bytes differ (two ids with the same 64-bit hash) is looked up
+    again entry by entry."""
     mask = table.shape[0] // 2 - 1
-    out = np.full(starts.shape[0], -1, np.int64)
-    for k in range(starts.shape[0]):
-        h = _hash(keys, starts[k], ends[k])
-        i = np.int64(h & np.uint64(mask))
+    n = starts.shape[0]
+    out = np.full(n, -1, np.int64)
+    hashes = np.empty(n, np.int64)
+    for k in range(n):
+        hashes[k] = np.int64(_hash(keys, starts[k], ends[k]))
+    candidate = np.full(n, -1, np.int64)
+    for k in range(n):
+        i = hashes[k] & mask
         while True:
             slot = table[2 * i]
             if slot == EMPTY:
                 break
-            if table[2 * i + 1] == np.int64(h):
-                j = slot - base
+            if table[2 * i + 1] == hashes[k]:
+                candidate[k] = slot
+                break
+            i = (i + 1) & mask
+    bounds = np.empty((n, 2), np.int64)
+    for k in range(n):
+        if candidate[k] >= 0:
+            bounds[k, 0], bounds[k, 1] = first[candidate[k] - base], last[candidate[k] - base]
+    for k in range(n):
+        if candidate[k] < 0:
+            continue
+        if equal_bytes(arena, bounds[k, 0], bounds[k, 1], keys, starts[k], ends[k]):
+            out[k] = candidate[k]
+            continue
+        i = hashes[k] & mask
+        while table[2 * i] != EMPTY:
+            if table[2 * i + 1] == hashes[k]:
+                j = table[2 * i] - base
                 if equal_bytes(arena, first[j], last[j], keys, starts[k], ends[k]):
-                    out[k] = slot
+                    out[k] = table[2 * i]
                     break
             i = (i + 1) & mask
     return out
@@ -132,11 +157,22 @@ def put_ids(table: Ints, arena: Bytes, first: Ints, last: Ints, base: int,
 @nb.njit(cache=True, nogil=True)
 def positions(texts: Bytes, first: Ints, last: Ints, base: int, slots: Ints, items: Bytes, starts: Ints,
               ends: Ints) -> Ints:  # pragma: no cover  # compiled
-    """1-based position of each item in its slot's compact item text ``","a","b","`` (0: not served)."""
-    out = np.zeros(starts.shape[0], np.int64)
-    for k in range(starts.shape[0]):
+    """1-based position of each item in its slot's compact item text ``","a","b","`` (0: not served).
+
+    The texts are read first a byte per cache line of their start, in a loop of loads that do not wait for one
+    another (they are cache misses on large inputs), then searched."""
+    n = starts.shape[0]
+    out = np.zeros(n, np.int64)
+    bounds = np.empty((n, 2), np.int64)
+    touched = 0
+    for k in range(n):
         j = slots[k] - base
-        t, end = first[j] + 3, last[j]
+        t, end = first[j], last[j]
+        bounds[k, 0], bounds[k, 1] = t + 3, end
+        if end > t:  # (a ranking whose items are kept as a list has no text)
+            touched += texts[t] + texts[min(t + 64, end - 1)]
+    for k in range(n):
+        t, end = bounds[k, 0], bounds[k, 1]
         size = ends[k] - starts[k]
         position = 1
         while t < end:
@@ -148,6 +184,8 @@ def positions(texts: Bytes, first: Ints, last: Ints, base: int, slots: Ints, ite
                 break
             position += 1
             t = stop + 3
+    if touched < 0:  # never: keeps the first loop's reads
+        out[0] = -1
     return out
 
 
