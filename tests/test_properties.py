@@ -474,3 +474,23 @@ def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):
 
     from_bytes = replayed(lambda chunk: decode_chunk_columns(chunk, config))
     assert from_bytes == replayed(lambda chunk: Chunk.of(decode_chunk_compact(chunk, config)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+       last_newline=st.booleans(), size=st.integers(1, 40))
+def test_read_chunks_gives_whole_lines_in_order(tmp_path_factory, lines, last_newline, size):
+    """Replay's reader cuts a file into chunks of whole lines, whatever the read size: together they are the file
+    (a blank unterminated tail left out), each numbered by its first line."""
+    from stream_eval.engine.replay import read_chunks
+
+    text = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
+    path = tmp_path_factory.mktemp("chunks") / "log.jsonl"
+    path.write_bytes(text)
+    chunks = list(read_chunks(str(path), size))
+    joined = b"".join(chunk for chunk, _, _ in chunks)
+    tail = text[text.rfind(b"\n") + 1:]
+    assert joined == (text if tail.strip() else text[: len(text) - len(tail)])
+    assert all(chunk.endswith(b"\n") for chunk, _, _ in chunks[:-1])
+    for k, (_, first, _) in enumerate(chunks):
+        assert first == 1 + b"".join(chunk for chunk, _, _ in chunks[:k]).count(b"\n")

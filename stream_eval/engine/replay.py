@@ -47,12 +47,13 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[byt
             block = stream.read(chunk_bytes)
             if not block:
                 break
-            data = rest + block
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                rest = data
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:  # no line ends in this block
+                rest += block
                 continue
-            chunk, rest = data[:cut], data[cut:]
+            # the lines that end in this block, copied once
+            chunk = b"".join((rest, memoryview(block)[:cut])) if cut < len(block) or rest else block
+            rest = block[cut:]
             yield chunk, line, _tell(raw)
             line += count_lines(chunk)
         if rest.strip():
