@@ -485,9 +485,9 @@ def copy_spans(source: Bytes, starts: Ints, ends: Ints, before: Bytes, after: By
         for c in before:
             target[at] = c
             at += 1
-        for i in range(starts[k], ends[k]):
-            target[at] = source[i]
-            at += 1
+        size = ends[k] - starts[k]
+        target[at : at + size] = source[starts[k] : ends[k]]
+        at += size
         for c in after:
             target[at] = c
             at += 1
