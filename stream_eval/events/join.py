@@ -168,7 +168,7 @@ UNGRADED = -1
 BLOCK = 8192
 #: Slots of finalised and forgotten requests are dropped from the front of the arrays this many at a time.
 TRIM = 1 << 16
-#: Item texts of finalised requests are dropped once they take this many bytes (and as many as the rest).
+#: Item texts of finalised requests are dropped once they take this many bytes (and half as many as the rest).
 TEXT_CUT = 1 << 20
 #: Slots the arrays hold at first (they grow by half when full).
 FIRST_CAPACITY = 1024
@@ -930,7 +930,8 @@ class Join:
 
     def _cut_texts(self) -> None:
         """Drop the item texts of the finalised slots before the first open one (only open requests read
-        theirs), once they take at least as many bytes as the texts kept."""
+        theirs), once they take at least half as many bytes as the texts kept (so the buffer holds at most ~1.5x
+        the live texts; each cut moves the live ones, ~20 ms per 100 MB)."""
         index = max(self._first_open - self.base, 0)
         while index < self.size:
             window = self._final[index : min(index + TRIM, self.size)]
@@ -941,7 +942,7 @@ class Join:
         self._first_open = self.base + index
         texts = self._texts
         offset = int(self._text_first[index]) if index < self.size else texts.used
-        if offset < max(texts.used - offset, TEXT_CUT):
+        if 2 * offset < max(texts.used - offset, 2 * TEXT_CUT):
             return
         texts.cut(offset)
         self._text_first[: self.size] -= offset
