@@ -531,3 +531,12 @@ def test_an_id_whose_hash_another_entry_shares_is_still_found() -> None:
     keys = np.frombuffer(b"bac", dtype=np.uint8)
     found = compiled.find_ids(table, arena, first, last, 0, keys, np.array([0, 1, 2]), np.array([1, 2, 3]))
     assert found.tolist() == [1, -1, -1]  # "a" is only filed under another hash; "c" is not there
+
+
+def test_due_times_beyond_int64_seconds_keep_their_order() -> None:
+    """Deadlines are grouped by whole second with numpy; a time past 2**63 s (valid JSON, absurd) is grouped with
+    Python's integers instead of wrapping around, so it is not due before its time."""
+    due = join_module.DueBySecond[str]()
+    due.add_many(np.array([1e19, 5.5, 5.2, 2e19]), ["far", "b", "a", "farther"])
+    assert due.pop_due(6.0, lambda entry: {"far": 1e19, "b": 5.5, "a": 5.2, "farther": 2e19}[entry]) == ["b", "a"]
+    assert due.pop_due(1.5e19, lambda entry: {"far": 1e19, "farther": 2e19}[entry]) == ["far"]

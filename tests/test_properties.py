@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from unittest.mock import patch
 
 import msgspec
 import numpy as np
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, GroupStats
+from stream_eval.events.join import Join
 from stream_eval.events.schema import (
     Chunk,
     Feedback,
@@ -440,6 +442,7 @@ ODD_LINES = [
     b'{"type":"judgment","query_id":"q0","item":"i1","grade":2}',
     b'{"type":"ranking","request_id":"r1","ts":4,"items":["i0"],"teams":["a"],"experiment":"e2","arm":"a"}',
     b"{broken",
+    b'{"type":"watermark","ts":40,"end":true}',  # the end of a partition: the chunk goes as objects
 ]
 
 
@@ -456,7 +459,8 @@ def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):
                     key=lambda e: (e.ts, type(e) is Feedback))
     lines = [msgspec.json.encode(e) for e in events]
     served = [k for k, e in enumerate(events) if type(e) is Ranking]
-    for k in data.draw(st.lists(st.sampled_from(served), max_size=4), label="repeated"):
+    repeated = data.draw(st.lists(st.sampled_from(served), max_size=4), label="repeated")
+    for k in repeated:
         # a ranking again, later (before other rankings): a duplicate, or (after its horizon) a new request
         lines.insert(data.draw(st.integers(k + 1, len(lines)), label="again at"), lines[k])
     for line in data.draw(st.lists(st.sampled_from(ODD_LINES), max_size=3), label="odd"):
@@ -472,16 +476,27 @@ def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):
         engine.flush()
         return records, engine.report()
 
-    from_bytes = replayed(lambda chunk: decode_chunk_columns(chunk, config))
+    took_bytes = []
+    add_columns = Join.add_columns
+
+    def spied(self, *args, **kwargs):
+        took_bytes.append(len(args) > 5 and args[5] is not None)
+        return add_columns(self, *args, **kwargs)
+
+    with patch.object(Join, "add_columns", spied):
+        from_bytes = replayed(lambda chunk: decode_chunk_columns(chunk, config))
     assert from_bytes == replayed(lambda chunk: Chunk.of(decode_chunk_compact(chunk, config)))
+    if len(lines) == len(events) + len(repeated):  # no other lines: every chunk's rankings came from bytes
+        assert any(took_bytes)
 
 
 @settings(max_examples=200, deadline=None)
-@given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+@given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"").replace(b"\x1f", b"")), max_size=30),
        last_newline=st.booleans(), size=st.integers(1, 40))
 def test_read_chunks_gives_whole_lines_in_order(tmp_path_factory, lines, last_newline, size):
     """Replay's reader cuts a file into chunks of whole lines, whatever the read size: together they are the file
-    (a blank unterminated tail left out), each numbered by its first line."""
+    (a blank unterminated tail left out), each numbered by its first line. (No 0x1f byte: a file that starts with
+    the gzip magic is read as gzip.)"""
     from stream_eval.engine.replay import read_chunks
 
     text = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")

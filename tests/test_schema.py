@@ -858,8 +858,17 @@ def test_scores_read_by_compiled_code_equal_msgspec(arrays: list[list[float | st
 def test_plain_rankings_share_their_names(monkeypatch: pytest.MonkeyPatch, room: int) -> None:
     """Experiment, arm and query names read by the line reader are one string per name across chunks (open
     requests hold many); once the bounded table is full, new names stay as read, with the right values."""
-    monkeypatch.setattr(schema, "LABELS", {})
     monkeypatch.setattr(schema, "_MAX_LABELS", room)
+    kept = dict(schema.LABELS)  # (the table is cleared and refilled in place: other modules hold it)
+    schema.LABELS.clear()
+    try:
+        _check_names_shared(room)
+    finally:
+        schema.LABELS.clear()
+        schema.LABELS.update(kept)
+
+
+def _check_names_shared(room: int) -> None:
 
     def line(rid: str, experiment: str, query: str | None) -> bytes:
         event = {"type": "ranking", "request_id": rid, "ts": 1, "items": ["a", "b"], "experiment": experiment,

@@ -181,7 +181,7 @@ class Engine:
         before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
         watermark = max(join.watermark, float(ts.max()))
         plain = chunk.plain
-        if plain is not None and types.count(CompactRanking) != len(plain):  # rankings read by msgspec too
+        if plain is not None and types.count(CompactRanking) + types.count(Ranking) != len(plain):  # not all read
             plain.fill_items()
             plain = None
         join.add_columns(objects, objects_at, chunk.feedback, chunk.feedback_at, before, plain)

@@ -153,7 +153,13 @@ class DueBySecond(Generic[T]):
 
 def _by_second(dues: Floats) -> list[tuple[int, Ints]]:
     """The whole seconds of ``dues``, each with the indexes of the times in it (ascending)."""
-    seconds = np.floor(dues).astype(np.int64)
+    floors = np.floor(dues)
+    if not bool((np.abs(floors) < 2.0**62).all()):  # seconds beyond int64 (absurd times, but valid): Python ints
+        by_second: dict[int, list[int]] = {}
+        for k, second in enumerate(map(math.floor, dues.tolist())):
+            by_second.setdefault(second, []).append(k)
+        return [(second, np.array(index, dtype=np.int64)) for second, index in by_second.items()]
+    seconds = floors.astype(np.int64)
     order = np.argsort(seconds, kind="stable")
     cuts = np.flatnonzero(np.diff(seconds[order])) + 1
     return [(int(seconds[part[0]]), part) for part in np.split(order, cuts) if part.shape[0]]
@@ -584,6 +590,7 @@ class Join:
                 self._keep_strings(self._ids, [r.request_id for r in new_rankings], self._id_first, self._id_last,
                                    span)
             else:
+                plain.filled = True  # the join holds their items now
                 pick = slice(None) if not taken else np.array(taken, dtype=np.int64)
                 self._copy_spans(self._texts, plain.raw, plain.items_start[pick], plain.items_end[pick], _FRAME,
                                  self._text_first, self._text_last, span)

@@ -644,14 +644,15 @@ class PlainRankings:
         return len(self.rankings)
 
     def fill_items(self) -> None:
-        """Give each ranking its compact item text (for every use but the join's)."""
+        """Give each ranking its compact item text (for every use but the join's); nothing once done, or once the
+        join took the rankings (it keeps their items, as it does for any ranking)."""
         if self.filled:
             return
-        self.filled = True
         texts = compact_texts(self.chunk.decode("latin-1"), (self.items_start - 1).tolist(),
                               (self.items_end + 1).tolist())
         for ranking, text in zip(self.rankings, texts, strict=True):
             ranking.items = text
+        self.filled = True
 
 
 class Chunk:
@@ -781,7 +782,7 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
 
 
 #: Experiment, arm and query names repeat across requests: open requests share one copy of each (first come, first
-#: kept, a bounded table).
+#: kept, a bounded table). Other modules hold this dict: it is never rebound.
 LABELS: dict[str, str] = {}
 _MAX_LABELS = 65_536
 
