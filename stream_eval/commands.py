@@ -38,7 +38,9 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     finally:
         if args.output:
             output.close()
-    return 0
+    for problem in engine.unreadable:  # the report covers what was read; the exit status says it is not all
+        print(f"stream-eval: error: {problem}", file=sys.stderr)
+    return 1 if engine.unreadable else 0
 
 
 def simulate_command(args: argparse.Namespace) -> int:

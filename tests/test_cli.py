@@ -263,6 +263,30 @@ def test_gzip_input_equals_plain(tmp_path: Path, log: Path, default_report: dict
     assert report(packed) == default_report
 
 
+def test_gzip_on_stdin_equals_plain(log: Path, default_report: dict[str, Any]) -> None:
+    result = cli("replay", "-", "--format", "json", stdin=gzip.compress(log.read_bytes()))
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout) == default_report
+
+
+@pytest.mark.parametrize("damage", ["cut", "corrupt"])
+def test_damaged_gzip_reports_what_was_read_and_fails(tmp_path: Path, damage: str) -> None:
+    """A gzip file cut short (a log still being copied) or corrupt in the middle: the events before the damage are
+    evaluated and reported, the reason is printed, and the exit status is 1."""
+    lines = [ranking(f"r{k}", k, ["a", "b"], arm="A") for k in range(3000)]
+    packed = gzip.compress(("\n".join(lines) + "\n").encode())
+    broken = packed[: len(packed) // 2] if damage == "cut" else (
+        packed[: len(packed) // 2] + bytes(b ^ 0xFF for b in packed[len(packed) // 2 : len(packed) // 2 + 64])
+        + packed[len(packed) // 2 + 64 :])
+    path = tmp_path / "log.jsonl.gz"
+    path.write_bytes(broken)
+    result = cli("replay", path, "--format", "json")
+    assert result.returncode == 1
+    assert f"stream-eval: error: {path}: " in result.stderr.decode()
+    read = json.loads(result.stdout)["events"]
+    assert 0 < read["ranking"] < 3000  # what came before the damage
+
+
 def test_several_files_are_their_concatenation(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
     lines = log.read_text().splitlines()
     first = tmp_path / "part1.jsonl"

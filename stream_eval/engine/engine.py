@@ -114,6 +114,7 @@ class Engine:
         self.with_subtopics = 0
         self.invalid_examples: list[Invalid] = []
         self.invalid_reasons: Counter[str] = Counter()
+        self.unreadable: list[str] = []  # inputs a replay could not read to their end, and why
         self.sessions = Sessions(config)
         self._gsb_column = self._find_column(config.gsb_metric)
         self.gsb = GsbTracker(config, self.join.horizon)

@@ -8,6 +8,7 @@ import io
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -25,7 +26,13 @@ Progress = Callable[[int, int], None]
 @contextmanager
 def _open(path: str) -> Iterator[BinaryIO]:
     if path == "-":
-        yield sys.stdin.buffer
+        stdin = sys.stdin.buffer
+        peek = getattr(stdin, "peek", None)
+        if peek is not None and peek(2)[:2] == b"\x1f\x8b":  # gzip piped in
+            with gzip.GzipFile(fileobj=stdin) as unzipped:
+                yield unzipped  # type: ignore[misc]  # GzipFile is a binary stream
+        else:
+            yield stdin
         return
     with open(path, "rb") as raw:
         if raw.read(2) == b"\x1f\x8b":
@@ -37,14 +44,28 @@ def _open(path: str) -> Iterator[BinaryIO]:
             yield raw
 
 
-def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int, int]]:
-    """Complete lines of ``path`` in chunks: ``(chunk, number of its first line, compressed bytes read)``."""
+def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
+                damaged: list[str] | None = None) -> Iterator[tuple[bytes, int, int]]:
+    """Complete lines of ``path`` in chunks: ``(chunk, number of its first line, compressed bytes read)``.
+
+    With ``damaged``, a file that cannot be read to its end (gzip cut short or corrupt, an I/O error) ends where
+    it breaks: what was read before is given (its last line, likely cut, as well) and the reason is added to
+    ``damaged``."""
     with _open(path) as stream:
         raw = getattr(stream, "fileobj", stream)
         rest = b""
         line = 1
+        blocks = _blocks(stream, chunk_bytes)
         while True:
-            block = stream.read(chunk_bytes)
+            try:
+                block = next(blocks, b"")
+            except _BROKEN as error:
+                if damaged is None:
+                    raise
+                where = "stdin" if path == "-" else path
+                damaged.append(f"{where}: {error or type(error).__name__} after line {line - 1 + count_lines(rest)}"
+                               "; the events before were read")
+                break
             if not block:
                 break
             cut = block.rfind(b"\n") + 1
@@ -58,6 +79,34 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[byt
             line += count_lines(chunk)
         if rest.strip():
             yield rest, line, _tell(raw)
+
+
+#: What reading a damaged or cut input raises (gzip: BadGzipFile is an OSError, a cut stream EOFError).
+_BROKEN = (EOFError, OSError, zlib.error)
+
+
+def _blocks(stream: BinaryIO, size: int) -> Iterator[bytes]:
+    """``stream`` in blocks of ``size`` bytes (the last may be shorter). A gzip stream is read a piece at a time,
+    so that when it breaks, what it gave before is yielded before the error is raised."""
+    if not isinstance(stream, gzip.GzipFile):
+        while block := stream.read(size):
+            yield block
+        return
+    parts: list[bytes] = []
+    got = 0
+    try:
+        while part := stream.read1(size - got):
+            parts.append(part)
+            got += len(part)
+            if got >= size:
+                yield b"".join(parts)
+                parts, got = [], 0
+    except _BROKEN:
+        if parts:
+            yield b"".join(parts)
+        raise
+    if parts:
+        yield b"".join(parts)
 
 
 def _tell(stream: object) -> int:
@@ -99,7 +148,7 @@ def replay(
     with _quiet_gc():
         for path in paths:
             offset = done
-            for chunk, first_line, position in read_chunks(path):
+            for chunk, first_line, position in read_chunks(path, damaged=engine.unreadable):
                 decoded = decode_chunk_columns(chunk, config, first_line, "stdin" if path == "-" else path)
                 engine.process(decoded)
                 events += len(decoded)
