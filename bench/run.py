@@ -324,6 +324,16 @@ def code_hash() -> str:
     return digest.hexdigest()[:12]
 
 
+def python_loop_seconds(n: int = 20_000_000) -> float:
+    """Seconds for a plain Python loop of ``n`` additions: a yardstick of how fast the (shared) machine is this
+    hour, taken at the start and the end of a run (docs/benchmarks.md compares runs with it)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(n):
+        total += i
+    return time.perf_counter() - started
+
+
 def machine_info() -> dict[str, Any]:
     from importlib import metadata
 
@@ -375,6 +385,7 @@ def machine_info() -> dict[str, Any]:
         "versions": versions,
         "commit": commit,
         "loadavg_start": os.getloadavg(),
+        "python_loop_start": python_loop_seconds(),
     }
 
 
@@ -889,7 +900,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         + ", ".join(f"{k} {val}" for k, val in v.items())
         + (f"; stream_eval at {machine['commit']}" if machine["commit"] else "")
         + f". Load average at start {', '.join(f'{x:.2f}' for x in machine['loadavg_start'])}, at end "
-        + f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])} (a shared machine: noise is real). "
+        + f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])} (a shared machine: noise is real); a plain "
+        + f"Python loop of 20M additions took {machine['python_loop_start']:.2f} s at start and "
+        + f"{machine['python_loop_end']:.2f} s at end (the hour's speed). "
         + f"stream_eval source digest {machine['code_hash']}"
         + (
             f" at start, **{machine['code_hash_end']} at end: the package changed during the run**. "
@@ -1229,6 +1242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "profile" in args.only:
         bench.profile(path, args.profile)
     machine["loadavg_end"] = os.getloadavg()
+    machine["python_loop_end"] = python_loop_seconds()
     machine["code_hash_end"] = code_hash()
     machine["bench_seconds"] = time.perf_counter() - started
     text = render(bench.results, machine, args)
