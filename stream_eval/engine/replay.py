@@ -62,9 +62,9 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
             except _BROKEN as error:
                 if damaged is None:
                     raise
-                where = "stdin" if path == "-" else path
-                damaged.append(f"{where}: {error or type(error).__name__} after line {line - 1 + count_lines(rest)}"
-                               "; the events before were read")
+                where, reason = "stdin" if path == "-" else path, str(error) or type(error).__name__
+                read = line - 1 + count_lines(rest)
+                damaged.append(f"{where}: {reason} after line {read}; the events before were read")
                 break
             if not block:
                 break
