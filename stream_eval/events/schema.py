@@ -192,8 +192,9 @@ class CompactRanking(msgspec.Struct, gc=False):
         items = event.items
         text: str | list[str] = SEP + SEP.join(items) + SEP if '"' not in "".join(items) else list(items)
         # Scores as JSON text (~7 bytes a number, not a 24-byte float object each): msgspec writes the
-        # shortest text that reads back as the same float, so the values are exact.
-        scores = None if event.scores is None else _SCORES_ENCODER.encode(event.scores)
+        # shortest text that reads back as the same float, so the values are exact. Copied to a bytes of its own
+        # size: the encoder's result keeps its over-allocated block (20 scores, 172 bytes, held 257).
+        scores = None if event.scores is None else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
         return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
                    event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
 
