@@ -117,13 +117,14 @@ class Sessions:
         """
         own = np.fromiter((s.session_id is None for s in states), dtype=np.bool_, count=len(states))
         starts = impressions.starts
-        if not own.all() and named is not None:
-            for i in np.flatnonzero(~own).tolist():
+        in_named = np.flatnonzero(~own).tolist()
+        if named is not None:
+            for i in in_named:
                 named(states[i], int(group[i]), impressions, i)
-        elif not own.all():
+        elif in_named:
             open_, horizon, gap, groups = self.open, self.horizon, self.gap, group.tolist()
             closing: list[tuple[float, str]] = []  # (deadline, session id) of each deadline given, in order
-            for i in np.flatnonzero(~own).tolist():
+            for i in in_named:
                 state = states[i]
                 sid: str = state.session_id  # type: ignore[assignment]  # named sessions only
                 session = open_.get(sid)

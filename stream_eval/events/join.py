@@ -188,10 +188,10 @@ _FIELD_LIMIT = 1 << 22
 _KIND_LIMIT = 16
 #: Grades already seen for a duplicate key: the first grade, or the set of them once there are several.
 SeenGrades = float | set[float]
-#: A compact item text is the inside of the JSON array between these halves: ``"a","b"`` becomes ``","a","b","``
+#: A compact item text is the inside of the JSON array between these: ``["a","b"]`` becomes ``","a","b","``
 #: (:func:`~stream_eval.events.schema.compact_texts`).
-_FRAME = np.frombuffer(b'",,"', dtype=np.uint8)
-_NO_FRAME = np.frombuffer(b"", dtype=np.uint8)
+_ITEMS_OPEN, _ITEMS_CLOSE = np.frombuffer(b'",', dtype=np.uint8), np.frombuffer(b',"', dtype=np.uint8)
+_NOTHING = np.frombuffer(b"", dtype=np.uint8)
 
 
 class Finalised:
@@ -414,13 +414,12 @@ class Join:
         last[span] = ends + offset
 
     @staticmethod
-    def _copy_spans(arena: _Arena, raw: Bytes, starts: Ints, ends: Ints, frame: Bytes, first: Ints, last: Ints,
-                    span: slice) -> None:
-        """:meth:`_keep_strings` of byte strings ``raw[starts:ends]``, each put between ``frame``'s two halves."""
-        arena.reserve(int((ends - starts).sum()) + starts.shape[0] * frame.shape[0])
-        half = frame.shape[0] // 2
-        arena.used = compiled.copy_spans(raw, starts, ends, frame[:half], frame[half:], arena.data, arena.used,
-                                         first[span], last[span])
+    def _copy_spans(arena: _Arena, raw: Bytes, starts: Ints, ends: Ints, before: Bytes, after: Bytes, first: Ints,
+                    last: Ints, span: slice) -> None:
+        """:meth:`_keep_strings` of byte strings ``raw[starts:ends]``, each put between ``before`` and ``after``."""
+        arena.reserve(int((ends - starts).sum()) + starts.shape[0] * (before.shape[0] + after.shape[0]))
+        arena.used = compiled.copy_spans(raw, starts, ends, before, after, arena.data, arena.used, first[span],
+                                         last[span])
 
     def _reserve_keys(self, more: int) -> None:
         """Room for ``more`` duplicate keys: rebuilt (without deleted entries) when it would be over half full."""
@@ -592,9 +591,9 @@ class Join:
             else:
                 plain.filled = True  # the join holds their items now
                 pick = slice(None) if not taken else np.array(taken, dtype=np.int64)
-                self._copy_spans(self._texts, plain.raw, plain.items_start[pick], plain.items_end[pick], _FRAME,
-                                 self._text_first, self._text_last, span)
-                self._copy_spans(self._ids, plain.raw, plain.id_start[pick], plain.id_end[pick], _NO_FRAME,
+                self._copy_spans(self._texts, plain.raw, plain.items_start[pick] + 1, plain.items_end[pick] - 1,
+                                 _ITEMS_OPEN, _ITEMS_CLOSE, self._text_first, self._text_last, span)
+                self._copy_spans(self._ids, plain.raw, plain.id_start[pick], plain.id_end[pick], _NOTHING, _NOTHING,
                                  self._id_first, self._id_last, span)
             self.size += n_new
             slots = np.arange(first_new, first_new + n_new, dtype=np.int64)

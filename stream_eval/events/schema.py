@@ -628,17 +628,16 @@ def decode_chunk_compact(
 
 class PlainRankings:
     """The rankings of a chunk read by the line reader, in order, with their request ids and item arrays left in
-    the chunk's bytes (``raw[id_start:id_end]``, and the inside of the array, ``"a","b"``, at
-    ``raw[items_start:items_end]``): their ``items`` stays empty until :meth:`fill_items`, as the join copies the
-    bytes into its own instead (:meth:`~stream_eval.events.join.Join.add_columns`)."""
+    the chunk's bytes (``raw[id_start:id_end]``, and the array ``["a","b"]`` at ``raw[items_start:items_end]``):
+    their ``items`` stays empty until :meth:`fill_items`, as the join copies the bytes into its own instead
+    (:meth:`~stream_eval.events.join.Join.add_columns`). ``text`` is the chunk decoded as Latin-1."""
 
-    __slots__ = ("rankings", "chunk", "raw", "id_start", "id_end", "items_start", "items_end", "filled")
+    __slots__ = ("rankings", "raw", "text", "id_start", "id_end", "items_start", "items_end", "filled")
 
-    def __init__(self, rankings: list[CompactRanking], chunk: bytes, columns: Ints) -> None:
-        self.rankings, self.chunk, self.raw = rankings, chunk, np.frombuffer(chunk, dtype=np.uint8)
-        (self.id_start, self.id_end), (items_start, items_end) = (
+    def __init__(self, rankings: list[CompactRanking], raw: npt.NDArray[np.uint8], text: str, columns: Ints) -> None:
+        self.rankings, self.raw, self.text = rankings, raw, text
+        (self.id_start, self.id_end), (self.items_start, self.items_end) = (
             columns[list(scan.COLUMNS[key])] for key in ("request_id", "items"))
-        self.items_start, self.items_end = items_start + 1, items_end - 1
         self.filled = False
 
     def __len__(self) -> int:
@@ -649,8 +648,7 @@ class PlainRankings:
         join took the rankings (it keeps their items, as it does for any ranking)."""
         if self.filled:
             return
-        texts = compact_texts(self.chunk.decode("latin-1"), (self.items_start - 1).tolist(),
-                              (self.items_end + 1).tolist())
+        texts = compact_texts(self.text, self.items_start.tolist(), self.items_end.tolist())
         for ranking, text in zip(self.rankings, texts, strict=True):
             ranking.items = text
         self.filled = True
@@ -746,10 +744,6 @@ def _feedback_columns(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, v
                            grade, ts)
 
 
-#: The fields a plain ranking is made of, read as text.
-_RANKING_FIELDS = ("request_id", "items", "scores", "query_id", "session_id", "experiment", "arm")
-
-
 def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts: Floats,
                     max_items: int) -> tuple[PlainRankings, Bools]:
     """The rankings read by :func:`scan.scan_lines` whose items and scores are in the plainest form (checked as
@@ -779,7 +773,7 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, scores,
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
                     labels("arm", "default")))
-    return PlainRankings(made, chunk, columns), plain
+    return PlainRankings(made, raw, text, columns), plain
 
 
 #: Experiment, arm and query names repeat across requests: open requests share one copy of each (first come, first
