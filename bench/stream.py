@@ -254,7 +254,8 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool, clicks: int = 
     feedback_offsets = [0] * PARTITIONS
 
     def feedback(lo: int, hi: int) -> list[tuple[int, bytes]]:
-        return [(i, orjson.dumps({"type": "feedback", "request_id": f"r{i:08d}", "ts": round(start_ts + i / 1000 + c, 3),
+        return [(i, orjson.dumps({"type": "feedback", "request_id": f"r{i:08d}",
+                                  "ts": round(start_ts + i / 1000 + c, 3),
                                   "item": f"q{i % 5000}-d{(i * 7 + c * 13) % 50}", "kind": "click"}))
                 for i in range(lo, hi) for c in range(clicks)]
 

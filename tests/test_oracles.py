@@ -15,6 +15,7 @@ import pytrec_eval
 from sklearn.metrics import roc_auc_score
 
 from stream_eval.config import Config
+from stream_eval.engine.compiled import PAIRWISE, grouped_session_auc
 from stream_eval.engine.engine import Engine
 from stream_eval.events.schema import Feedback, Invalid, Ranking, finish
 from stream_eval.metrics.auc import auc, gauc_weights, session_auc
@@ -201,6 +202,26 @@ def test_session_auc_matches_sklearn(seed, block, monkeypatch):
         assert auc(x.tolist(), y.tolist()) == pytest.approx(roc_auc_score(y, x), abs=TOL)
         both += 1
     assert single > 20 and both > 300
+
+
+@pytest.mark.parametrize("pairwise", [0, PAIRWISE, 10_000])  # always sorted, as shipped, always pair by pair
+def test_compiled_session_auc_matches_sklearn(pairwise):
+    session, scores, labels = generate_sessions(3)
+    order = np.argsort(session, kind="stable")  # grouped by session, as the engine hands them over
+    session, scores, labels = session[order], scores[order], labels[order]
+    n_sessions = int(session.max()) + 2  # a session without items at the end
+    starts = np.searchsorted(session, np.arange(n_sessions + 1))
+    ours, positives, negatives = grouped_session_auc(starts, scores, labels, pairwise)
+    both = 0
+    for s in range(n_sessions):
+        y, x = labels[session == s], scores[session == s]
+        assert positives[s] == y.sum() and negatives[s] == (~y).sum()
+        if y.all() or not y.any():
+            assert math.isnan(ours[s])
+            continue
+        assert ours[s] == pytest.approx(roc_auc_score(y, x), abs=TOL)
+        both += 1
+    assert both > 300
 
 
 @pytest.mark.parametrize("weight", ["impressions", "clicks", "uniform"])

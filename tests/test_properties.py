@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config
+from stream_eval.engine.compiled import PAIRWISE, grouped_session_auc
 from stream_eval.engine.engine import Engine, GroupStats
 from stream_eval.events.join import Join
 from stream_eval.events.schema import (
@@ -347,6 +348,24 @@ def test_session_auc_in_unit_interval(pairs):
             assert 0.0 <= auc[s] <= 1.0
         else:
             assert math.isnan(auc[s])
+
+
+@SETTINGS
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 3), st.booleans()), max_size=80),
+    pairwise=st.sampled_from([0, 2, PAIRWISE]),
+)
+def test_compiled_session_auc_equals_numpy(pairs, pairwise):
+    """The engine's compiled session AUC gives the numpy definition's floats exactly, sorted or pair by pair
+    (few distinct scores: many ties)."""
+    pairs.sort(key=lambda p: p[0])
+    session = np.array([p[0] for p in pairs], dtype=np.int64)
+    scores = np.array([p[1] / 2 for p in pairs], dtype=np.float64)
+    labels = np.array([p[2] for p in pairs], dtype=np.bool_)
+    expected = session_auc(session, scores, labels, 6)
+    got = grouped_session_auc(np.searchsorted(session, np.arange(7)), scores, labels, pairwise)
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 # -- (d) ideal order gives nDCG = 1 --------------------------------------------------------------------------

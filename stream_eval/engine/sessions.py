@@ -16,11 +16,12 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Config
+from stream_eval.engine.compiled import grouped_session_auc
 from stream_eval.events.join import DueBySecond
 from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import SCORES_DECODER as _SCORES
 from stream_eval.events.schema import CompactRanking
-from stream_eval.metrics.auc import gauc_weights, session_auc
+from stream_eval.metrics.auc import gauc_weights
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -44,8 +45,7 @@ class Impressions:
                  n_shown: Ints | None = None) -> None:
         if n_shown is None:
             n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
-        starts = np.zeros(len(states) + 1, dtype=np.int64)
-        np.cumsum(n_shown, out=starts[1:])
+        starts = _starts(n_shown)
         total = int(starts[-1])
         part = np.repeat(np.arange(len(states)), n_shown)
         scores = starts[part] - np.arange(total, dtype=np.float64) - 1.0
@@ -103,8 +103,9 @@ class Sessions:
         self._closing: DueBySecond[tuple[float, str]] = DueBySecond()
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
-    def _score(self, session: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
-        auc, positives, negatives = session_auc(session, scores, labels, group.shape[0])
+    def _score(self, starts: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
+        """Score sessions whose items are grouped: session ``s`` owns ``starts[s]:starts[s + 1]``."""
+        auc, positives, negatives = grouped_session_auc(starts, scores, labels)
         return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight))
 
     def add(
@@ -147,13 +148,11 @@ class Sessions:
                                                    count=len(closing)), closing)
         if not own.any():
             return None
-        n_shown = np.diff(starts)
-        part = np.repeat(np.arange(len(states)), n_shown)
         if own.all():
-            return self._score(part, impressions.scores, impressions.labels, group)
-        index = np.cumsum(own) - 1
-        keep = own[part]
-        return self._score(index[part[keep]], impressions.scores[keep], impressions.labels[keep], group[own])
+            return self._score(starts, impressions.scores, impressions.labels, group)
+        n_shown = np.diff(starts)
+        keep = np.repeat(own, n_shown)
+        return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own])
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""
@@ -197,16 +196,28 @@ class Sessions:
             label_parts.append(impressions.labels[offsets])
             part_owners += owners
             length_parts.append(lengths)
-        # The items in session order, as session_auc needs them: the parts (a request's ~20 items each) are
-        # sorted by session, stably, instead of session_auc sorting all the items again.
+        # The items in session order, as the scoring needs them: the parts (a request's ~20 items each) are
+        # sorted by session, stably.
         owner = np.array(part_owners, dtype=np.int64)
         lengths = np.concatenate(length_parts)
         order = np.argsort(owner, kind="stable")
         sorted_lengths = lengths[order]
         items = _ranges((np.cumsum(lengths) - lengths)[order], sorted_lengths)
         group = np.array([s.group for s in sessions], dtype=np.int64)
-        return self._score(np.repeat(owner[order], sorted_lengths), np.concatenate(score_parts)[items],
-                           np.concatenate(label_parts)[items], group)
+        sizes = np.bincount(owner, weights=lengths, minlength=len(sessions)).astype(np.int64)
+        return self._score(_starts(sizes), np.concatenate(score_parts)[items], np.concatenate(label_parts)[items],
+                           group)
+
+
+def _starts(sizes: Ints) -> Ints:
+    """Where each of consecutive groups of ``sizes`` starts, and where the last ends.
+
+    >>> _starts(np.array([2, 0, 3])).tolist()
+    [0, 2, 2, 5]
+    """
+    starts = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    return starts
 
 
 def _ranges(first: Ints, lengths: Ints) -> Ints:
