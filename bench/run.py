@@ -21,7 +21,8 @@ What is measured (see docs/benchmarks.md):
    batches of 8192 and all requests at once, vs ``ranx.evaluate`` (numba) on prepared typed lists with
    ``threads=1`` (same as ours) and ``threads=2`` (informational); the values are cross-checked.
 5. ``session_auc`` + ``gauc_weights`` + the weighted mean (tie-aware GAUC) on prepared arrays of sessions
-   of 20-60 items; a per-session ``sklearn.metrics.roc_auc_score`` loop on a subset for reference.
+   of 20-60 items, and the same with the compiled ``grouped_session_auc`` the engine scores closed sessions
+   with; a per-session ``sklearn.metrics.roc_auc_score`` loop on a subset for reference.
 6. Peak RSS of ``stream-eval replay`` on 500k, 1M and 2M requests of the same event-time density
    (``--memory-rate``, default 50 requests/s, so that even the smallest file spans 2.8 h of event time, past
    the ~2.2 h it takes the process to reach its steady size): it must not grow with the number of finished
@@ -519,6 +520,19 @@ def gauc(session: Any, scores: Any, labels: Any, n_sessions: int) -> float:
     return num / den
 
 
+def compiled_gauc(starts: Any, scores: Any, labels: Any) -> float:
+    """GAUC as the engine scores closed sessions: the compiled session AUC on items grouped by session."""
+    import numpy as np
+
+    from stream_eval.engine.compiled import grouped_session_auc
+    from stream_eval.metrics.auc import gauc_weights
+
+    auc, positives, negatives = grouped_session_auc(starts, scores, labels)
+    weights = gauc_weights(positives, negatives, "impressions")
+    ok = ~np.isnan(auc) & (weights > 0)
+    return float((auc[ok] * weights[ok]).sum() / weights[ok].sum())
+
+
 # ==========================================================================================================
 # The benchmark
 # ==========================================================================================================
@@ -690,7 +704,9 @@ class Bench:
             if b > a
         ]
         gauc(session[:1000], scores[:1000], labels[:1000], int(session[999]) + 1)  # warm-up
-        times: dict[str, list[float]] = {"batched": [], "whole": []}
+        starts = np.searchsorted(session, np.arange(n_sessions + 1))
+        compiled_gauc(starts[:11], scores, labels)  # warm-up (loads the compiled kernel)
+        times: dict[str, list[float]] = {"batched": [], "whole": [], "compiled": []}
         for rep in range(args.fast_repeat):
             start = time.perf_counter()
             num = den = 0.0
@@ -703,9 +719,13 @@ class Bench:
             start = time.perf_counter()
             value = gauc(session, scores, labels, n_sessions)
             times["whole"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            compiled = compiled_gauc(starts, scores, labels)
+            times["compiled"].append(time.perf_counter() - start)
             self.log(
                 f"GAUC run {rep + 1}: batches of {size} {n_sessions / times['batched'][-1]:,.0f} sessions/s, "
-                f"all at once {n_sessions / times['whole'][-1]:,.0f} sessions/s"
+                f"all at once {n_sessions / times['whole'][-1]:,.0f} sessions/s, "
+                f"compiled {n_sessions / times['compiled'][-1]:,.0f} sessions/s"
             )
         # Reference and cross-check: sklearn's roc_auc_score per session on the first sessions.
         k = min(300, n_sessions)
@@ -729,6 +749,7 @@ class Bench:
             "gauc": value,
             "batch_size": size,
             "batched_gauc_diff": abs(batched - value),
+            "compiled_gauc_diff": abs(compiled - value),
             "batched": {
                 "seconds": summary(times["batched"]),
                 "sessions_per_s": rates(times["batched"], n_sessions),
@@ -738,6 +759,11 @@ class Bench:
                 "seconds": summary(times["whole"]),
                 "sessions_per_s": rates(times["whole"], n_sessions),
                 "items_per_s": rates(times["whole"], session.size),
+            },
+            "compiled": {
+                "seconds": summary(times["compiled"]),
+                "sessions_per_s": rates(times["compiled"], n_sessions),
+                "items_per_s": rates(times["compiled"], session.size),
             },
             "sklearn_sessions": k,
             "sklearn_seconds": sk_time,
@@ -976,13 +1002,17 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
     ga = results.get("gauc")
     if ga:
         gw = f"{ga['sessions'] / 1e3:.0f}k sessions, {ga['items'] / 1e6:.1f}M items"
-        for row, key, label in (
-            (8, "batched", f"in batches of {ga['batch_size']:,} sessions"),
-            (9, "whole", "all sessions in one call"),
+        for row, key, what, label in (
+            (8, "batched", "`session_auc`", f"in batches of {ga['batch_size']:,} sessions"),
+            (9, "whole", "`session_auc`", "all sessions in one call"),
+            ("9b", "compiled", "`grouped_session_auc` (compiled; how the engine scores closed sessions)",
+             "all sessions in one call"),
         ):
+            if key not in ga:
+                continue
             g = ga[key]
             w(
-                f"| {row} | tie-aware GAUC: `session_auc` + `gauc_weights` + weighted mean, {label} | {gw} | "
+                f"| {row} | tie-aware GAUC: {what} + `gauc_weights` + weighted mean, {label} | {gw} | "
                 f"{fmt_range(g['seconds'], fmt_s)} | **{fmt_range(g['sessions_per_s'])} sessions/s**; "
                 f"{fmt_num(g['items_per_s']['median'])} items/s | "
                 f"{g['sessions_per_s']['median'] / ga['sklearn_sessions_per_s']:.0f}× the sessions/s of row 10 | |"
@@ -1056,7 +1086,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         w(
             f"- `session_auc` vs sklearn `roc_auc_score` on {ga['sklearn_sessions']:,} sessions: max |difference| "
             f"{ga['sklearn_max_abs_diff']:.2e}; same undefined sessions: {ga['sklearn_same_undefined']}; "
-            f"GAUC batched vs all at once: |difference| {ga['batched_gauc_diff']:.1e}."
+            f"GAUC batched vs all at once: |difference| {ga['batched_gauc_diff']:.1e}; compiled vs numpy: "
+            f"|difference| {ga.get('compiled_gauc_diff', float('nan')):.1e}."
         )
     w("")
     pr = results.get("profile")
@@ -1110,7 +1141,10 @@ def verdicts(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
             )
     ga = results.get("gauc")
     if ga:
-        for key, label in (("batched", f"batches of {ga['batch_size']:,} sessions"), ("whole", "all at once")):
+        for key, label in (("batched", f"batches of {ga['batch_size']:,} sessions"), ("whole", "all at once"),
+                           ("compiled", "compiled, as the engine scores sessions")):
+            if key not in ga:
+                continue
             s = ga[key]["sessions_per_s"]
             rows.append(
                 (
