@@ -21,7 +21,7 @@ import numpy.typing as npt
 from stream_eval.config import ArmPair, Config
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
-from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions
+from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.abtest import difference
@@ -326,11 +326,15 @@ class Engine:
         values = result.values
         if self._alpha_columns:
             values[:, self._alpha_columns] = np.nan
+            subtopics_of = list(map(_SUBTOPICS, rankings))
+            with_subtopics = present(subtopics_of)
+            if not with_subtopics.any():
+                return values, batch, result.empty
             relevant_rows = batch.shown_grade >= self.config.rel_threshold
             bounds = np.searchsorted(batch.shown_req, np.arange(len(rankings) + 1))
-            for i, ranking in enumerate(rankings):
-                subtopics = ranking.subtopics
-                if subtopics is not None and not (result.empty[i] and self.config.empty == "skip"):
+            for i in np.flatnonzero(with_subtopics).tolist():
+                subtopics, ranking = subtopics_of[i], rankings[i]
+                if not (result.empty[i] and self.config.empty == "skip"):
                     relevant = [False] * ranking.n
                     rows = slice(bounds[i], bounds[i + 1])
                     for position in batch.shown_pos[rows][relevant_rows[rows]].tolist():
@@ -349,7 +353,7 @@ class Engine:
         if None in found:
             found = [self.group_of(*pair) if g is None else g for g, pair in zip(found, pairs, strict=True)]
         group = np.array(found, dtype=np.int64)
-        extras = list(map(_EXTRAS, states))  # (teams, query_id, subtopics) of each
+        teams_of, queries = list(map(_TEAMS, states)), list(map(_QUERY_ID, states))
         n_groups = len(self.groups)
         requests = np.bincount(group, minlength=n_groups)
         empties = np.bincount(group[empty], minlength=n_groups)
@@ -365,30 +369,28 @@ class Engine:
         named = None if regroup is None else self._regroup_session_part
         self._add_sessions(self.sessions.add(states, group, impressions, named))
         interleaved = np.zeros(len(states), dtype=np.bool_)
-        metric = values[:, self._gsb_column].tolist()
-        rare = [i for i, (teams, _, subtopics) in enumerate(extras) if teams is not None or subtopics is not None]
-        for i in rare:
-            teams, _, subtopics = extras[i]
-            experiment = self.group_keys[group[i]][0]
-            if subtopics is not None:
-                self.with_subtopics += 1
-            if teams is not None:
+        metric = values[:, self._gsb_column]
+        self.with_subtopics += int(present(list(map(_SUBTOPICS, states))).sum())
+        with_teams = present(teams_of)
+        if with_teams.any():
+            for i in np.flatnonzero(with_teams).tolist():
+                teams = teams_of[i]
+                experiment = self.group_keys[group[i]][0]
                 interleaved[i] = True
                 self.teams_seen.setdefault(experiment, set()).update(teams)
                 self.gsb.interleaved(experiment, teams, impressions.relevant_positions(i))
         # the metric of each request with a query (not interleaved) for the GSB of its query
-        by_query = [i for i, (teams, query, _) in enumerate(extras)
-                    if query is not None and teams is None and metric[i] == metric[i]]
-        if by_query:
-            keys, group_list = self.group_keys, group.tolist()
-            arms = [keys[group_list[i]] for i in by_query]
-            queries = [extras[i][1] for i in by_query]
-            serve = finalised.serve[by_query].tolist()
-            picked = [metric[i] for i in by_query]
+        by_query = np.flatnonzero(present(queries) & ~interleaved & ~np.isnan(metric))
+        if by_query.shape[0]:
+            picked_list = by_query.tolist()
+            arms = list(map(self.group_keys.__getitem__, group[by_query].tolist()))
+            queries = list(map(queries.__getitem__, picked_list)) if by_query.shape[0] < len(states) else queries
+            serve, picked = finalised.serve[by_query], metric[by_query]
             if regroup is None:
                 self.gsb.query_metrics(arms, queries, serve, picked)
             else:
-                for (experiment, arm), query, ts, value in zip(arms, queries, serve, picked, strict=True):
+                for (experiment, arm), query, ts, value in zip(arms, queries, serve.tolist(), picked.tolist(),
+                                                               strict=True):
                     regroup.query_metric(experiment, arm, query, ts, value)
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]
@@ -511,7 +513,9 @@ class Engine:
 
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
-_EXTRAS = attrgetter("teams", "query_id", "subtopics")
+_TEAMS = attrgetter("teams")
+_QUERY_ID = attrgetter("query_id")
+_SUBTOPICS = attrgetter("subtopics")
 _N = attrgetter("n")
 #: Events that go to the join.
 _JOINED = frozenset((CompactRanking, Ranking, Feedback))

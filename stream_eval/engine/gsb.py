@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, KeysView
+from collections.abc import Callable, KeysView, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -75,14 +75,17 @@ class GsbTracker:
         """One finalised request's ``gsb_metric`` for its query."""
         self.query_metrics([(experiment, arm)], [query_id], [serve_ts], [value])
 
-    def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], serve_ts: list[float],
-                      values: list[float]) -> None:
+    def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], serve_ts: Sequence[float] | Floats,
+                      values: Sequence[float] | Floats) -> None:
         """:meth:`query_metric` for many requests: their (experiment, arm), query, serve time and metric."""
         if not groups:
             return
         # floor division of floats, as Python's // (numpy's is CPython's algorithm)
-        buckets = np.floor_divide(np.array(serve_ts, dtype=np.float64), self.window).astype(np.int64)
-        metric = np.array(values, dtype=np.float64)
+        buckets = np.floor_divide(np.asarray(serve_ts, dtype=np.float64), self.window).astype(np.int64)
+        metric = np.array(values, dtype=np.float64)  # a copy: kept
+        if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():  # the usual case: one bucket
+            self._queries.setdefault(int(buckets[0]), []).append((groups, queries, metric))
+            return
         for bucket in np.unique(buckets).tolist():
             rows = np.flatnonzero(buckets == bucket)
             picked = rows.tolist()
