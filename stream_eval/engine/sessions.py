@@ -55,11 +55,18 @@ class Impressions:
         # scores as JSON text (as rankings keep them; a list is encoded, exactly): "[1,2]" "[3]" read as one
         # "[1,2,3]" (flat arrays of numbers, never empty)
         kept_scores = list(map(_SCORES_OF, states))
-        texts = [kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in kept_scores if kept is not None]
-        if texts:
-            with_scores = np.fromiter((kept is not None for kept in kept_scores), dtype=np.bool_, count=len(states))
+        with_scores = present(kept_scores)
+        if with_scores.any():
+            text = None
+            if with_scores.all():
+                try:
+                    text = b"".join(kept_scores)  # the usual batch: all as text
+                except TypeError:  # some kept as lists
+                    pass
+            if text is None:
+                text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in kept_scores
+                                 if kept is not None])
             scored = with_scores[part]
-            text = b"".join(texts)
             values = json_numbers(text, int(scored.sum()))
             scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values
         labels = np.zeros(total, dtype=np.bool_)
