@@ -368,6 +368,24 @@ def test_compiled_session_auc_equals_numpy(pairs, pairwise):
         np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.mark.parametrize("pairwise", [0, PAIRWISE])
+def test_compiled_session_auc_equals_numpy_on_long_sessions(pairwise):
+    """Sessions with more than PAIRWISE items of each class (the sorted path as shipped), many ties, and -0.0
+    next to 0.0 (equal scores: a tie), bit for bit against the numpy definition."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(0, 400, 60)
+    session = np.repeat(np.arange(60), sizes)
+    scores = rng.integers(-5, 6, session.shape[0]) / 4.0
+    scores[scores == 0.0] *= rng.choice([-1.0, 1.0], int((scores == 0.0).sum()))  # -0.0 and 0.0
+    labels = rng.random(session.shape[0]) < rng.uniform(0.2, 0.8, 60)[session]
+    expected = session_auc(session, scores, labels, 60)
+    got = grouped_session_auc(np.searchsorted(session, np.arange(61)), scores, labels, pairwise)
+    assert (np.minimum(expected[1], expected[2]) > PAIRWISE).sum() > 20
+    assert (np.signbit(scores) & (scores == 0.0)).any() and (~np.signbit(scores) & (scores == 0.0)).any()
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
 # -- (d) ideal order gives nDCG = 1 --------------------------------------------------------------------------
 @SETTINGS
 @given(shown=grades.filter(bool), config=metric_configs())

@@ -6,7 +6,7 @@ over. Sessions are short (tens of items) and have few positives or few negatives
 rarer class against the other beats sorting: ten times faster than the numpy version on the main benchmark
 file (docs/benchmarks.md). A session where both classes are many is sorted instead, so a long session never
 costs quadratic time. Both count in half-units (ties 1/2) in integers: the AUC is one division of exact
-numbers, the same float as the numpy version's.
+numbers, the same float as the numpy version's. Scores are finite (the event schema rejects others).
 """
 
 from __future__ import annotations
@@ -81,12 +81,14 @@ def _grouped_auc(starts: Ints, scores: Floats, labels: Bools, pairwise: int, auc
             while j < hi - lo:
                 x = scores[order[j]]
                 run_p, run_q = 0, 0
-                while j < hi - lo and scores[order[j]] == x:
+                while True:  # the run of scores equal to x (each step takes one item: ends even on a NaN)
                     if labels[order[j]]:
                         run_p += 1
                     else:
                         run_q += 1
                     j += 1
+                    if j == hi - lo or scores[order[j]] != x:
+                        break
                 won += run_p * (2 * below + run_q)
                 below += run_q
         auc[s] = won / (2 * p * q)
