@@ -30,7 +30,7 @@ from stream_eval.events.schema import (
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
 from stream_eval.metrics.auc import session_auc
-from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch, evaluate_request
+from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch, evaluate_request, pair_order
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NORMALISED = ("RR", "AP", "P", "R", "nDCG", "ERR")
@@ -384,6 +384,32 @@ def test_compiled_session_auc_equals_numpy_on_long_sessions(pairwise):
     assert (np.signbit(scores) & (scores == 0.0)).any() and (~np.signbit(scores) & (scores == 0.0)).any()
     for mine, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
+
+
+@SETTINGS
+@given(
+    pairs=st.lists(st.tuples(st.integers(-3, 3), st.integers(-5, 5)), max_size=40),
+    big=st.sampled_from([0, 2**40]),  # 2**40: the combined key would overflow, lexsort instead
+    presorted=st.booleans(),
+)
+def test_pair_order_sorts_as_lexsort(pairs, big, presorted):
+    if presorted:
+        pairs.sort()
+    major = np.array([p[0] for p in pairs], dtype=np.int64) * (big or 1)
+    minor = np.array([p[1] for p in pairs], dtype=np.int64) * (big or 1)
+    expected = np.lexsort((minor, major))
+    np.testing.assert_array_equal(pair_order(major, minor), expected)  # stable: the same permutation
+    unstable = pair_order(major, minor, stable=False)
+    assert sorted(unstable.tolist()) == list(range(len(pairs)))
+    np.testing.assert_array_equal(major[unstable], major[expected])
+    np.testing.assert_array_equal(minor[unstable], minor[expected])
+
+
+def test_pair_order_examples():
+    assert pair_order(np.array([1, 0]), np.array([0, 0])).tolist() == [1, 0]  # descending
+    assert pair_order(np.array([0, 0, 1]), np.array([3, 3, 0])).tolist() == [0, 1, 2]  # in order, with a tie
+    major, minor = np.array([4, 0, 4]), np.array([2**61, 0, 0])  # 4 * (2**61 + 1) + 2**61 > 2**63: lexsort
+    assert pair_order(major, minor).tolist() == [1, 2, 0]
 
 
 # -- (d) ideal order gives nDCG = 1 --------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from stream_eval.events.schema import (
     Ranking,
     label,
 )
+from stream_eval.metrics.kernels import pair_order
 
 T = TypeVar("T")
 _TS = attrgetter("ts")
@@ -844,7 +845,7 @@ class Join:
                                      _grade_bits(row_grade[simple]))
             # the best grade of each (request, item)
             req = request_of[row_slot - low]
-            order = np.lexsort((row_field, req))
+            order = pair_order(req, row_field, stable=False)  # any order within a (request, item): the best is kept
             req, row_field, row_grade = req[order], row_field[order], row_grade[order]
             starts = np.ones(req.shape[0], dtype=np.bool_)
             starts[1:] = (np.diff(req) != 0) | (np.diff(row_field) != 0)

@@ -77,7 +77,7 @@ class _Prepared:
         self.size = batch.size
         self.config = config
         keep = batch.shown_grade > 0
-        order = np.lexsort((batch.shown_pos[keep], batch.shown_req[keep]))
+        order = pair_order(batch.shown_req[keep], batch.shown_pos[keep])  # the join hands them over in order
         self.req: Ints = batch.shown_req[keep][order]
         self.pos: Ints = batch.shown_pos[keep][order]
         self.grade: Floats = batch.shown_grade[keep][order]
@@ -90,6 +90,30 @@ class _Prepared:
         self.judged_req: Ints = judged_req[ideal]
         self.judged_gain = self.gain(judged_grade[ideal])
         self.judged_gain_rank: Ints = _rank_in_segment(self.judged_req, self.size)
+
+
+def pair_order(major: Ints, minor: Ints, stable: bool = True) -> Ints:
+    """The order that sorts rows by ``(major, minor)``, as ``np.lexsort((minor, major))`` (with ``stable=False``,
+    rows with equal pairs may come in any order among themselves).
+
+    The two integer columns are sorted as one int64 key when it fits (a third of lexsort's time unstable, two
+    thirds stable), and rows already in order cost one comparison pass.
+
+    >>> pair_order(np.array([1, 0, 1, 0]), np.array([5, 7, -2, 7])).tolist()
+    [1, 3, 2, 0]
+    """
+    n = major.shape[0]
+    if n < 2:
+        return np.arange(n)
+    low_major, low_minor = int(major.min()), int(minor.min())
+    span = int(minor.max()) - low_minor + 1
+    if (int(major.max()) - low_major + 1) * span >= 2**62:  # the key would not fit
+        return np.lexsort((minor, major))
+    key = (major - low_major) * span + (minor - low_minor)
+    if bool((key[1:] >= key[:-1]).all()):
+        return np.arange(n)
+    order: Ints = np.argsort(key, kind="stable" if stable else None)
+    return order
 
 
 def _rank_in_segment(req: Ints, size: int) -> Ints:
