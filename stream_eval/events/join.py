@@ -494,8 +494,8 @@ class Join:
             return
         if self.size + len(objects) > self._serve.shape[0]:
             self._trim(full=True)  # room for the new slots, if forgotten ones can make it
-        is_feedback = np.fromiter((type(e) is Feedback for e in objects), dtype=np.bool_, count=len(objects))
-        if is_feedback.any():  # feedback objects join the columns, in order
+        if Feedback in map(type, objects):  # feedback objects join the columns, in order
+            is_feedback = np.fromiter((type(e) is Feedback for e in objects), dtype=np.bool_, count=len(objects))
             more = FeedbackColumns.of(list(compress(objects, is_feedback.tolist())))  # type: ignore[arg-type]
             feedback_at = np.concatenate((feedback_at, objects_at[is_feedback]))
             order = np.argsort(feedback_at, kind="stable")
@@ -504,9 +504,9 @@ class Join:
             objects_at = objects_at[~is_feedback]
         if before is None:
             places = max(int(objects_at.max()) if len(objects) else -1, int(feedback_at.max()) if len(feedback) else -1)
-            marks: list[float] = [self.watermark] * (places + 1)
+            marks = np.full(places + 1, self.watermark)
         else:
-            marks = before.tolist()
+            marks = np.asarray(before, dtype=np.float64)
         horizon = self.horizon
         counts = self.counts
         # 1. Rankings open slots, in order.
@@ -540,7 +540,7 @@ class Join:
             rankings = []
         for k, (p, ranking, rid, slot) in enumerate(zip(ranking_at, rankings, rids, known_slots.tolist(),
                                                         strict=False)):
-            mark = marks[p]
+            mark = float(marks[p])
             if opened:
                 slot = opened.get(rid, slot)
             if slot >= 0:
@@ -613,7 +613,7 @@ class Join:
         rows_feedback = NO_FEEDBACK
         if len(feedback):
             found = self._find(feedback.text, feedback.rid_start, feedback.rid_end)
-            fb_mark = np.array(marks)[at] if before is not None else np.full(at.shape[0], self.watermark)
+            fb_mark = marks[at]
             missing = found < 0
             slot_index = np.where(missing, self.base, found) - self.base
             opened_later = np.zeros(at.shape[0], dtype=np.bool_)
@@ -664,7 +664,7 @@ class Join:
         new_at: list[int],
         replaced: dict[int, int],
         early_here: list[int],
-        marks: list[float],
+        marks: Floats,
     ) -> list[tuple[int, Feedback, int, int, float, bool]]:
         """Feedback that did not find an open request when it arrived: before its ranking, for a forgotten
         request, or while its id was still another request's. Returns the rows to apply; the rest waits."""
@@ -689,7 +689,7 @@ class Join:
             later = [(p, s) for p, s in opens.get(rid, ()) if p > j]
             if later:  # waits for a ranking of this chunk
                 p, s = later[0]
-                rows.append((s, event, p, j, marks[p], True))
+                rows.append((s, event, p, j, float(marks[p]), True))
                 continue
             self.pending.setdefault(rid, []).append(event)
             heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), rid))  # type: ignore[operator]  # ts is float
