@@ -142,7 +142,8 @@ class Engine:
         """
         join = self.join if join is None else join
         chunk = events if isinstance(events, Chunk) else Chunk.of(events if isinstance(events, list) else list(events))
-        if event_time and not any(type(e) is Watermark and e.end for e in chunk.events):
+        if event_time and not (Watermark in map(type, chunk.events)  # (one C-level scan in the usual chunk)
+                               and any(type(e) is Watermark and e.end for e in chunk.events)):
             self._process_chunk(chunk, join)
         else:
             listed = chunk.as_list()
