@@ -134,7 +134,7 @@ class Sessions:
                 named(states[i], int(group[i]), impressions, i)
         elif in_named:
             open_, gap, groups = self.open, self.gap, group.tolist()
-            # when each request is finalised (serve time + horizon), as the request's ts is
+            # when each request is finalised: its serve time plus the horizon
             finalised_at = (np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) + self.horizon).tolist()
             closing: list[tuple[float, str]] = []  # (deadline, session id) of each deadline given, in order
             for i in in_named:
