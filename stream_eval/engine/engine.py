@@ -372,14 +372,12 @@ class Engine:
         interleaved = np.zeros(len(states), dtype=np.bool_)
         metric = values[:, self._gsb_column]
         self.with_subtopics += int(present(list(map(_SUBTOPICS, states))).sum())
-        with_teams = present(teams_of)
-        if with_teams.any():
-            for i in np.flatnonzero(with_teams).tolist():
-                teams = teams_of[i]
-                experiment = self.group_keys[group[i]][0]
-                interleaved[i] = True
-                self.teams_seen.setdefault(experiment, set()).update(teams)
-                self.gsb.interleaved(experiment, teams, impressions.relevant_positions(i))
+        for i in np.flatnonzero(present(teams_of)).tolist():
+            teams = teams_of[i]
+            experiment = self.group_keys[group[i]][0]
+            interleaved[i] = True
+            self.teams_seen.setdefault(experiment, set()).update(teams)
+            self.gsb.interleaved(experiment, teams, impressions.relevant_positions(i))
         # the metric of each request with a query (not interleaved) for the GSB of its query
         by_query = np.flatnonzero(present(queries) & ~interleaved & ~np.isnan(metric))
         if by_query.shape[0]:

@@ -83,11 +83,11 @@ class GsbTracker:
         # floor division of floats, as Python's // (numpy's is CPython's algorithm)
         buckets = np.floor_divide(np.asarray(serve_ts, dtype=np.float64), self.window).astype(np.int64)
         metric = np.array(values, dtype=np.float64)  # a copy: kept
-        if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():  # the usual case: one bucket
-            self._queries.setdefault(int(buckets[0]), []).append((groups, queries, metric))
-            return
         for bucket in np.unique(buckets).tolist():
             rows = np.flatnonzero(buckets == bucket)
+            if rows.shape[0] == len(groups):  # the usual batch: all in one bucket, kept as given
+                self._queries.setdefault(bucket, []).append((groups, queries, metric))
+                continue
             picked = rows.tolist()
             self._queries.setdefault(bucket, []).append(([groups[i] for i in picked], [queries[i] for i in picked],
                                                          metric[rows]))

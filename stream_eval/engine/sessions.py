@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -57,15 +58,11 @@ class Impressions:
         kept_scores = list(map(_SCORES_OF, states))
         with_scores = present(kept_scores)
         if with_scores.any():
-            text = None
-            if with_scores.all():
-                try:
-                    text = b"".join(kept_scores)  # the usual batch: all as text
-                except TypeError:  # some kept as lists
-                    pass
-            if text is None:
-                text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in kept_scores
-                                 if kept is not None])
+            texts = kept_scores if with_scores.all() else list(compress(kept_scores, with_scores.tolist()))
+            try:
+                text = b"".join(texts)  # the usual batch: all kept as text
+            except TypeError:  # some kept as lists (regrouped parts)
+                text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in texts])
             scored = with_scores[part]
             values = json_numbers(text, int(scored.sum()))
             scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values

@@ -755,9 +755,9 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
     text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
 
-    def strings(key: str) -> list[str | None]:
+    def strings(key: str, source: str | bytes = text) -> list[Any]:
         starts, ends = (columns[k].tolist() for k in scan.COLUMNS[key])
-        return [text[a:b] if a >= 0 else None for a, b in zip(starts, ends, strict=True)]
+        return [source[a:b] if a >= 0 else None for a, b in zip(starts, ends, strict=True)]
 
     def labels(key: str, absent: str | None) -> list[str | None]:
         # few distinct names: each is read once, as the label kept (see label())
@@ -767,10 +767,8 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
         return np.array([*names, absent], dtype=object)[codes].tolist()  # type: ignore[no-any-return]  # code -1: absent
 
     (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
-    scores = [chunk[a:b] if a >= 0 else None for a, b in zip(*(columns[k].tolist() for k in scan.COLUMNS["scores"]),
-                                                                strict=True)]
     times = _parsed(chunk, ts, columns[scan.TS_EXACT], t0, t1).tolist()
-    made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, scores,
+    made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
                     labels("arm", "default")))
     return PlainRankings(made, raw, text, columns), plain
