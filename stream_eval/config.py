@@ -21,6 +21,13 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
+#: The event times a real log can hold (SPEC §1): 2000-01-01 and 2100-01-01, UTC, as epoch seconds.
+MIN_TS = 946_684_800.0
+MAX_TS = 4_102_444_800.0
+#: The latest ``max_ts`` allowed: year 9999, whose milliseconds still fit a Kafka record timestamp (int64).
+_LATEST_TS = 253_402_300_799.0
+
+
 class ConfigError(ValueError):
     """A setting has a value that cannot be used; the message names the setting."""
 
@@ -85,6 +92,9 @@ class Config:
     windows: tuple[float, ...] = (300.0, 3600.0)
     idle_timeout: float = 30.0
     max_label_values: int = 100
+    min_ts: float = MIN_TS
+    max_ts: float = MAX_TS
+    max_clock_skew: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.cutoffs or any(k < 1 for k in self.cutoffs):
@@ -110,6 +120,9 @@ class Config:
             k = 10 if 10 in self.cutoffs else self.cutoffs[0]
             object.__setattr__(self, "gsb_metric", f"nDCG@{k}")
         _check_gsb_metric(self.gsb_metric, self.cutoffs)
+        if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
+            raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
+                              f"{self.max_ts}")
         for kind, grade in self.kinds:
             if grade < 0:
                 raise ConfigError(f"kinds.{kind}: grade must be >= 0, got {grade}")
@@ -147,6 +160,8 @@ class Config:
             "gsb_epsilon": self.gsb_epsilon,
             "gsb_window": self.gsb_window,
             "confidence": self.confidence,
+            "min_ts": self.min_ts,
+            "max_ts": self.max_ts,
             "kinds": dict(self.kinds),
             "experiments": {e: {"control": p.control, "treatment": p.treatment} for e, p in self.experiments},
         }
@@ -197,6 +212,27 @@ def _duration(name: str) -> Any:
     return lambda value: parse_duration(value, name)
 
 
+def _moment(name: str) -> Any:
+    def read(value: object) -> float:
+        if isinstance(value, str) and not re.fullmatch(r"\s*-?\d+(\.\d*)?\s*", value):
+            from datetime import datetime
+
+            try:
+                moment = datetime.fromisoformat(value)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: expected epoch seconds or an ISO-8601 time, got {value!r}") from exc
+            if moment.tzinfo is None:
+                raise ConfigError(f"{name}: {value!r} has no UTC offset (add Z or +hh:mm)")
+            return moment.timestamp()
+        if hasattr(value, "timestamp") and not isinstance(value, int | float):  # a TOML date-time
+            if getattr(value, "tzinfo", None) is None:
+                raise ConfigError(f"{name}: {value!r} has no UTC offset (add Z or +hh:mm)")
+            return float(value.timestamp())
+        return _number(name)(value)  # type: ignore[no-any-return]  # float
+
+    return read
+
+
 def _windows(value: object) -> tuple[float, ...]:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     return tuple(parse_duration(item, "windows") for item in items if str(item).strip())
@@ -240,6 +276,9 @@ READERS: dict[str, Any] = {
     "windows": _windows,
     "idle_timeout": _duration("idle_timeout"),
     "max_label_values": _integer("max_label_values"),
+    "min_ts": _moment("min_ts"),
+    "max_ts": _moment("max_ts"),
+    "max_clock_skew": _duration("max_clock_skew"),
 }
 ENV_PREFIX = "STREAM_EVAL_"
 

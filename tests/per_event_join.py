@@ -11,7 +11,8 @@ import heapq
 import math
 from itertools import count
 
-from stream_eval.config import Config
+from support import AbstractTimeConfig as Config
+
 from stream_eval.events.join import DueBySecond, EventCounts
 from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking, item_list, score_list
 

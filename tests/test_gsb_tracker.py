@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import ArmPair, Config
+from stream_eval.config import ArmPair
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.metrics.gsb import metric_verdict
 

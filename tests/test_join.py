@@ -14,8 +14,8 @@ from unittest.mock import patch
 import numpy as np
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import Config
 from stream_eval.engine.engine import Engine
 from stream_eval.events import compiled
 from stream_eval.events import join as join_module

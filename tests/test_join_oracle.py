@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from per_event_join import Join as PerEventJoin
 from per_event_join import RequestState
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import Config
 from stream_eval.events import compiled
 from stream_eval.events import join as join_module
 from stream_eval.events.join import EventCounts, Finalised, Join

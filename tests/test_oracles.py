@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import pytrec_eval
 from sklearn.metrics import roc_auc_score
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import Config
 from stream_eval.engine.compiled import PAIRWISE, grouped_session_auc
 from stream_eval.engine.engine import Engine
 from stream_eval.events.schema import Feedback, Invalid, Ranking, finish

@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 import pytest
+from support import AbstractTimeConfig as Config
 from support import approx
 
-from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint

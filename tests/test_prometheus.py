@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import Config, format_duration
+from stream_eval.config import format_duration
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.labels import OTHER

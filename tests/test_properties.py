@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import Config
 from stream_eval.engine.compiled import PAIRWISE, grouped_session_auc
 from stream_eval.engine.engine import Engine, GroupStats
 from stream_eval.events.join import Join

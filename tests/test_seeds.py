@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from support import AbstractTimeConfig as Config
 
-from stream_eval.config import Config
 from stream_eval.engine.engine import Engine
 from stream_eval.events.schema import Feedback, Invalid, Judgment, Ranking, finish
 from stream_eval.metrics.alpha import alpha_dcg, alpha_ndcg, subtopic_counts_above

@@ -9,6 +9,7 @@ Kafka timestamp.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import msgspec
@@ -60,11 +61,23 @@ def decode_message(
 
 
 def decode_messages(
-    values: Sequence[bytes | None], kind: str, config: Config, default_ts: Sequence[float], where: Sequence[str]
+    values: Sequence[bytes | None], kind: str, config: Config, default_ts: Sequence[float], where: Sequence[str],
+    not_after: float = math.inf,
 ) -> list[Event | Invalid]:
-    """Messages of one topic-partition, in order; ``default_ts[i]`` is message i's Kafka timestamp (s)."""
+    """Messages of one topic-partition, in order; ``default_ts[i]`` is message i's Kafka timestamp (s).
+
+    An event whose time is after ``not_after`` (the worker's wall clock plus ``max_clock_skew``) is invalid
+    (``future_ts``): a producer with a wrong clock must not move event time and finalise everything.
+    """
     out: list[Event | Invalid] = []
     _decode_range(values, 0, len(values), kind, config, default_ts, where, out)
+    if not_after < math.inf:
+        for index, event in enumerate(out):
+            ts = getattr(event, "ts", None)
+            if ts is not None and type(event) is not Invalid and ts > not_after:
+                out[index] = Invalid(type_name(event), "future_ts",
+                                     f"ts: {ts!r} is more than max_clock_skew={config.max_clock_skew:g}s ahead of "
+                                     "the worker's clock", where[index], bytes(values[index] or b""))
     return out
 
 

@@ -12,7 +12,7 @@ import functools
 import math
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import repeat
 from operator import attrgetter
 from typing import Annotated, Any, Literal
@@ -248,6 +248,10 @@ class EventError(ValueError):
         self.reason = reason
 
 
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
 def parse_time(value: Time, field: str = "ts") -> float:
     """Epoch seconds from a number or an ISO-8601 string with a UTC offset.
 
@@ -280,10 +284,11 @@ class Validator:
     :class:`EventError`. Built once per config: the hot path does no dict building or attribute chains.
     """
 
-    __slots__ = ("max_items", "default_grades", "graded_kinds", "_checks", "scan_kinds")
+    __slots__ = ("max_items", "min_ts", "max_ts", "default_grades", "graded_kinds", "_checks", "scan_kinds")
 
     def __init__(self, config: Config) -> None:
         self.max_items = config.max_items
+        self.min_ts, self.max_ts = config.min_ts, config.max_ts
         self.default_grades = config.kind_grades
         self.graded_kinds = {"label", *self.default_grades}
         self._checks: dict[type, Any] = {Ranking: self.ranking, Feedback: self.feedback, Judgment: self.judgment}
@@ -299,13 +304,20 @@ class Validator:
     def check(self, event: Ranking | Feedback | Judgment, default_ts: float | None = None) -> None:
         if type(event) is Feedback and event.grade is None and type(event.ts) is float:  # most events: a click
             grade = self.default_grades.get(event.kind)
-            if grade is not None:
+            if grade is not None and self.min_ts <= event.ts <= self.max_ts:
                 event.grade = grade
                 return
         self._checks[type(event)](event)
-        ts = event.ts
+        event.ts = self.time(event.ts, default_ts)
+
+    def time(self, ts: Time, default_ts: float | None = None) -> float:
+        """``ts`` (``default_ts`` when absent) as epoch seconds, checked to be a time a real log can hold."""
         if type(ts) is not float:
-            event.ts = default_ts if ts is None and default_ts is not None else parse_time(ts)
+            ts = default_ts if ts is None and default_ts is not None else parse_time(ts)
+        if self.min_ts <= ts <= self.max_ts:
+            return ts
+        raise EventError("ts_out_of_range", f"ts: {ts!r} is outside the event times a log can hold "
+                         f"[{_iso(self.min_ts)}, {_iso(self.max_ts)}] (settings min_ts, max_ts)")
 
     def ranking(self, event: Ranking) -> None:
         items = event.items
@@ -380,10 +392,7 @@ class Validator:
         """The checks left once items and scores are known good, and the compact ranking."""
         if event.teams is not None or event.subtopics is not None:
             self._check_lengths(event, n, ("teams", "subtopics"))
-        ts = event.ts
-        if type(ts) is not float:
-            ts = parse_time(ts)
-        return CompactRanking(event.request_id, text, n, ts, scores, event.query_id,
+        return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, event.query_id,
                               event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
 
     def _check_items(self, items: list[str]) -> None:
@@ -447,13 +456,17 @@ _FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "b
                 "experiment": "missing_field", "query_id": "missing_field"}
 
 
-#: What decoding bytes can raise: msgspec's errors, and UnicodeDecodeError for bytes that are not UTF-8.
-DECODE_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError)
+#: What decoding bytes can raise: msgspec's errors, UnicodeDecodeError for bytes that are not UTF-8, and
+#: RecursionError for JSON nested deeper than the interpreter's recursion limit (~1,000 levels; msgspec skips
+#: even unknown fields recursively).
+DECODE_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError, RecursionError)
 
 
-def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError) -> tuple[str, str]:
+def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError | RecursionError) -> tuple[str, str]:
     if isinstance(error, UnicodeDecodeError):
         return "bad_utf8", f"not UTF-8 text: {error.reason} at byte {error.start}"
+    if isinstance(error, RecursionError):
+        return "too_deep", "JSON nested too deeply (arrays or objects inside each other ~1,000 levels or more)"
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return "bad_json", text
@@ -494,7 +507,7 @@ def finish(
     try:
         if isinstance(event, Watermark):
             if event.ts is not None:
-                event.ts = parse_time(event.ts)
+                event.ts = validator(config).time(event.ts)
             elif not event.end:
                 raise EventError("missing_ts", "watermark: needs ts or end")
         else:
@@ -698,6 +711,7 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
     raw = np.frombuffer(chunk, dtype=np.uint8)
     lines, fast, fields, values = scan.scan_lines(raw, kinds, kind_starts, kind_ends, grades, click)
     columns = fields.T  # a view: each key's bounds are rows
+    _check_times(chunk, fast, columns, values, checker)
     ranked = np.flatnonzero(fast == scan.RANKING)
     rankings: list[CompactRanking] = []
     read_rankings = None
@@ -723,6 +737,20 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
                  read_rankings if rankings else None)
 
 
+def _check_times(chunk: bytes, fast: Ints, columns: Ints, values: Floats, checker: Validator) -> None:
+    """Parse the times of the lines read (``values[:, 1]``, in place) and leave a line whose time no real log has
+    to msgspec and :class:`Validator`, which reject it with the reason."""
+    read = np.flatnonzero(fast)
+    (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
+    exact = columns[scan.TS_EXACT]
+    ts = _parsed(chunk, values[read, 1], exact[read], t0[read], t1[read])
+    values[read, 1] = ts
+    exact[read] = 1
+    outside = ~((ts >= checker.min_ts) & (ts <= checker.max_ts))
+    if outside.any():
+        fast[read[outside]] = 0
+
+
 def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints) -> Floats:
     """``column`` with the numbers not read exactly parsed from their text by ``float`` (correctly rounded, as
     msgspec's parser is)."""
@@ -736,9 +764,9 @@ def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints)
 def _feedback_columns(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, values: Floats,
                       codes: Ints) -> FeedbackColumns:
     """The feedback lines read by :func:`scan.scan_lines` (their columns and values) as :class:`FeedbackColumns`."""
-    (rid0, rid1), (item0, item1), (ts0, ts1), (grade0, grade1) = (
-        (columns[a], columns[b]) for a, b in (scan.COLUMNS[k] for k in ("request_id", "item", "ts", "grade")))
-    ts = _parsed(chunk, values[:, 1], columns[scan.TS_EXACT], ts0, ts1)
+    (rid0, rid1), (item0, item1), (grade0, grade1) = (
+        (columns[a], columns[b]) for a, b in (scan.COLUMNS[k] for k in ("request_id", "item", "grade")))
+    ts = values[:, 1]  # parsed by _check_times
     grade = _parsed(chunk, values[:, 0], columns[scan.GRADE_EXACT], grade0, grade1)
     return FeedbackColumns(raw, rid0.copy(), rid1.copy(), item0.copy(), item1.copy(), codes[columns[scan.KIND_INDEX]],
                            grade, ts)
@@ -766,8 +794,7 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
         names = labels_of([text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)])
         return np.array([*names, absent], dtype=object)[codes].tolist()  # type: ignore[no-any-return]  # code -1: absent
 
-    (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
-    times = _parsed(chunk, ts, columns[scan.TS_EXACT], t0, t1).tolist()
+    times = ts.tolist()  # parsed by _check_times
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
                     labels("arm", "default")))

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from stream_eval.events.schema import EventError, parse_time
+from stream_eval.events.schema import DECODE_ERRORS, EventError, parse_time
 from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, event_key, parse_brokers
 
 __all__ = [
@@ -106,7 +106,7 @@ def route_line(line: bytes, topics: Topics) -> Routed | None:
         return None
     try:
         head = _decode_head(value)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):  # broken JSON, not an object
+    except DECODE_ERRORS:  # broken or too deeply nested JSON, not an object
         return Routed(value, topics.rankings, None, None)
     kind = head.type
     ts = _event_time(head.ts)

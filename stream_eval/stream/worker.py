@@ -112,6 +112,13 @@ class _Timestamps(Sequence[float]):
         return float(self.records[index].timestamp) / 1000.0
 
 
+def _timestamp_ms(ts: float) -> int | None:
+    """A Kafka record timestamp for event time ``ts``: milliseconds, or ``None`` (the producer's clock) for a time
+    Kafka cannot hold (negative, or past int64 milliseconds; only configured ``min_ts``/``max_ts`` let one in)."""
+    ms = ts * 1000.0
+    return int(ms) if 0.0 <= ms < 9.2e18 else None
+
+
 def _quiet_client_debug_logs() -> None:
     """Keep aiokafka's per-message debug logging off unless a real log handler takes DEBUG records.
 
@@ -134,8 +141,9 @@ class StreamWorker:
     """
 
     def __init__(self, settings: WorkerSettings, config: Config, lock: threading.Lock | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.wall_clock = wall_clock
         self.config = config
         self.lock = lock or threading.Lock()
         self.engine = Engine(config, self._finalised)
@@ -147,7 +155,7 @@ class StreamWorker:
         self._stage_consumer: Any = None
         self.partitioned = PartitionedEngine(self.engine, clock)
         self.topics = settings.topics
-        self._outbox: list[tuple[bytes, bytes, int]] = []
+        self._outbox: list[tuple[bytes, bytes, int | None]] = []
         self._dead: list[tuple[Invalid, str, int, int]] = []
         self._consumer: Any = None
         self._producer: Any = None
@@ -157,7 +165,7 @@ class StreamWorker:
     # -- outputs ------------------------------------------------------------------------------------
     def _finalised(self, batch: FinalisedBatch) -> None:
         for state, record in zip(batch.states, batch.records(), strict=True):
-            self._outbox.append((record["request_id"].encode(), orjson.dumps(record), int(state.ts * 1000)))
+            self._outbox.append((record["request_id"].encode(), orjson.dumps(record), _timestamp_ms(state.ts)))
 
     async def _send_outputs(self) -> None:
         producer, outbox, dead = self._producer, self._outbox, self._dead
@@ -345,7 +353,8 @@ class StreamWorker:
                 kind = self.topics.type_of(tp.topic)
                 offsets = [r.offset for r in records]
                 events = decode_messages([r.value for r in records], kind, config, _Timestamps(records),
-                                         _Where(f"{tp.topic}/{tp.partition}@", offsets))
+                                         _Where(f"{tp.topic}/{tp.partition}@", offsets),
+                                         not_after=self.wall_clock() + config.max_clock_skew)
                 invalid = self.partitioned.feed(kind, tp.partition, offsets, events)
                 self.events_seen += len(records)
                 for event in invalid:
