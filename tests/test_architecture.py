@@ -16,7 +16,7 @@ import stream_eval
 
 PACKAGE_DIR = Path(stream_eval.__file__).resolve().parent
 STREAMING = ("faust", "aiokafka", "mode", "prometheus_client")
-PURE_PACKAGES = ("stream_eval.metrics", "stream_eval.events")
+PURE_PACKAGES = ("stream_eval.metrics", "stream_eval.events", "stream_eval.stats")
 
 
 def _run(code: str) -> dict[str, object]:

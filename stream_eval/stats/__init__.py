@@ -1,0 +1,28 @@
+"""Pure A/B statistics (numpy and the standard library only): mergeable per-arm sufficient statistics over
+randomisation units, cluster-robust (delta-method) variances, fixed-sample intervals beside always-valid
+confidence sequences and p-values, sample ratio mismatch and the GSB sign test.
+
+No knowledge of Kafka, windows or workers: sums in, numbers out (the shape of GrowthBook's gbstats).
+"""
+
+from __future__ import annotations
+
+from stream_eval.stats.compare import Comparison, compare, decide
+from stream_eval.stats.ratio import ArmSums, ratio_mean_variance
+from stream_eval.stats.sign import SignTest, sign_test
+from stream_eval.stats.special import Floats, chi2_sf
+from stream_eval.stats.srm import SrmTest, srm_test
+
+__all__ = [
+    "ArmSums",
+    "Comparison",
+    "Floats",
+    "SignTest",
+    "SrmTest",
+    "chi2_sf",
+    "compare",
+    "decide",
+    "ratio_mean_variance",
+    "sign_test",
+    "srm_test",
+]

@@ -1,0 +1,97 @@
+"""Treatment minus control for every metric: a fixed-sample interval and an always-valid confidence sequence.
+
+Both intervals use the same cluster-robust (delta-method) variance of the difference,
+``v = var(mean_t) + var(mean_c)`` from :func:`~stream_eval.stats.ratio.ratio_mean_variance`:
+
+* the fixed-sample interval ``delta +- z_{1 - alpha/2} sqrt(v)`` is valid at one pre-planned look only;
+* the confidence sequence (normal mixture, Waudby-Smith et al. 2023 eq. 9, as gbstats'
+  ``SequentialTwoSidedTTest``) holds at every look at once, so the experiment can be watched continuously
+  and stopped as soon as it excludes 0. Its always-valid p-value is below ``alpha`` exactly when it does.
+
+Zero variance (every unit of both arms has the same ratio, e.g. a metric that is 0 everywhere so far) gives
+NaN intervals and a NaN p-value: no interval can be formed, and :func:`decide` says ``"inconclusive"``. (gbstats
+also refuses to test then; it only needs the *sum* of the two arms' variances to be positive here.)
+
+Deviation from gbstats, on purpose: its ``TwoSidedTTest`` uses a Student t quantile with Welch's degrees of
+freedom; ours is the normal quantile (units are many; the confidence sequence is asymptotic anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from stream_eval.stats.ratio import ArmSums, ratio_mean_variance
+from stream_eval.stats.sequential import mixture_rho, normal_mixture_halfwidth, normal_mixture_p_value
+from stream_eval.stats.special import Floats
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Comparison:
+    """Treatment - control, every field an array of shape (K,)."""
+
+    delta: Floats  # treatment mean - control mean
+    ci_lower: Floats  # fixed-sample cluster-robust normal interval
+    ci_upper: Floats
+    cs_lower: Floats  # always-valid normal-mixture confidence sequence
+    cs_upper: Floats
+    p_value: Floats  # always-valid p-value AT THIS LOOK (the caller keeps the running minimum)
+    units_control: Floats
+    units_treatment: Floats
+
+
+def compare(
+    control: ArmSums, treatment: ArmSums, *, confidence: float = 0.95, sequential_n: float = 10_000
+) -> Comparison:
+    """Treatment mean - control mean for every metric, with both intervals and the always-valid p-value.
+
+    ``sequential_n`` (N*, in units of both arms together) tunes the confidence sequence to be tightest there.
+    NaN where an arm has fewer than 2 units for a metric or the variance is 0.
+
+    >>> import numpy as np
+    >>> col = lambda *v: np.array(v, dtype=float)[:, None]  # one metric: a column of per-unit values
+    >>> control = ArmSums.of_units(col(1, 2, 0, 1, 1, 0), col(2, 3, 1, 2, 1, 2))
+    >>> treatment = ArmSums.of_units(col(2, 3, 1, 2, 1, 2), col(2, 3, 2, 2, 1, 3))
+    >>> c = compare(control, treatment, sequential_n=12)
+    >>> [round(float(x[0]), 4) for x in (c.delta, c.ci_lower, c.ci_upper, c.cs_lower, c.cs_upper, c.p_value)]
+    [0.3916, 0.0764, 0.7068, -0.0965, 0.8797, 0.2148]
+    >>> decide(c.ci_lower[0], c.ci_upper[0]), decide(c.cs_lower[0], c.cs_upper[0])  # one look: CS is wider
+    ('better', 'inconclusive')
+    """
+    alpha = 1.0 - confidence
+    rho = mixture_rho(alpha, sequential_n)
+    mean_c, var_c = ratio_mean_variance(control)
+    mean_t, var_t = ratio_mean_variance(treatment)
+    delta = mean_t - mean_c
+    variance = var_c + var_t
+    ok = np.isfinite(delta) & (variance > 0.0)
+    variance = np.where(ok, variance, np.nan)
+    n_total = control.units + treatment.units
+    fixed_half = NormalDist().inv_cdf(0.5 + confidence / 2.0) * np.sqrt(variance)
+    cs_half = normal_mixture_halfwidth(variance, n_total, alpha, rho)
+    return Comparison(
+        delta=delta,
+        ci_lower=delta - fixed_half,
+        ci_upper=delta + fixed_half,
+        cs_lower=delta - cs_half,
+        cs_upper=delta + cs_half,
+        p_value=normal_mixture_p_value(delta, variance, n_total, rho),
+        units_control=np.asarray(control.units, dtype=np.float64),
+        units_treatment=np.asarray(treatment.units, dtype=np.float64),
+    )
+
+
+def decide(cs_lower: float, cs_upper: float) -> str:
+    """``'better'`` if ``cs_lower > 0``, ``'worse'`` if ``cs_upper < 0``, else ``'inconclusive'`` (NaN bounds:
+    inconclusive; every metric here is higher-is-better).
+
+    >>> decide(0.01, 0.03), decide(-0.03, -0.01), decide(-0.01, 0.01), decide(float("nan"), float("nan"))
+    ('better', 'worse', 'inconclusive', 'inconclusive')
+    """
+    if cs_lower > 0.0:
+        return "better"
+    if cs_upper < 0.0:
+        return "worse"
+    return "inconclusive"

@@ -1,0 +1,115 @@
+"""Mergeable sufficient statistics of an arm and the cluster-robust (delta-method) variance of its mean.
+
+Inference is over randomisation units (users, sessions), never over requests: requests of one unit are
+correlated, and treating them as independent understates the variance (see ``bench/validity.py``). Every
+metric is a ratio metric: unit ``i`` contributes ``y_i`` (the sum of its per-request values) and ``n_i``
+(how many of its requests have a value), and the arm's mean is ``sum y / sum n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import numpy.typing as npt
+
+from stream_eval.stats.special import Floats
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ArmSums:
+    """Sufficient statistics of one arm over its randomisation units, for K metrics at once.
+
+    Every field is a float64 array of shape (K,) (any shape works elementwise, which the benchmark uses for
+    many experiments at once). Unit i of the arm has, per metric, ``y_i`` = sum of the metric's per-request
+    values and ``n_i`` = number of requests with a value (a ratio metric: mean = sum y / sum n). Arms merge by
+    ``+`` over disjoint unit sets (partitions, workers, windows) and ``-`` reverts a merged part.
+    ``==`` is exact equality of every field.
+
+    >>> import numpy as np
+    >>> a = ArmSums.of_units(np.array([[2.0, 1.0], [1.0, 0.0]]), np.array([[3.0, 1.0], [1.0, 0.0]]))
+    >>> a.units.tolist(), a.y.tolist(), a.n.tolist(), a.yn.tolist()
+    ([2.0, 1.0], [3.0, 1.0], [4.0, 1.0], [7.0, 1.0])
+    >>> b = ArmSums.of_units(np.array([[0.5, 0.5]]), np.array([[1.0, 1.0]]))
+    >>> (a + b).units.tolist(), (a + b - b) == a
+    ([3.0, 2.0], True)
+    """
+
+    units: Floats  # number of units with n_i > 0 (per metric)
+    y: Floats  # sum_i y_i
+    n: Floats  # sum_i n_i
+    yy: Floats  # sum_i y_i**2
+    nn: Floats  # sum_i n_i**2
+    yn: Floats  # sum_i y_i*n_i
+
+    @classmethod
+    def of_units(cls, y: npt.ArrayLike, n: npt.ArrayLike) -> ArmSums:
+        """From per-unit sums ``y`` and counts ``n`` of shape (U, K); a unit with ``n == 0`` for a metric does
+        not count for it (its ``y`` is ignored, even NaN)."""
+        y_arr = np.asarray(y, dtype=np.float64)
+        n_arr = np.asarray(n, dtype=np.float64)
+        if y_arr.ndim != 2 or y_arr.shape != n_arr.shape:
+            raise ValueError(f"y and n must both have shape (units, metrics), got {y_arr.shape} and {n_arr.shape}")
+        present = n_arr > 0.0
+        y_arr = np.where(present, y_arr, 0.0)
+        n_arr = np.where(present, n_arr, 0.0)
+        return cls(
+            units=present.sum(axis=0).astype(np.float64),
+            y=y_arr.sum(axis=0),
+            n=n_arr.sum(axis=0),
+            yy=(y_arr * y_arr).sum(axis=0),
+            nn=(n_arr * n_arr).sum(axis=0),
+            yn=(y_arr * n_arr).sum(axis=0),
+        )
+
+    @classmethod
+    def zeros(cls, k: int) -> ArmSums:
+        """The empty arm (the identity of ``+``) for ``k`` metrics."""
+        return cls(*(np.zeros(k) for _ in range(6)))
+
+    def _values(self) -> tuple[Floats, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: ArmSums) -> ArmSums:
+        return ArmSums(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
+
+    def __sub__(self, other: ArmSums) -> ArmSums:
+        return ArmSums(*(a - b for a, b in zip(self._values(), other._values(), strict=True)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArmSums) and all(
+            np.array_equal(a, b, equal_nan=True) for a, b in zip(self._values(), other._values(), strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays inside: not hashable, like a numpy array
+
+
+def ratio_mean_variance(s: ArmSums) -> tuple[Floats, Floats]:
+    """``mean = y / n`` and the delta-method (cluster-robust) variance of that mean; NaN with < 2 units.
+
+    With ``u`` units, ``r = y / n`` and the residuals ``e_i = y_i - r n_i`` (which sum to 0)::
+
+        var(mean) = sum e_i^2 / ((u - 1) u nbar^2),   nbar = n / u,   sum e_i^2 = yy - 2 r yn + r^2 nn
+
+    This is gbstats' ``RatioStatistic.variance / n`` exactly (Deng, Knoblich & Lu 2018, "Applying the delta
+    method in metric analytics"): ``var_m / mu_d^2 - 2 cov mu_m / mu_d^3 + mu_m^2 var_d / mu_d^4`` with the
+    unbiased (``u - 1``) sample variances and covariance of the per-unit ``y_i`` and ``n_i``, divided by
+    ``u``; expanding it gives the line above. With one request per unit it is the sample variance of the
+    mean. Rounding can make it slightly negative when it is 0: it is clipped at 0.
+
+    >>> import numpy as np
+    >>> s = ArmSums.of_units(np.array([[1.0], [3.0], [2.0]]), np.array([[2.0], [2.0], [4.0]]))
+    >>> mean, var = ratio_mean_variance(s)  # residuals -0.5, 1.5, -1: 3.5 * 3 / (2 * 8**2)
+    >>> mean.tolist(), var.round(6).tolist()
+    ([0.75], [0.082031])
+    """
+    units = np.asarray(s.units, dtype=np.float64)
+    ok_mean = s.n > 0.0
+    mean = np.divide(s.y, s.n, out=np.full(np.shape(s.y), np.nan), where=ok_mean)
+    ok = ok_mean & (units >= 2.0)
+    r = np.where(ok, mean, 0.0)
+    residual_sq = np.maximum(s.yy - 2.0 * r * s.yn + r * r * s.nn, 0.0)
+    safe_units = np.where(ok, units, 2.0)
+    safe_n = np.where(ok, s.n, 1.0)
+    variance = np.where(ok, residual_sq * safe_units / ((safe_units - 1.0) * safe_n * safe_n), np.nan)
+    return mean, variance
