@@ -26,6 +26,10 @@ SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--alpha", {"help": "alpha of alpha-nDCG (default 0.5)"}),
     ("--gsb-metric", {"help": "metric compared per query for GSB source 'metric' (default nDCG@10)"}),
     ("--gsb-epsilon", {"help": "smallest difference that is not 'same' (default 0)"}),
+    ("--confidence", {"help": "level of A/B intervals and confidence sequences (default 0.95)"}),
+    ("--sequential-n", {"help": "units the confidence sequence is tuned for, N* (default 10000)"}),
+    ("--look-every", {"help": "event time between A/B looks, for --ab-trace and p-values (default 1h)"}),
+    ("--srm-alpha", {"help": "sample-ratio mismatch flagged below this sequential p-value (default 0.001)"}),
     ("--config", {"metavar": "FILE", "help": "TOML file with settings (see README)"}),
 ]
 
@@ -63,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--per-request", metavar="OUT.jsonl", help="write one line of metrics per request")
     replay.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     replay.add_argument("--no-progress", action="store_true", help="no progress line on the terminal")
+    replay.add_argument("--ab-trace", metavar="FILE",
+                        help="write the A/B sections (ab, srm, gsb) as one JSON line per look (every look_every)")
     _add_shared(replay)
     simulate = commands.add_parser(
         "simulate", help="synthetic traffic from a click model, as JSON Lines or to Kafka (--broker)"
@@ -72,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--interleaving", action="store_true", help="add team-draft interleaved requests")
     simulate.add_argument("--judgments", action="store_true", help="add side-by-side judgment events")
+    simulate.add_argument("--unit", choices=["session", "user"], default="session",
+                          help="randomisation unit: each session (default), or users of several sessions, whose "
+                               "rankings carry unit_id")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
     simulate.add_argument("--broker", metavar="URL",
                           help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")

@@ -7,6 +7,8 @@ import sys
 from contextlib import ExitStack
 from typing import IO
 
+import orjson
+
 from stream_eval.config import Config
 from stream_eval.engine.replay import ProgressBar, replay, total_size
 from stream_eval.export.report import PerRequestWriter, to_json, to_table
@@ -20,7 +22,14 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         progress = None
         if not args.no_progress and sys.stderr.isatty():
             progress = ProgressBar(total_size(args.files))
-        engine = replay(args.files, config, writer, progress)
+        trace = None
+        if args.ab_trace:
+            trace_file = stack.enter_context(open(args.ab_trace, "wb"))
+
+            def trace(look: dict[str, object]) -> None:
+                trace_file.write(orjson.dumps(look) + b"\n")
+
+        engine = replay(args.files, config, writer, progress, trace)
         if progress is not None:
             progress.close()
     report = engine.report()
@@ -49,7 +58,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     if getattr(args, "broker", None):
         return _simulate_to_kafka(args)
     sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                           judgments=args.judgments)
+                           judgments=args.judgments, unit=args.unit)
     if args.output == "-":
         out = sys.stdout.buffer
         for line in simulate_lines(sim):
@@ -70,6 +79,7 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
 
     endless = args.requests == 0
     sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                           judgments=args.judgments, start_ts=float(int(time.time())), endless=endless)
+                           judgments=args.judgments, unit=args.unit, start_ts=float(int(time.time())),
+                           endless=endless)
     return produce_command([], args.broker, args.topic_prefix, None, not args.no_flush, args.partitions,
                            lines=simulate_lines(sim), rate=args.rate or None, endless=endless)

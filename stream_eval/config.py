@@ -7,6 +7,7 @@ The same :class:`Config` drives ``replay`` and the streaming worker, so both com
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -87,8 +88,13 @@ class Config:
     gsb_epsilon: float = 0.0
     gsb_window: float = 3600.0
     confidence: float = 0.95
+    sequential_n: float = 10_000.0
+    look_every: float = 3600.0
+    srm_alpha: float = 0.001
+    ab: bool = True
     kinds: tuple[tuple[str, float], ...] = ()
     experiments: tuple[tuple[str, ArmPair], ...] = ()
+    splits: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     windows: tuple[float, ...] = (300.0, 3600.0)
     idle_timeout: float = 30.0
     max_label_values: int = 100
@@ -115,6 +121,12 @@ class Config:
             raise ConfigError(f"max_items: must be positive, got {self.max_items}")
         if not 0.0 < self.confidence < 1.0:
             raise ConfigError(f"confidence: must lie in (0, 1), got {self.confidence}")
+        if not (self.sequential_n >= 1 and math.isfinite(self.sequential_n)):
+            raise ConfigError(f"sequential_n: must be a number of units >= 1, got {self.sequential_n}")
+        if not self.look_every > 0:
+            raise ConfigError(f"look_every: must be positive, got {self.look_every}")
+        if not 0.0 < self.srm_alpha < 1.0:
+            raise ConfigError(f"srm_alpha: must lie in (0, 1), got {self.srm_alpha}")
         if not self.gsb_metric:
             # nDCG at 10 when 10 is a cutoff, else at the first cutoff: the default follows --cutoffs.
             k = 10 if 10 in self.cutoffs else self.cutoffs[0]
@@ -142,6 +154,13 @@ class Config:
             return None
         return ArmPair(ordered[0], ordered[1])
 
+    def split_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> dict[str, float]:
+        """The expected share of units of each arm: configured (``split``), else equal over the arms seen."""
+        configured = dict(self.splits).get(experiment)
+        if configured is not None:
+            return dict(configured)
+        return {arm: 1.0 / len(arms_seen) for arm in sorted(arms_seen)}
+
     def to_json(self) -> dict[str, Any]:
         """The settings as they appear in the report's ``config`` section."""
         return {
@@ -160,11 +179,23 @@ class Config:
             "gsb_epsilon": self.gsb_epsilon,
             "gsb_window": self.gsb_window,
             "confidence": self.confidence,
+            "sequential_n": self.sequential_n,
+            "look_every": self.look_every,
+            "srm_alpha": self.srm_alpha,
+            "ab": self.ab,
             "min_ts": self.min_ts,
             "max_ts": self.max_ts,
             "kinds": dict(self.kinds),
-            "experiments": {e: {"control": p.control, "treatment": p.treatment} for e, p in self.experiments},
+            "experiments": _experiments_json(self.experiments, self.splits),
         }
+
+
+def _experiments_json(pairs: tuple[tuple[str, ArmPair], ...],
+                      splits: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]) -> dict[str, Any]:
+    out: dict[str, dict[str, Any]] = {e: {"control": p.control, "treatment": p.treatment} for e, p in pairs}
+    for experiment, split in splits:
+        out.setdefault(experiment, {})["split"] = dict(split)
+    return out
 
 
 def _check_gsb_metric(name: str, cutoffs: tuple[int, ...]) -> None:
@@ -233,6 +264,20 @@ def _moment(name: str) -> Any:
     return read
 
 
+def _boolean(name: str) -> Any:
+    def read(value: object) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+    return read
+
+
 def _windows(value: object) -> tuple[float, ...]:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
     return tuple(parse_duration(item, "windows") for item in items if str(item).strip())
@@ -244,15 +289,35 @@ def _kinds(value: object) -> tuple[tuple[str, float], ...]:
     return tuple((str(k), _number(f"kinds.{k}")(v)) for k, v in value.items())
 
 
-def _experiments(value: object) -> tuple[tuple[str, ArmPair], ...]:
+def _experiments(value: object) -> tuple[tuple[tuple[str, ArmPair], ...],
+                                         tuple[tuple[str, tuple[tuple[str, float], ...]], ...]]:
+    """``[experiments.NAME]`` tables: ``control`` and ``treatment`` (both or neither), ``split`` (optional)."""
     if not isinstance(value, Mapping):
         raise ConfigError('experiments: expected tables like [experiments.exp1] control = "a" treatment = "b"')
-    pairs = []
+    pairs, splits = [], []
     for name, arms in value.items():
-        if not isinstance(arms, Mapping) or "control" not in arms or "treatment" not in arms:
-            raise ConfigError(f"experiments.{name}: needs both control and treatment")
-        pairs.append((str(name), ArmPair(str(arms["control"]), str(arms["treatment"]))))
-    return tuple(pairs)
+        if not isinstance(arms, Mapping) or ("control" in arms) != ("treatment" in arms) or not (
+                "control" in arms or "split" in arms):
+            raise ConfigError(f"experiments.{name}: needs both control and treatment, or a split")
+        unknown = set(arms) - {"control", "treatment", "split"}
+        if unknown:
+            raise ConfigError(f"experiments.{name}: unknown setting(s) {', '.join(sorted(unknown))}")
+        if "control" in arms:
+            pairs.append((str(name), ArmPair(str(arms["control"]), str(arms["treatment"]))))
+        if "split" in arms:
+            splits.append((str(name), _split(str(name), arms["split"])))
+    return tuple(pairs), tuple(splits)
+
+
+def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, Mapping) or len(value) < 2:
+        raise ConfigError(f"experiments.{name}.split: expected a table of two or more arm = share, e.g. "
+                          "{a = 0.5, b = 0.5}")
+    shares = {str(arm): _number(f"experiments.{name}.split.{arm}")(share) for arm, share in value.items()}
+    if any(not share > 0 for share in shares.values()):
+        raise ConfigError(f"experiments.{name}.split: every share must be positive, got {shares}")
+    total = sum(shares.values())
+    return tuple(sorted((arm, share / total) for arm, share in shares.items()))
 
 
 READERS: dict[str, Any] = {
@@ -271,6 +336,10 @@ READERS: dict[str, Any] = {
     "gsb_epsilon": _number("gsb_epsilon"),
     "gsb_window": _duration("gsb_window"),
     "confidence": _number("confidence"),
+    "sequential_n": _number("sequential_n"),
+    "look_every": _duration("look_every"),
+    "srm_alpha": _number("srm_alpha"),
+    "ab": _boolean("ab"),
     "kinds": _kinds,
     "experiments": _experiments,
     "windows": _windows,
@@ -290,7 +359,10 @@ def _read(settings: Mapping[str, object], origin: str) -> dict[str, Any]:
         reader = READERS.get(name)
         if reader is None:
             raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(sorted(READERS))})")
-        values[name] = reader(raw)
+        if name == "experiments":
+            values["experiments"], values["splits"] = reader(raw)
+        else:
+            values[name] = reader(raw)
     return values
 
 

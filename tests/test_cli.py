@@ -77,13 +77,14 @@ GOOD_AND_BAD: list[tuple[str, bool]] = [
 BAD_LINE_NUMBERS = [k for k, (_, good) in enumerate(GOOD_AND_BAD, 1) if good is False]
 EXPECTED_EVENTS = {"ranking": 5, "feedback": 9, "judgment": 1, "invalid": 4, "late": 1, "duplicate": 1,
                    "orphan": 1}
-TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab"}
+TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm"}
+SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_value", "mismatch"}
 EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
 SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
 GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
-GSB_KEYS = {"experiment", "source", "good", "same", "bad", "score"}
+GSB_KEYS = {"experiment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper", "decision"}
 AB_KEYS = {"experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "n_control",
-           "n_treatment"}
+           "n_treatment", "units_control", "units_treatment", "cs_lower", "cs_upper", "p_value", "decision"}
 PER_REQUEST_KEYS = {"request_id", "experiment", "arm", "query_id", "session_id", "metrics"}
 
 
@@ -201,6 +202,14 @@ def test_replay_report_shape_and_counts(default_report: dict[str, Any]) -> None:
     assert {row["metric"] for row in rep["ab"]} >= {"MRR", "nDCG@10"}
     [mrr] = [row for row in rep["ab"] if row["metric"] == "MRR"]
     assert math.isclose(mrr["delta"], 0.25 - 0.75) and (mrr["n_control"], mrr["n_treatment"]) == (2, 2)
+    # the unit is the session (no unit_id): A's r1 and r2 share s1; the interleaved r5 is no arm of the split.
+    # One unit in control: no variance, so no interval and no decision.
+    assert (mrr["units_control"], mrr["units_treatment"]) == (1, 2)
+    assert mrr["decision"] == "inconclusive" and mrr["cs_lower"] is None and mrr["p_value"] is None
+    [srm] = rep["srm"]
+    assert set(srm) == SRM_KEYS
+    assert (srm["experiment"], srm["units"], srm["expected"]) == ("e", {"A": 1, "B": 2}, {"A": 0.5, "B": 0.5})
+    assert math.isclose(srm["chi2"], 2 * 0.5**2 / 1.5) and srm["mismatch"] is False
     assert set(rep["config"]) >= {"cutoffs", "gain", "max_grade", "rel_threshold", "empty", "gauc_weight",
                                   "attribution_window"}
     # RR: r1 b@2, r2 a@1, r3 y@2, r4 none, r5 n@2

@@ -181,6 +181,13 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     merged.merge(second)
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert second.overall().sessions > 0
+    # the A/B units were rebuilt by the new owner from the log: the same numbers as replay's, exactly
+    assert merged.ab() and merged.ab() == expected.ab()
+    assert merged.srm() == expected.srm()
+    # every verdict (judgments and interleaving too) reached the stage: the sign tests are replay's
+    rows = merged.gsb_rows()
+    assert {row["source"] for row in rows} == {"judgment", "metric", "interleaving"}
+    assert rows == expected.gsb_rows() and all(row["p_value"] is not None for row in rows)
 
 
 def test_an_idle_partition_stops_holding_event_time_back() -> None:
@@ -237,7 +244,9 @@ def test_a_reused_session_id_does_not_hold_the_stage_checkpoint_back() -> None:
     log = _one_user_log("t")
     stage.feed(list(range(len(log))), log)
     assert engine.overall().sessions == 19  # every earlier session closed (and has both classes)
-    assert stage.checkpoint().start == 38  # the open session's only part
+    assert stage._first_needed() == 38  # sessions need only the open session's only part
+    # but the A/B units are cumulative since the experiment's first event: a new owner rebuilds from the start
+    assert engine.ledger.experiments and stage.checkpoint().start == 0
 
 
 def test_the_stage_reads_session_parts_written_before_they_carried_ts() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import gzip
+import hashlib
 import itertools
 import math
 from pathlib import Path
@@ -18,6 +19,7 @@ from stream_eval.simulate import (
     SimulationConfig,
     simulate,
     simulate_lines,
+    true_effects,
     true_grades,
     write_jsonl,
 )
@@ -531,3 +533,136 @@ def test_hundred_thousand_requests() -> None:
         lines += 1
     assert counts["ranking"] == 100_000
     assert 300_000 <= counts["feedback"] <= 500_000
+
+
+# --- randomisation per user (unit_id) ----------------------------------------------------------------------------
+
+# sha256 of the JSON lines of these configs, recorded with the simulator as it was before `unit` existed: the
+# default (unit="session") must keep every existing output byte for byte (benchmarks, examples, tests rely on it).
+UNCHANGED_OUTPUTS = [
+    ({}, 4973, "b1772dcae297bb8496bd42d3d7e8e87c32398fe765de8344273d04c7f063c3fc"),
+    (
+        {
+            "requests": 3000, "seed": 7, "interleaving": True, "judgments": True, "label_rate": 0.1,
+            "duplicate_fraction": 0.02, "late_fraction": 0.01, "invalid_fraction": 0.002, "orphan_fraction": 0.01,
+            "shuffle_window": 5.0, "subtopics": True,
+        },
+        15425,
+        "0d094f52c3b371052e57ce62f3e5f6c727015804a2830cc85e9e50fdd3eb22bb",
+    ),
+    (
+        {
+            "requests": 12000, "seed": 5, "click_model": "pbm", "arms": (("a", 0.3), ("b", 0.6), ("c", 0.9)),
+            "sessions_per_user_requests": 4, "judgments": True,
+        },
+        38807,
+        "d94f175d0046762d2813713713a7f8aae8efdbb30d25d5a249dc0565406f2a43",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "lines", "digest"), UNCHANGED_OUTPUTS)
+def test_default_output_is_unchanged(kwargs: dict[str, Any], lines: int, digest: str) -> None:
+    for config in (SimulationConfig(**kwargs), SimulationConfig(**kwargs, unit="session", sessions_per_user=2.0)):
+        output = list(simulate_lines(config))
+        assert len(output) == lines
+        assert hashlib.sha256(b"".join(output)).hexdigest() == digest
+
+
+def test_default_endless_output_is_unchanged() -> None:
+    """The demo's kind of traffic (endless, several chunks), as it was before `unit` existed."""
+    config = SimulationConfig(
+        endless=True, start_ts=1767225600.0, rate=200, max_delay=15.0, seed=3, interleaving=True, judgments=True,
+        label_rate=0.1, duplicate_fraction=0.02, late_fraction=0.01, invalid_fraction=0.002,
+    )
+    output = b"".join(itertools.islice(simulate_lines(config), 50_000))
+    assert hashlib.sha256(output).hexdigest() == "69921e3eb9a8b794677aebd9574f38235a1ad21b7fd198c3eeeecbfa65e121f6"
+
+
+def test_rankings_have_no_unit_id_by_default() -> None:
+    assert all("unit_id" not in e for e in _events(requests=500, interleaving=True))
+
+
+def test_users_keep_their_arm_across_sessions_and_chunks() -> None:
+    config = SimulationConfig(
+        requests=25_000, items_per_request=4, catalogue=8, queries=50, label_rate=0.0, interleaving=True,
+        unit="user", sessions_per_user=4.0, seed=11,
+    )
+    rankings = [e for e in simulate(config) if e["type"] == "ranking"]
+    assert len(rankings) == 25_000  # more than two chunks: users come back across chunk boundaries
+    arms: dict[str, set[str]] = collections.defaultdict(set)
+    sessions: dict[str, set[str]] = collections.defaultdict(set)
+    session_units: dict[str, set[str]] = collections.defaultdict(set)
+    chunks: dict[str, set[int]] = collections.defaultdict(set)
+    for n, event in enumerate(rankings):
+        unit = event["unit_id"]
+        assert isinstance(unit, str) and unit.startswith("u")
+        arms[unit].add(event["arm"])
+        sessions[unit].add(event["session_id"])
+        session_units[event["session_id"]].add(unit)
+        chunks[unit].add(n // 10_000)
+    assert all(len(a) == 1 for a in arms.values())  # every unit's requests are in one arm
+    assert all(len(u) == 1 for u in session_units.values())  # a session is one user's
+    assert sum(len(s) for s in sessions.values()) / len(sessions) == pytest.approx(4.0, rel=0.15)
+    assert sum(len(c) > 1 for c in chunks.values()) > 100
+    per_arm = collections.Counter(next(iter(a)) for a in arms.values())
+    assert set(per_arm) == {"control", "treatment", INTERLEAVED_ARM}
+    assert abs(per_arm["control"] - per_arm["treatment"]) < 0.15 * len(arms)
+    assert 0.18 < per_arm[INTERLEAVED_ARM] / len(arms) < 0.32
+
+
+def test_users_are_deterministic_and_leave_the_rest_of_the_event() -> None:
+    config = SimulationConfig(requests=3000, unit="user", seed=4)
+    first = list(simulate(config))
+    assert first == list(simulate(config))
+    plain = list(simulate(SimulationConfig(requests=3000, seed=4)))
+    rankings = [e for e in first if e["type"] == "ranking"]
+    assert [e["request_id"] for e in rankings] == [e["request_id"] for e in plain if e["type"] == "ranking"]
+    assert {k for e in rankings for k in e} == RANKING_FIELDS | {"unit_id"}
+
+
+@pytest.mark.parametrize("kwargs", [{"unit": "device"}, {"unit": "user", "sessions_per_user": 0.5}])
+def test_unit_validation(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        SimulationConfig(**kwargs)
+
+
+# --- the true effect of the arms ----------------------------------------------------------------------------------
+
+
+def test_true_effects_follow_the_arms_quality() -> None:
+    config = SimulationConfig(arms=(("a", 0.2), ("b", 0.55), ("c", 0.9)), seed=2)
+    truth = true_effects(config, requests=5000)
+    assert set(truth) == {"a", "b", "c"}
+    for metric in ("MRR", "nDCG@10", "ERR@10", "GAUC"):
+        assert truth["a"][metric] < truth["b"][metric] < truth["c"][metric], metric
+    assert truth == true_effects(config, requests=5000)  # seeded
+
+
+def test_true_delta_of_the_default_arms() -> None:
+    """Qualities 0.55 and 0.7: a few hundredths of nDCG@10 and MRR, a smaller ERR@10 gain (clicks cap it)."""
+    truth = true_effects(SimulationConfig(), requests=10_000)
+    delta = {m: truth["treatment"][m] - truth["control"][m] for m in truth["control"]}
+    assert 0.02 < delta["nDCG@10"] < 0.07
+    assert 0.02 < delta["MRR"] < 0.07
+    assert 0.002 < delta["ERR@10"] < 0.02
+    assert 0.005 < delta["GAUC"] < 0.04
+    assert 0.6 < truth["control"]["nDCG@10"] < 0.8
+
+
+def test_estimates_converge_to_the_true_effects(tmp_path: Path) -> None:
+    """A two-arm run replayed by `stream-eval replay`'s engine lands near the truth (other draws, same world)."""
+    from stream_eval.config import Config
+    from stream_eval.engine.replay import replay
+
+    config = SimulationConfig(requests=40_000, seed=5, unit="user")
+    truth = true_effects(config, requests=20_000)
+    path = str(tmp_path / "events.jsonl")
+    write_jsonl(config, path)
+    groups = {g["arm"]: g["metrics"] for g in replay([path], Config()).report()["groups"]}
+    for arm in ("control", "treatment"):
+        for metric in ("MRR", "nDCG@10", "ERR@10"):
+            assert groups[arm][metric] == pytest.approx(truth[arm][metric], abs=0.01), (arm, metric)
+    estimate = groups["treatment"]["nDCG@10"] - groups["control"]["nDCG@10"]
+    true = truth["treatment"]["nDCG@10"] - truth["control"]["nDCG@10"]
+    assert estimate == pytest.approx(true, abs=0.012)

@@ -119,6 +119,9 @@ async def _same_totals_and_records(expected: Engine, records: Records, workers: 
     report, want = merged.report(), expected.report()
     for section in ("events", "overall", "groups", "gsb", "ab"):
         assert report[section] == approx(want[section]), section
+    # the A/B units, SRM and sign tests live whole on the regroup stage's worker: replay's, bit for bit
+    assert report["ab"] and report["ab"] == want["ab"] and report["srm"] == want["srm"]
+    assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
     found = await _read_topic(broker, topics(prefix).request_metrics, len(records.by_id))
     by_id = {r.key.decode(): orjson.loads(r.value) for r in found}
     assert len(found) == len(by_id) == len(records.by_id)
@@ -146,6 +149,8 @@ def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool
         report, want = worker.engine.report(), expected.report()
         for section in ("events", "overall", "groups", "gsb", "ab"):
             assert report[section] == approx(want[section]), section
+        assert report["ab"] and report["ab"] == want["ab"] and report["srm"] == want["srm"]
+        assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
         found = await _read_topic(broker, topics(prefix).request_metrics, len(expected_records.by_id))
         records = {r.key.decode(): orjson.loads(r.value) for r in found}
         assert len(found) == len(records) == len(expected_records.by_id)

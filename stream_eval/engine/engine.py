@@ -19,16 +19,18 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Config
+from stream_eval.engine.ab import UnitLedger
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
-from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present
+from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
-from stream_eval.metrics.abtest import difference
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
+from stream_eval.metrics.gsb import GsbCounts
 from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch
 from stream_eval.metrics.specs import GAUC, MetricSpec, parse, request_specs
+from stream_eval.stats import sign_test
 
 if TYPE_CHECKING:
     from stream_eval.engine.delays import FeedbackDelays
@@ -123,6 +125,9 @@ class Engine:
         self.windows: RollingWindows | None = None  # live windows; they attach themselves
         self.delays: FeedbackDelays | None = None  # feedback delay histogram; attaches itself
         self.regroup: RegroupSink | None = None  # streaming: named sessions and query GSB go to the regroup log
+        # A/B units, fed in event-time order (engine/ab.py); streaming: on the regroup stage's worker only
+        self.ledger = UnitLedger(config, [spec.mean_name for spec in self.specs], GAUC)
+        self.stage_watermark = -math.inf  # how far sessions, GSB buckets and A/B units were closed here
 
     def _find_column(self, name: str) -> int:
         return self.specs.index(parse(name))  # Config has checked that gsb_metric is computed
@@ -249,7 +254,11 @@ class Engine:
         if self._muted:
             return
         self.counts["judgment", "ok"] += 1
-        self.gsb.judgment(self.labels.value("experiment", event.experiment), event.verdict)
+        experiment = self.labels.value("experiment", event.experiment)
+        if self.regroup is None:
+            self.gsb.judgment(experiment, event.verdict)
+        else:  # counted by the regroup stage, which keeps every verdict for the sign test
+            self.regroup.judgment(experiment, event.verdict)
 
     def invalid(self, event: Invalid) -> None:
         if self._muted:
@@ -283,9 +292,11 @@ class Engine:
             if self.windows is not None:
                 self.windows.close(watermark)
         if sessions:
+            self.stage_watermark = max(self.stage_watermark, watermark)
             self._add_sessions(self.sessions.close(watermark))
             # rebuilding (muted): what closes was counted by the previous owner
             self.gsb.close(watermark, self.arms_of, count=not self._muted)
+            self.ledger.release(watermark)
 
     def flush(self, join: Join | None = None) -> None:
         """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
@@ -368,7 +379,7 @@ class Engine:
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown)
         regroup = self.regroup
         named = None if regroup is None else self._regroup_session_part
-        self._add_sessions(self.sessions.add(states, group, impressions, named))
+        self._add_sessions(self.sessions.add(states, group, impressions, named), local=regroup is None)
         interleaved = np.zeros(len(states), dtype=np.bool_)
         metric = values[:, self._gsb_column]
         self.with_subtopics += int(present(list(map(_SUBTOPICS, states))).sum())
@@ -377,7 +388,10 @@ class Engine:
             experiment = self.group_keys[group[i]][0]
             interleaved[i] = True
             self.teams_seen.setdefault(experiment, set()).update(teams)
-            self.gsb.interleaved(experiment, teams, impressions.relevant_positions(i))
+            if regroup is None:
+                self.gsb.interleaved(experiment, teams, impressions.relevant_positions(i))
+            else:  # counted by the regroup stage, as judgments
+                regroup.interleaved(experiment, teams, impressions.relevant_positions(i))
         # the metric of each request with a query (not interleaved) for the GSB of its query
         by_query = np.flatnonzero(present(queries) & ~interleaved & ~np.isnan(metric))
         if by_query.shape[0]:
@@ -391,6 +405,7 @@ class Engine:
                 for (experiment, arm), query, ts, value in zip(arms, queries, serve.tolist(), picked.tolist(),
                                                                strict=True):
                     regroup.query_metric(experiment, arm, query, ts, value)
+        self._unit_contributions(finalised, states, group, values, interleaved)
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]
             self.arms_seen.setdefault(experiment, set()).add(arm)
@@ -400,6 +415,29 @@ class Engine:
             self.windows.finalised(finalised, group, values)
         if self.on_finalised is not None:
             self.on_finalised(FinalisedBatch(states, self.specs, values))
+
+    def _unit_contributions(self, finalised: Finalised, states: Sequence[Any], group: Ints, values: Floats,
+                            interleaved: npt.NDArray[np.bool_]) -> None:
+        """The A/B units' share of finalised requests (interleaved ones are no arm of a split)."""
+        if not self.config.ab:
+            return
+        if interleaved.any():
+            picked = np.flatnonzero(~interleaved)
+            states = [states[i] for i in picked.tolist()]
+            group, values, serve = group[picked], values[picked], finalised.serve[picked]
+        else:
+            serve = finalised.serve
+        if not len(states):
+            return
+        keys = serve + self.join.horizon
+        labels = list(map(self.group_keys.__getitem__, group.tolist()))
+        ids = list(map(_REQUEST_ID, states))
+        experiments, arms = [e for e, _ in labels], [a for _, a in labels]
+        units: list[str] = list(map(unit_of, states))  # type: ignore[arg-type]  # not interleaved: a str
+        if self.regroup is None:
+            self.ledger.add_requests(keys, ids, experiments, arms, units, values)
+        else:
+            self.regroup.unit_requests(keys, ids, experiments, arms, units, values)
 
     def _regroup_session_part(self, state: CompactRanking, group: int, impressions: Impressions, i: int) -> None:
         experiment, arm = self.group_keys[group]
@@ -413,7 +451,8 @@ class Engine:
         """Add another engine's totals to this one (several workers' engines give one report).
 
         Finalised aggregates, scored sessions, GSB verdicts and tallies, event counts and the arms seen add up;
-        open requests and sessions stay where they are.
+        open requests and sessions stay where they are. The A/B units and the verdicts kept for the sign tests, held
+        whole by the regroup stage's engine, come from the engine whose stage got furthest.
         """
         self.counts.update(other.counts)
         self.invalid_reasons.update(other.invalid_reasons)
@@ -423,24 +462,54 @@ class Engine:
         for source, target in ((other.arms_seen, self.arms_seen), (other.teams_seen, self.teams_seen)):
             for experiment, arms in source.items():
                 target.setdefault(experiment, set()).update(arms)
-        self.gsb.merge(other.gsb)
+        # What the regroup stage holds whole (the A/B units, every verdict for the sign tests) is taken, not added,
+        # from the engine whose stage got furthest (a worker that gave the stage up may still hold an old copy).
+        taken = other.stage_watermark > self.stage_watermark
+        self.gsb.merge(other.gsb, complete=taken)
+        if taken:
+            self.ledger, self.stage_watermark = other.ledger, other.stage_watermark
 
     def drop_regrouped(self) -> None:
         """Forget open named sessions and query buckets (the regroup stage moved to another worker)."""
         self.sessions = Sessions(self.config)
         self.gsb.drop_open()
+        self.ledger = UnitLedger(self.config, self.ledger.names[:-1], GAUC)
 
-    def _add_sessions(self, scored: ScoredSessions | None) -> None:
-        if scored is None or self._muted:
+    def _add_sessions(self, scored: ScoredSessions | None, local: bool = True) -> None:
+        """Count closed sessions in their groups and give them to the A/B units: to this engine's ledger when
+        ``local`` (replay; the regroup stage, whose units are rebuilt even while muted), else to the regroup log."""
+        if scored is None:
             return
         both = ~np.isnan(scored.auc)
         counted = both & (scored.weight > 0)
+        if local or not self._muted:
+            self._unit_sessions(scored, counted, local)
+        if self._muted:
+            return
         for g in np.unique(scored.group).tolist():
             mine = scored.group == g
             stats = self.groups[g]
             stats.sessions += int((mine & counted).sum())
             stats.single_class += int((mine & ~both).sum())
             stats.gauc.update_many(scored.auc[mine & counted].reshape(-1, 1), scored.weight[mine & counted])
+
+    def _unit_sessions(self, scored: ScoredSessions, counted: npt.NDArray[np.bool_], local: bool) -> None:
+        """Sessions with both classes whose first request was in an arm of a split (unit not None)."""
+        if not self.config.ab:
+            return
+        units = scored.units
+        chosen = [k for k in np.flatnonzero(counted).tolist() if units[k] is not None]
+        if not chosen:
+            return
+        index = np.array(chosen, dtype=np.int64)
+        labels = [self.group_keys[g] for g in scored.group[index].tolist()]
+        weight = scored.weight[index]
+        args = (scored.keys[index], [scored.ids[k] for k in chosen], [e for e, _ in labels], [a for _, a in labels],
+                [units[k] for k in chosen], weight * scored.auc[index], weight)
+        if local:
+            self.ledger.add_sessions(*args)
+        else:
+            self.regroup.unit_sessions(*args)  # type: ignore[union-attr]  # set when not local
 
     def arms_of(self, experiment: str) -> ArmPair | None:
         """Control and treatment of an experiment: configured, else the first two of its sorted arms.
@@ -475,11 +544,7 @@ class Engine:
         groups = []
         for (experiment, arm), stats in sorted(zip(self.group_keys, self.groups, strict=True), key=lambda g: g[0]):
             groups.append({"experiment": experiment, "arm": arm, **self._section(stats)})
-        gsb = [
-            {"experiment": experiment, "source": source, "good": c.good, "same": c.same, "bad": c.bad,
-             "score": _number(c.score)}
-            for (experiment, source), c in sorted(self.gsb.totals(self.arms_of).items())
-        ]
+        gsb = self.gsb_rows()
         return {
             "config": self.config.to_json(),
             "events": self.counts.summary(),
@@ -487,31 +552,71 @@ class Engine:
             "groups": groups,
             "gsb": gsb,
             "ab": self.ab(),
+            "srm": self.srm(),
         }
 
+    def gsb_rows(self) -> list[dict[str, Any]]:
+        """GSB per experiment and source, with the always-valid sign test of good against bad."""
+        rows = []
+        # the sign test takes every verdict given here (a rebuilt stage's too); replay: the same as the counts
+        complete = self.gsb.totals(self.arms_of, complete=True)
+        nothing = GsbCounts()
+        for (experiment, source), c in sorted(self.gsb.totals(self.arms_of).items()):
+            every = complete.get((experiment, source), nothing)
+            test = sign_test(every.good, every.same, every.bad, confidence=self.config.confidence,
+                             sequential_n=self.config.sequential_n)
+            lower, upper = _number(test.cs_lower), _number(test.cs_upper)
+            rows.append({"experiment": experiment, "source": source, "good": c.good, "same": c.same, "bad": c.bad,
+                         "score": _number(c.score), "p_value": _number(test.p_value), "cs_lower": lower,
+                         "cs_upper": upper, "decision": _decision_of(lower, upper)})
+        return rows
+
     def ab(self) -> list[dict[str, Any]]:
-        """Treatment - control per experiment and metric, with confidence intervals."""
+        """Treatment - control per experiment and metric, over randomisation units (engine/ab.py)."""
         by_key = dict(zip(self.group_keys, self.groups, strict=True))
+        names = [name for _, name in self._metric_names()] + [GAUC]
+        columns = {name: j for j, name in self._metric_names()}
+        rows, _ = self.ledger.results(names)
         out = []
-        for experiment in sorted(self.arms_seen):
-            pair = self.arms_of(experiment)
-            if pair is None or (experiment, pair.control) not in by_key or (experiment, pair.treatment) not in by_key:
-                continue
-            control, treatment = by_key[experiment, pair.control], by_key[experiment, pair.treatment]
-            names = self._metric_names()
-            diffs = difference(control.moments, treatment.moments, self.config.confidence)
-            rows = [(name, diffs[j]) for j, name in names]
-            rows.append((GAUC, difference(control.gauc, treatment.gauc, self.config.confidence)[0]))
-            for name, d in rows:
-                out.append({
-                    "experiment": experiment, "control": pair.control, "treatment": pair.treatment, "metric": name,
-                    "delta": _number(d.delta), "ci_lower": _number(d.ci_lower), "ci_upper": _number(d.ci_upper),
-                    "n_control": d.n_control, "n_treatment": d.n_treatment,
-                })
+        empty = GroupStats(len(self.specs))
+        for row in rows:
+            # (streaming: the regroup stage's worker holds the units; n_* count that worker's requests)
+            control = by_key.get((row.experiment, row.control), empty)
+            treatment = by_key.get((row.experiment, row.treatment), empty)
+
+            def count(stats: GroupStats, metric: str) -> int:
+                if metric == GAUC:
+                    return int(stats.gauc.count[0])
+                return int(stats.moments.count[columns[metric]])
+
+            out.append({
+                "experiment": row.experiment, "control": row.control, "treatment": row.treatment,
+                "metric": row.metric, "delta": _number(row.delta), "ci_lower": _number(row.ci_lower),
+                "ci_upper": _number(row.ci_upper), "n_control": count(control, row.metric),
+                "n_treatment": count(treatment, row.metric), "units_control": row.units_control,
+                "units_treatment": row.units_treatment, "cs_lower": _number(row.cs_lower),
+                "cs_upper": _number(row.cs_upper), "p_value": _number(row.p_value), "decision": row.decision,
+            })
         return out
+
+    def srm(self) -> list[dict[str, Any]]:
+        """Sample-ratio checks: units per arm against the expected split, per experiment."""
+        _, rows = self.ledger.results([])
+        return [{"experiment": r.experiment, "units": r.units, "expected": r.expected, "chi2": _number(r.chi2),
+                 "p_value": _number(r.p_value), "sequential_p_value": _number(r.sequential_p_value),
+                 "mismatch": r.mismatch} for r in rows]
+
+
+def _decision_of(lower: float | None, upper: float | None) -> str:
+    if lower is not None and upper is not None and lower > 0:
+        return "better"
+    if lower is not None and upper is not None and upper < 0:
+        return "worse"
+    return "inconclusive"
 
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
+_REQUEST_ID = attrgetter("request_id")
 _TEAMS = attrgetter("teams")
 _QUERY_ID = attrgetter("query_id")
 _SUBTOPICS = attrgetter("subtopics")

@@ -40,29 +40,46 @@ class GsbTracker:
         self.epsilon = config.gsb_epsilon
         self.horizon = horizon
         self.counts: dict[tuple[str, str], GsbCounts] = {}
+        # Every verdict, counted or not: a regroup stage rebuilt muted (engine/regroup.py) has given verdicts that
+        # the previous owner counted; the always-valid sign test needs them all. (Without muting: ``counts``.)
+        self.complete: dict[tuple[str, str], GsbCounts] = {}
+        self._interleaving_complete: dict[str, Counter[Credit]] = {}
         # bucket -> the finalised requests with a query served in it, in parts: ((experiment, arm) of each,
         # query of each, metric of each). A bucket closes as a whole.
         self._queries: dict[int, list[tuple[list[tuple[str, str]], list[str], Floats]]] = {}
         self._interleaving: dict[str, Counter[Credit]] = {}
 
-    def _counts(self, experiment: str, source: str) -> GsbCounts:
-        counts = self.counts.get((experiment, source))
+    def _counts(self, experiment: str, source: str, complete: bool = False) -> GsbCounts:
+        table = self.complete if complete else self.counts
+        counts = table.get((experiment, source))
         if counts is None:
-            counts = self.counts[experiment, source] = GsbCounts()
+            counts = table[experiment, source] = GsbCounts()
         return counts
 
-    def judgment(self, experiment: str, verdict: str) -> None:
-        self._counts(experiment, "judgment").add(verdict)
+    def _add(self, experiment: str, source: str, verdict: str, times: int, count: bool) -> None:
+        self._counts(experiment, source, complete=True).add(verdict, times)
+        if count:
+            self._counts(experiment, source).add(verdict, times)
 
-    def merge(self, other: GsbTracker) -> None:
-        """Add another tracker's verdicts and interleaving tallies (open query buckets are not merged)."""
+    def judgment(self, experiment: str, verdict: str, count: bool = True) -> None:
+        self._add(experiment, "judgment", verdict, 1, count)
+
+    def merge(self, other: GsbTracker, complete: bool = False) -> None:
+        """Add another tracker's verdicts and interleaving tallies (open query buckets are not merged); with
+        ``complete``, take its complete tallies (a regroup stage's) instead of keeping these."""
         for key, counts in other.counts.items():
             self.counts[key] = self.counts.get(key, GsbCounts()) + counts
         for experiment, tally in other._interleaving.items():
             self._interleaving.setdefault(experiment, Counter()).update(tally)
+        if complete:
+            self.complete = {key: GsbCounts() + counts for key, counts in other.complete.items()}
+            self._interleaving_complete = {e: Counter(tally) for e, tally in other._interleaving_complete.items()}
 
     def drop_open(self) -> None:
+        """Forget the open query buckets and the complete tallies (the regroup stage moved to another worker)."""
         self._queries.clear()
+        self.complete.clear()
+        self._interleaving_complete.clear()
 
     def bucket_of(self, serve_ts: float) -> int:
         return int(serve_ts // self.window)
@@ -92,13 +109,13 @@ class GsbTracker:
             self._queries.setdefault(bucket, []).append(([groups[i] for i in picked], [queries[i] for i in picked],
                                                          metric[rows]))
 
-    def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
+    def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int],
+                    count: bool = True) -> None:
         """One finalised interleaved request: the teams credited with its relevant items."""
-        credit = Counter(teams[p - 1] for p in relevant_positions)
-        tally = self._interleaving.get(experiment)
-        if tally is None:
-            tally = self._interleaving[experiment] = Counter()
-        tally[tuple(sorted(credit.items()))] += 1
+        credit = tuple(sorted(Counter(teams[p - 1] for p in relevant_positions).items()))
+        self._interleaving_complete.setdefault(experiment, Counter())[credit] += 1
+        if count:
+            self._interleaving.setdefault(experiment, Counter())[credit] += 1
 
     def close(self, watermark: float, arms_of: ArmsOf, count: bool = True) -> None:
         """Give verdicts to the query buckets that no finalisation can change any more (``count=False``:
@@ -107,11 +124,10 @@ class GsbTracker:
             return
         closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
         for bucket in sorted(closing):
-            parts = self._queries.pop(bucket)
-            if count:
-                self._verdicts(parts, arms_of)
+            self._verdicts(self._queries.pop(bucket), arms_of, count)
 
-    def _verdicts(self, parts: list[tuple[list[tuple[str, str]], list[str], Floats]], arms_of: ArmsOf) -> None:
+    def _verdicts(self, parts: list[tuple[list[tuple[str, str]], list[str], Floats]], arms_of: ArmsOf,
+                  count: bool) -> None:
         """Count the verdicts of one closed bucket: a query served by both arms of its experiment gets one."""
         groups = [g for part_groups, _, _ in parts for g in part_groups]
         queries = [q for _, part_queries, _ in parts for q in part_queries]
@@ -142,12 +158,15 @@ class GsbTracker:
                 tally = np.bincount(metric_verdicts(means[:, 1], means[:, 0], self.epsilon), minlength=3)
                 for verdict, times in zip(VERDICTS, tally.tolist(), strict=True):
                     if times:
-                        self._counts(name, "metric").add(verdict, times)
+                        self._add(name, "metric", verdict, times, count)
 
-    def totals(self, arms_of: ArmsOf) -> dict[tuple[str, str], GsbCounts]:
-        """All counts, the interleaving tallies resolved with the arms as they are known now."""
-        out = {key: GsbCounts() + value for key, value in self.counts.items()}
-        for experiment, tally in self._interleaving.items():
+    def totals(self, arms_of: ArmsOf, complete: bool = False) -> dict[tuple[str, str], GsbCounts]:
+        """All counts, the interleaving tallies resolved with the arms as they are known now (``complete``: every
+        verdict given here, counted or not)."""
+        counts_of, interleaving = (self.complete, self._interleaving_complete) if complete else (
+            self.counts, self._interleaving)
+        out = {key: GsbCounts() + value for key, value in counts_of.items()}
+        for experiment, tally in interleaving.items():
             pair = arms_of(experiment)
             if pair is None:
                 continue

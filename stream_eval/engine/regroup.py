@@ -26,10 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from stream_eval.engine.partitions import time_to_json
-from stream_eval.engine.sessions import Impressions
+from stream_eval.engine.sessions import Impressions, unit_of
+
+Floats = npt.NDArray[np.float64]
 
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
@@ -46,12 +49,37 @@ class RegroupSink:
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
         record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "t": state.ts,
-                  "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i)}
+                  "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i),
+                  "u": unit_of(state)}
         self.records.append((str(state.session_id).encode(), orjson.dumps(record)))
+
+    def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
+                      units: list[str], values: Floats) -> None:
+        """Finalised requests' share of their A/B units (``engine/ab.py``): one record each."""
+        dumps, append = orjson.dumps, self.records.append
+        for key, request_id, experiment, arm, unit, row in zip(keys.tolist(), ids, experiments, arms, units,
+                                                               values.tolist(), strict=True):
+            append((unit.encode(), dumps({"k": "u", "t": key, "id": request_id, "e": experiment, "a": arm,
+                                          "u": unit, "v": row})))  # NaN is written as null
+
+    def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
+                      units: list[str], weighted_auc: Floats, weight: Floats) -> None:
+        """Scored one-request sessions' share of their A/B units: one record each."""
+        for key, session_id, experiment, arm, unit, y, w in zip(keys.tolist(), ids, experiments, arms, units,
+                                                                weighted_auc.tolist(), weight.tolist(), strict=True):
+            self.records.append((unit.encode(), orjson.dumps({"k": "v", "t": key, "id": session_id, "e": experiment,
+                                                              "a": arm, "u": unit, "y": y, "w": w})))
 
     def query_metric(self, experiment: str, arm: str, query_id: str, ts: float, value: float) -> None:
         record = {"k": "q", "e": experiment, "a": arm, "q": query_id, "t": ts, "v": value}
         self.records.append((query_id.encode(), orjson.dumps(record)))
+
+    def judgment(self, experiment: str, verdict: str) -> None:
+        self.records.append((experiment.encode(), orjson.dumps({"k": "j", "e": experiment, "v": verdict})))
+
+    def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
+        self.records.append((experiment.encode(), orjson.dumps({"k": "i", "e": experiment, "teams": teams,
+                                                                 "r": relevant_positions})))
 
     def arm(self, experiment: str, arm: str) -> None:
         if (experiment, arm) not in self._arms:
@@ -68,15 +96,19 @@ class RegroupSink:
 
 
 class _Part:
-    """A request of a named session as the stage sees it (what Sessions and Impressions read)."""
+    """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read)."""
 
-    __slots__ = ("session_id", "ts", "n", "scores")
+    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id")
 
-    def __init__(self, session_id: str, ts: float, scores: list[float]) -> None:
+    def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None) -> None:
         self.session_id = session_id
         self.ts = ts
         self.n = len(scores)
         self.scores = scores
+        # unit_of(part) gives ``unit`` back: None (a session of no split: interleaved) through ``teams``
+        self.unit_id = unit
+        self.teams: list[str] | None = [] if unit is None else None
+        self.request_id = session_id
 
 
 @dataclass
@@ -126,12 +158,17 @@ class SessionStage:
 
     def checkpoint(self) -> StageCheckpoint:
         processed = max(self.received or 0, self.muted_until)
+        arms = sorted((e, a) for e, arms in self.engine.arms_seen.items() for a in arms)
+        if self.engine.ledger.experiments:
+            # The A/B units are cumulative since each experiment's first event: a new owner rebuilds them (and
+            # everything else, muted) from the start of the log.
+            self._history.clear()
+            return StageCheckpoint(0, processed, [], arms)
         needed = self._first_needed()
         start = min(needed, processed) if needed is not None else processed
         history = self._history
         while history and history[0][0] < start:
             self._base = history.popleft()[1]
-        arms = sorted((e, a) for e, arms in self.engine.arms_seen.items() for a in arms)
         return StageCheckpoint(start, processed, list(self._base), arms)
 
     def _first_needed(self) -> int | None:
@@ -154,12 +191,20 @@ class SessionStage:
     def feed(self, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         """Records of the regroup log in offset order (redelivered offsets are skipped)."""
         engine = self.engine
+        units: list[dict[str, Any]] = []
         for offset, value in zip(offsets, values, strict=True):
             if self.received is not None and offset < self.received:
                 continue
             self.received = offset + 1
             record = orjson.loads(value)
             kind = record["k"]
+            if kind == "u" or kind == "v":
+                # A/B units: rebuilt from every record, muted or not (their state is not a counter)
+                units.append(record)
+                continue
+            if units:
+                self._add_units(units)
+                units = []
             if kind == "s":
                 heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))
                 continue
@@ -171,6 +216,12 @@ class SessionStage:
                     engine.gsb.query_metric(record["e"], record["a"], record["q"], record["t"], record["v"])
                 elif kind == "a":
                     engine.arms_seen.setdefault(record["e"], set()).add(record["a"])
+                elif kind == "j":  # counted once; kept for the sign test even while rebuilding
+                    engine.gsb.judgment(record["e"], record["v"], count=offset >= self.muted_until)
+                elif kind == "i":
+                    engine.teams_seen.setdefault(record["e"], set()).update(record["teams"])
+                    engine.gsb.interleaved(record["e"], record["teams"], record["r"],
+                                           count=offset >= self.muted_until)
                 elif kind == "w":
                     unit, time = int(record["u"]), float(record["t"])
                     if unit >= len(self.units):
@@ -184,6 +235,24 @@ class SessionStage:
                         self.watermark = watermark
                         self._add_parts(watermark)
                         engine.close(watermark, windows=False)
+        if units:
+            self._add_units(units)
+
+    def _add_units(self, records: list[dict[str, Any]]) -> None:
+        """Requests' and one-request sessions' shares of their A/B units, to the ledger (released on watermarks)."""
+        ledger = self.engine.ledger
+        for kind in ("u", "v"):
+            mine = [r for r in records if r["k"] == kind]
+            if not mine:
+                continue
+            keys = np.array([r["t"] for r in mine], dtype=np.float64)
+            columns = ([r["id"] for r in mine], [r["e"] for r in mine], [r["a"] for r in mine],
+                       [r["u"] for r in mine])
+            if kind == "u":
+                ledger.add_requests(keys, *columns, np.array([r["v"] for r in mine], dtype=np.float64))
+            else:
+                ledger.add_sessions(keys, *columns, np.array([r["y"] for r in mine], dtype=np.float64),
+                                    np.array([r["w"] for r in mine], dtype=np.float64))
 
     def _serve_ts(self, record: dict[str, Any]) -> float:
         """A session part's serve time (records written before 2026-11-23 carry its finalisation point ``d``)."""
@@ -202,7 +271,8 @@ class SessionStage:
         if not parts:
             return
         engine = self.engine
-        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]]) for _, r in parts]
+        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]))
+                  for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
         rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)

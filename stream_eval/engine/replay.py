@@ -5,13 +5,14 @@ from __future__ import annotations
 import gc
 import gzip
 import io
+import math
 import os
 import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -140,9 +141,20 @@ def replay(
     config: Config,
     on_finalised: Callable[[FinalisedBatch], None] | None = None,
     progress: Progress | None = None,
+    ab_trace: Callable[[dict[str, Any]], None] | None = None,
 ) -> Engine:
-    """Evaluate JSON Lines files (``-`` = stdin, gzip detected) in order, as one stream; returns the engine."""
+    """Evaluate JSON Lines files (``-`` = stdin, gzip detected) in order, as one stream; returns the engine.
+
+    ``ab_trace`` gets the A/B sections (``ab``, ``srm``, ``gsb``) at each look (every ``look_every`` of event
+    time) and at the end, each as ``{"ts": event time, "ab": [...], "srm": [...], "gsb": [...]}``. A look at
+    time T holds the requests finalised (serve time + horizon) and sessions closed by T.
+    """
     engine = Engine(config, on_finalised)
+    if ab_trace is not None:
+        def look(ts: float) -> None:
+            ab_trace({"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
+
+        engine.ledger.on_look = look
     done = 0
     events = 0
     with _quiet_gc():
@@ -157,6 +169,11 @@ def replay(
                     progress(done, events)
             done = offset + (os.path.getsize(path) if path != "-" and os.path.exists(path) else 0)
         engine.flush()
+    if ab_trace is not None:
+        engine.ledger.on_look = None
+        # the end of input finalises everything: the last line is as of the last finalisation point applied
+        last = max(engine.watermark, engine.ledger.last_key)
+        ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
     return engine
 
 

@@ -31,6 +31,7 @@ Bools = npt.NDArray[np.bool_]
 _N = attrgetter("n")
 _TS = attrgetter("ts")
 _SESSION_ID = attrgetter("session_id")
+_REQUEST_ID = attrgetter("request_id")
 _SCORES_OF = attrgetter("scores")
 _ENCODER = msgspec.json.Encoder()
 NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
@@ -80,18 +81,34 @@ _SCORE_AT_ONCE = 16_384
 
 
 class ScoredSessions:
-    """Closed sessions: the group of each, its AUC (NaN if single-class) and its GAUC weight."""
+    """Closed sessions: the group of each, its AUC (NaN if single-class) and its GAUC weight; for the A/B
+    units (``engine/ab.py``), each one's close point (``keys``), id and unit."""
 
-    __slots__ = ("group", "auc", "weight")
+    __slots__ = ("group", "auc", "weight", "keys", "ids", "units")
 
-    def __init__(self, group: Ints, auc: Floats, weight: Floats) -> None:
+    def __init__(self, group: Ints, auc: Floats, weight: Floats, keys: Floats, ids: list[str],
+                 units: list[str | None]) -> None:
         self.group, self.auc, self.weight = group, auc, weight
+        self.keys, self.ids, self.units = keys, ids, units  # units: None for sessions of no split (interleaved)
+
+
+def unit_of(state: Any) -> str | None:
+    """The A/B randomisation unit of a request: ``unit_id``, else ``session_id``, else ``request_id``; None for
+    an interleaved request (with ``teams``), which is no arm of a split."""
+    if state.teams is not None:
+        return None
+    unit: str | None = state.unit_id
+    if unit is None:
+        unit = state.session_id
+    return state.request_id if unit is None else unit
 
 
 class _Session(msgspec.Struct, gc=False):
     """An open named session (a Struct: made in C, a third of the time of a class with ``__init__``)."""
 
     group: int
+    sid: str = ""
+    unit: str | None = None  # the A/B unit of its first request
     parts: list[tuple[Impressions, int]] = []  # a new list for each session
     deadline: float = -math.inf
     offset: float = math.inf  # streaming: the smallest regroup-log offset of its parts (engine/regroup.py)
@@ -109,10 +126,11 @@ class Sessions:
         self._closing: DueBySecond[tuple[float, str]] = DueBySecond()
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
-    def _score(self, starts: Ints, scores: Floats, labels: Bools, group: Ints) -> ScoredSessions:
+    def _score(self, starts: Ints, scores: Floats, labels: Bools, group: Ints, keys: Floats, ids: list[str],
+               units: list[str | None]) -> ScoredSessions:
         """Score sessions whose items are grouped: session ``s`` owns ``starts[s]:starts[s + 1]``."""
         auc, positives, negatives = grouped_session_auc(starts, scores, labels)
-        return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight))
+        return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight), keys, ids, units)
 
     def add(
         self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions, named: NamedPart | None = None
@@ -144,7 +162,7 @@ class Sessions:
                     self._ended.append(open_.pop(sid))
                     session = None
                 if session is None:
-                    session = open_[sid] = _Session(groups[i])
+                    session = open_[sid] = _Session(groups[i], sid, unit_of(states[i]))
                 session.parts.append((impressions, i))
                 deadline = finalised_at[i] + gap
                 if deadline > session.deadline:
@@ -155,11 +173,15 @@ class Sessions:
                                                    count=len(closing)), closing)
         if not own.any():
             return None
+        mine = states if own.all() else list(compress(states, own.tolist()))
+        keys = np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine)) + self.horizon
+        ids, units = list(map(_REQUEST_ID, mine)), list(map(unit_of, mine))
         if own.all():
-            return self._score(starts, impressions.scores, impressions.labels, group)
+            return self._score(starts, impressions.scores, impressions.labels, group, keys, ids, units)
         n_shown = np.diff(starts)
         keep = np.repeat(own, n_shown)
-        return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own])
+        return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own],
+                           keys, ids, units)
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""
@@ -180,8 +202,11 @@ class Sessions:
         # stay those of one slice (the peak memory of a replay was set here).
         slices = [self._score_sessions(sessions[k : k + _SCORE_AT_ONCE])
                   for k in range(0, len(sessions), _SCORE_AT_ONCE)]
-        return ScoredSessions(*(np.concatenate(arrays) for arrays in
-                                zip(*((s.group, s.auc, s.weight) for s in slices), strict=True)))
+        def joined(name: str) -> Any:
+            return np.concatenate([getattr(s, name) for s in slices])
+
+        return ScoredSessions(joined("group"), joined("auc"), joined("weight"), joined("keys"),
+                              [i for s in slices for i in s.ids], [u for s in slices for u in s.units])
 
     def _score_sessions(self, sessions: list[_Session]) -> ScoredSessions:
         # Gather the parts batch by batch: one vectorised take per batch of impressions.
@@ -212,8 +237,9 @@ class Sessions:
         items = _ranges((np.cumsum(lengths) - lengths)[order], sorted_lengths)
         group = np.array([s.group for s in sessions], dtype=np.int64)
         sizes = np.bincount(owner, weights=lengths, minlength=len(sessions)).astype(np.int64)
+        keys = np.array([s.deadline for s in sessions], dtype=np.float64)
         return self._score(_starts(sizes), np.concatenate(score_parts)[items], np.concatenate(label_parts)[items],
-                           group)
+                           group, keys, [s.sid for s in sessions], [s.unit for s in sessions])
 
 
 def _starts(sizes: Ints) -> Ints:

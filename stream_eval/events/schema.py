@@ -46,6 +46,7 @@ class Ranking(msgspec.Struct, tag="ranking", tag_field="type", gc=False):
     arm: str = "default"
     teams: list[str] | None = None
     subtopics: list[list[str]] | None = None
+    unit_id: str | None = None
 
 
 class Feedback(msgspec.Struct, tag="feedback", tag_field="type", gc=False):
@@ -185,6 +186,7 @@ class CompactRanking(msgspec.Struct, gc=False):
     arm: str
     teams: list[str] | None = None
     subtopics: list[list[str]] | None = None
+    unit_id: str | None = None  # the A/B randomisation unit, when the ranking names one
 
     @classmethod
     def of(cls, event: Ranking) -> CompactRanking:
@@ -196,7 +198,8 @@ class CompactRanking(msgspec.Struct, gc=False):
         # size: the encoder's result keeps its over-allocated block (20 scores, 172 bytes, held 257).
         scores = None if event.scores is None else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
         return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
-                   event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
+                   event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
+                   event.unit_id)
 
 
 _RAW_ITEMS = attrgetter("items")
@@ -393,7 +396,8 @@ class Validator:
         if event.teams is not None or event.subtopics is not None:
             self._check_lengths(event, n, ("teams", "subtopics"))
         return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, event.query_id,
-                              event.session_id, event.experiment, event.arm, event.teams, event.subtopics)
+                              event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
+                              event.unit_id)
 
     def _check_items(self, items: list[str]) -> None:
         n = len(items)
@@ -797,7 +801,7 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     times = ts.tolist()  # parsed by _check_times
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
-                    labels("arm", "default")))
+                    labels("arm", "default"), repeat(None), repeat(None), strings("unit_id")))
     return PlainRankings(made, raw, text, columns), plain
 
 

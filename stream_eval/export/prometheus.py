@@ -13,7 +13,12 @@ Every mean comes with its sum and count, so that several workers aggregate exact
 * ``stream_eval_gsb_total{experiment,source,verdict}``; ``stream_eval_gsb_score{experiment,source,window}`` with
   ``window="total"`` for every verdict so far and the rolling window labels (``5m``, ``1h``) for the verdicts
   given in that much event time.
-* ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper{experiment,metric}``: treatment - control (``Engine.ab``).
+* ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper`` / ``_cs_lower`` / ``_cs_upper`` / ``_p_value
+  {experiment,metric}``: treatment - control over randomisation units, its fixed-sample interval, its always-valid
+  confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
+  ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
+  ``stream_eval_gsb_p_value{experiment,source}``. The A/B units live on the worker that runs the regroup stage
+  (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
   into ``__other__`` (SPEC §5: overflow is counted).
@@ -43,6 +48,7 @@ from stream_eval.engine.engine import Engine
 from stream_eval.metrics.gsb import VERDICTS
 
 Labels = tuple[str, ...]
+_AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value")
 
 
 @dataclass
@@ -55,7 +61,11 @@ class _Scrape:
     window: dict[Labels, tuple[float, float]] = field(default_factory=dict)
     gsb: dict[Labels, float] = field(default_factory=dict)
     gsb_score: dict[Labels, float] = field(default_factory=dict)
-    ab: dict[Labels, tuple[float, float, float]] = field(default_factory=dict)
+    ab: dict[Labels, tuple[float, ...]] = field(default_factory=dict)
+    ab_units: dict[Labels, float] = field(default_factory=dict)
+    conflicts: dict[Labels, float] = field(default_factory=dict)
+    srm: dict[Labels, tuple[float, float]] = field(default_factory=dict)
+    gsb_p_value: dict[Labels, float] = field(default_factory=dict)
     events: dict[Labels, float] = field(default_factory=dict)
     overflow: dict[Labels, float] = field(default_factory=dict)
     delay_buckets: list[tuple[str, float]] | None = None
@@ -110,11 +120,12 @@ class EngineCollector(Collector):
                 out.metric_count[experiment, arm, name] = float(count[j])
             out.metric_sum[experiment, arm, "AUC"] = float(stats.gauc.total[0])
             out.metric_count[experiment, arm, "AUC"] = float(stats.gauc.weight[0])
-        totals = engine.gsb.totals(engine.arms_of)
-        for (experiment, source), counts in totals.items():
+        for row in engine.gsb_rows():
+            experiment, source = row["experiment"], row["source"]
             for verdict in VERDICTS:
-                out.gsb[experiment, source, verdict] = float(getattr(counts, verdict))
-            out.gsb_score[experiment, source, "total"] = counts.score
+                out.gsb[experiment, source, verdict] = float(row[verdict])
+            out.gsb_score[experiment, source, "total"] = _number(row["score"])
+            out.gsb_p_value[experiment, source] = _number(row["p_value"])
         windows = engine.windows
         if windows is not None:
             for (experiment, arm, metric, label), sums in windows.snapshot().items():
@@ -122,9 +133,14 @@ class EngineCollector(Collector):
             for (experiment, source, label), counts in windows.verdicts().items():
                 out.gsb_score[experiment, source, label] = counts.score
         for row in engine.ab():
-            out.ab[row["experiment"], row["metric"]] = (
-                _number(row["delta"]), _number(row["ci_lower"]), _number(row["ci_upper"])
-            )
+            out.ab[row["experiment"], row["metric"]] = tuple(_number(row[k]) for k in _AB_FIELDS)
+        for experiment, units in engine.ledger.units().items():
+            for arm, n in units.items():
+                out.ab_units[experiment, arm] = float(n)
+        for experiment, n in engine.ledger.conflicts().items():
+            out.conflicts[(experiment,)] = float(n)
+        for row in engine.srm():
+            out.srm[(row["experiment"],)] = (_number(row["sequential_p_value"]), float(row["mismatch"]))
         for (kind, status), n in engine.counts.items():
             out.events[kind, status] = float(n)
         for label, n in engine.labels.overflow.items():
@@ -184,11 +200,27 @@ class EngineCollector(Collector):
                           "all verdicts.", ["experiment", "source", "window"], s.gsb_score)
         ab = ["experiment", "metric"]
         for i, (name, doc) in enumerate((
-            ("stream_eval_ab_delta", "Treatment - control of a mean."),
-            ("stream_eval_ab_ci_lower", "Lower bound of the confidence interval of the A/B delta."),
-            ("stream_eval_ab_ci_upper", "Upper bound of the confidence interval of the A/B delta."),
+            ("stream_eval_ab_delta", "Treatment - control of a mean, over randomisation units."),
+            ("stream_eval_ab_ci_lower", "Lower bound of the fixed-sample (cluster-robust) interval of the A/B "
+             "delta: not valid when watched continuously."),
+            ("stream_eval_ab_ci_upper", "Upper bound of the fixed-sample (cluster-robust) interval of the A/B delta."),
+            ("stream_eval_ab_cs_lower", "Lower bound of the always-valid confidence sequence of the A/B delta "
+             "(> 0: treatment better)."),
+            ("stream_eval_ab_cs_upper", "Upper bound of the always-valid confidence sequence of the A/B delta "
+             "(< 0: treatment worse)."),
+            ("stream_eval_ab_p_value", "Always-valid p-value of the A/B delta (running minimum over looks)."),
         )):
             yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.items()})
+        yield self._gauge("stream_eval_ab_units", "Randomisation units of an arm in the A/B statistics.",
+                          ["experiment", "arm"], s.ab_units)
+        yield self._counter("stream_eval_ab_unit_conflicts", "Units seen in a second arm (kept in their first).",
+                            ["experiment"], s.conflicts)
+        yield self._gauge("stream_eval_srm_p_value", "Always-valid p-value of the sample-ratio check (units per "
+                          "arm against the expected split).", ["experiment"], {k: v[0] for k, v in s.srm.items()})
+        yield self._gauge("stream_eval_srm_mismatch", "1 when the sample ratio mismatches (p-value below "
+                          "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.srm.items()})
+        yield self._gauge("stream_eval_gsb_p_value", "Always-valid sign-test p-value of good against bad (ties "
+                          "out).", ["experiment", "source"], s.gsb_p_value)
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status"], s.events)
         yield self._counter("stream_eval_label_overflow", "Event label values folded into __other__.", ["label"],
                             s.overflow)
