@@ -76,6 +76,20 @@ def die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+def stop_process(process: subprocess.Popen[bytes], grace: float = 20.0) -> int:
+    """Stop a child process: SIGTERM, then SIGKILL after ``grace`` seconds; its exit code."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+    return process.returncode
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Whether ``host:port`` cannot be bound (something listens there)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -217,16 +231,7 @@ class Broker:
             process = self.process
             if process is None:
                 return None
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(grace)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                    process.wait()
-            code = process.returncode
+            code = stop_process(process, grace)
             self._cleanup()
             return code
 

