@@ -1,0 +1,432 @@
+"""Alerting end to end: the shipped rules on a real Prometheus, routed by the shipped Alertmanager config to a
+webhook served by the test.
+
+* ``test_rules_and_routes_deliver_from_a_fake_target``: a ``prometheus_client`` endpoint in this process
+  exposes A/B gauges with values the test sets; the alerts arrive at the receivers their severity routes to,
+  and the inhibition of treatment alerts by a sample-ratio mismatch holds. Independent of the worker.
+* The rest share one stack (module fixture ``stack``): the development broker, a ``stream-eval worker``,
+  Prometheus scraping it with the rules, Alertmanager, the webhook, and simulated traffic whose event time
+  is the wall clock, for two experiments at once: ``worse`` (treatment ranker truly worse) and ``aa`` (both
+  arms the same ranker). ``StreamEvalTreatmentWorse`` must arrive for ``worse`` and never for ``aa``; every
+  query of the Grafana dashboards must return data, and their cumulative per-arm MRR / nDCG@10 must be the
+  worker's own sum / count.
+
+The rule files are copied with every ``for:`` shortened to 2 s (``promstack.copy_rules``); expressions are as
+shipped. That is sound for the A/B alerts, whose ``for:`` only rides out scrape glitches (the confidence
+sequence is valid at every look); the pipeline alerts (15 min / 10 min ranges) do not come into play here and
+are covered by the promtool unit tests (tests/test_alerts.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from promstack import Alertmanager, Prometheus, Webhook, alertmanager_config, copy_rules, wait_for
+
+from stream_eval.stream.broker import free_port
+from stream_eval.stream.demo import DEMO_SETTINGS, scrape
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "deploy" / "prometheus" / "rules"
+ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
+
+WORSE, AA = "worse", "aa"
+#: Ranker quality of (control, treatment) per experiment (SimulationConfig.arms: 1 = ideal, 0 = random).
+QUALITY = {WORSE: (0.75, 0.35), AA: (0.55, 0.55)}
+#: Seeds of the simulated traffic; with the A/A seed the confidence sequences never exclude 0 (checked).
+SEEDS = {WORSE: 1, AA: 2}
+RATE = 60.0
+"""Requests per second of event time, per experiment (about 4.5 events per request)."""
+
+#: Grafana's variables in the dashboards' queries, as the test substitutes them.
+#: Multi-value variables as Grafana writes a selection of several into a regex matcher: ``(a|b)``.
+VARIABLES = {"experiment": f"({WORSE}|{AA})", "arm": "(control|treatment)", "metric": "nDCG@10",
+             "__rate_interval": "1m", "__interval": "1m", "__range": "5m", "__range_s": "300"}
+
+MAX_LABEL_VALUES = 3
+"""The worker keeps 3 values per label (default 100): experiments worse, aa and overflow, arms control, treatment
+and zz-1 pass; the arms zz-2 and zz-3 of a few requests of the experiment overflow fold into ``__other__``, so
+that ``stream_eval_label_overflow_total`` (a dashboard query) has data. Arms named after treatment, in an
+experiment of their own, leave the A/B pairs and sample ratios of worse and aa alone."""
+
+
+def _labels(alert: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in alert["labels"].items() if k not in ("job", "instance")}
+
+
+# --- a fake target: rules + Prometheus + Alertmanager + webhook, without the worker ------------------------------
+
+
+def test_rules_and_routes_deliver_from_a_fake_target(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    upper = Gauge("stream_eval_ab_cs_upper", "cs upper", ["experiment", "metric"], registry=registry)
+    lower = Gauge("stream_eval_ab_cs_lower", "cs lower", ["experiment", "metric"], registry=registry)
+    p_value = Gauge("stream_eval_ab_p_value", "p", ["experiment", "metric"], registry=registry)
+    mismatch = Gauge("stream_eval_srm_mismatch", "srm", ["experiment"], registry=registry)
+    units = Gauge("stream_eval_ab_units", "units", ["experiment", "arm"], registry=registry)
+    values = {  # experiment: (cs lower, cs upper, p-value, srm mismatch) on MRR
+        "fake-worse": (-0.05, -0.01, 0.001, 0),  # -> TreatmentWorse, severity page
+        "fake-better": (0.01, 0.04, 0.002, 0),  # -> TreatmentBetter, severity info
+        "fake-aa": (-0.02, 0.02, 0.9, 0),  # -> nothing
+        "fake-srm": (-0.05, -0.01, 0.001, 1),  # -> SRM (warning); its TreatmentWorse is inhibited
+    }
+    for experiment, (lo, hi, p, srm) in values.items():
+        lower.labels(experiment, "MRR").set(lo)
+        upper.labels(experiment, "MRR").set(hi)
+        p_value.labels(experiment, "MRR").set(p)
+        mismatch.labels(experiment).set(srm)
+        units.labels(experiment, "control").set(1000)
+        units.labels(experiment, "treatment").set(1300 if srm else 1000)
+    upper.labels("fake-worse", "P@10").set(-0.01)  # not a guarded metric: no alert
+    lower.labels("fake-worse", "P@10").set(-0.03)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    rules = copy_rules(RULES, tmp_path / "rules")
+    try:
+        with Webhook() as webhook, \
+                Alertmanager(tmp_path / "am", alertmanager_config(ALERTMANAGER, webhook.url)) as manager, \
+                Prometheus(tmp_path / "prom", [f"127.0.0.1:{port}"], rules, alertmanager=manager.address) as prom:
+            health = wait_for(lambda: all(h != "unknown" for _, h, _ in prom.rule_health()) and prom.rule_health(),
+                              30, "every rule to be evaluated")
+            shipped = sum(len(group["rules"]) for path in rules for group in yaml.safe_load(path.read_text())["groups"])
+            assert len(health) == shipped and all(h == "ok" for _, h, _ in health), health
+            expected = [
+                ({"alertname": "StreamEvalTreatmentWorse", "experiment": "fake-worse", "metric": "MRR",
+                  "severity": "page"}, "page"),
+                ({"alertname": "StreamEvalTreatmentBetter", "experiment": "fake-better", "metric": "MRR",
+                  "severity": "info"}, "info"),
+                ({"alertname": "StreamEvalSampleRatioMismatch", "experiment": "fake-srm", "severity": "warning"},
+                 "default"),
+            ]
+            for labels, receiver in expected:
+                alert = webhook.wait_for_alert(labels, 60)
+                assert alert["receiver"] == receiver, alert
+                assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+            worse = webhook.matching(expected[0][0])[0]
+            assert "upper bound -0.01, lower bound -0.05" in worse["annotations"]["description"]
+            # Prometheus fires TreatmentWorse for fake-srm too; Alertmanager holds it back (inhibited)
+            inhibited = wait_for(lambda: [a for a in manager.alerts()
+                                          if a["labels"].get("experiment") == "fake-srm"
+                                          and a["labels"]["alertname"] == "StreamEvalTreatmentWorse"],
+                                 30, "the inhibited alert in Alertmanager")
+            assert inhibited[0]["status"]["state"] == "suppressed", inhibited
+            delivered = {(a["labels"]["alertname"], a["labels"].get("experiment")) for a in webhook.alerts(None)}
+            assert delivered == {(labels["alertname"], labels["experiment"]) for labels, _ in expected}, \
+                webhook.summary()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+# --- the real worker --------------------------------------------------------------------------------------------
+
+
+def _renamed(line: bytes, prefix: str) -> bytes:
+    """The line with its request, session and unit ids prefixed, so that two simulations do not collide."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line
+    if not isinstance(event, dict):
+        return line
+    for key in ("request_id", "session_id", "unit_id"):
+        if isinstance(event.get(key), str):
+            event[key] = prefix + event[key]
+    return orjson.dumps(event) + b"\n"
+
+
+def _timed(lines: Iterator[bytes], start: float) -> Iterator[tuple[float, bytes]]:
+    ts = start
+    for line in lines:
+        with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+            ts = float(orjson.loads(line)["ts"])
+        yield ts, line
+
+
+def traffic_lines(start: float) -> Iterator[bytes]:
+    """Endless traffic of both experiments from ``start`` (epoch seconds), merged in event-time order."""
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    streams = []
+    for experiment, (control, treatment) in QUALITY.items():
+        sim = SimulationConfig(endless=True, start_ts=start, rate=RATE, max_delay=15.0, seed=SEEDS[experiment],
+                               experiment=experiment, arms=(("control", control), ("treatment", treatment)),
+                               judgments=True, label_rate=0.1, duplicate_fraction=0.01,
+                               invalid_fraction=0.002 if experiment == WORSE else 0.0)
+        lines = simulate_lines(sim)
+        if experiment != WORSE:
+            lines = (_renamed(line, f"{experiment}-") for line in lines)
+        streams.append(_timed(lines, start))
+    overflow = [(start + 5.0 + k, orjson.dumps({"type": "ranking", "request_id": f"overflow-{k}", "ts": start + 5.0 + k,
+                                                "items": ["q0-d0", "q0-d1"], "experiment": "overflow",
+                                                "arm": f"zz-{k}"}) + b"\n") for k in (1, 2, 3)]
+    streams.append(iter(overflow))
+    return (line for _, line in heapq.merge(*streams, key=lambda pair: pair[0]))
+
+
+class Traffic:
+    """Sends :func:`traffic_lines` paced at real time (event time = wall clock) from a thread; :meth:`stop` ends it
+    (no end-of-stream watermark: open requests stay open, finalised counts stay put)."""
+
+    def __init__(self, bootstrap: str, prefix: str) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = prefix
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
+
+    def start(self) -> Traffic:
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def _run(self) -> None:
+        from stream_eval.stream.kafka import topics
+        from stream_eval.stream.produce import send_lines
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.current_task()
+            self._started.set()
+            await send_lines(traffic_lines(round(time.time(), 3)), [self.bootstrap], topics(self.prefix),
+                             speed=1.0, flush=False)
+
+        try:
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            pass
+        except BaseException as error:  # reported by check()
+            self.error = error
+        finally:
+            self._started.set()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise AssertionError(f"the traffic stopped: {self.error!r}")
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._task is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop has just finished
+                self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(30)
+
+
+@dataclass
+class Stack:
+    worker_url: str
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+    webhook: Webhook
+    traffic: Traffic
+    worker: subprocess.Popen[bytes]
+    worker_log: Path
+    started: float
+
+    def check(self) -> None:
+        assert self.worker.poll() is None, f"the worker exited:\n{self.worker_log.read_text()[-3000:]}"
+        self.traffic.check()
+
+    def worker_samples(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        return scrape(self.worker_url)
+
+
+@pytest.fixture(scope="module")
+def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Worker + Prometheus (shipped rules, ``for:`` shortened) + Alertmanager (shipped routes) + webhook +
+    traffic, for the tests below; everything is stopped at the end of the module."""
+    tmp = tmp_path_factory.mktemp("alerting")
+    prefix = "alerting."
+    metrics_port = free_port()
+    # requests finalise 30 s after serve time
+    env = {**os.environ, **DEMO_SETTINGS, "STREAM_EVAL_MAX_LABEL_VALUES": str(MAX_LABEL_VALUES)}
+    log = tmp / "worker.log"
+    with contextlib.ExitStack() as stop:
+        with open(log, "wb") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "stream_eval.cli", "worker", "--broker", f"kafka://{broker}",
+                 "--topic-prefix", prefix, "--group", "alerting", "--metrics-port", str(metrics_port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
+
+        def stop_worker() -> None:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+                try:
+                    worker.wait(30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+
+        stop.callback(stop_worker)
+        webhook = stop.enter_context(Webhook())
+        manager = stop.enter_context(Alertmanager(tmp / "am", alertmanager_config(ALERTMANAGER, webhook.url)))
+        rules = copy_rules(RULES, tmp / "rules")
+        prometheus = stop.enter_context(Prometheus(tmp / "prom", [f"127.0.0.1:{metrics_port}"], rules,
+                                                   alertmanager=manager.address))
+        traffic = Traffic(broker, prefix).start()
+        stop.callback(traffic.stop)
+        running = Stack(f"http://127.0.0.1:{metrics_port}/metrics", prometheus, manager, webhook, traffic, worker,
+                        log, time.monotonic())
+        running.check()
+        yield running
+
+
+def _ab_series(stack: Stack) -> set[str]:
+    stack.check()
+    return {r["metric"]["experiment"] for r in stack.prometheus.query('stream_eval_ab_cs_upper{metric="MRR"}')}
+
+
+def test_worse_treatment_pages_and_aa_does_not(stack: Stack) -> None:
+    prom, webhook = stack.prometheus, stack.webhook
+    wait_for(lambda: _ab_series(stack) >= {WORSE, AA}, 120,
+             "stream_eval_ab_cs_upper of both experiments in Prometheus (the worker exports it once the A/B "
+             "statistics exist)")
+    worse = {"alertname": "StreamEvalTreatmentWorse", "experiment": WORSE, "severity": "page"}
+    alert = webhook.wait_for_alert(worse, 150)
+    assert alert["receiver"] == "page"
+    decided_after = time.monotonic() - stack.started
+    units_at_decision = sum(prom.values(f'stream_eval_ab_units{{experiment="{WORSE}"}}').values())
+    assert units_at_decision > 0
+    # The A/A experiment runs on until it has at least twice the units the worse one needed for its decision,
+    # looked at every second: time for an invalid (fixed-sample, peeked-at) interval to cross 0 by chance. The
+    # always-valid one may cross with probability at most 1 - confidence; with these seeds it does not (checked:
+    # over the whole run the A/A confidence sequences of every metric keep 0 inside, with margin).
+    deadline = time.monotonic() + max(30.0, decided_after * 0.5)
+    while time.monotonic() < deadline:
+        stack.check()
+        time.sleep(2)
+    aa_units = sum(prom.values(f'stream_eval_ab_units{{experiment="{AA}"}}').values())
+    assert aa_units >= 2 * units_at_decision, (aa_units, units_at_decision)
+    assert not webhook.matching({"alertname": "StreamEvalTreatmentWorse", "experiment": AA}, status=None), \
+        webhook.summary()
+    ever = prom.query(f'max_over_time(ALERTS{{alertname="StreamEvalTreatmentWorse", experiment="{AA}"}}[1h])')
+    assert ever == [], f"A/A: TreatmentWorse was pending or firing in Prometheus: {ever}"
+    for labels in (alert["labels"] for alert in webhook.matching({"experiment": WORSE})):
+        assert labels["metric"] in ("MRR", "nDCG@10", "ERR@10", "GAUC"), labels
+
+
+# --- the Grafana dashboards against the same Prometheus ---------------------------------------------------------
+
+
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))  # rows hold their collapsed panels
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
+
+
+def _substitute(expr: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2) or match.group(3)
+        if name not in VARIABLES:
+            raise AssertionError(f"dashboard variable ${name} has no test value (add it to VARIABLES): {expr}")
+        return VARIABLES[name]
+
+    return _VARIABLE.sub(value, expr)
+
+
+def _dashboard_queries() -> list[tuple[str, str, str]]:
+    """``(dashboard file, panel title, expr with variables substituted)`` of every panel target."""
+    queries = []
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        for panel in _panels(board.get("panels", [])):
+            for target in panel.get("targets", []):
+                if target.get("expr"):
+                    queries.append((path.name, panel.get("title", ""), _substitute(target["expr"])))
+    return queries
+
+
+def _wait_for_data(stack: Stack) -> None:
+    """Until both experiments have finalised requests and A/B series in Prometheus."""
+    def ready() -> bool:
+        stack.check()
+        finalised = {r["metric"]["experiment"] for r in stack.prometheus.query("stream_eval_requests_total > 0")}
+        return finalised >= {WORSE, AA} and _ab_series(stack) >= {WORSE, AA}
+
+    wait_for(ready, 150, "finalised requests and A/B series of both experiments")
+
+
+def test_every_dashboard_query_returns_data(stack: Stack) -> None:
+    queries = _dashboard_queries()
+    assert queries, f"no dashboard with PromQL targets in {DASHBOARDS.relative_to(ROOT)}"
+    _wait_for_data(stack)
+    time.sleep(5)  # a few scrapes of the latest values, for the rate() panels
+    empty = []
+    by_panel: dict[tuple[str, str], int] = {}
+    for board, title, expr in queries:
+        found = stack.prometheus.query(expr)  # an invalid query raises here
+        by_panel[board, title] = by_panel.get((board, title), 0) + len(found)
+        if not found:
+            empty.append(f"{board} / {title}: {expr}")
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+
+_CUMULATIVE = re.compile(r'stream_eval_metric_sum_total\{[^}]*metric="(RR|nDCG@10)"')
+
+
+def _worker_means(samples: dict[str, list[tuple[dict[str, str], float]]]) -> dict[tuple[str, str, str], float]:
+    sums: dict[tuple[str, str, str], float] = {}
+    counts: dict[tuple[str, str, str], float] = {}
+    for name, into in (("stream_eval_metric_sum_total", sums), ("stream_eval_metric_count_total", counts)):
+        for labels, value in samples.get(name, []):
+            into[labels["experiment"], labels["arm"], labels["metric"]] = value
+    return {key: sums[key] / counts[key] for key in sums if counts.get(key)}
+
+
+def test_dashboard_cumulative_means_are_the_workers_sum_over_count(stack: Stack) -> None:
+    """With the traffic stopped (no end-of-stream watermark), the finalised sums stop moving: the cumulative MRR and
+    nDCG@10 panels, read through Prometheus, must then equal the worker's own sum / count to 1e-9."""
+    cumulative = [(board, title, expr, match.group(1)) for board, title, expr in _dashboard_queries()
+                  for match in [_CUMULATIVE.search(expr)] if match]
+    assert {metric for *_, metric in cumulative} == {"RR", "nDCG@10"}, \
+        f"no cumulative MRR / nDCG@10 panel found in {[c[:2] for c in cumulative]}"
+    _wait_for_data(stack)
+    stack.traffic.stop()
+
+    def stable() -> dict[tuple[str, str, str], float] | None:
+        stack.check()
+        before = _worker_means(stack.worker_samples())
+        time.sleep(2.5)  # more than a scrape and a rule evaluation
+        after = _worker_means(stack.worker_samples())
+        return after if after and before == after else None
+
+    means = wait_for(stable, 90, "the worker's finalised sums to stop moving")
+    compared = 0
+    for board, title, expr, metric in cumulative:
+        for result in stack.prometheus.query(expr):
+            labels = result["metric"]
+            key = (labels["experiment"], labels["arm"], labels.get("metric", metric))
+            got = float(result["value"][1])
+            assert math.isclose(got, means[key], rel_tol=0, abs_tol=1e-9), (board, title, key, got, means[key])
+            compared += 1
+    assert compared == 4 * len(cumulative), compared  # both arms of both experiments in every panel
