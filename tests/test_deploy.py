@@ -1,12 +1,23 @@
-"""docker-compose.yml, the Dockerfile and the Prometheus config, checked statically (no Docker engine here)."""
+"""docker-compose.yml, the Dockerfile, the Prometheus config and the Grafana dashboards, checked statically.
+
+No Docker engine or Grafana here: the dashboards' PromQL is parsed with promtool when it is on PATH (always under
+CI=true), and run against a real Prometheus by the end-to-end tests.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import re
-import shlex
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
 import yaml
 
 from stream_eval.cli import build_parser
@@ -20,9 +31,19 @@ def _compose() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
 
 
+def _internal_listener() -> str:
+    """host:port of the broker's listener for the compose network."""
+    advertised = _compose()["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    internal = re.search(r"PLAINTEXT://([^,]+)", advertised)
+    assert internal is not None
+    return internal.group(1)
+
+
 def test_services_and_dependencies() -> None:
     services = _compose()["services"]
-    assert {"kafka", "create-topics", "worker", "prometheus"} <= set(services)
+    assert {"kafka", "create-topics", "worker", "prometheus", "alertmanager", "grafana"} <= set(services)
+    assert {"worker", "alertmanager"} <= set(services["prometheus"]["depends_on"])
+    assert "prometheus" in services["grafana"]["depends_on"]
     assert services["worker"]["depends_on"]["create-topics"]["condition"] == "service_completed_successfully"
     assert services["create-topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
 
@@ -31,9 +52,7 @@ def test_worker_command_is_valid_and_reaches_the_broker() -> None:
     services = _compose()["services"]
     args = build_parser().parse_args(services["worker"]["command"])
     assert args.command == "worker"
-    advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-    internal = re.search(r"PLAINTEXT://([^,]+)", advertised)
-    assert internal is not None and parse_brokers(args.broker) == [internal.group(1)]
+    assert parse_brokers(args.broker) == [_internal_listener()]
     assert f"{args.metrics_port}:{args.metrics_port}" in services["worker"]["ports"]
 
 
@@ -68,4 +87,298 @@ def test_dockerfile_default_command_is_valid() -> None:
     assert entry is not None and command is not None
     assert yaml.safe_load(entry.group(1)) == ["stream-eval"]
     args = build_parser().parse_args(yaml.safe_load(command.group(1)))
-    assert args.command == "worker" and shlex.join(["--broker", args.broker])
+    assert args.command == "worker"
+    # the image alone, run in the compose network, reaches the broker and serves the port it exposes
+    assert parse_brokers(args.broker) == [_internal_listener()]
+    assert re.search(rf"^EXPOSE {args.metrics_port}$", text, re.M)
+
+
+def _bind_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> host path (relative to the repository) of a service's bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            mounts[target] = source[2:]
+    return mounts
+
+
+def test_every_mounted_host_path_exists() -> None:
+    compose = _compose()
+    named = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name}: {source} is not in the repository"
+            else:
+                assert source in named, f"{name}: volume {source} is not declared"
+    expected = {
+        "prometheus": {"/etc/prometheus/prometheus.yml": "deploy/prometheus/prometheus.yml",
+                       "/etc/prometheus/rules": "deploy/prometheus/rules"},
+        "alertmanager": {"/etc/alertmanager/alertmanager.yml": "deploy/alertmanager/alertmanager.yml"},
+        "grafana": {"/etc/grafana/provisioning": "deploy/grafana/provisioning",
+                    "/var/lib/grafana/dashboards": "deploy/grafana/dashboards"},
+    }
+    for name, mounts in expected.items():
+        assert _bind_mounts(compose["services"][name]).items() >= mounts.items(), name
+
+
+def test_prometheus_loads_the_mounted_rules_and_reaches_alertmanager() -> None:
+    services = _compose()["services"]
+    mounts = _bind_mounts(services["prometheus"])
+    config = yaml.safe_load((ROOT / mounts["/etc/prometheus/prometheus.yml"]).read_text())
+    for pattern in config["rule_files"]:
+        directory, glob = pattern.rsplit("/", 1)
+        assert directory in mounts, f"{pattern} is not under a mounted directory"
+        assert list((ROOT / mounts[directory]).glob(glob)), f"no rule file matches {pattern}"
+    targets = [t for am in config["alerting"]["alertmanagers"] for c in am["static_configs"] for t in c["targets"]]
+    ports = {p.split(":")[-1] for p in services["alertmanager"]["ports"]}
+    assert targets and all(t.split(":")[0] == "alertmanager" and t.split(":")[1] in ports for t in targets)
+
+
+# --- Grafana ---------------------------------------------------------------------------------------------------
+
+GRAFANA = ROOT / "deploy" / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+
+# Every stream_eval series a dashboard may query (SPEC §5, §6, and export/prometheus.py), and whether the
+# dashboards must show it. A name not listed here (a typo, a recording rule) fails the test.
+SERIES = {
+    "stream_eval_requests_total": True,
+    "stream_eval_metric_sum_total": True,
+    "stream_eval_metric_count_total": True,
+    "stream_eval_window_sum": True,
+    "stream_eval_window_count": True,
+    "stream_eval_window_mean": False,  # one worker's mean: dashboards divide the summed sums and counts instead
+    "stream_eval_gsb_total": True,
+    "stream_eval_gsb_score": True,
+    "stream_eval_gsb_p_value": True,
+    "stream_eval_ab_delta": True,
+    "stream_eval_ab_ci_lower": True,
+    "stream_eval_ab_ci_upper": True,
+    "stream_eval_ab_cs_lower": True,
+    "stream_eval_ab_cs_upper": True,
+    "stream_eval_ab_p_value": True,
+    "stream_eval_ab_units": True,
+    "stream_eval_ab_unit_conflicts_total": True,
+    "stream_eval_srm_p_value": True,
+    "stream_eval_srm_mismatch": True,
+    "stream_eval_events_total": True,
+    "stream_eval_feedback_delay_seconds_bucket": True,
+    "stream_eval_feedback_delay_seconds_sum": False,
+    "stream_eval_feedback_delay_seconds_count": False,
+    "stream_eval_watermark_seconds": True,
+    "stream_eval_label_overflow_total": False,
+}
+# The variables a query may use, with the values the promtool check substitutes.
+VARIABLES = {"experiment": "exp", "arm": "control", "metric": "MRR", "__rate_interval": "1m", "__interval": "15s"}
+
+
+def _datasource_uid() -> str:
+    config = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (source,) = config["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    assert "prometheus" in _compose()["services"]
+    return str(source["uid"])
+
+
+def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows included, and the panels nested in (collapsed) rows."""
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def _queries() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(file name, panel, target) of every query panel's targets."""
+    for path in DASHBOARDS:
+        for panel in _panels(json.loads(path.read_text())):
+            if panel["type"] != "row":
+                for target in panel.get("targets", []):
+                    yield path.name, panel, target
+
+
+def _series(expr: str) -> set[str]:
+    """The stream_eval metric names an expression reads (string literals, i.e. label values, left out)."""
+    code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    return {name for name in re.findall(r"[A-Za-z_:][\w:]*", code) if "stream_eval" in name}
+
+
+def _substituted(expr: str, **values: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in VARIABLES, f"unknown variable ${name} in {expr!r}"
+        return values.get(name, VARIABLES[name])
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
+
+
+def test_grafana_provisioning_matches_compose() -> None:
+    services = _compose()["services"]
+    grafana = _bind_mounts(services["grafana"])
+    (provider,) = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "stream-eval.yml").read_text())["providers"]
+    assert provider["type"] == "file" and provider["folder"] == "stream_eval"
+    assert grafana[provider["options"]["path"]] == "deploy/grafana/dashboards"
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    directory, name = home.rsplit("/", 1)
+    assert (ROOT / grafana[directory] / name).is_file()
+    assert any(p.endswith(":3000") for p in services["grafana"]["ports"])
+
+
+def test_dashboards_exist_with_unique_uids_and_panel_ids() -> None:
+    assert [p.name for p in DASHBOARDS] == ["stream-eval.json"]
+    uids = [json.loads(p.read_text())["uid"] for p in DASHBOARDS]
+    assert len(set(uids)) == len(uids)
+    for path in DASHBOARDS:
+        ids = [panel["id"] for panel in _panels(json.loads(path.read_text()))]
+        assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"
+
+
+def test_every_panel_queries_the_provisioned_datasource() -> None:
+    uid = _datasource_uid()
+    for path in DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        for variable in dashboard["templating"]["list"]:
+            if variable["type"] == "query":
+                assert variable["datasource"]["uid"] == uid, variable["name"]
+        for panel in _panels(dashboard):
+            if panel["type"] == "row":
+                continue
+            assert panel["datasource"]["uid"] == uid, panel["title"]
+            assert panel.get("description", "").strip(), f"{panel['title']}: no description"
+            assert panel["targets"], f"{panel['title']}: no target"
+            for target in panel["targets"]:
+                assert target.get("datasource", panel["datasource"])["uid"] == uid, panel["title"]
+
+
+def test_every_query_reads_known_series_with_known_variables() -> None:
+    for name, panel, target in _queries():
+        expr = target.get("expr", "")
+        assert expr.strip(), f"{name} {panel['title']} {target['refId']}: empty expr"
+        found = _series(expr)
+        assert found, f"{panel['title']}: reads no stream_eval series"
+        assert found <= set(SERIES), f"{panel['title']}: unknown series {found - set(SERIES)}"
+        _substituted(expr)
+    for path in DASHBOARDS:
+        for variable in json.loads(path.read_text())["templating"]["list"]:
+            query = variable.get("query", "")
+            query = query if isinstance(query, str) else query.get("query", "")
+            assert _series(query) <= set(SERIES), variable["name"]
+            _substituted(query)
+
+
+def test_dashboards_show_every_series_of_the_contract() -> None:
+    shown = set().union(*(_series(target["expr"]) for _, _, target in _queries()))
+    missing = {name for name, required in SERIES.items() if required} - shown
+    assert not missing, f"no panel shows {sorted(missing)}"
+
+
+def test_a_b_gauges_are_taken_with_max_not_sum() -> None:
+    """They come from one worker of a group: a sum would count them once per worker that ever exported them."""
+    single = {"stream_eval_ab_delta", "stream_eval_ab_ci_lower", "stream_eval_ab_ci_upper", "stream_eval_ab_cs_lower",
+              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_ab_units", "stream_eval_srm_p_value",
+              "stream_eval_srm_mismatch", "stream_eval_gsb_p_value", "stream_eval_ab_unit_conflicts_total"}
+    for _, panel, target in _queries():
+        for name in _series(target["expr"]) & single:
+            assert re.search(rf"max by \([^)]*\) \({name}\{{", target["expr"]), (panel["title"], name)
+
+
+def _promtool() -> str:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is not on PATH (scripts/test installs it)")
+        pytest.skip("promtool is not on PATH")
+    return promtool
+
+
+def _build_module() -> ModuleType:
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("grafana_foundation_sdk")  # in the test extra; CI always has it
+    spec = importlib.util.spec_from_file_location("stream_eval_grafana_build", GRAFANA / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_checked_in_dashboard_equals_the_generator_output() -> None:
+    build = _build_module()
+    assert (GRAFANA / "dashboards" / "stream-eval.json").read_text(encoding="utf-8") == build.render(), (
+        "stream-eval.json is out of date: run python3 deploy/grafana/build.py")
+    assert build.DATASOURCE_UID == _datasource_uid()
+
+
+def test_every_query_parses_as_promql(tmp_path: Path) -> None:
+    promtool = _promtool()
+    rules = []
+    for name, panel, target in _queries():
+        record = re.sub(r"[^\w:]", "_", f"dashboard:{name}_{panel['id']}_{target['refId']}")
+        rules.append({"record": record, "expr": _substituted(target["expr"])})
+    for path in DASHBOARDS:  # the variables' queries wrap a selector in label_values(...)
+        for variable in json.loads(path.read_text())["templating"]["list"]:
+            inner = re.fullmatch(r"label_values\((.*), *\w+\)", variable.get("query", ""))
+            if inner:
+                rules.append({"record": f"dashboard:variable_{variable['name']}", "expr": _substituted(inner[1])})
+    file = tmp_path / "dashboard-rules.yml"
+    file.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}, sort_keys=False))
+    result = subprocess.run([promtool, "check", "rules", str(file)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout + result.stderr
+
+
+def _target(title: str, ref_id: str) -> str:
+    """A query of the dashboard, for experiment "exp" and every arm and metric."""
+    (expr,) = [t["expr"] for _, panel, t in _queries() if panel["title"] == title and t["refId"] == ref_id]
+    return _substituted(expr, arm=".*", metric=".*")
+
+
+def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
+    """A few queries evaluated by promtool on made-up series of two workers: the decision mapping, means as sums
+    over workers, the GSB score from the counts, the event-time lag."""
+    def series(name: str, values: str, **labels: str) -> dict[str, str]:
+        return {"series": name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": values}
+
+    def sample(value: float, **labels: str) -> dict[str, Any]:
+        return {"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "value": value}
+
+    nan = " ".join(["NaN"] * 6)
+    bounds = {"MRR": ("0.01", "0.05"), "nDCG@10": ("-0.05", "-0.01"), "ERR@10": ("-0.01", "0.02"), "GAUC": (nan, nan)}
+    inputs = [series(f"stream_eval_ab_cs_{side}", f"{value}x5" if value != nan else value, experiment="exp",
+                     metric=metric, instance="w1")
+              for metric, (lower, upper) in bounds.items() for side, value in (("lower", lower), ("upper", upper))]
+    for instance, rr_sum, window_sum, good in (("w1", "3", "1", "4"), ("w2", "1", "2", "2")):
+        labels = {"experiment": "exp", "arm": "control", "instance": instance}
+        inputs += [
+            series("stream_eval_metric_sum_total", f"0+{rr_sum}x5", metric="RR", **labels),
+            series("stream_eval_metric_count_total", "0+4x5", metric="RR", **labels),
+            series("stream_eval_window_sum", f"{window_sum}x5", metric="MRR", window="5m", **labels),
+            series("stream_eval_window_count", "2x5", metric="MRR", window="5m", **labels),
+            series("stream_eval_gsb_total", f"{good}x5", experiment="exp", source="judgment", verdict="good",
+                   instance=instance),
+            series("stream_eval_gsb_total", "1x5", experiment="exp", source="judgment", verdict="same",
+                   instance=instance),
+            series("stream_eval_gsb_total", "1x5", experiment="exp", source="judgment", verdict="bad",
+                   instance=instance),
+        ]
+    inputs += [series("stream_eval_metric_sum_total", "0x5", experiment="exp", arm="treatment", metric="RR"),
+               series("stream_eval_metric_count_total", "0x5", experiment="exp", arm="treatment", metric="RR"),
+               series("stream_eval_watermark_seconds", "60x5", instance="w1"),
+               series("stream_eval_watermark_seconds", "200x5", instance="w2")]
+    checks = [
+        (_target("Decisions: treatment vs control, every metric", "A"),
+         [sample(1, experiment="exp", metric="MRR"), sample(-1, experiment="exp", metric="nDCG@10"),
+          sample(0, experiment="exp", metric="ERR@10"), sample(0, experiment="exp", metric="GAUC")]),
+        # (3 + 1) * 5 / (4 + 4) * 5; the treatment counted nothing yet: no value rather than NaN
+        (_target("MRR per arm", "C"), [sample(0.5, experiment="exp", arm="control")]),
+        (_target("MRR per arm", "A"), [sample(0.75, experiment="exp", arm="control")]),  # (1 + 2) / (2 + 2)
+        (_target("GSB score", "A"), [sample(0.4, experiment="exp", source="judgment")]),  # (6 - 2) / 10
+        (_target("Event-time lag", "A"), [sample(240)]),  # at 300 s, the slowest watermark is 60
+    ]
+    tests = {"interval": "1m", "input_series": inputs,
+             "promql_expr_test": [{"expr": expr, "eval_time": "5m", "exp_samples": expected}
+                                  for expr, expected in checks]}
+    file = tmp_path / "dashboard-test.yml"
+    file.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": [tests]}, sort_keys=False))
+    result = subprocess.run([_promtool(), "test", "rules", str(file)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

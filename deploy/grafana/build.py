@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""The stream_eval Grafana dashboard as code: writes ``dashboards/stream-eval.json`` next to this script.
+
+    python3 -m pip install 'grafana-foundation-sdk==1769699379!11.6.0'   # or: pip install -e '.[test]'
+    python3 deploy/grafana/build.py            # rewrite the JSON
+    python3 deploy/grafana/build.py --check    # exit 1 if the checked-in JSON differs from this script
+
+The JSON is checked in, so running Grafana needs nothing from here; ``tests/test_deploy.py`` regenerates it in
+memory and compares. The SDK is pinned exactly: its versions are ``<build epoch>!<Grafana version>``, so an
+unpinned install picks whichever Grafana version was built last, and each build may encode differently.
+
+Queries read the raw series of SPEC §5 and §6, never recording rules, so the dashboard works without them.
+Means are ratios of sums taken over workers (``sum(..._sum) / sum(..._count)``); the A/B, SRM and GSB p-value
+gauges come from one worker of a group and are taken with ``max by (...)``, never summed. Only the variables
+``$experiment``, ``$arm``, ``$metric`` and ``$__rate_interval`` appear in queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    DataTransformerConfig,
+    DynamicConfigValue,
+    Panel,
+    Threshold,
+    ThresholdsMode,
+    ValueMap,
+    ValueMappingResult,
+    VariableOption,
+    VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+HERE = Path(__file__).resolve().parent
+OUTPUT = HERE / "dashboards" / "stream-eval.json"
+
+DATASOURCE_UID = "stream-eval-prometheus"  # = provisioning/datasources/prometheus.yml
+DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+DASHBOARD_UID = "stream-eval"
+
+ALL = VariableOption(selected=True, text="All", value="$__all")
+
+EXP = 'experiment=~"$experiment"'
+EXP_ARM = 'experiment=~"$experiment", arm=~"$arm"'
+EXP_METRIC = 'experiment=~"$experiment", metric=~"$metric"'
+
+# (name of the mean in the window and A/B series, per-request name in the finalised series, what it measures)
+QUALITY = (
+    ("MRR", "RR", "Mean reciprocal rank: 1 / the rank of the first relevant item, 0 if none was relevant."),
+    ("nDCG@10", "nDCG@10", "Normalised discounted cumulative gain of the top 10 items "
+     "(Järvelin & Kekäläinen 2002): 1 when the most relevant items are on top."),
+    ("ERR@10", "ERR@10", "Expected reciprocal rank of the top 10 (Chapelle et al. 2009): "
+     "how soon a user who stops at the first satisfying item is satisfied."),
+    ("GAUC", "AUC", "Group AUC (Zhou et al. 2018): the weighted mean, over sessions with both clicked and "
+     "unclicked items, of the probability that a clicked item was ranked above an unclicked one."),
+)
+QUALITY_TAIL = (
+    " Per arm. '5m' and '1h': the requests served in the last 5 minutes / 1 hour of event time, open requests' "
+    "current values included, so these move as clicks arrive. 'cumulative': every finalised request so far. "
+    "All three are summed over workers first (sum of sums / sum of counts), so they are exact with any number of "
+    "workers. Whether a gap between the arms is real is read in the A/B row."
+)
+
+NEUTRAL, GOOD, BAD, WARN = "text", "green", "red", "orange"
+
+
+def _query(ref_id: str, expr: str, legend: str, *, instant: bool = False) -> prometheus.Dataquery:
+    query = prometheus.Dataquery().ref_id(ref_id).expr(expr).legend_format(legend).datasource(DATASOURCE)
+    if instant:
+        return query.instant().format(PromQueryFormat.TABLE)
+    return query.range()
+
+
+def _ratio(sum_series: str, count_series: str, selector: str) -> str:
+    """Mean per (experiment, arm) over workers; no value rather than NaN while nothing has been counted."""
+    by = "sum by (experiment, arm)"
+    return f"{by} ({sum_series}{{{selector}}})\n  / ({by} ({count_series}{{{selector}}}) > 0)"
+
+
+def _thresholds(base: str, *steps: tuple[float, str]) -> dash.ThresholdsConfig:
+    return dash.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
+        [Threshold(value=None, color=base), *(Threshold(value=v, color=c) for v, c in steps)])
+
+
+def _mapping(options: dict[str, tuple[str, str]]) -> ValueMap:
+    return ValueMap(options={value: ValueMappingResult(text=text, color=color, index=i)
+                             for i, (value, (text, color)) in enumerate(options.items())})
+
+
+def _graph(panel_id: int, title: str, description: str, *, unit: str = "none", w: int = 12,
+           h: int = 8) -> timeseries.Panel:
+    return (
+        timeseries.Panel().id(panel_id).title(title).description(description).datasource(DATASOURCE)
+        .unit(unit).span(w).height(h)
+        .legend(common_builders.VizLegendOptions().show_legend(True)
+                .display_mode(common.LegendDisplayMode.LIST).placement(common.LegendPlacement.BOTTOM))
+        .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+                 .sort(common.SortOrder.DESCENDING))
+    )
+
+
+def _line() -> common_builders.GraphThresholdsStyleConfig:
+    """Thresholds drawn as lines across the graph (the base step, -inf, draws nothing)."""
+    return common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE)
+
+
+def _log_scale() -> common_builders.ScaleDistributionConfig:
+    return common_builders.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10)
+
+
+def _stat(panel_id: int, title: str, description: str, *, w: int = 4, h: int = 8) -> stat.Panel:
+    return (
+        stat.Panel().id(panel_id).title(title).description(description).datasource(DATASOURCE).span(w).height(h)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .color_mode(common.BigValueColorMode.BACKGROUND).graph_mode(common.BigValueGraphMode.NONE)
+    )
+
+
+def quality_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
+    panels = []
+    for mean, per_request, what in QUALITY:
+        window = [f'{EXP_ARM}, metric="{mean}", window="{label}"' for label in ("5m", "1h")]
+        finalised = f'{EXP_ARM}, metric="{per_request}"'
+        panels.append(
+            _graph(next(ids), f"{mean} per arm", what + QUALITY_TAIL)
+            .min(0).max(1).decimals(3)
+            .with_target(_query("A", _ratio("stream_eval_window_sum", "stream_eval_window_count", window[0]),
+                                "{{arm}} 5m"))
+            .with_target(_query("B", _ratio("stream_eval_window_sum", "stream_eval_window_count", window[1]),
+                                "{{arm}} 1h"))
+            .with_target(_query("C", _ratio("stream_eval_metric_sum_total", "stream_eval_metric_count_total",
+                                            finalised), "{{arm}} cumulative"))
+            .override_by_regexp("/ 1h$/", [DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 6]})])
+            .override_by_regexp("/ cumulative$/", [DynamicConfigValue("custom.lineWidth", 3)])
+        )
+    return panels
+
+
+def _ab(series: str, selector: str = EXP_METRIC) -> str:
+    return f"max by (experiment, metric) ({series}{{{selector}}})"
+
+
+def decisions_panel(panel_id: int) -> table.Panel:
+    decision = (f"({_ab('stream_eval_ab_cs_lower', EXP)} > bool 0)\n"
+                f"  - ({_ab('stream_eval_ab_cs_upper', EXP)} < bool 0)")
+    columns = {  # ref id: (series or expression, column name)
+        "A": (decision, "decision"),
+        "B": (_ab("stream_eval_ab_delta", EXP), "delta"),
+        "C": (_ab("stream_eval_ab_cs_lower", EXP), "cs lower"),
+        "D": (_ab("stream_eval_ab_cs_upper", EXP), "cs upper"),
+        "E": (_ab("stream_eval_ab_p_value", EXP), "p-value (always valid)"),
+        "F": (_ab("stream_eval_ab_ci_lower", EXP), "ci lower (fixed)"),
+        "G": (_ab("stream_eval_ab_ci_upper", EXP), "ci upper (fixed)"),
+    }
+    names = ["experiment", "metric", *(f"Value #{ref}" for ref in columns)]
+    panel = (
+        table.Panel().id(panel_id).title("Decisions: treatment vs control, every metric")
+        .description(
+            "One line per metric of the experiment. 'delta' is treatment minus control. 'cs lower' / 'cs upper' "
+            "bound the always-valid confidence sequence: unlike a fixed-sample interval, it stays valid however "
+            "often you look, so you may stop as soon as it excludes 0. decision = better when cs lower > 0, worse "
+            "when cs upper < 0, otherwise inconclusive (keep collecting). 'p-value (always valid)' is below "
+            "1 - confidence exactly when the sequence excludes 0. The fixed-sample interval (ci) is shown for "
+            "reference only: it is valid at one look planned in advance, not when watched continuously.")
+        .datasource(DATASOURCE).span(24).height(7).decimals(4)
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True},
+            "indexByName": {name: i for i, name in enumerate(names)},  # original names, as Grafana wants
+            "renameByName": {f"Value #{ref}": name for ref, (_, name) in columns.items()},
+        }))
+        .override_by_name("decision", [
+            DynamicConfigValue("mappings", [_mapping({
+                "1": ("better", GOOD), "0": ("inconclusive", NEUTRAL), "-1": ("worse", BAD)})]),
+            DynamicConfigValue("custom.cellOptions", {"type": "color-background"}),
+        ])
+    )
+    for ref, (expr, _) in columns.items():
+        panel = panel.with_target(_query(ref, expr, "", instant=True))
+    return panel
+
+
+def delta_panel(panel_id: int) -> timeseries.Panel:
+    dashed = {"fill": "dash", "dash": [10, 6]}
+    return (
+        _graph(panel_id, "$metric: treatment - control, with its confidence sequence",
+               "Treatment minus control of $metric over time (one panel per selected metric). The shaded band is "
+               "the always-valid confidence sequence (cs lower .. cs upper): it narrows as randomisation units "
+               "accumulate and may be read at any time; the treatment is better once the band lies wholly above "
+               "the red zero line, worse once wholly below. The dashed lines are the fixed-sample confidence "
+               "interval, narrower but valid only for a single look planned in advance.", w=24, h=9)
+        .repeat("metric").repeat_direction("h").max_per_row(2)
+        .thresholds(_thresholds("transparent", (0, BAD))).thresholds_style(_line())
+        .with_target(_query("A", _ab("stream_eval_ab_delta"), "delta"))
+        .with_target(_query("B", _ab("stream_eval_ab_cs_lower"), "cs lower"))
+        .with_target(_query("C", _ab("stream_eval_ab_cs_upper"), "cs upper"))
+        .with_target(_query("D", _ab("stream_eval_ab_ci_lower"), "ci lower"))
+        .with_target(_query("E", _ab("stream_eval_ab_ci_upper"), "ci upper"))
+        .override_by_name("delta", [DynamicConfigValue("custom.lineWidth", 2),
+                                    DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "orange"})])
+        .override_by_regexp("/^cs /", [DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "blue"})])
+        .override_by_name("cs upper", [DynamicConfigValue("custom.fillBelowTo", "cs lower"),
+                                       DynamicConfigValue("custom.fillOpacity", 15)])
+        .override_by_regexp("/^ci /", [DynamicConfigValue("custom.lineStyle", dashed),
+                                       DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "text"})])
+    )
+
+
+def p_value_panel(panel_id: int) -> timeseries.Panel:
+    return (
+        _graph(panel_id, "Always-valid p-value of the A/B delta",
+               "The always-valid p-value of treatment - control, per metric (log scale). It can be checked at every "
+               "look without inflating false positives; below the red line (0.05, i.e. confidence 0.95, the "
+               "default) the confidence sequence excludes 0 and the decision is better or worse.")
+        .max(1).scale_distribution(_log_scale())
+        .thresholds(_thresholds("transparent", (0.05, BAD))).thresholds_style(_line())
+        .with_target(_query("A", _ab("stream_eval_ab_p_value"), "{{metric}}"))
+    )
+
+
+def units_panel(panel_id: int) -> timeseries.Panel:
+    return (
+        _graph(panel_id, "Randomisation units per arm",
+               "Distinct randomisation units (unit_id, e.g. users) seen in each arm since the experiment's first "
+               "event. A/B inference is over units, not requests; the split between arms should follow the "
+               "configured one (equal by default) - the SRM panels test that.")
+        .decimals(0)
+        .with_target(_query("A", f"max by (experiment, arm) (stream_eval_ab_units{{{EXP_ARM}}})", "{{arm}}"))
+    )
+
+
+def srm_panels(ids: Iterator[int]) -> list[stat.Panel]:
+    return [
+        _stat(next(ids), "SRM p-value",
+              "Sample-ratio-mismatch check: the always-valid p-value of the randomisation units' split between "
+              "arms against the expected split (equal unless configured). Red below srm_alpha (0.001 by "
+              "default): the assignment or the logging is broken, and the A/B results of this experiment should "
+              "not be trusted until that is explained.")
+        .decimals(4).thresholds(_thresholds(BAD, (0.001, GOOD)))
+        .with_target(_query("A", f"max by (experiment) (stream_eval_srm_p_value{{{EXP}}})", "{{experiment}}")),
+        _stat(next(ids), "Sample ratio mismatch",
+              "1 (MISMATCH) when the sample-ratio test rejects the expected split at srm_alpha, else 0 (ok). "
+              "A mismatch usually means units are lost or duplicated in one arm: check the assignment and the "
+              "logging before reading any A/B result.")
+        .mappings([_mapping({"0": ("ok", GOOD), "1": ("MISMATCH", BAD)})])
+        .with_target(_query("A", f"max by (experiment) (stream_eval_srm_mismatch{{{EXP}}})", "{{experiment}}")),
+        _stat(next(ids), "Units seen in a second arm",
+              "Randomisation units that appeared in a second arm of the experiment, counted since its first event "
+              "(each stays counted in the arm it was first seen in). Should stay 0: a unit in two arms means the "
+              "assignment is not sticky or unit_id is not the randomisation unit.")
+        .decimals(0).thresholds(_thresholds(GOOD, (1, WARN)))
+        .with_target(_query("A", f"max by (experiment) (stream_eval_ab_unit_conflicts_total{{{EXP}}})",
+                            "{{experiment}}")),
+    ]
+
+
+def gsb_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
+    by = "sum by (experiment, source)"
+    score = (f'({by} (stream_eval_gsb_total{{{EXP}, verdict="good"}})\n'
+             f'  - {by} (stream_eval_gsb_total{{{EXP}, verdict="bad"}}))\n'
+             f"  / ({by} (stream_eval_gsb_total{{{EXP}}}) > 0)")
+    return [
+        _graph(next(ids), "GSB verdicts",
+               "Good / same / bad verdicts of the treatment against the control, per source, counted since the "
+               "worker's state began and summed over workers. judgment: human side-by-side judgments; metric: "
+               "queries served by both arms, compared on their mean gsb_metric (nDCG@10 by default); "
+               "interleaving: interleaved requests, credited to the team whose items were relevant.", w=8)
+        .decimals(0)
+        .with_target(_query("A", f"sum by (experiment, source, verdict) (stream_eval_gsb_total{{{EXP}}})",
+                            "{{source}} {{verdict}}")),
+        _graph(next(ids), "GSB score",
+               "(good - bad) / (good + same + bad), from -1 (treatment always worse) to 1 (always better). "
+               "'total': every verdict so far, from the counts summed over workers. '5m' / '1h': the verdicts "
+               "given in the last 5 minutes / 1 hour of event time, as each worker exports them (exact with one "
+               "worker; with several, each line covers that worker's partitions).", w=8)
+        .min(-1).max(1).decimals(3)
+        .with_target(_query("A", score, "{{source}} total"))
+        .with_target(_query("B", f'stream_eval_gsb_score{{{EXP}, window!="total"}}',
+                            "{{source}} {{window}} {{instance}}")),
+        _graph(next(ids), "GSB p-value",
+               "Always-valid p-value of the sign test on the GSB verdicts (ties left out), per source (log "
+               "scale): below the red line (0.05) the treatment wins or loses more often than chance allows, "
+               "however often you have looked.", w=8)
+        .max(1).scale_distribution(_log_scale())
+        .thresholds(_thresholds("transparent", (0.05, BAD))).thresholds_style(_line())
+        .with_target(_query("A", f"max by (experiment, source) (stream_eval_gsb_p_value{{{EXP}}})", "{{source}}")),
+    ]
+
+
+def health_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
+    delay = "sum by (le) (rate(stream_eval_feedback_delay_seconds_bucket[$__rate_interval]))"
+    return [
+        _graph(next(ids), "Events by status",
+               "Input events per second by type (ranking, feedback, judgment) and status. ok: applied. invalid: "
+               "rejected by validation (sent to the dead-letters topic with the reason). late: arrived after its "
+               "request was finalised. duplicate: seen before. orphan: feedback whose ranking never arrived. "
+               "Also: event label values folded into experiment=\"__other__\" because a label had too many values.",
+               unit="eps")
+        .with_target(_query("A", "sum by (type, status) (rate(stream_eval_events_total[$__rate_interval]))",
+                            "{{type}} {{status}}"))
+        .with_target(_query("B", "sum by (label) (rate(stream_eval_label_overflow_total[$__rate_interval]))",
+                            "{{label}} folded into __other__"))
+        .override_by_regexp("/ (invalid|orphan)$/", [DynamicConfigValue("color", {"mode": "fixed",
+                                                                                   "fixedColor": "red"})]),
+        _graph(next(ids), "Throughput",
+               "Events read per second (all types and statuses, over workers), and requests finalised per second "
+               "per arm (their metrics enter the cumulative means). Finalisation follows event time: it stalls "
+               "when the input does.", unit="suffix:/s")
+        .with_target(_query("A", "sum(rate(stream_eval_events_total[$__rate_interval]))", "events in"))
+        .with_target(_query("B", f"sum by (experiment, arm) (rate(stream_eval_requests_total{{{EXP_ARM}}}"
+                                 "[$__rate_interval]))", "finalised {{arm}}")),
+        _graph(next(ids), "Feedback delay",
+               "Quantiles of the time between serving a ranking and its feedback (feedback ts - serve ts, in event "
+               "time) of applied feedback. Feedback later than the attribution window is not applied, so the p99 "
+               "approaching that window means clicks are being lost.", unit="s")
+        .with_target(_query("A", f"histogram_quantile(0.5, {delay})", "p50"))
+        .with_target(_query("B", f"histogram_quantile(0.9, {delay})", "p90"))
+        .with_target(_query("C", f"histogram_quantile(0.99, {delay})", "p99")),
+        _graph(next(ids), "Event-time lag",
+               "Wall-clock time minus the event time that every partition has reached (the slowest worker's "
+               "watermark). Grows when the input stops or a partition falls behind; requests finalise only as the "
+               "watermark advances. Large by design when replaying old logs.", unit="s")
+        .with_target(_query("A", "time() - min(stream_eval_watermark_seconds > 0)", "lag")),
+    ]
+
+
+def build() -> dash.Dashboard:
+    ids = itertools.count(1)
+    board = (
+        dash.Dashboard("stream_eval").uid(DASHBOARD_UID).tags(["stream_eval"])
+        .description("Live ranking quality, A/B decisions and pipeline health of stream_eval workers (SPEC §5, §6).")
+        .refresh("30s").time("now-6h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
+        .annotation(  # Grafana's own annotations (what it adds to every dashboard), so the list is never empty
+            dash.AnnotationQuery().name("Annotations & Alerts").built_in(1).type("dashboard").enable(True).hide(True)
+            .datasource(DataSourceRef(type_val="grafana", uid="-- Grafana --")).icon_color("rgba(0, 211, 255, 1)"))
+        .with_variable(
+            dash.QueryVariable("experiment").label("experiment").datasource(DATASOURCE)
+            .query("label_values(stream_eval_requests_total, experiment)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC))
+        .with_variable(
+            dash.QueryVariable("arm").label("arm").datasource(DATASOURCE)
+            .query('label_values(stream_eval_requests_total{experiment=~"$experiment"}, arm)')
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*").current(ALL))
+        .with_variable(
+            dash.QueryVariable("metric").label("A/B metric").datasource(DATASOURCE)
+            .query('label_values(stream_eval_ab_delta{experiment=~"$experiment"}, metric)')
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*").current(ALL))
+    )
+    sections: list[tuple[str, Callable[[Iterator[int]], Sequence[Builder[Panel]]]]] = [
+        ("Ranking quality per arm", quality_panels),
+        ("A/B test of $experiment: treatment - control", lambda ids: [
+            decisions_panel(next(ids)), delta_panel(next(ids)), p_value_panel(next(ids)), units_panel(next(ids))]),
+        ("Sample ratio", srm_panels),
+        ("Good / same / bad", gsb_panels),
+        ("Pipeline health", health_panels),
+    ]
+    for title, panels in sections:  # a row, then its panels (rows stay expanded: panels at the top level)
+        board = board.with_row(dash.Row(title).id(next(ids)))
+        for panel in panels(ids):
+            board = board.with_panel(panel)
+    return board
+
+
+def render() -> str:
+    """The dashboard's JSON text, exactly as checked in."""
+    return JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False).encode(build().build()) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in JSON is out of date")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
+        if current != text:
+            print(f"{OUTPUT.name} is out of date: run python3 deploy/grafana/build.py", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUTPUT.relative_to(HERE.parent.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
