@@ -66,6 +66,8 @@ sys.path.insert(0, str(HERE))
 # run.py (imported first) also pins numpy to one thread
 from run import ROOT, code_hash, fmt_range, machine_info, summarise_collapsed, summary  # noqa: E402
 
+from stream_eval.stream.broker import stop_process  # noqa: E402
+
 TARGET_EVENTS_PER_S = 30_000
 TARGET_RATIO = 4.5
 TARGET_P99_S = 1.0
@@ -115,6 +117,22 @@ def progress(text: str) -> tuple[float, float]:
     return events, requests
 
 
+def ab_cost(results: dict[str, Any]) -> dict[str, float]:
+    """1 - events/s with the A/B units on ÷ off, run by run (the runs alternate)."""
+    runs = results["throughput"]
+    return summary([1.0 - on["rate"] / off["rate"] for on, off in zip(runs["worker"], runs["worker-ab-off"],
+                                                                       strict=True)])
+
+
+def stage_state(text: str) -> tuple[float, ...]:
+    """What the regroup stage exports (GAUC's sums, and the A/B deltas and units when on): they change until the
+    stage has scored every session and applied every request."""
+    names = {"stream_eval_metric_sum_total", "stream_eval_metric_count_total", "stream_eval_ab_delta",
+             "stream_eval_ab_units"}
+    return tuple(value for name, labels, value in samples(text, names)
+                 if labels.get("metric") == "AUC" or not name.startswith("stream_eval_metric"))
+
+
 def probe_sum(text: str) -> float:
     for _name, labels, value in samples(text, {"stream_eval_window_sum"}):
         if (labels.get("experiment"), labels.get("arm"), labels.get("metric"), labels.get("window")) == (
@@ -136,14 +154,8 @@ def worker_cmd(bootstrap: str, prefix: str, group: str, port: int) -> list[str]:
             "--metrics-port", str(port), "--group", group]
 
 
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+#: Worker runs wait after the last request is finalised until the regroup stage's series stop changing this long.
+STAGE_SETTLE_SECONDS = 1.0
 
 
 def child_faust(bootstrap: str, prefix: str, group: str, total: int) -> None:
@@ -340,7 +352,10 @@ class StreamBench:
 
     # -- 1. the worker ------------------------------------------------------------------------------
     def run_worker(self, prefix: str, group: str, events: int, requests: int,
-                   profile: Path | None = None) -> dict[str, Any]:
+                   profile: Path | None = None, ab: bool = True) -> dict[str, Any]:
+        """One worker run (``ab``: A/B units on, the default), done once every event and request is counted and the
+        regroup stage has scored every session (and applied every request to its A/B unit): at the poll that showed
+        the stage's series' last change."""
         from stream_eval.stream.broker import free_port
 
         port = free_port()
@@ -350,10 +365,13 @@ class StreamBench:
             cmd = ["py-spy", "record", "--format", "raw", "--rate", "200", "-o", str(profile), "--", *cmd]
         start = time.perf_counter()
         errors = tempfile.TemporaryFile()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
+        env = {**os.environ, "STREAM_EVAL_AB": "true" if ab else "false"}
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env)
         first: tuple[float, float] | None = None
         done = None
         last = (0.0, 0.0)
+        counted: float | None = None  # when every event and request was counted
+        stage_last: tuple[tuple[float, ...], float] | None = None  # the stage's series and when they last changed
         timeline: list[tuple[float, float, float]] = []
         deadline = start + self.args.timeout
         try:
@@ -362,16 +380,22 @@ class StreamBench:
                     errors.seek(0)
                     raise RuntimeError(f"worker exited {proc.returncode}: {errors.read().decode()[-3000:]}")
                 try:
-                    last = progress(scrape(url))
+                    text = scrape(url)
                 except OSError:
                     time.sleep(self.args.poll)
                     continue
+                last = progress(text)
                 now = time.perf_counter()
                 timeline.append((round(now - start, 3), last[0], last[1]))
                 if first is None and last[0] > 0:
                     first = (now, last[0])
-                if last[0] >= events and last[1] >= requests:
-                    done = now
+                if counted is None and last[0] >= events and last[1] >= requests:
+                    counted = now
+                state = stage_state(text)
+                if stage_last is None or state != stage_last[0]:
+                    stage_last = (state, now)
+                elif counted is not None and state and now - stage_last[1] >= STAGE_SETTLE_SECONDS:
+                    done = max(counted, stage_last[1])
                     break
                 time.sleep(self.args.poll)
         finally:
@@ -404,11 +428,14 @@ class StreamBench:
         data = self.produce(prefix)
         self.results["data"] = data
         messages = data["events"] + data["watermarks"]
-        runs: dict[str, list[dict[str, Any]]] = {"worker": [], "faust": [], "raw": []}
+        runs: dict[str, list[dict[str, Any]]] = {"worker": [], "worker-ab-off": [], "faust": [], "raw": []}
         for i in range(self.args.repeat):
             runs["worker"].append(self.run_worker(prefix, f"worker{i}", data["events"], data["requests"]))
             log(f"run {i + 1}: worker {runs['worker'][-1]['rate']:,.0f} events/s "
                 f"(startup {runs['worker'][-1]['startup']:.1f} s)")
+            runs["worker-ab-off"].append(self.run_worker(prefix, f"worker-off{i}", data["events"], data["requests"],
+                                                         ab=False))
+            log(f"run {i + 1}: worker, A/B off {runs['worker-ab-off'][-1]['rate']:,.0f} events/s")
             runs["faust"].append(self.run_child("faust", prefix, f"faust{i}", messages))
             log(f"run {i + 1}: naive faust {runs['faust'][-1]['rate']:,.0f} events/s")
             runs["raw"].append(self.run_child("raw", prefix, f"raw{i}", messages))
@@ -599,7 +626,10 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         out.append("")
         out.append("| Consumer (one process) | events/s | time, s (from first event) | startup + group join, s |")
         out.append("|---|---|---|---|")
-        labels = {"worker": "`stream-eval worker` (to every request finalised, polled on /metrics)",
+        labels = {"worker": "`stream-eval worker` (to every request finalised, every session scored and every "
+                            "request applied to its A/B unit)",
+                  "worker-ab-off": "`stream-eval worker` with `STREAM_EVAL_AB=false` (no A/B units; to every "
+                                   "session scored)",
                   "faust": "faust naive agent: per event `orjson.loads` + dict update (floor)",
                   "raw": "raw aiokafka `getmany` + `orjson.loads` only (ceiling)"}
         for name, label in labels.items():
@@ -614,10 +644,16 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         raw = statistics.median(r["rate"] for r in runs["raw"])
         out.append(f"Worker ÷ naive faust, run by run: {fmt_range(ratio, lambda x: f'{x:.2f}×')}; worker ÷ raw "
                    f"aiokafka: {rate['median'] / raw:.2f}×.")
+        if runs.get("worker-ab-off"):
+            cost = ab_cost(results)
+            out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): "
+                       f"{fmt_range(cost, lambda x: f'{100 * x:.1f} %')}.")
         out.append("")
         rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", rate["median"]
                      >= TARGET_EVENTS_PER_S))
         rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", ratio["median"] >= TARGET_RATIO))
+        if runs.get("worker-ab-off"):
+            rows.append(("cost of the A/B units (events/s)", "≤ 10 %", ab_cost(results)["median"] <= 0.10))
     if "latency" in results:
         lat = results["latency"]
         out.append(
@@ -664,6 +700,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         if "throughput" in results:
             measured += [fmt_range(summary([r["rate"] for r in results["throughput"]["worker"]])) + " events/s",
                          fmt_range(summary(results["ratio"]), lambda x: f"{x:.2f}×")]
+            if results["throughput"].get("worker-ab-off"):
+                measured.append(fmt_range(ab_cost(results), lambda x: f"{100 * x:.1f} %"))
         if "latency" in results:
             measured.append(f"{results['latency']['p99'] * 1000:.0f} ms")
         if "memory" in results:

@@ -33,6 +33,8 @@ from stream_eval.engine.partitions import time_to_json
 from stream_eval.engine.sessions import Impressions, unit_of
 
 Floats = npt.NDArray[np.float64]
+#: Rows of A/B unit contributions per regroup record (~150 KB of JSON: far below Kafka's 1 MB default).
+UNIT_ROWS = 1000
 
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
@@ -55,20 +57,22 @@ class RegroupSink:
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
-        """Finalised requests' share of their A/B units (``engine/ab.py``): one record each."""
-        dumps, append = orjson.dumps, self.records.append
-        for key, request_id, experiment, arm, unit, row in zip(keys.tolist(), ids, experiments, arms, units,
-                                                               values.tolist(), strict=True):
-            append((unit.encode(), dumps({"k": "u", "t": key, "id": request_id, "e": experiment, "a": arm,
-                                          "u": unit, "v": row})))  # NaN is written as null
+        """Finalised requests' share of their A/B units (``engine/ab.py``), as columns: one record per
+        :data:`UNIT_ROWS` requests (NaN is written as null)."""
+        for a in range(0, len(ids), UNIT_ROWS):
+            b = a + UNIT_ROWS
+            self.records.append((b"", orjson.dumps({"k": "U", "t": keys[a:b].tolist(), "id": ids[a:b],
+                                                    "e": experiments[a:b], "a": arms[a:b], "u": units[a:b],
+                                                    "v": values[a:b].tolist()})))
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
-        """Scored one-request sessions' share of their A/B units: one record each."""
-        for key, session_id, experiment, arm, unit, y, w in zip(keys.tolist(), ids, experiments, arms, units,
-                                                                weighted_auc.tolist(), weight.tolist(), strict=True):
-            self.records.append((unit.encode(), orjson.dumps({"k": "v", "t": key, "id": session_id, "e": experiment,
-                                                              "a": arm, "u": unit, "y": y, "w": w})))
+        """Scored one-request sessions' share of their A/B units, as columns (as :meth:`unit_requests`)."""
+        for a in range(0, len(ids), UNIT_ROWS):
+            b = a + UNIT_ROWS
+            self.records.append((b"", orjson.dumps({"k": "V", "t": keys[a:b].tolist(), "id": ids[a:b],
+                                                    "e": experiments[a:b], "a": arms[a:b], "u": units[a:b],
+                                                    "y": weighted_auc[a:b].tolist(), "w": weight[a:b].tolist()})))
 
     def query_metric(self, experiment: str, arm: str, query_id: str, ts: float, value: float) -> None:
         record = {"k": "q", "e": experiment, "a": arm, "q": query_id, "t": ts, "v": value}
@@ -191,20 +195,16 @@ class SessionStage:
     def feed(self, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         """Records of the regroup log in offset order (redelivered offsets are skipped)."""
         engine = self.engine
-        units: list[dict[str, Any]] = []
         for offset, value in zip(offsets, values, strict=True):
             if self.received is not None and offset < self.received:
                 continue
             self.received = offset + 1
             record = orjson.loads(value)
             kind = record["k"]
-            if kind == "u" or kind == "v":
+            if kind == "U" or kind == "V":
                 # A/B units: rebuilt from every record, muted or not (their state is not a counter)
-                units.append(record)
+                self._add_units(record)
                 continue
-            if units:
-                self._add_units(units)
-                units = []
             if kind == "s":
                 heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))
                 continue
@@ -235,24 +235,17 @@ class SessionStage:
                         self.watermark = watermark
                         self._add_parts(watermark)
                         engine.close(watermark, windows=False)
-        if units:
-            self._add_units(units)
 
-    def _add_units(self, records: list[dict[str, Any]]) -> None:
-        """Requests' and one-request sessions' shares of their A/B units, to the ledger (released on watermarks)."""
+    def _add_units(self, record: dict[str, Any]) -> None:
+        """Requests' ("U") or one-request sessions' ("V") shares of their A/B units, to the ledger (released on
+        watermarks, in key order)."""
         ledger = self.engine.ledger
-        for kind in ("u", "v"):
-            mine = [r for r in records if r["k"] == kind]
-            if not mine:
-                continue
-            keys = np.array([r["t"] for r in mine], dtype=np.float64)
-            columns = ([r["id"] for r in mine], [r["e"] for r in mine], [r["a"] for r in mine],
-                       [r["u"] for r in mine])
-            if kind == "u":
-                ledger.add_requests(keys, *columns, np.array([r["v"] for r in mine], dtype=np.float64))
-            else:
-                ledger.add_sessions(keys, *columns, np.array([r["y"] for r in mine], dtype=np.float64),
-                                    np.array([r["w"] for r in mine], dtype=np.float64))
+        columns = (np.array(record["t"], dtype=np.float64), record["id"], record["e"], record["a"], record["u"])
+        if record["k"] == "U":
+            ledger.add_requests(*columns, np.array(record["v"], dtype=np.float64))
+        else:
+            ledger.add_sessions(*columns, np.array(record["y"], dtype=np.float64),
+                                np.array(record["w"], dtype=np.float64))
 
     def _serve_ts(self, record: dict[str, Any]) -> float:
         """A session part's serve time (records written before 2026-11-23 carry its finalisation point ``d``)."""
