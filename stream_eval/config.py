@@ -98,6 +98,11 @@ class Config:
     windows: tuple[float, ...] = (300.0, 3600.0)
     idle_timeout: float = 30.0
     max_label_values: int = 100
+    # bounds on state that distinct ids would grow (README, "Bounded state"): beyond them, overflow is counted
+    max_open_sessions: int = 300_000  # open named sessions (~1 KB each with 20 items)
+    max_open_queries: int = 500_000  # distinct query ids per GSB bucket (~140 bytes each)
+    max_units: int = 1_000_000  # A/B units per experiment (~360 bytes each with 9 metric columns)
+    max_waiting_feedback: int = 100_000  # feedback waiting for its ranking, per join (~900 bytes each)
     min_ts: float = MIN_TS
     max_ts: float = MAX_TS
     max_clock_skew: float = 300.0
@@ -135,6 +140,9 @@ class Config:
         if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
             raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
+        for name in ("max_open_sessions", "max_open_queries", "max_units", "max_waiting_feedback"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")
         for kind, grade in self.kinds:
             if grade < 0:
                 raise ConfigError(f"kinds.{kind}: grade must be >= 0, got {grade}")
@@ -345,6 +353,10 @@ READERS: dict[str, Any] = {
     "windows": _windows,
     "idle_timeout": _duration("idle_timeout"),
     "max_label_values": _integer("max_label_values"),
+    "max_open_sessions": _integer("max_open_sessions"),
+    "max_open_queries": _integer("max_open_queries"),
+    "max_units": _integer("max_units"),
+    "max_waiting_feedback": _integer("max_waiting_feedback"),
     "min_ts": _moment("min_ts"),
     "max_ts": _moment("max_ts"),
     "max_clock_skew": _duration("max_clock_skew"),
@@ -384,7 +396,8 @@ def load_config(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--config {path}: {exc}") from exc
         document = document.get("stream_eval", document)
-        values.update(_read(document, f"--config {path}"))
+        # the [kafka] table holds the connection settings (stream/kafka.py reads it), not evaluation settings
+        values.update(_read({k: v for k, v in document.items() if k != "kafka"}, f"--config {path}"))
     env = os.environ if environ is None else environ
     from_env = {k[len(ENV_PREFIX):].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     from_env = {k: v for k, v in from_env.items() if k in READERS}

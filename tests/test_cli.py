@@ -77,7 +77,7 @@ GOOD_AND_BAD: list[tuple[str, bool]] = [
 BAD_LINE_NUMBERS = [k for k, (_, good) in enumerate(GOOD_AND_BAD, 1) if good is False]
 EXPECTED_EVENTS = {"ranking": 5, "feedback": 9, "judgment": 1, "invalid": 4, "late": 1, "duplicate": 1,
                    "orphan": 1}
-TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm"}
+TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm", "overflow"}
 SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_value", "mismatch"}
 EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
 SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}

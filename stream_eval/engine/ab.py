@@ -16,6 +16,10 @@ up to there) and when results are read: the always-valid p-value is the running 
 confidence sequence their running intersection, so a decision, once reached, stays (until the pair of arms
 compared changes). A unit seen in a second arm is a *conflict*: counted once, kept in its first arm, and that
 contribution is left out of the A/B statistics (it still counts in its arm's means elsewhere in the report).
+
+An experiment keeps at most ``max_units`` units: a contribution of a unit first seen beyond that, in the (key, id)
+order of application, is left out of the A/B statistics like a conflict and counted (``UnitLedger.overflow``);
+so the bound, too, is the same whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class _Experiment:
     conflicted: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     conflicts: int = 0
     version: int = 0
+    limit: int = 2**62  # units kept (``max_units``); a new unit beyond it is not tracked
+    overflow: int = 0  # contributions of units beyond ``limit``, left out
 
     def __post_init__(self) -> None:
         self.y = np.zeros((0, self.width))
@@ -72,15 +78,20 @@ class _Experiment:
         return len(self.index)
 
     def rows_of(self, units: Sequence[str], arms: Sequence[str]) -> Ints:
-        """Each contribution's unit row, -1 for a conflict (a unit seen before in another arm)."""
+        """Each contribution's unit row, -1 for a conflict (a unit seen before in another arm) or a unit beyond
+        ``limit`` (not tracked: counted in ``overflow``, its arm not seen)."""
         index, arm_code = self.index, self.arm_code
         rows = np.empty(len(units), dtype=np.int64)
         for k, (unit, arm) in enumerate(zip(units, arms, strict=True)):
+            row = index.get(unit)
+            if row is None and len(index) >= self.limit:
+                self.overflow += 1
+                rows[k] = -1
+                continue
             code = arm_code.get(arm)
             if code is None:
                 code = arm_code[arm] = len(self.arms)
                 self.arms.append(arm)
-            row = index.get(unit)
             if row is None:
                 row = index[unit] = len(index)
                 if row >= self.unit_arm.shape[0]:
@@ -191,13 +202,15 @@ class UnitLedger:
         self.released = -math.inf  # event time up to which contributions were applied
         self.last_key = -math.inf  # the latest key of a contribution applied
         self.on_look: LookListener | None = None
+        # The regroup stage rebuilding from a snapshot: records the snapshot holds change nothing here.
+        self.frozen = False
 
     # -- input ------------------------------------------------------------------------------------------
     def add_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                      units: list[str], values: Floats) -> None:
         """Finalised requests: finalisation points, request ids, labels, units and their per-request values
         (NaN = no value); ``values`` has one column per name except GAUC."""
-        if not len(ids):
+        if not len(ids) or self.frozen:
             return
         present = ~np.isnan(values)
         y = np.zeros((len(ids), self.width))
@@ -209,7 +222,7 @@ class UnitLedger:
     def add_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                      units: list[str], weighted_auc: Floats, weight: Floats) -> None:
         """Scored sessions with both classes: close points, session ids, labels, units, ``w * AUC`` and ``w``."""
-        if not len(ids):
+        if not len(ids) or self.frozen:
             return
         y = np.zeros((len(ids), self.width))
         n = np.zeros((len(ids), self.width))
@@ -222,8 +235,8 @@ class UnitLedger:
     # -- event time ---------------------------------------------------------------------------------------
     def release(self, watermark: float, arms_for: Callable[[str, set[str]], ArmPair | None] | None = None) -> None:
         """Apply the contributions keyed at or before ``watermark``, taking the looks on the boundaries passed."""
-        if not self._pending:
-            return
+        if self.frozen or not self._pending or watermark < min(float(p.keys.min()) for p in self._pending):
+            return  # nothing due (the usual case for most watermarks): no copy of what waits
         pending = _Pending.join(self._pending)
         due = pending.keys <= watermark
         if not due.any():
@@ -260,7 +273,7 @@ class UnitLedger:
                 k for k in range(start, end) if ready.experiments[k] == name]
             experiment = self.experiments.get(name)
             if experiment is None:
-                experiment = self.experiments[name] = _Experiment(self.width)
+                experiment = self.experiments[name] = _Experiment(self.width, limit=self.config.max_units)
             rows = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
             keep = rows >= 0
             index = np.array(picked, dtype=np.int64)[keep]
@@ -349,6 +362,11 @@ class UnitLedger:
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
                                    running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
         return ab, srm_rows
+
+    @property
+    def overflow(self) -> int:
+        """Contributions left out of the A/B statistics because their unit was new beyond ``max_units``."""
+        return sum(e.overflow for e in self.experiments.values())
 
     def conflicts(self) -> dict[str, int]:
         """Units seen in a second arm, per experiment."""

@@ -23,7 +23,7 @@ from stream_eval.engine.ab import UnitLedger
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
-from stream_eval.events.join import EventCounts, Finalised, Join
+from stream_eval.events.join import OVERFLOW, EventCounts, Finalised, Join
 from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.aggregates import Moments, grouped_moments
 from stream_eval.metrics.alpha import alpha_ndcg
@@ -464,6 +464,8 @@ class Engine:
                 target.setdefault(experiment, set()).update(arms)
         # What the regroup stage holds whole (the A/B units, every verdict for the sign tests) is taken, not added,
         # from the engine whose stage got furthest (a worker that gave the stage up may still hold an old copy).
+        self.sessions.overflow += other.sessions.overflow
+        self.gsb.overflow += other.gsb.overflow
         taken = other.stage_watermark > self.stage_watermark
         self.gsb.merge(other.gsb, complete=taken)
         if taken:
@@ -473,6 +475,7 @@ class Engine:
         """Forget open named sessions and query buckets (the regroup stage moved to another worker)."""
         self.sessions = Sessions(self.config)
         self.gsb.drop_open()
+        self.stage_watermark = -math.inf
         self.ledger = UnitLedger(self.config, self.ledger.names[:-1], GAUC)
 
     def _add_sessions(self, scored: ScoredSessions | None, local: bool = True) -> None:
@@ -553,7 +556,14 @@ class Engine:
             "gsb": gsb,
             "ab": self.ab(),
             "srm": self.srm(),
+            "overflow": self.overflow(),
         }
+
+    def overflow(self) -> dict[str, int]:
+        """What state caps left out (``max_open_sessions``, ``max_open_queries``, ``max_units``,
+        ``max_waiting_feedback``), by kind."""
+        return {"session": self.sessions.overflow, "query": self.gsb.overflow, "unit": self.ledger.overflow,
+                "waiting_feedback": self.counts[OVERFLOW, "waiting_feedback"]}
 
     def gsb_rows(self) -> list[dict[str, Any]]:
         """GSB per experiment and source, with the always-valid sign test of good against bad."""

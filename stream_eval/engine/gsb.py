@@ -6,12 +6,20 @@
   verdict of treatment's mean ``gsb_metric`` against control's (beyond ``gsb_epsilon``).
 * ``interleaving``: each request with ``teams`` credits its relevant items to teams; verdicts are resolved
   against the experiment's arms when counts are read, so an arm first seen late is still right.
+
+A bucket keeps the requests of at most ``max_open_queries`` distinct query ids: those of smallest :func:`rank` (a
+fixed hash of the id), so that which queries are kept does not depend on the order their requests arrive in (replay
+and the regroup stage of any number of workers agree). The requests of the other queries are left out of the
+metric verdicts and counted in :attr:`GsbTracker.overflow` when the bucket closes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 from collections import Counter
 from collections.abc import Callable, KeysView, Sequence
+from itertools import compress
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +31,81 @@ Floats = npt.NDArray[np.float64]
 
 ArmsOf = Callable[[str], ArmPair | None]
 Credit = tuple[tuple[str, int], ...]
+Part = tuple[list[tuple[str, str]], list[str], Floats]
+#: Queries put out of a full bucket before its parts are rewritten without their requests.
+_COMPACT = 65_536
+
+
+def rank(query: str) -> int:
+    """A query id's place in the order of queries kept (smallest first): a 128-bit hash, the same in every process
+    (Python's ``hash`` of a str is not)."""
+    return int.from_bytes(hashlib.blake2b(query.encode("utf-8", "surrogatepass"), digest_size=16).digest(), "big")
+
+
+class _Kept:
+    """The distinct queries an open bucket keeps requests of: at most ``limit``, those of smallest :func:`rank`
+    seen (a bottom-k sample: the same set in any order of arrival)."""
+
+    __slots__ = ("limit", "queries", "largest", "left_out", "evicted")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queries: set[str] = set()
+        self.largest: list[tuple[int, str]] | None = None  # once full: a heap of (-rank, query) of those kept
+        self.left_out = 0  # requests not kept, or dropped from the parts (see ``evicted``)
+        self.evicted = 0  # queries put out whose requests the parts may still hold
+
+    def admit(self, queries: list[str]) -> list[bool] | None:
+        """Take the queries of a part's requests; which requests to keep (None: all)."""
+        kept = self.queries
+        if len(kept) + len(queries) <= self.limit:
+            kept.update(queries)
+            return None
+        keep = [self._admit(query) for query in queries]
+        return None if all(keep) else keep
+
+    def _admit(self, query: str) -> bool:
+        kept = self.queries
+        if query in kept:
+            return True
+        if len(kept) < self.limit:
+            kept.add(query)
+            return True
+        if not self.limit:
+            self.left_out += 1
+            return False
+        largest = self.largest
+        if largest is None:
+            largest = self.largest = [(-rank(q), q) for q in kept]
+            heapq.heapify(largest)
+        mine = rank(query)
+        if mine >= -largest[0][0]:
+            self.left_out += 1
+            return False
+        _, out = heapq.heapreplace(largest, (-mine, query))
+        kept.remove(out)
+        kept.add(query)
+        self.evicted += 1
+        return True
+
+    def drop_evicted(self, parts: list[Part]) -> list[Part]:
+        """``parts`` without the requests of queries put out (counted in ``left_out``)."""
+        self.evicted = 0
+        kept, out = self.queries, []
+        for groups, queries, values in parts:
+            keep = [query in kept for query in queries]
+            if all(keep):
+                out.append((groups, queries, values))
+                continue
+            self.left_out += len(keep) - sum(keep)
+            if any(keep):
+                out.append(_filtered((groups, queries, values), keep))
+        return out
+
+
+def _filtered(part: Part, keep: list[bool]) -> Part:
+    groups, queries, values = part
+    return list(compress(groups, keep)), list(compress(queries, keep)), values[np.array(keep, dtype=np.bool_)]
 
 
 def _side(pair: ArmPair | None, arm: str) -> int:
@@ -44,9 +127,13 @@ class GsbTracker:
         # the previous owner counted; the always-valid sign test needs them all. (Without muting: ``counts``.)
         self.complete: dict[tuple[str, str], GsbCounts] = {}
         self._interleaving_complete: dict[str, Counter[Credit]] = {}
+        self.frozen = False  # a regroup stage rebuilding from a snapshot: the complete tallies are in it
         # bucket -> the finalised requests with a query served in it, in parts: ((experiment, arm) of each,
         # query of each, metric of each). A bucket closes as a whole.
-        self._queries: dict[int, list[tuple[list[tuple[str, str]], list[str], Floats]]] = {}
+        self._queries: dict[int, list[Part]] = {}
+        self._kept: dict[int, _Kept] = {}  # bucket -> the distinct queries it keeps (at most ``limit``)
+        self.limit = config.max_open_queries
+        self.overflow = 0  # requests of closed buckets left out of metric verdicts: their query was not kept
         self._interleaving: dict[str, Counter[Credit]] = {}
 
     def _counts(self, experiment: str, source: str, complete: bool = False) -> GsbCounts:
@@ -57,7 +144,8 @@ class GsbTracker:
         return counts
 
     def _add(self, experiment: str, source: str, verdict: str, times: int, count: bool) -> None:
-        self._counts(experiment, source, complete=True).add(verdict, times)
+        if not self.frozen:
+            self._counts(experiment, source, complete=True).add(verdict, times)
         if count:
             self._counts(experiment, source).add(verdict, times)
 
@@ -78,6 +166,7 @@ class GsbTracker:
     def drop_open(self) -> None:
         """Forget the open query buckets and the complete tallies (the regroup stage moved to another worker)."""
         self._queries.clear()
+        self._kept.clear()
         self.complete.clear()
         self._interleaving_complete.clear()
 
@@ -103,17 +192,31 @@ class GsbTracker:
         for bucket in np.unique(buckets).tolist():
             rows = np.flatnonzero(buckets == bucket)
             if rows.shape[0] == len(groups):  # the usual batch: all in one bucket, kept as given
-                self._queries.setdefault(bucket, []).append((groups, queries, metric))
+                self._keep(bucket, (groups, queries, metric))
                 continue
             picked = rows.tolist()
-            self._queries.setdefault(bucket, []).append(([groups[i] for i in picked], [queries[i] for i in picked],
-                                                         metric[rows]))
+            self._keep(bucket, ([groups[i] for i in picked], [queries[i] for i in picked], metric[rows]))
+
+    def _keep(self, bucket: int, part: Part) -> None:
+        """Add a part to its bucket, without the requests of queries beyond the bound."""
+        kept = self._kept.get(bucket)
+        if kept is None:
+            kept = self._kept[bucket] = _Kept(self.limit)
+        parts = self._queries.setdefault(bucket, [])
+        keep = kept.admit(part[1])
+        if keep is not None:
+            part = _filtered(part, keep)
+        if part[1]:
+            parts.append(part)
+        if kept.evicted >= max(_COMPACT, self.limit):
+            parts[:] = kept.drop_evicted(parts)
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int],
                     count: bool = True) -> None:
         """One finalised interleaved request: the teams credited with its relevant items."""
         credit = tuple(sorted(Counter(teams[p - 1] for p in relevant_positions).items()))
-        self._interleaving_complete.setdefault(experiment, Counter())[credit] += 1
+        if not self.frozen:
+            self._interleaving_complete.setdefault(experiment, Counter())[credit] += 1
         if count:
             self._interleaving.setdefault(experiment, Counter())[credit] += 1
 
@@ -124,10 +227,17 @@ class GsbTracker:
             return
         closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
         for bucket in sorted(closing):
-            self._verdicts(self._queries.pop(bucket), arms_of, count)
+            parts = self._queries.pop(bucket)
+            kept = self._kept.pop(bucket, None)
+            if kept is not None:
+                if kept.evicted:
+                    parts = kept.drop_evicted(parts)
+                if count:
+                    self.overflow += kept.left_out
+            if parts:
+                self._verdicts(parts, arms_of, count)
 
-    def _verdicts(self, parts: list[tuple[list[tuple[str, str]], list[str], Floats]], arms_of: ArmsOf,
-                  count: bool) -> None:
+    def _verdicts(self, parts: list[Part], arms_of: ArmsOf, count: bool) -> None:
         """Count the verdicts of one closed bucket: a query served by both arms of its experiment gets one."""
         groups = [g for part_groups, _, _ in parts for g in part_groups]
         queries = [q for _, part_queries, _ in parts for q in part_queries]

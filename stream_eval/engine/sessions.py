@@ -3,6 +3,11 @@
 A request without ``session_id`` is a session of its own and is scored as soon as it is finalised. The
 requests of a named session wait until event time passes the last request's finalisation point plus
 ``session_gap``; a request arriving later for the same id starts a new session.
+
+At most ``max_open_sessions`` named sessions are open: a request that would open one more is scored at once as a
+session of its own (its session id as its id) and counted in :attr:`Sessions.overflow`. Sessions whose close point
+its finalisation point has passed are not open, whenever :meth:`Sessions.close` last ran, so the bound holds the
+same in replay and on the regroup stage, which add requests in the same order.
 """
 
 from __future__ import annotations
@@ -122,6 +127,8 @@ class Sessions:
         self.weight = config.gauc_weight
         self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
         self.open: dict[str, _Session] = {}
+        self.limit = config.max_open_sessions
+        self.overflow = 0  # requests that would have opened a session beyond ``limit``: scored alone
         # (deadline, session id) of every deadline a session was given; stale entries are skipped at close.
         self._closing: DueBySecond[tuple[float, str]] = DueBySecond()
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
@@ -144,11 +151,12 @@ class Sessions:
         own = ~present(sids)
         starts = impressions.starts
         in_named = np.flatnonzero(~own).tolist()
+        alone: list[int] = []  # requests beyond the bound on open sessions: scored as sessions of their own
         if named is not None:
             for i in in_named:
                 named(states[i], int(group[i]), impressions, i)
         elif in_named:
-            open_, gap, groups = self.open, self.gap, group.tolist()
+            open_, gap, groups, limit = self.open, self.gap, group.tolist(), self.limit
             # when each request is finalised: its serve time plus the horizon
             finalised_at = (np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) + self.horizon).tolist()
             closing: list[tuple[float, str]] = []  # (deadline, session id) of each deadline given, in order
@@ -162,26 +170,53 @@ class Sessions:
                     self._ended.append(open_.pop(sid))
                     session = None
                 if session is None:
+                    if len(open_) >= limit and not self._room(finalised_at[i], closing):
+                        alone.append(i)
+                        continue
                     session = open_[sid] = _Session(groups[i], sid, unit_of(states[i]))
                 session.parts.append((impressions, i))
                 deadline = finalised_at[i] + gap
                 if deadline > session.deadline:
                     session.deadline = deadline
                     closing.append((deadline, sid))
-            if closing:
-                self._closing.add_many(np.fromiter(map(itemgetter(0), closing), dtype=np.float64,
-                                                   count=len(closing)), closing)
+            self._keep_closing(closing)
+            if alone:
+                self.overflow += len(alone)
+                own[alone] = True
         if not own.any():
             return None
         mine = states if own.all() else list(compress(states, own.tolist()))
         keys = np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine)) + self.horizon
         ids, units = list(map(_REQUEST_ID, mine)), list(map(unit_of, mine))
+        if alone:  # a session of its own under its session id
+            ids = [rid if sid is None else sid for rid, sid in zip(ids, compress(sids, own.tolist()), strict=True)]
         if own.all():
             return self._score(starts, impressions.scores, impressions.labels, group, keys, ids, units)
         n_shown = np.diff(starts)
         keep = np.repeat(own, n_shown)
         return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own],
                            keys, ids, units)
+
+    def _keep_closing(self, closing: list[tuple[float, str]]) -> None:
+        """Add the deadlines given, in order, to those waiting (and empty ``closing``)."""
+        if closing:
+            self._closing.add_many(np.fromiter(map(itemgetter(0), closing), dtype=np.float64, count=len(closing)),
+                                   closing)
+            closing.clear()
+
+    def _room(self, finalised_at: float, closing: list[tuple[float, str]]) -> bool:
+        """Whether a session can open at ``finalised_at`` once the sessions that had ended by then are out of
+        :attr:`open` (to be scored by the next :meth:`close`, as a later request of theirs would end them)."""
+        self._keep_closing(closing)
+        open_ = self.open
+        # ended: close point before ``finalised_at`` (a request finalised at a session's close point continues it)
+        ended = self._closing.pop_due(math.nextafter(finalised_at, -math.inf), itemgetter(0))
+        ended.sort()
+        for deadline, sid in ended:
+            session = open_.get(sid)
+            if session is not None and session.deadline == deadline:
+                self._ended.append(open_.pop(sid))
+        return len(open_) < self.limit
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""

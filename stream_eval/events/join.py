@@ -10,7 +10,8 @@ Rules (SPEC §1), with the one choice the SPEC leaves open written down:
   is bounded: a finalised request is remembered for one more ``attribution_window + allowed_lateness``;
   after that a ranking with its id starts a new request and feedback for it waits (and becomes an orphan).
 * Feedback whose ranking has not arrived when the watermark passes ``ts + attribution_window +
-  allowed_lateness`` is an **orphan**.
+  allowed_lateness`` is an **orphan**. At most ``max_waiting_feedback`` feedback events wait: beyond that, the one
+  that would expire first is given up, an orphan at once, and counted (``OVERFLOW``, ``"waiting_feedback"``).
 * A request is finalised when the watermark passes ``serve_ts + attribution_window + allowed_lateness``.
   ``allowed_lateness`` (default 60 s) is how far out of event-time order an event may arrive; feedback
   that arrives after its request's finalisation point is late too.
@@ -74,8 +75,14 @@ Bytes = npt.NDArray[np.uint8]
 Bools = npt.NDArray[np.bool_]
 
 
+#: The ``type`` under which :class:`EventCounts` keeps state overflow (``(OVERFLOW, kind)``): no event, not in the
+#: ``events`` summary; counted there so that it is muted with the events while a join is rebuilt.
+OVERFLOW = "overflow"
+
+
 class EventCounts(Counter[tuple[str, str]]):
-    """Events by ``(type, status)``; ``status`` is ok, invalid, late, duplicate or orphan."""
+    """Events by ``(type, status)``; ``status`` is ok, invalid, late, duplicate or orphan (and ``(OVERFLOW, kind)``:
+    feedback given up beyond a bound, also counted as events of their status)."""
 
     def summary(self) -> dict[str, int]:
         """The ``events`` section of the report."""
@@ -179,6 +186,9 @@ TRIM = 1 << 16
 TEXT_CUT = 1 << 20
 #: Slots the arrays hold at first (they grow by half when full).
 FIRST_CAPACITY = 1024
+#: Entries of the waiting feedback's expiry heap beyond twice the feedback waiting before it is rebuilt (entries of
+#: feedback that found its ranking stay until they are due otherwise).
+_EXPIRY_SLACK = 1 << 16
 #: A feedback row's item is its ``field``: the served position (1, 2...), or ``-1 - code`` for an item that was
 #: not served (codes 0, 1, 2... per request, see :func:`compiled.unshown_codes`). Duplicate keys are integers
 #: ``(slot mod 2**36) << 27 | packed field << 4 | kind``, the packed field being the position, or
@@ -347,6 +357,7 @@ class Join:
     def __init__(self, config: Config, counts: EventCounts) -> None:
         self.window = config.attribution_window
         self.horizon = config.attribution_window + config.allowed_lateness
+        self.max_waiting = config.max_waiting_feedback
         self.counts = counts
         self.watermark = -math.inf
         # open slots that are new or whose grades may have changed: kept once the live windows read it
@@ -383,6 +394,7 @@ class Join:
         self._due = _DueSlots()
         self._early: list[int] = []  # finalised when a new ranking took their id: emitted by the next advance
         self.pending: dict[str, list[Feedback]] = {}
+        self.waiting = 0  # feedback events in ``pending``
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._rows: dict[int, list[tuple[Ints, Ints, Ints, Floats]]] = {}  # block -> (slot, pos, kind, grade)
         # (key, grade bits) of the applied feedback with an integer key (see _SLOT_MASK), as a compiled table
@@ -563,6 +575,7 @@ class Join:
             taken.append(k)
             waiting = self.pending.pop(rid, None)
             if waiting is not None:
+                self.waiting -= len(waiting)
                 waiting_rows += [(new_slot, f, p, k - len(waiting), mark, True) for k, f in enumerate(waiting)]
         if ranking_ok:
             counts["ranking", "ok"] += ranking_ok
@@ -692,8 +705,40 @@ class Join:
                 rows.append((s, event, p, j, float(marks[p]), True))
                 continue
             self.pending.setdefault(rid, []).append(event)
+            self.waiting += 1
             heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), rid))  # type: ignore[operator]  # ts is float
+            if self.waiting > self.max_waiting:
+                self._give_up(mark)
+            if len(self._pending_expiry) > 2 * self.waiting + _EXPIRY_SLACK:
+                self._rebuild_expiry()
         return rows
+
+    def _give_up(self, mark: float) -> None:
+        """Back to ``max_waiting_feedback`` waiting, at watermark ``mark``: what has expired by then is an orphan
+        (as :meth:`advance` would count it); then, while too many wait, the feedback that would expire first is
+        given up: an orphan at once, counted as overflow."""
+        self._expire_pending(mark)
+        expiry = self._pending_expiry
+        while self.waiting > self.max_waiting:
+            due, _, rid = heapq.heappop(expiry)
+            waiting = self.pending.get(rid)
+            # the first of its feedback with this expiry (none: the entry of feedback that found its ranking)
+            k = next((k for k, f in enumerate(waiting or ()) if f.ts + self.horizon == due), None)  # type: ignore[operator]  # ts is float
+            if k is None:
+                continue
+            del waiting[k]  # type: ignore[union-attr]  # found in it
+            if not waiting:
+                del self.pending[rid]
+            self.waiting -= 1
+            self.counts["feedback", "orphan"] += 1
+            self.counts[OVERFLOW, "waiting_feedback"] += 1
+
+    def _rebuild_expiry(self) -> None:
+        """The expiry heap of the feedback waiting, without the entries of feedback that found its ranking."""
+        horizon, seq = self.horizon, self._seq
+        self._pending_expiry = [(f.ts + horizon, next(seq), rid) for rid, waiting in self.pending.items()  # type: ignore[operator]  # ts is float
+                                for f in waiting]
+        heapq.heapify(self._pending_expiry)
 
     def _apply(self, slots: Ints, feedback: FeedbackColumns, marks: Floats, waiting: Bools) -> None:
         """Apply feedback rows in order: orphans (waiting rows past their time), late, duplicates, the rest."""
@@ -895,6 +940,7 @@ class Join:
                 continue
             keep = [f for f in waiting if f.ts + self.horizon > watermark]  # type: ignore[operator]  # ts is float
             self.counts["feedback", "orphan"] += len(waiting) - len(keep)
+            self.waiting -= len(waiting) - len(keep)
             if keep:
                 self.pending[rid] = keep
             else:
