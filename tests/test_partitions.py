@@ -15,6 +15,7 @@ from support import approx
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
+from stream_eval.engine import snapshot
 from stream_eval.engine.replay import replay
 from stream_eval.events.join import EventCounts
 from stream_eval.events.messages import decode_messages
@@ -146,8 +147,12 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any) -> None:
     assert overall.requests == expected.overall().requests
 
 
-def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any) -> None:
-    """Named sessions and query GSB go through the regroup log; its stage moves to another engine mid-stream."""
+@pytest.mark.parametrize("snapshots", [False, True], ids=["from-the-start", "from-a-snapshot"])
+def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any, snapshots: bool) -> None:
+    """Named sessions and query GSB go through the regroup log; its stage moves to another engine mid-stream.
+
+    Without a snapshot the new owner rebuilds the A/B units from the log's start; with one (taken at a third of
+    the stream, then again at a half), from the snapshot and the records after the offset it covers."""
     config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0)
     sim = SimulationConfig(requests=4000, seed=9, judgments=True, interleaving=True, label_rate=0.3,
                            duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
@@ -163,17 +168,26 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     log: list[bytes] = []
     stage = SessionStage(first, PARTITIONS)
     handed_over = False
+    stored: dict[tuple[int, int], bytes] = {}
     for n, (kind, partition, offset, value) in enumerate(sent):
         _feed(partitioned, kind, partition, [(offset, value)])
         new = [value for _, value in first.regroup.take()]
         stage.feed(list(range(len(log), len(log) + len(new))), new)
         log += new
+        if snapshots and n in (len(sent) // 3, len(sent) // 2):
+            where = (len(stored), 1)
+            stored[where] = snapshot.take(first)
+            stage.snapshot_taken(where, stage.next_offset)
         if not handed_over and n >= len(sent) * 3 // 4:
             assert first.overall().sessions > 0 and first.sessions.open  # scored some, some still open
             checkpoint = StageCheckpoint.from_json(orjson.loads(orjson.dumps(stage.checkpoint().to_json())))
             assert checkpoint.start < checkpoint.processed
+            # with a snapshot, the rebuild starts where the sessions and query buckets open at the snapshot need
+            # it (here a long-lived session from the start of the log), no longer at 0 for the A/B units
+            assert (checkpoint.snapshot is not None) == snapshots and (checkpoint.start > 0) == snapshots
             first.drop_regrouped()
-            stage = SessionStage(second, PARTITIONS, checkpoint)
+            data = None if checkpoint.snapshot is None else stored[checkpoint.snapshot]
+            stage = SessionStage(second, PARTITIONS, checkpoint, data)
             stage.feed(list(range(checkpoint.start, len(log))), log[checkpoint.start:])
             handed_over = True
     merged = Engine(config)

@@ -188,12 +188,16 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
     _run(main)
 
 
-def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: str, tmp_path: Path) -> None:
-    """A reads the first half and stops; B takes every partition and the session stage and reads the rest."""
+@pytest.mark.parametrize("snapshots", [False, True], ids=["no-snapshot", "snapshots"])
+def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: str, tmp_path: Path,
+                                                                       snapshots: bool) -> None:
+    """A reads the first half and stops; B takes every partition and the session stage and reads the rest (with
+    ``snapshots``, B restores the A/B state from A's latest snapshot instead of re-reading the log's start)."""
     lines = _log(6000, seed=13, short=True)
     expected, expected_records = _replay(lines, tmp_path, SHORT)
-    prefix = "handover."
-    settings = WorkerSettings([broker], prefix=prefix, group="handover", partitions=PARTITIONS)
+    prefix = f"handover-{snapshots}."
+    settings = WorkerSettings([broker], prefix=prefix, group="handover", partitions=PARTITIONS,
+                              snapshot_interval=0.5 if snapshots else 3600.0)
     half = len(lines) // 2
 
     async def main() -> None:
@@ -209,5 +213,6 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await _stop(running_b)
         await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
         assert a.engine.overall().sessions and b.engine.overall().sessions  # each scored sessions: the stage moved
+        assert (b.stage is not None and b.stage.frozen_until > 0) == snapshots  # B restored A's snapshot
 
     _run(main)

@@ -31,6 +31,7 @@ import orjson
 
 from stream_eval.engine.partitions import time_to_json
 from stream_eval.engine.sessions import Impressions, unit_of
+from stream_eval.engine.snapshot import restore
 
 Floats = npt.NDArray[np.float64]
 #: Rows of A/B unit contributions per regroup record (~150 KB of JSON: far below Kafka's 1 MB default).
@@ -121,21 +122,30 @@ class StageCheckpoint:
     processed: int = 0
     units: list[float] = field(default_factory=list)  # the partitions' watermarks just before ``start``
     arms: list[tuple[str, str]] = field(default_factory=list)
+    # The latest snapshot of the stage-held state (engine/snapshot.py): where its records are in the snapshot
+    # topic (first offset, count), and the log offset it covers (every record before it is in the snapshot).
+    snapshot: tuple[int, int] | None = None
+    snapshot_at: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "processed": self.processed,
-                "units": [time_to_json(u) for u in self.units], "arms": self.arms}
+                "units": [time_to_json(u) for u in self.units], "arms": self.arms,
+                "snapshot": None if self.snapshot is None else list(self.snapshot), "snapshot_at": self.snapshot_at}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageCheckpoint:
+        snapshot = data.get("snapshot")
         return cls(int(data["start"]), int(data["processed"]), [float(u) for u in data["units"]],
-                   [(str(e), str(a)) for e, a in data["arms"]])
+                   [(str(e), str(a)) for e, a in data["arms"]],
+                   None if snapshot is None else (int(snapshot[0]), int(snapshot[1])), int(data.get("snapshot_at", 0)))
 
 
 class SessionStage:
     """Feeds regrouped records to an engine's sessions and GSB tallies; closes them on the units' watermark."""
 
-    def __init__(self, engine: Engine, units: int, checkpoint: StageCheckpoint | None = None) -> None:
+    def __init__(self, engine: Engine, units: int, checkpoint: StageCheckpoint | None = None,
+                 snapshot: bytes | None = None) -> None:
+        """``snapshot``: the data of ``checkpoint.snapshot`` (required when the checkpoint names one)."""
         self.engine = engine
         self.units = [-math.inf] * units
         self.watermark = -math.inf
@@ -159,21 +169,46 @@ class SessionStage:
             self.muted_until = checkpoint.processed
             for experiment, arm in checkpoint.arms:
                 engine.arms_seen.setdefault(experiment, set()).add(arm)
+        # Records before ``frozen_until`` are in the restored snapshot: they leave its state alone on a rebuild.
+        # (where it is stored, the offset it covers, the offset a rebuild from it starts at)
+        self.snapshot_ref: tuple[tuple[int, int], int, int] | None = None
+        self.frozen_until = 0
+        if checkpoint is not None and checkpoint.snapshot is not None:
+            if snapshot is None:
+                raise ValueError("the stage checkpoint names a snapshot: pass its data")
+            restore(engine, snapshot)
+            self.snapshot_ref = (checkpoint.snapshot, checkpoint.snapshot_at, checkpoint.start)
+            self.frozen_until = checkpoint.snapshot_at
 
     def checkpoint(self) -> StageCheckpoint:
         processed = max(self.received or 0, self.muted_until)
         arms = sorted((e, a) for e, arms in self.engine.arms_seen.items() for a in arms)
-        if self.engine.ledger.experiments:
-            # The A/B units are cumulative since each experiment's first event: a new owner rebuilds them (and
-            # everything else, muted) from the start of the log.
-            self._history.clear()
+        snapshot, snapshot_at, snapshot_start = self.snapshot_ref if self.snapshot_ref is not None else (None, 0, 0)
+        if self.engine.ledger.experiments and snapshot is None:
+            # The A/B units are cumulative since each experiment's first event: until a snapshot of them is
+            # stored, a new owner rebuilds them (and everything else, muted) from the start of the log.
             return StageCheckpoint(0, processed, [], arms)
         needed = self._first_needed()
         start = min(needed, processed) if needed is not None else processed
+        if snapshot is not None:
+            # a rebuild re-reads what the sessions and query buckets open at the snapshot need: those that closed
+            # since gave their share after the snapshot, from records before it
+            start = min(start, snapshot_start)
         history = self._history
         while history and history[0][0] < start:
             self._base = history.popleft()[1]
-        return StageCheckpoint(start, processed, list(self._base), arms)
+        return StageCheckpoint(start, processed, list(self._base), arms, snapshot, snapshot_at)
+
+    def snapshot_taken(self, where: tuple[int, int], covers: int) -> None:
+        """A snapshot of the state after every record before offset ``covers`` is stored at ``where`` (take it
+        between two :meth:`feed` calls, ``covers`` = :attr:`next_offset`)."""
+        needed = self._first_needed()
+        self.snapshot_ref = (where, covers, covers if needed is None else min(needed, covers))
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last record fed (what a snapshot taken now covers)."""
+        return max(self.received or 0, 0)
 
     def _first_needed(self) -> int | None:
         open_sessions, buckets = self.engine.sessions.open, self.engine.gsb.open_buckets()
@@ -201,9 +236,12 @@ class SessionStage:
             self.received = offset + 1
             record = orjson.loads(value)
             kind = record["k"]
+            frozen = offset < self.frozen_until  # (in the restored snapshot)
+            engine.ledger.frozen = engine.gsb.frozen = frozen
             if kind == "U" or kind == "V":
                 # A/B units: rebuilt from every record, muted or not (their state is not a counter)
-                self._add_units(record)
+                if not frozen:
+                    self._add_units(record)
                 continue
             if kind == "s":
                 heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))

@@ -1,0 +1,126 @@
+"""A snapshot of what the regroup stage holds since each experiment's first event, so that a new owner of the
+stage need not re-read the regroup log from its start.
+
+The A/B units (``engine/ab.py``: every experiment's units, sums, pending contributions and running looks), the
+verdicts kept for the sign tests (``GsbTracker.complete`` and the interleaving credits) and the teams seen are
+cumulative: without a snapshot a new owner rebuilds them from the log's first record. :func:`take` writes them
+as compressed JSON (arrays as their raw bytes, so every float comes back bit for bit); :func:`restore` puts them
+into a fresh engine. The stage records with the snapshot the log offset it covers (every record before it is in
+the snapshot), and on a rebuild leaves the snapshot's state alone for the records before that offset
+(``engine/regroup.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import zlib
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from stream_eval.config import ArmPair
+from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _Running
+from stream_eval.engine.partitions import time_to_json
+from stream_eval.metrics.gsb import GsbCounts
+
+if TYPE_CHECKING:
+    from stream_eval.engine.engine import Engine
+
+#: Bytes of a snapshot per Kafka record (below the 1 MB default message size).
+CHUNK_BYTES = 900_000
+
+
+def _array(value: np.ndarray[Any, Any]) -> dict[str, Any]:
+    data = np.ascontiguousarray(value)
+    return {"dtype": data.dtype.str, "shape": list(data.shape), "b": base64.b64encode(data.tobytes()).decode()}
+
+
+def _unarray(value: dict[str, Any]) -> np.ndarray[Any, Any]:
+    raw = base64.b64decode(value["b"])
+    return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, np.ndarray):
+            out[f.name] = _array(value)
+        elif isinstance(value, dict) and f.name == "index":
+            out[f.name] = list(value)  # the units in row order
+        else:
+            out[f.name] = value
+    return out
+
+
+def _experiment(data: dict[str, Any]) -> _Experiment:
+    kinds = {f.name: f for f in dataclasses.fields(_Experiment)}
+    experiment = _Experiment(data["width"])
+    for name, value in data.items():
+        if name not in kinds:
+            continue
+        if name == "index":
+            value = {unit: row for row, unit in enumerate(value)}
+        elif isinstance(value, dict) and "dtype" in value:
+            value = _unarray(value)
+        setattr(experiment, name, value)
+    return experiment
+
+
+def take(engine: Engine) -> bytes:
+    """The stage-held state of ``engine``, compressed."""
+    ledger, gsb = engine.ledger, engine.gsb
+    state = {
+        "ledger": {
+            "experiments": {name: _fields(e) for name, e in ledger.experiments.items()},
+            "pending": [{"keys": _array(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
+                         "units": p.units, "y": _array(p.y), "n": _array(p.n)} for p in ledger._pending],
+            "running": {name: {"pair": [r.pair.control, r.pair.treatment], "p_value": _array(r.p_value),
+                               "cs_lower": _array(r.cs_lower), "cs_upper": _array(r.cs_upper),
+                               "srm_p_value": r.srm_p_value} for name, r in ledger._running.items()},
+            "times": [time_to_json(t) for t in (ledger.next_look, ledger.released, ledger.last_key)],
+        },
+        "gsb": [[e, s, c.good, c.same, c.bad] for (e, s), c in gsb.complete.items()],
+        "interleaving": {e: [[list(map(list, credit)), n] for credit, n in tally.items()]
+                         for e, tally in gsb._interleaving_complete.items()},
+        "teams": {e: sorted(t) for e, t in engine.teams_seen.items()},
+    }
+    return zlib.compress(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY), 1)
+
+
+def restore(engine: Engine, data: bytes) -> None:
+    """Put a :func:`take` snapshot into ``engine`` (its ledger, complete GSB tallies and teams are replaced)."""
+    state = orjson.loads(zlib.decompress(data))
+    saved = state["ledger"]
+    ledger = UnitLedger(engine.config, engine.ledger.names[:-1], engine.ledger.names[-1])
+    ledger.experiments = {name: _experiment(e) for name, e in saved["experiments"].items()}
+    for experiment in ledger.experiments.values():
+        experiment.limit = engine.config.max_units  # the setting in force now, not the snapshot's
+    ledger._pending = [_Pending(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
+                                _unarray(p["y"]), _unarray(p["n"])) for p in saved["pending"]]
+    ledger._running = {name: _Running(ArmPair(*r["pair"]), _unarray(r["p_value"]), _unarray(r["cs_lower"]),
+                                      _unarray(r["cs_upper"]), r["srm_p_value"])
+                       for name, r in saved["running"].items()}
+    ledger.next_look, ledger.released, ledger.last_key = (float(t) for t in saved["times"])
+    ledger.on_look = engine.ledger.on_look
+    engine.ledger = ledger
+    gsb = engine.gsb
+    gsb.complete = {(e, s): _counts(good, same, bad) for e, s, good, same, bad in state["gsb"]}
+    gsb._interleaving_complete = {e: Counter({tuple(map(tuple, credit)): n for credit, n in tally})
+                                  for e, tally in state["interleaving"].items()}
+    for experiment, teams in state["teams"].items():
+        engine.teams_seen.setdefault(experiment, set()).update(teams)
+
+
+def _counts(good: int, same: int, bad: int) -> GsbCounts:
+    counts = GsbCounts()
+    counts.good, counts.same, counts.bad = good, same, bad
+    return counts
+
+
+def chunks(data: bytes, size: int = CHUNK_BYTES) -> list[bytes]:
+    """``data`` in pieces of at most ``size`` bytes (at least one piece)."""
+    return [data[k : k + size] for k in range(0, max(len(data), 1), size)]
