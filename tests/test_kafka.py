@@ -331,7 +331,7 @@ class _FakeProducer:
         self.sent.append((partition, records))
 
     async def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
-                   timestamp_ms: int | None = None) -> None:
+                   timestamp_ms: int | None = None, headers: Any = None) -> None:
         self.sent.append((partition, [(key, value, timestamp_ms)]))  # type: ignore[list-item]  # set here
 
 
@@ -346,6 +346,7 @@ def test_outputs_go_out_in_order_to_the_key_partition_in_batches(batch_bytes: in
 
     worker = object.__new__(worker_module.StreamWorker)
     worker._producer = producer = _FakeProducer(batch_bytes)  # type: ignore[assignment]  # a fake
+    worker.health, worker._deliveries = worker_module.BrokerHealth("test", worker_module.log), []
     large = worker_module._LARGE_RECORD
     records = [(f"r{i}".encode(), b"v" * (large if i % 97 == 5 else i % 70), 1000 + i) for i in range(400)]
     asyncio.run(worker._send_batches("request-metrics", records))

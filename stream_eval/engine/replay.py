@@ -173,7 +173,8 @@ def replay(
         engine.ledger.on_look = None
         # the end of input finalises everything: the last line is as of the last finalisation point applied
         last = max(engine.watermark, engine.ledger.last_key)
-        ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
+        ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
+                  "gsb": engine.gsb_rows()})
     return engine
 
 

@@ -21,7 +21,11 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
-  into ``__other__`` (SPEC §5: overflow is counted).
+  into ``__other__`` (SPEC §5: overflow is counted); ``stream_eval_overflow_total{kind}``: requests or feedback
+  beyond a bound on state (``session``, ``query``, ``unit``, ``waiting_feedback``; README, "Bounded state").
+* ``stream_eval_broker_up`` (1 while the Kafka broker answers the worker) and
+  ``stream_eval_broker_errors_total{operation}``: broker errors and stalls met by the worker, per operation
+  (``startup``, ``fetch``, ``produce``, ``flush``, ``checkpoint``, ``commit``; ``stream/backoff.py``).
 
 Counters never decrease: each is exported as the largest value this collector has exported for its series. (GSB
 interleaving verdicts are resolved against the arms known at scrape time; an arm appearing later could otherwise
@@ -35,19 +39,29 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stream_eval.engine.engine import Engine
+from stream_eval.events.join import OVERFLOW
 from stream_eval.metrics.gsb import VERDICTS
 
 Labels = tuple[str, ...]
+
+
+class BrokerStatus(Protocol):
+    """What the collector reads of the worker's broker health (``stream.backoff.BrokerHealth``)."""
+
+    def snapshot(self) -> tuple[bool, dict[str, int]]:
+        """``(broker up, errors per operation)``."""
+        ...
 _AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value")
 
 
@@ -68,9 +82,12 @@ class _Scrape:
     gsb_p_value: dict[Labels, float] = field(default_factory=dict)
     events: dict[Labels, float] = field(default_factory=dict)
     overflow: dict[Labels, float] = field(default_factory=dict)
+    state_overflow: dict[Labels, float] = field(default_factory=dict)
     delay_buckets: list[tuple[str, float]] | None = None
     delay_sum: float = 0.0
     watermark: float = math.nan
+    broker_up: dict[Labels, float] = field(default_factory=dict)
+    broker_errors: dict[Labels, float] = field(default_factory=dict)
 
 
 def _number(value: float | None) -> float:
@@ -85,6 +102,7 @@ class EngineCollector(Collector):
             ``engine.delays`` (:class:`~stream_eval.engine.delays.FeedbackDelays`) are exported when attached.
         registry: Registered there when given (never the global default registry unless passed explicitly).
         lock: Held by the worker while it processes a batch; the collector takes it to copy a consistent state.
+        broker: The worker's broker health, exported when given.
 
     >>> from prometheus_client import CollectorRegistry
     >>> from stream_eval.config import Config
@@ -95,9 +113,11 @@ class EngineCollector(Collector):
     """
 
     def __init__(
-        self, engine: Engine, registry: CollectorRegistry | None = None, lock: threading.Lock | None = None
+        self, engine: Engine, registry: CollectorRegistry | None = None, lock: threading.Lock | None = None,
+        broker: BrokerStatus | None = None,
     ) -> None:
         self.engine = engine
+        self.broker = broker
         self.lock = lock
         self._high: dict[tuple[str, Labels], float] = {}
         if registry is not None:
@@ -142,9 +162,14 @@ class EngineCollector(Collector):
         for row in engine.srm():
             out.srm[(row["experiment"],)] = (_number(row["sequential_p_value"]), float(row["mismatch"]))
         for (kind, status), n in engine.counts.items():
-            out.events[kind, status] = float(n)
+            if kind != OVERFLOW:
+                out.events[kind, status] = float(n)
         for label, n in engine.labels.overflow.items():
             out.overflow[(label,)] = float(n)
+        # state beyond its bounds (README, "Bounded state"): every kind, zero included
+        out.state_overflow = {("session",): float(engine.sessions.overflow), ("query",): float(engine.gsb.overflow),
+                              ("unit",): float(engine.ledger.overflow),
+                              ("waiting_feedback",): float(engine.counts[OVERFLOW, "waiting_feedback"])}
         delays = engine.delays
         if delays is not None:
             bounds = [f"{b:g}" for b in delays.bounds.tolist()] + ["+Inf"]
@@ -152,6 +177,10 @@ class EngineCollector(Collector):
             out.delay_sum = delays.total
         if math.isfinite(engine.watermark):
             out.watermark = engine.watermark
+        if self.broker is not None:
+            up, errors = self.broker.snapshot()
+            out.broker_up[()] = 1.0 if up else 0.0
+            out.broker_errors = {(operation,): float(n) for operation, n in errors.items()}
         return out
 
     # -- families ---------------------------------------------------------------------------------------
@@ -224,6 +253,9 @@ class EngineCollector(Collector):
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status"], s.events)
         yield self._counter("stream_eval_label_overflow", "Event label values folded into __other__.", ["label"],
                             s.overflow)
+        yield self._counter("stream_eval_overflow", "Requests or feedback beyond a bound on state (kind: session = "
+                            "scored as a session of its own, query = left out of metric GSB, unit = left out of A/B, "
+                            "waiting_feedback = given up as an orphan).", ["kind"], s.state_overflow)
         delay = HistogramMetricFamily("stream_eval_feedback_delay_seconds", "Feedback ts - serve ts of applied "
                                       "feedback.")
         if s.delay_buckets is not None:
@@ -232,10 +264,49 @@ class EngineCollector(Collector):
         watermark = GaugeMetricFamily("stream_eval_watermark_seconds", "Event time reached by every partition.")
         watermark.add_metric([], s.watermark)
         yield watermark
+        yield self._gauge("stream_eval_broker_up", "1 while the Kafka broker answers the worker, 0 during an outage "
+                          "(and before it first answered).", [], s.broker_up)
+        yield self._counter("stream_eval_broker_errors", "Kafka broker errors and stalls (no answer for "
+                            "broker_stall seconds) met by the worker, by operation.", ["operation"], s.broker_errors)
+
+
+Readiness = Callable[[], tuple[bool, str]]
+"""``() -> (ready, reason)``: what ``/readyz`` answers (e.g. :meth:`StreamWorker.readiness`)."""
+_WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def probes_app(metrics: _WSGIApp, readiness: Readiness | None = None) -> _WSGIApp:
+    """``/healthz`` and ``/readyz`` for Kubernetes probes in front of the ``/metrics`` app (every other path).
+
+    ``/healthz``: 200 while the process serves HTTP. ``/readyz``: 200 when ``readiness()`` says ready, else 503;
+    both with a short JSON body (``{"ready": false, "reason": "..."}``). Without ``readiness``, ready.
+    """
+    import json
+
+    def respond(start_response: Callable[..., Any], status: str, body: dict[str, Any]) -> list[bytes]:
+        data = json.dumps(body).encode() + b"\n"
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                                ("Cache-Control", "no-store")])
+        return [data]
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            return respond(start_response, "200 OK", {"alive": True})
+        if path == "/readyz":
+            try:
+                ready, reason = readiness() if readiness is not None else (True, "no readiness check")
+            except Exception as error:  # a probe answers; the reason says what went wrong
+                ready, reason = False, f"readiness check failed: {type(error).__name__}"
+            return respond(start_response, "200 OK" if ready else "503 Service Unavailable",
+                           {"ready": ready, "reason": reason})
+        return metrics(environ, start_response)
+
+    return app
 
 
 class MetricsServer:
-    """A running ``/metrics`` endpoint (prometheus_client's WSGI server in a daemon thread)."""
+    """A running ``/metrics``, ``/healthz`` and ``/readyz`` endpoint (a threading WSGI server in a daemon thread)."""
 
     def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
         self.server = server
@@ -253,7 +324,24 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> MetricsServer:
-    """Serve ``registry`` on ``http://host:port/metrics`` (any path, in fact); ``port=0`` picks a free port."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
+                  readiness: Readiness | None = None) -> MetricsServer:
+    """Serve ``registry`` on ``http://host:port/metrics`` (any path but the probes'), with ``/healthz`` and
+    ``/readyz`` (:func:`probes_app`); ``port=0`` picks a free port, ``host`` may be IPv4, IPv6 or a name."""
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """No line per request on stderr (every scrape and probe would log one)."""
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                            flags=socket.AI_PASSIVE)[0][0]
+
+    server = make_server(host, port, probes_app(make_wsgi_app(registry), readiness), Server, handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     return MetricsServer(server, thread)

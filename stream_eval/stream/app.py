@@ -11,9 +11,11 @@ No faust.App is built at import time here; ``stream_eval.stream.entry`` is the m
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import logging
+import logging.config
 import os
-import sys
 import tempfile
 import threading
 from typing import Any
@@ -21,10 +23,57 @@ from typing import Any
 import faust
 
 from stream_eval.config import Config
-from stream_eval.stream.kafka import ensure_topics
+from stream_eval.stream.kafka import PLAINTEXT, KafkaSecurity, ensure_topics
 from stream_eval.stream.worker import StreamWorker, WorkerSettings
 
 log = logging.getLogger("stream_eval.worker")
+LOG_FORMATS = ("text", "json")
+#: Seconds a stop (SIGTERM) waits for the last checkpoint and the group leave (the worker bounds each to 30 s).
+_STOP_TIMEOUT = 75.0
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message`` (and ``exc``).
+
+    ``secrets`` are replaced by ``***`` wherever they would appear (a second guard: nothing logs them).
+    """
+
+    def __init__(self, secrets: list[str] | None = None) -> None:
+        super().__init__()
+        self.secrets = [secret for secret in secrets or [] if secret]
+
+    def format(self, record: logging.LogRecord) -> str:
+        from datetime import UTC, datetime
+
+        entry = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+                 "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        line = json.dumps(entry, ensure_ascii=False, default=str)
+        for secret in self.secrets:
+            line = line.replace(json.dumps(secret, ensure_ascii=False)[1:-1], "***")
+        return line
+
+
+def log_options(log_format: str, loglevel: str, security: KafkaSecurity | None = None) -> dict[str, Any]:
+    """Keyword arguments of faust's ``Worker`` for ``--log-format``: JSON lines on stdout, or faust's text."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r}: expected one of {', '.join(LOG_FORMATS)}")
+    if log_format == "text":
+        return {}
+    level = "WARNING" if loglevel == "warn" else loglevel.upper()
+    secrets = [s for s in (security.sasl_password, security.ssl_key_password) if s] if security else []
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonLogFormatter, "secrets": secrets}},
+        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout",
+                              "level": level}},
+        "root": {"level": level, "handlers": ["json"]},
+    }
+    return {"logging_config": config, "quiet": True}  # quiet: no banner, every line is JSON
+
+
 
 
 def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
@@ -42,6 +91,7 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
         broker_heartbeat_interval=1,
         topic_partitions=1,
         stream_wait_empty=False,
+        broker_credentials=settings.security.faust_credentials() if settings.security else None,
     )
     control = app.topic(settings.control_topic, value_serializer="json", partitions=1)
 
@@ -59,9 +109,27 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
             else:
                 log.warning("unknown control command %r", command)
 
+    stop, stopped = asyncio.Event(), asyncio.Event()
+
     @app.task  # type: ignore[untyped-decorator]  # faust's task decorator has no types
     async def evaluate() -> None:
-        await worker.run()
+        try:
+            await worker.run(stop)
+        finally:
+            stopped.set()
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust types handlers as taking `signal=`
+    async def graceful_stop(sender: Any, **_: Any) -> None:
+        """SIGTERM / Ctrl-C: the loop ends, the last checkpoint is written and the group left, before faust
+        closes the event loop (which would drop the task mid-way)."""
+        stop.set()
+        try:
+            await asyncio.wait_for(stopped.wait(), _STOP_TIMEOUT)
+        except TimeoutError:
+            log.error("stream-eval worker: no clean stop within %gs (checkpoint or group leave pending)",
+                      _STOP_TIMEOUT)
+        else:
+            log.warning("stream-eval worker: stopped: final checkpoint done, Kafka clients closed (group left)")
 
     if registry is not None:
         from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
@@ -70,34 +138,41 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
     return app, worker
 
 
-def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, loglevel: str = "warn") -> int:
-    """``stream-eval worker``: the faust worker in the foreground, ``/metrics`` on ``metrics_port``."""
+def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, loglevel: str = "warn", *,
+               metrics_host: str = "0.0.0.0", log_format: str = "text") -> int:
+    """``stream-eval worker``: the faust worker in the foreground; ``/metrics``, ``/healthz`` and ``/readyz`` on
+    ``metrics_host:metrics_port``; logs as text or JSON lines (``log_format``). SIGTERM or Ctrl-C: a last
+    checkpoint, the consumer group left, exit code 0."""
     from faust.worker import Worker
     from prometheus_client import CollectorRegistry
 
     from stream_eval.export.prometheus import EngineCollector, serve_metrics
+    from stream_eval.stream.produce import run_interruptible
 
-    quiet = logging.getLogger("aiokafka")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # one clear message below, not one per connection attempt
-    try:  # a clear message instead of faust's traceback when the broker is not there
-        asyncio.run(ensure_topics(settings.brokers, [*settings.topics.inputs, settings.control_topic],
-                                  settings.partitions, timeout=30))
-    except TimeoutError:
-        print(f"stream-eval worker: no Kafka broker answers at {','.join(settings.brokers)} (start one with "
-              "`stream-eval broker`, or give --broker)", file=sys.stderr)
-        return 2
-    finally:
-        quiet.setLevel(level)
+    logging_options = log_options(log_format, loglevel, settings.security)
+    if log_format == "json":  # from the first line on, before faust sets logging up with the same options
+        logging.config.dictConfig(copy.deepcopy(logging_options["logging_config"]))  # dictConfig consumes it
     registry = CollectorRegistry()
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
-    EngineCollector(worker.engine, lock=lock, registry=registry)
-    server = serve_metrics(registry, metrics_port)
-    log.warning("stream-eval worker: /metrics on port %d, brokers %s, topics %s*", metrics_port,
-                ",".join(settings.brokers), settings.prefix)
+    EngineCollector(worker.engine, lock=lock, registry=registry, broker=worker.health)
+    server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)
+    log.warning("stream-eval worker: /metrics, /healthz, /readyz on %s:%d, brokers %s (%s), topics %s*", metrics_host,
+                metrics_port, ",".join(settings.brokers), (settings.security or PLAINTEXT).describe(), settings.prefix)
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the outage is logged once (stream/backoff.py), not per connection attempt
+    try:  # faust needs a broker to start: wait for one, /metrics up (stream_eval_broker_up 0), retrying with backoff
+        _, interrupted = run_interruptible(worker.health.call("startup", lambda: ensure_topics(
+            settings.brokers, [*settings.topics.inputs, settings.control_topic], settings.partitions, timeout=5,
+            security=settings.security)))
+    finally:
+        quiet.setLevel(level)
+    if interrupted:
+        server.stop()
+        return 0
     try:
-        Worker(app, loglevel=loglevel).execute_from_commandline()
+        Worker(app, loglevel=loglevel, **logging_options).execute_from_commandline()
     except SystemExit as done:
         return int(done.code or 0)
     finally:

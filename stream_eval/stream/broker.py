@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -225,12 +225,34 @@ class Broker:
         """True while the broker process is alive."""
         return self.process is not None and self.process.poll() is None
 
+    def freeze(self) -> None:
+        """Stop the broker process (SIGSTOP): connections stay open and nothing answers, as with a hung broker or a
+        network partition. :meth:`thaw` resumes it; :meth:`stop` does too."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Resume a broker stopped by :meth:`freeze` (SIGCONT)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """``with broker.frozen(): ...``: frozen inside the block, resumed however it ends."""
+        self.freeze()
+        try:
+            yield
+        finally:
+            self.thaw()
+
     def stop(self, grace: float = STOP_GRACE) -> int | None:
         """Stop the broker: SIGTERM, then SIGKILL after ``grace`` seconds; its exit code (None if not running)."""
         with self._lock:
             process = self.process
             if process is None:
                 return None
+            self.thaw()  # a frozen process would only take SIGKILL, after the grace period
             code = stop_process(process, grace)
             self._cleanup()
             return code

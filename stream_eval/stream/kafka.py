@@ -1,23 +1,37 @@
 """Thin Kafka helpers shared by the worker, ``produce``, ``simulate --broker`` and the demo.
 
-Broker addresses, topic names, topic creation, partition look-up and message keys. Nothing here keeps state.
+Broker addresses, connection security (TLS, SASL), topic names, topic creation, partition look-up and message
+keys. Nothing here keeps state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import re
+import ssl
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from stream_eval.config import ConfigError
 
 __all__ = [
     "DEFAULT_BROKER",
     "DEFAULT_PARTITIONS",
+    "PLAINTEXT",
+    "SASL_MECHANISMS",
+    "SECURITY_PROTOCOLS",
+    "KafkaSecurity",
+    "KafkaSecurityError",
     "Topics",
     "ensure_topics",
+    "client_options",
     "event_key",
+    "kafka_security",
     "parse_brokers",
     "partitions_for",
     "topics",
@@ -60,6 +74,294 @@ def parse_brokers(url: str) -> list[str]:
     if not result:
         raise ValueError(f"no broker address in {url!r} (expected e.g. kafka://localhost:9092)")
     return result
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+"""Values of ``--security-protocol``, as Kafka clients name them."""
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+"""Values of ``--sasl-mechanism``."""
+
+#: The environment variables of the connection settings (the password has no flag: a flag shows in ``ps``).
+SECURITY_ENV = {
+    "security_protocol": "STREAM_EVAL_SECURITY_PROTOCOL",
+    "sasl_mechanism": "STREAM_EVAL_SASL_MECHANISM",
+    "sasl_username": "STREAM_EVAL_SASL_USERNAME",
+    "sasl_password_file": "STREAM_EVAL_SASL_PASSWORD_FILE",
+    "ssl_cafile": "STREAM_EVAL_SSL_CAFILE",
+    "ssl_certfile": "STREAM_EVAL_SSL_CERTFILE",
+    "ssl_keyfile": "STREAM_EVAL_SSL_KEYFILE",
+    "ssl_check_hostname": "STREAM_EVAL_SSL_CHECK_HOSTNAME",
+}
+PASSWORD_ENV = "STREAM_EVAL_SASL_PASSWORD"
+KEY_PASSWORD_ENV = "STREAM_EVAL_SSL_KEY_PASSWORD"
+_HIDDEN = "***"
+
+
+class _HideSecrets(logging.Filter):
+    """Rewrites log records of the Kafka clients that would show a secret: aiokafka logs every request at DEBUG,
+    SaslAuthenticate's bytes included (for PLAIN: user and password in clear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        hidden = re.sub(r"sasl_auth_bytes=b?(['\"]).*?\1", "sasl_auth_bytes=<hidden>", message)
+        for secret in self.secrets:
+            hidden = hidden.replace(secret, _HIDDEN)
+        if hidden != message:
+            record.msg, record.args = hidden, ()
+        return True
+
+
+_SECRET_FILTER = _HideSecrets()
+_CLIENT_LOGGERS = ("aiokafka", "aiokafka.conn", "aiokafka.client", "faust.transport.drivers.aiokafka")
+
+
+def _hide_in_client_logs(secret: str | None) -> None:
+    if not secret:
+        return
+    _SECRET_FILTER.secrets.add(secret)
+    for name in _CLIENT_LOGGERS:
+        client_logger = logging.getLogger(name)
+        if _SECRET_FILTER not in client_logger.filters:
+            client_logger.addFilter(_SECRET_FILTER)
+
+
+class KafkaSecurityError(ConfigError):
+    """The connection settings cannot be used; the message names the setting (never a secret's value)."""
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How every Kafka client of a command connects: TLS and SASL settings, checked on creation.
+
+    Build it with :func:`kafka_security` (flags, ``STREAM_EVAL_*`` variables, the ``[kafka]`` table of
+    ``--config``); give it to each client as ``**security.client_options()``, or to faust as
+    ``broker_credentials=security.faust_credentials()``. ``repr`` and ``str`` never show the passwords.
+
+    >>> KafkaSecurity("SASL_PLAINTEXT", "SCRAM-SHA-256", "app", "s3cret")
+    KafkaSecurity(protocol='SASL_PLAINTEXT', sasl_mechanism='SCRAM-SHA-256', sasl_username='app', sasl_password='***')
+    >>> sorted(KafkaSecurity("SASL_PLAINTEXT", "PLAIN", "app", "pw").client_options())
+    ['sasl_mechanism', 'sasl_plain_password', 'sasl_plain_username', 'security_protocol']
+
+    Raises:
+        KafkaSecurityError: An unknown protocol or mechanism, SASL without a user name or password, SASL or TLS
+            settings with a protocol that does not use them, or a key without a certificate.
+    """
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_key_password: str | None = field(default=None, repr=False)
+    ssl_check_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        protocol = self.protocol.strip().upper()
+        object.__setattr__(self, "protocol", protocol)
+        if protocol not in SECURITY_PROTOCOLS:
+            raise KafkaSecurityError(f"security_protocol: {self.protocol!r} is not one of "
+                                     f"{', '.join(SECURITY_PROTOCOLS)}")
+        if self.uses_sasl:
+            mechanism = (self.sasl_mechanism or "PLAIN").strip().upper()
+            object.__setattr__(self, "sasl_mechanism", mechanism)
+            if mechanism not in SASL_MECHANISMS:
+                raise KafkaSecurityError(f"sasl_mechanism: {self.sasl_mechanism!r} is not one of "
+                                         f"{', '.join(SASL_MECHANISMS)}")
+            if not self.sasl_username:
+                raise KafkaSecurityError(f"sasl_username: {protocol} needs a user name (--sasl-username)")
+            if not self.sasl_password:
+                raise KafkaSecurityError(f"sasl password: {protocol} needs a password, from the environment "
+                                         f"variable {PASSWORD_ENV} or a file (--sasl-password-file)")
+        elif self.sasl_mechanism or self.sasl_username or self.sasl_password:
+            raise KafkaSecurityError(f"SASL settings given, but security_protocol is {protocol} (use SASL_SSL, "
+                                     "or SASL_PLAINTEXT on a trusted network)")
+        if not self.uses_ssl and (self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile):
+            raise KafkaSecurityError(f"TLS settings (ssl_cafile, ssl_certfile, ssl_keyfile) given, but "
+                                     f"security_protocol is {protocol} (use SSL or SASL_SSL)")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise KafkaSecurityError("ssl_keyfile: given without ssl_certfile (the client certificate)")
+
+    def __repr__(self) -> str:
+        shown = [f"protocol={self.protocol!r}"]
+        if self.uses_sasl:
+            shown += [f"sasl_mechanism={self.sasl_mechanism!r}", f"sasl_username={self.sasl_username!r}",
+                      f"sasl_password={_HIDDEN!r}"]
+        if self.uses_ssl:
+            shown += [f"ssl_cafile={self.ssl_cafile!r}", f"ssl_certfile={self.ssl_certfile!r}",
+                      f"ssl_keyfile={self.ssl_keyfile!r}", f"ssl_check_hostname={self.ssl_check_hostname!r}"]
+        return f"KafkaSecurity({', '.join(shown)})"
+
+    __str__ = __repr__
+
+    @property
+    def uses_ssl(self) -> bool:
+        """TLS to the brokers (``SSL``, ``SASL_SSL``)."""
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        """SASL authentication (``SASL_PLAINTEXT``, ``SASL_SSL``)."""
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def describe(self) -> str:
+        """A short description for logs, without secrets: ``SASL_SSL (SCRAM-SHA-512 as app)``."""
+        if self.uses_sasl:
+            return f"{self.protocol} ({self.sasl_mechanism} as {self.sasl_username})"
+        return self.protocol
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of the clients (``None`` without TLS): the system's CAs, or ``ssl_cafile``.
+
+        Raises:
+            KafkaSecurityError: A file cannot be read, or is not a certificate or key.
+        """
+        if not self.uses_ssl:
+            return None
+        from aiokafka.helpers import create_ssl_context
+
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                raise KafkaSecurityError(f"{name}: {path}: no such file")
+        try:
+            context: ssl.SSLContext = create_ssl_context(cafile=self.ssl_cafile, certfile=self.ssl_certfile,
+                                         keyfile=self.ssl_keyfile, password=self.ssl_key_password)
+        except (OSError, ssl.SSLError) as error:  # not PEM, wrong key, wrong key password
+            raise KafkaSecurityError(f"TLS settings: cannot load the CA file, certificate or key: "
+                                     f"{type(error).__name__}: {getattr(error, 'reason', None) or error}") from None
+        if self.ssl_cafile is None:
+            context.load_default_certs()
+        context.check_hostname = self.ssl_check_hostname
+        if not self.ssl_check_hostname:
+            context.verify_mode = ssl.CERT_REQUIRED  # still verified against the CAs: only the name is not
+        return context
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for every aiokafka client (consumer, producer, admin client, client)."""
+        options: dict[str, Any] = {"security_protocol": self.protocol}
+        _hide_in_client_logs(self.sasl_password)  # the clients' DEBUG logs would show it
+        if self.uses_sasl:
+            options.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                           sasl_plain_password=self.sasl_password)
+        if self.uses_ssl:
+            options["ssl_context"] = self.ssl_context()
+        return options
+
+    def faust_credentials(self) -> Any:
+        """faust's ``broker_credentials``: ``None``, ``SSLCredentials`` or ``SASLCredentials`` (TLS inside)."""
+        _hide_in_client_logs(self.sasl_password)
+        if self.uses_sasl:
+            from faust.auth import SASLCredentials
+
+            return SASLCredentials(username=self.sasl_username, password=self.sasl_password,
+                                   ssl_context=self.ssl_context(), mechanism=self.sasl_mechanism)
+        if self.uses_ssl:
+            from faust.auth import SSLCredentials
+
+            return SSLCredentials(self.ssl_context())
+        return None
+
+
+PLAINTEXT = KafkaSecurity()
+"""No TLS, no SASL: the development broker's setting and every command's default."""
+
+
+def _boolean(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise KafkaSecurityError(f"{name}: expected true or false, got {value!r}")
+
+
+def _read_secret(path: str, name: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise KafkaSecurityError(f"{name}: cannot read {path}: {type(error).__name__}") from None
+    secret = secret.rstrip("\r\n")
+    if not secret:
+        raise KafkaSecurityError(f"{name}: {path} is empty")
+    return secret
+
+
+def _config_table(path: str) -> dict[str, Any]:
+    """The ``[kafka]`` table of a ``--config`` file (``{}`` when it has none)."""
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise KafkaSecurityError(f"--config {path}: {error}") from None
+    table = document.get("kafka", {})
+    if not isinstance(table, Mapping):
+        raise KafkaSecurityError(f"--config {path}: kafka must be a table ([kafka])")
+    unknown = set(table) - set(SECURITY_ENV)
+    if "sasl_password" in unknown:
+        raise KafkaSecurityError(f"--config {path}: [kafka] sasl_password is not read from files in plain text; "
+                                 f"use sasl_password_file or the variable {PASSWORD_ENV}")
+    if unknown:
+        raise KafkaSecurityError(f"--config {path}: [kafka] unknown setting(s) {', '.join(sorted(unknown))} "
+                                 f"(known: {', '.join(SECURITY_ENV)})")
+    return dict(table)
+
+
+def kafka_security(flags: Mapping[str, object] | None = None, config_path: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> KafkaSecurity:
+    """The connection settings of a command: ``[kafka]`` of ``--config`` < ``STREAM_EVAL_*`` < flags.
+
+    ``flags`` holds the values of the flags that were given (``None`` = not given), keyed like
+    :data:`SECURITY_ENV`. The SASL password comes from ``STREAM_EVAL_SASL_PASSWORD`` or from the file named by
+    ``sasl_password_file`` (the file wins); an encrypted client key's password from
+    ``STREAM_EVAL_SSL_KEY_PASSWORD``.
+
+    >>> kafka_security({"security_protocol": "sasl_ssl", "sasl_username": "app"},
+    ...                environ={"STREAM_EVAL_SASL_PASSWORD": "pw"}).describe()
+    'SASL_SSL (PLAIN as app)'
+
+    Raises:
+        KafkaSecurityError: A setting is unknown or cannot be used, or the password file cannot be read.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = _config_table(config_path) if config_path else {}
+    for name, variable in SECURITY_ENV.items():
+        if env.get(variable):
+            values[name] = env[variable]
+    for name, value in (flags or {}).items():
+        if name not in SECURITY_ENV:
+            raise KafkaSecurityError(f"unknown connection setting {name!r}")
+        if value is not None:
+            values[name] = value
+    password = env.get(PASSWORD_ENV) or None
+    if values.get("sasl_password_file"):
+        password = _read_secret(str(values["sasl_password_file"]), "sasl_password_file")
+    protocol = str(values.get("security_protocol") or "PLAINTEXT")
+    text = {name: (str(values[name]) if values.get(name) not in (None, "") else None)
+            for name in ("sasl_mechanism", "sasl_username", "ssl_cafile", "ssl_certfile", "ssl_keyfile")}
+    check_hostname = values.get("ssl_check_hostname")
+    return KafkaSecurity(
+        protocol=protocol,
+        # a password in the environment alone does not ask for SASL: the variable may be set for another command
+        sasl_password=password if protocol.strip().upper().startswith("SASL_") else None,
+        ssl_key_password=env.get(KEY_PASSWORD_ENV) or None,
+        ssl_check_hostname=True if check_hostname is None else _boolean("ssl_check_hostname", check_hostname),
+        **text,
+    )
+
+
+def client_options(security: KafkaSecurity | None) -> dict[str, Any]:
+    """``security.client_options()``, plain text for ``None``: the one way every client gets its settings."""
+    return (security or PLAINTEXT).client_options()
 
 
 @dataclass(frozen=True)
@@ -112,11 +414,12 @@ def topics(prefix: str = "") -> Topics:
     )
 
 
-async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: int, timeout: float = 30) -> None:
+async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: int, timeout: float = 30,
+                        security: KafkaSecurity | None = None) -> None:
     """Create the topics that do not exist yet, each with ``partitions`` partitions.
 
     Existing topics are left as they are. Retries (connection refused, broker still starting) until ``timeout``
-    seconds have passed.
+    seconds have passed. ``security``: TLS and SASL settings (default: plain text).
 
     Raises:
         TimeoutError: The broker did not answer, or the topics could not be created, within ``timeout``.
@@ -133,7 +436,8 @@ async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: 
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=max(1000, int(timeout * 1000)))
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=max(1000, int(timeout * 1000)),
+                                    **client_options(security))
         try:
             await admin.start()
             existing = set(await admin.list_topics())
@@ -159,11 +463,11 @@ async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: 
         await asyncio.sleep(0.25)
 
 
-async def partitions_for(bootstrap: list[str], topic: str) -> list[int]:
+async def partitions_for(bootstrap: list[str], topic: str, security: KafkaSecurity | None = None) -> list[int]:
     """Sorted partition ids of ``topic`` (empty if the topic does not exist)."""
     from aiokafka import AIOKafkaClient
 
-    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, **client_options(security))
     try:
         await client.bootstrap()
         await client.force_metadata_update()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -26,12 +27,24 @@ from typing import Any, TypeVar
 import msgspec
 
 from stream_eval.events.schema import DECODE_ERRORS, EventError, parse_time
-from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, event_key, parse_brokers
+from stream_eval.stream.backoff import BrokerHealth, BrokerTimeout, is_broker_error
+from stream_eval.stream.kafka import (
+    DEFAULT_PARTITIONS,
+    KafkaSecurity,
+    KafkaSecurityError,
+    Topics,
+    client_options,
+    ensure_topics,
+    event_key,
+    kafka_security,
+    parse_brokers,
+)
 
 __all__ = [
     "END_WATERMARK",
     "WATERMARKS",
     "Routed",
+    "BROKER_TIMEOUT",
     "SendError",
     "file_lines",
     "format_counts",
@@ -47,6 +60,13 @@ WATERMARKS = "watermarks"
 """Key of the :func:`send_lines` counter that counts watermark messages (one per partition they went to)."""
 
 _YIELD_EVERY = 1000
+#: Default of ``--broker-timeout``: seconds the broker may stay unreachable before ``produce`` gives up.
+BROKER_TIMEOUT = 300.0
+#: Seconds without a delivery, records waiting, after which the broker counts as down (logged once).
+_STALL = 10.0
+#: Seconds one attempt to reach the broker at start may take before it is retried (with backoff).
+_ATTEMPT = 5.0
+log = logging.getLogger("stream_eval.produce")
 _T = TypeVar("_T")
 
 
@@ -181,6 +201,8 @@ async def send_lines(
     rate: float | None = None,
     timeout: float = 30.0,
     counts: Counter[str] | None = None,
+    broker_timeout: float = BROKER_TIMEOUT,
+    security: KafkaSecurity | None = None,
 ) -> Counter[str]:
     """Send JSON lines to the input topics (routing and keys as in the module doc).
 
@@ -195,54 +217,127 @@ async def send_lines(
         flush: At the end, send the end-of-stream watermark to every partition of every input topic.
         partitions: Partition count of the input topics this creates when missing.
         rate: Pace at this many lines per second (``None`` or 0 = unlimited); with ``speed`` too, the slower wins.
-        timeout: Seconds to wait for the broker to answer at start.
+        timeout: Seconds one attempt to reach the broker at start may take (at most 5 s; then retried).
         counts: Counter to count into (it holds the numbers so far also when the call is cancelled).
+        broker_timeout: Seconds the broker may stay unreachable (at start, or with records waiting for it) before
+            the call gives up. Until then every send and the final flush wait, retrying with backoff; an outage is
+            logged once when it starts and once when it ends.
+        security: TLS and SASL settings of the producer (default: plain text).
 
     Returns:
         Messages sent per topic name (lines routed there), and watermark messages under :data:`WATERMARKS`.
 
     Raises:
-        TimeoutError: The broker could not be reached.
+        BrokerTimeout: The broker did not answer for ``broker_timeout`` seconds (a :class:`TimeoutError`).
         SendError: Some messages were not delivered (after all others were sent).
     """
+    servers = parse_brokers(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
+    health = BrokerHealth("stream-eval produce", log, stall=min(_STALL, broker_timeout), where=",".join(servers))
+    progress = _Progress(health.clock())
+    main = asyncio.ensure_future(_send_lines(lines, servers, topics, speed, flush, partitions, rate, timeout,
+                                             Counter() if counts is None else counts, health, broker_timeout,
+                                             progress, security))
+    watchdog = asyncio.ensure_future(_watch_deliveries(main, health, broker_timeout, progress))
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if watchdog.done() and not watchdog.cancelled() and watchdog.result():
+            raise BrokerTimeout(health.gave_up(broker_timeout)) from None
+        raise
+    finally:
+        watchdog.cancel()
+        main.cancel()
+
+
+class _Progress:
+    """Records handed to the producer and delivered (or failed), and when the last one was."""
+
+    __slots__ = ("handed", "done", "at")
+
+    def __init__(self, now: float) -> None:
+        self.handed = self.done = 0
+        self.at = now
+
+
+async def _watch_deliveries(main: asyncio.Future[Any], health: BrokerHealth, broker_timeout: float,
+                            progress: _Progress) -> bool:
+    """Report an outage when records wait for the broker ``health.stall`` seconds without a delivery; cancel
+    ``main`` once it has lasted ``broker_timeout`` seconds (returns True then)."""
+    every = max(0.05, min(1.0, health.stall / 4))
+    while not main.done():
+        await asyncio.sleep(every)
+        if progress.handed == progress.done:
+            continue
+        if health.clock() - progress.at > health.stall and health.down_since is None:
+            health.failed("produce", f"no delivery for {health.stall:g} s", since=progress.at)
+        if health.down_since is not None and health.down_for() >= broker_timeout:
+            main.cancel()
+            return True
+    return False
+
+
+async def _send_lines(
+    lines: Iterable[bytes] | AsyncIterable[bytes], servers: list[str], topics: Topics, speed: float | None,
+    flush: bool, partitions: int, rate: float | None, timeout: float, counts: Counter[str], health: BrokerHealth,
+    broker_timeout: float, progress: _Progress, security: KafkaSecurity | None = None,
+) -> Counter[str]:
     from aiokafka import AIOKafkaProducer
 
-    servers = parse_brokers(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
     pacer = _Pacer(speed, rate)
-    await ensure_topics(servers, topics.inputs, partitions, timeout=timeout)
+    attempt = max(0.5, min(timeout, _ATTEMPT, broker_timeout / 2))  # shorter than the stall: its error is reported
+    await health.call("startup", lambda: ensure_topics(servers, topics.inputs, partitions, timeout=attempt,
+                                                       security=security),
+                      give_up_after=broker_timeout)
     producer = AIOKafkaProducer(
         bootstrap_servers=servers, linger_ms=10, max_batch_size=256 * 1024, max_request_size=8 * 1024 * 1024,
-        request_timeout_ms=int(max(timeout, 30.0) * 1000),
+        request_timeout_ms=int(max(timeout, broker_timeout) * 1000), **client_options(security),
     )
-    counts = Counter() if counts is None else counts
     failures: list[str] = []
     all_partitions: dict[str, list[int]] = {}
 
     def delivered(future: asyncio.Future[Any]) -> None:
+        progress.done += 1
+        progress.at = health.clock()
         if not future.cancelled() and future.exception() is not None:
             failures.append(f"{type(future.exception()).__name__}: {future.exception()}")
+        elif health.down_since is not None:
+            health.answered()
 
     async def send(topic: str, value: bytes, key: bytes | None, ms: int | None, partition: int | None = None) -> None:
         try:
-            future = await producer.send(topic, value, key=key, timestamp_ms=ms, partition=partition)
+            try:
+                future = await producer.send(topic, value, key=key, timestamp_ms=ms, partition=partition)
+            except Exception as error:
+                if not is_broker_error(error):
+                    raise
+                health.failed("produce", error)  # not queued (no metadata, or no room, in time): sent again
+                future = await health.call("produce", lambda: producer.send(
+                    topic, value, key=key, timestamp_ms=ms, partition=partition), give_up_after=broker_timeout)
+        except BrokerTimeout:
+            raise
         except Exception as error:  # e.g. a line larger than the largest request: counted, the run goes on
             if type(error).__module__.split(".")[0] != "aiokafka":
                 raise
             failures.append(f"{type(error).__name__}: {error}")
             return
+        if not progress.handed - progress.done:
+            progress.at = health.clock()  # the first record waiting since the last delivery
+        progress.handed += 1
         future.add_done_callback(delivered)
 
     async def broadcast(value: bytes, ms: int | None) -> None:
         for topic in topics.inputs:
             if topic not in all_partitions:
-                found = await producer.partitions_for(topic)
+                found = await health.call("produce", lambda: producer.partitions_for(topic),  # noqa: B023  # awaited now
+                                          give_up_after=broker_timeout)
                 all_partitions[topic] = sorted(found) if found else [0]
             for partition in all_partitions[topic]:
                 await send(topic, value, None, ms, partition)
                 counts[WATERMARKS] += 1
 
-    await producer.start()
+    timed_out = False
     try:
+        await health.call("startup", producer.start, give_up_after=broker_timeout)
         last_ms: int | None = None
         async for line in _aiter(lines):
             routed = route_line(line, topics)
@@ -263,9 +358,12 @@ async def send_lines(
         if flush:
             await broadcast(END_WATERMARK, last_ms)
         await producer.flush()
+    except (asyncio.CancelledError, BrokerTimeout):
+        timed_out = health.down_since is not None and health.down_for() >= broker_timeout
+        raise
     finally:
-        with contextlib.suppress(Exception):
-            await producer.stop()  # delivers what was handed over, also when cancelled
+        with contextlib.suppress(Exception):  # delivers what was handed over, also when cancelled (not when the
+            await asyncio.wait_for(producer.stop(), 1.0 if timed_out else None)  # broker is gone for good)
     if failures:
         raise SendError(f"{len(failures)} messages not delivered, e.g. {failures[0]}")
     return counts
@@ -306,10 +404,13 @@ def run_interruptible(main: Awaitable[_T]) -> tuple[_T | None, bool]:
 
 def produce_command(files: Sequence[str], broker: str, prefix: str, speed: float | None, flush: bool,
                     partitions: int, lines: Iterable[bytes] | None = None, rate: float | None = None,
-                    endless: bool = False) -> int:
+                    endless: bool = False, broker_timeout: float = BROKER_TIMEOUT,
+                    security: KafkaSecurity | None = None) -> int:
     """``stream-eval produce`` (and ``simulate --broker`` with ``lines``): send, report counts, exit code.
 
     ``endless``: the lines never end, so Ctrl-C / SIGTERM is the normal way to stop (exit code 0, not 130).
+    ``broker_timeout``: seconds the broker may stay unreachable before it gives up (exit code 1, ``--broker-timeout``).
+    ``security``: TLS and SASL settings; ``None`` reads them from the ``STREAM_EVAL_*`` variables.
     """
     from stream_eval.stream.kafka import topics as make_topics
 
@@ -319,18 +420,31 @@ def produce_command(files: Sequence[str], broker: str, prefix: str, speed: float
     except ValueError as error:
         print(f"stream-eval: --broker: {error}", file=sys.stderr)
         return 2
+    try:
+        security = kafka_security() if security is None else security
+        security.ssl_context()  # unreadable TLS files: a clear error now, not a connection failure later
+    except KafkaSecurityError as error:
+        print(f"stream-eval: {error}", file=sys.stderr)
+        return 2
     missing = [path for path in files if path != "-" and not os.path.isfile(path)]
     if missing:
         print(f"stream-eval: {missing[0]}: no such file", file=sys.stderr)
         return 2
     source = file_lines(files) if lines is None else lines
     counts: Counter[str] = Counter()
+    client_log = logging.getLogger("aiokafka")
+    if client_log.level == logging.NOTSET:  # an outage is reported once (stream/backoff.py), not per connection
+        client_log.setLevel(logging.CRITICAL)
     try:
         _, interrupted = run_interruptible(
             send_lines(source, servers, names, speed=speed, flush=flush, partitions=partitions, rate=rate,
-                       counts=counts)
+                       counts=counts, broker_timeout=broker_timeout, security=security)
         )
-    except (TimeoutError, SendError) as error:  # broker unreachable, or messages not delivered
+    except BrokerTimeout as error:
+        sent = f"; {format_counts(counts, names)}, some maybe not delivered" if sum(counts.values()) else ""
+        print(f"stream-eval: {error}; gave up after --broker-timeout {broker_timeout:g} s{sent}", file=sys.stderr)
+        return 1
+    except (TimeoutError, SendError) as error:  # messages not delivered
         print(f"stream-eval: {error}", file=sys.stderr)
         return 1
     if interrupted:

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from stream_eval.config import Config
+from stream_eval.engine import snapshot
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
@@ -35,12 +36,25 @@ from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoin
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_messages
 from stream_eval.events.schema import Invalid
-from stream_eval.stream.kafka import DEFAULT_PARTITIONS, Topics, ensure_topics, partitions_for, topics
+from stream_eval.stream.backoff import BrokerHealth, is_broker_error
+from stream_eval.stream.kafka import (
+    DEFAULT_PARTITIONS,
+    KafkaSecurity,
+    Topics,
+    client_options,
+    ensure_topics,
+    partitions_for,
+    topics,
+)
 
 log = logging.getLogger("stream_eval.worker")
 #: The producer's batch size; records of at least ``_LARGE_RECORD`` bytes go through ``producer.send`` alone.
 _BATCH_BYTES = 1 << 20
 _LARGE_RECORD = 64 << 10
+#: Seconds one start-up attempt waits for the broker before the outage is counted and the attempt retried.
+_STARTUP_ATTEMPT = 5.0
+#: Seconds the final checkpoint and the clients' shutdown may take (a broker that is down cannot hold the exit).
+_SHUTDOWN_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,20 @@ class WorkerSettings:
     group: str = "stream-eval"
     partitions: int = DEFAULT_PARTITIONS
     checkpoint_interval: float = 1.0
+    #: Seconds between snapshots of the regroup stage's A/B state (engine/snapshot.py): a new owner of the stage
+    #: re-reads the regroup log from the latest one, not from its start.
+    snapshot_interval: float = 60.0
     max_records: int = 20_000
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 1_000
+    #: A broker call without an answer for this many seconds counts as an outage (``stream_eval_broker_up`` 0).
+    broker_stall: float = 10.0
+    #: The producer's ``request_timeout_ms``: how long it keeps a batch the broker has not acknowledged before it
+    #: gives up on it. An outage shorter than this loses nothing and writes nothing twice (backoff.py).
+    produce_timeout_ms: int = 600_000
     extra: dict[str, Any] = field(default_factory=dict)
+    #: TLS and SASL settings of every client (``None``: plain text); see :class:`KafkaSecurity`.
+    security: KafkaSecurity | None = None
 
     @property
     def topics(self) -> Topics:
@@ -78,8 +102,24 @@ class WorkerSettings:
     def regroup_checkpoint_topic(self) -> str:
         return f"{self.prefix}{self.group}.regroup-checkpoints"
 
+    @property
+    def snapshot_topic(self) -> str:
+        """One partition: snapshots of the regroup stage's A/B state, in pieces (engine/snapshot.py)."""
+        return f"{self.prefix}{self.group}.ab-snapshots"
+
 
 Rebalance = Callable[[Any], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """Records handed to the producer since the last flush, with the future that says whether they were stored."""
+
+    future: asyncio.Future[Any]
+    topic: str
+    partition: int | None
+    records: list[tuple[bytes | None, bytes, int | None]]
+    headers: list[tuple[str, bytes]] | None = None
 
 
 class _Where(Sequence[str]):
@@ -151,6 +191,7 @@ class StreamWorker:
         FeedbackDelays(self.engine)  # attaches itself: the feedback delay histogram
         self.engine.regroup = RegroupSink()  # sessions and query GSB across workers: engine/regroup.py
         self.stage: SessionStage | None = None  # the regroup stage, on the worker that owns its log
+        self._next_snapshot = 0.0  # when the stage's A/B state is snapshotted next (monotonic seconds)
         self.units = settings.partitions
         self._stage_consumer: Any = None
         self.partitioned = PartitionedEngine(self.engine, clock)
@@ -161,6 +202,10 @@ class StreamWorker:
         self._producer: Any = None
         self._busy = asyncio.Lock()
         self.events_seen = 0
+        #: The broker's health as this worker sees it: ``stream_eval_broker_up``, ``..._broker_errors_total``.
+        self.health = BrokerHealth("stream-eval worker", log, stall=settings.broker_stall)
+        self._deliveries: list[_Delivery] = []
+        self._fetch_backoff = self.health.backoff()
 
     # -- outputs ------------------------------------------------------------------------------------
     def _finalised(self, batch: FinalisedBatch) -> None:
@@ -168,7 +213,7 @@ class StreamWorker:
             self._outbox.append((record["request_id"].encode(), orjson.dumps(record), _timestamp_ms(state.ts)))
 
     async def _send_outputs(self) -> None:
-        producer, outbox, dead = self._producer, self._outbox, self._dead
+        outbox, dead = self._outbox, self._dead
         self._outbox, self._dead = [], []
         if outbox:
             await self._send_batches(self.topics.request_metrics, outbox)
@@ -179,7 +224,7 @@ class StreamWorker:
             headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
                        ("kind", invalid.kind.encode()), ("topic", topic.encode()),
                        ("partition", str(partition).encode()), ("offset", str(offset).encode())]
-            await producer.send(self.topics.dead_letters, invalid.raw, headers=headers)
+            await self._send_record(self.topics.dead_letters, None, (None, invalid.raw, None), headers)
 
     async def _send_batches(
         self, topic: str, records: Sequence[tuple[bytes | None, bytes, int | None]], partition: int | None = None
@@ -195,7 +240,7 @@ class StreamWorker:
         producer = self._producer
         by_partition: Mapping[int, Sequence[tuple[bytes | None, bytes, int | None]]]
         if partition is None:
-            all_partitions = sorted(await producer.partitions_for(topic))
+            all_partitions = sorted(await self.health.call("produce", lambda: producer.partitions_for(topic)))
             choose = DefaultPartitioner()
             by_key: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
             for record in records:
@@ -205,20 +250,63 @@ class StreamWorker:
             by_partition = {partition: records}  # as given: no copy
         for number, part in by_partition.items():
             batch = producer.create_batch()
-            for key, value, ts_ms in part:
+            queued: list[tuple[bytes | None, bytes, int | None]] = []
+            for record in part:
+                key, value, ts_ms = record
                 if len(value) + len(key or b"") >= _LARGE_RECORD:
                     # producer.send checks the size and raises for a record the broker would refuse (a batch
                     # builder takes any first record); queued after the batch so far, so order holds
                     if batch.record_count():
-                        await producer.send_batch(batch, topic, partition=number)
-                        batch = producer.create_batch()
-                    await producer.send(topic, value, key=key, partition=number, timestamp_ms=ts_ms)
+                        await self._send_batch(topic, number, batch, queued)
+                        batch, queued = producer.create_batch(), []
+                    await self._send_record(topic, number, record)
                 elif batch.append(key=key, value=value, timestamp=ts_ms) is None:  # full: send it, start the next
-                    await producer.send_batch(batch, topic, partition=number)
-                    batch = producer.create_batch()
+                    await self._send_batch(topic, number, batch, queued)
+                    batch, queued = producer.create_batch(), [record]
                     batch.append(key=key, value=value, timestamp=ts_ms)
+                else:
+                    queued.append(record)
             if batch.record_count():
-                await producer.send_batch(batch, topic, partition=number)
+                await self._send_batch(topic, number, batch, queued)
+
+    async def _send_batch(self, topic: str, partition: int, batch: Any,
+                          records: list[tuple[bytes | None, bytes, int | None]]) -> None:
+        """Queue a batch (retried while the client cannot queue it: nothing is queued twice); its delivery is
+        checked by :meth:`_flush`."""
+        producer = self._producer
+        future = await self.health.call("produce", lambda: producer.send_batch(batch, topic, partition=partition))
+        self._deliveries.append(_Delivery(future, topic, partition, records))
+
+    async def _send_record(self, topic: str, partition: int | None, record: tuple[bytes | None, bytes, int | None],
+                           headers: list[tuple[str, bytes]] | None = None) -> None:
+        producer = self._producer
+        key, value, ts_ms = record
+        future = await self.health.call("produce", lambda: producer.send(
+            topic, value, key=key, partition=partition, timestamp_ms=ts_ms, headers=headers))
+        self._deliveries.append(_Delivery(future, topic, partition, [record], headers))
+
+    async def _flush(self) -> None:
+        """Wait until every record sent so far is stored (however long the broker is away).
+
+        aiokafka resends a batch that failed for a retriable reason until ``produce_timeout_ms`` has passed and then
+        fails its future (``flush`` does not raise): such batches are sent again here, as nothing must be lost,
+        though the broker may have stored them already (a request it answered too late).
+        """
+        while True:
+            await self.health.call("flush", self._producer.flush)
+            deliveries, self._deliveries = self._deliveries, []
+            failed = [d for d in deliveries if d.future.done() and not d.future.cancelled()
+                      and d.future.exception() is not None]
+            self._deliveries = [d for d in deliveries if not d.future.done()]
+            if not failed:
+                return
+            error = failed[0].future.exception()
+            self.health.failed("produce", f"{type(error).__name__}: {error}")
+            log.warning("%d batches of records were not acknowledged in %d s (%s): sending them again; some may be "
+                        "stored twice", len(failed), self.settings.produce_timeout_ms // 1000, error)
+            for delivery in failed:
+                for record in delivery.records:
+                    await self._send_record(delivery.topic, delivery.partition, record, delivery.headers)
 
     # -- checkpoints --------------------------------------------------------------------------------
     async def _load_checkpoint(self, partition: int) -> Checkpoint | None:
@@ -227,12 +315,16 @@ class StreamWorker:
 
     async def _last_record(self, topic: str, partition: int) -> Any:
         """The last record of a checkpoint topic's partition, decoded (one record per produce batch, so the end
-        offset is exact even with the development broker's ListOffsets bug)."""
+        offset is exact even with the development broker's ListOffsets bug); retried while the broker is away."""
+        return await self.health.call("checkpoint", lambda: self._read_last_record(topic, partition))
+
+    async def _read_last_record(self, topic: str, partition: int) -> Any:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False)
-        await reader.start()
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
+                                  **client_options(self.settings.security))
         try:
+            await reader.start()
             tp = TopicPartition(topic, partition)
             reader.assign([tp])
             end = (await reader.end_offsets([tp]))[tp]
@@ -241,8 +333,8 @@ class StreamWorker:
             reader.seek(tp, end - 1)
             batch = await reader.getmany(tp, timeout_ms=5_000)
             records = batch.get(tp, [])
-            if not records:
-                raise RuntimeError(f"checkpoint of partition {partition} unreadable at offset {end - 1}")
+            if not records:  # a broker that does not answer in time: retried
+                raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {end - 1}")
             return orjson.loads(records[-1].value)
         finally:
             await reader.stop()
@@ -253,7 +345,7 @@ class StreamWorker:
         from aiokafka.structs import OffsetAndMetadata
 
         await self._send_outputs()
-        await self._producer.flush()
+        await self._flush()
         offsets = {}
         for partition in sorted(self.partitioned.units if partitions is None else partitions):
             if partition not in self.partitioned.units:
@@ -261,32 +353,94 @@ class StreamWorker:
             checkpoint = self.partitioned.checkpoint(partition)
             if not checkpoint.processed:
                 continue
-            await self._producer.send_and_wait(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()),
-                                               partition=partition)
+            await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()), partition)
             for kind, offset in checkpoint.start.items():
                 offsets[TopicPartition(self._topic_of(kind), partition)] = OffsetAndMetadata(offset, "")
         if offsets:
-            await self._consumer.commit(offsets)
+            await self._commit(self._consumer, offsets)
         if self.stage is not None and partitions is None:
             await self._checkpoint_stage()
+
+    async def _store_checkpoint(self, topic: str, value: bytes, partition: int) -> None:
+        """Write a checkpoint record, again after a broker error (a second copy of the last one is harmless)."""
+        producer = self._producer
+        await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, value, partition=partition))
+
+    async def _commit(self, consumer: Any, offsets: dict[Any, Any]) -> None:
+        """Commit ``start`` offsets. After an outage longer than the session timeout the group has moved on and
+        the commit is refused: that is harmless, as a new owner starts from the checkpoint topic, not from these."""
+        from aiokafka.errors import CommitFailedError, IllegalStateError
+
+        try:
+            await self.health.call("commit", lambda: consumer.commit(offsets))
+        except (CommitFailedError, IllegalStateError) as error:
+            log.info("offsets not committed, the group rebalanced (%s); the checkpoints hold them", error)
 
     async def _checkpoint_stage(self) -> None:
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
         assert self.stage is not None
+        if self.engine.ledger.experiments and time.monotonic() >= self._next_snapshot:
+            await self._store_snapshot()
         checkpoint = self.stage.checkpoint()
-        await self._producer.send_and_wait(self.settings.regroup_checkpoint_topic,
-                                           orjson.dumps(checkpoint.to_json()), partition=0)
+        await self._store_checkpoint(self.settings.regroup_checkpoint_topic, orjson.dumps(checkpoint.to_json()), 0)
         tp = TopicPartition(self.settings.regroup_topic, 0)
-        await self._stage_consumer.commit({tp: OffsetAndMetadata(checkpoint.start, "")})
+        await self._commit(self._stage_consumer, {tp: OffsetAndMetadata(checkpoint.start, "")})
+
+    async def _store_snapshot(self) -> None:
+        """Store the stage's A/B state in pieces; later checkpoints name them (between two batches of the stage)."""
+        assert self.stage is not None
+        with self.lock:
+            data, covers = snapshot.take(self.engine), self.stage.next_offset
+        first = -1
+        pieces = snapshot.chunks(data)
+        for piece in pieces:
+            stored = await self._store_piece(piece)
+            first = stored.offset if first < 0 else first
+        self.stage.snapshot_taken((first, len(pieces)), covers)
+        self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
+        log.info("stored a snapshot of the A/B state (%d bytes, %d pieces, covering the regroup log to %d)",
+                 len(data), len(pieces), covers)
+
+    async def _read_snapshot(self, where: tuple[int, int]) -> bytes:
+        """The pieces of a snapshot, joined (retried while the broker is away)."""
+        data: bytes = await self.health.call("checkpoint", lambda: self._read_pieces(where))
+        return data
+
+    async def _store_piece(self, piece: bytes) -> Any:
+        producer, topic = self._producer, self.settings.snapshot_topic
+        return await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, piece, partition=0))
+
+    async def _read_pieces(self, where: tuple[int, int]) -> bytes:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        first, count = where
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
+                                  max_partition_fetch_bytes=2 * snapshot.CHUNK_BYTES,
+                                  **client_options(self.settings.security))
+        try:
+            await reader.start()
+            tp = TopicPartition(self.settings.snapshot_topic, 0)
+            reader.assign([tp])
+            reader.seek(tp, first)
+            pieces: list[bytes] = []
+            while len(pieces) < count:
+                batch = await reader.getmany(tp, timeout_ms=5_000)
+                records = batch.get(tp, [])
+                if not records:
+                    raise TimeoutError(f"snapshot pieces from offset {first} unreadable")
+                pieces += [r.value for r in records if first <= r.offset < first + count][: count - len(pieces)]
+            return b"".join(pieces)
+        finally:
+            await reader.stop()
 
     async def on_stage_revoked(self, revoked: Any) -> None:
         async with self._busy:
             if self.stage is None:
                 return
             await self._send_outputs()
-            await self._producer.flush()
+            await self._flush()
             await self._checkpoint_stage()
             with self.lock:
                 self.engine.drop_regrouped()
@@ -299,8 +453,12 @@ class StreamWorker:
                 return
             found = await self._last_record(self.settings.regroup_checkpoint_topic, 0)
             checkpoint = None if found is None else StageCheckpoint.from_json(found)
+            data = None
+            if checkpoint is not None and checkpoint.snapshot is not None:
+                data = await self._read_snapshot(checkpoint.snapshot)
             with self.lock:
-                self.stage = SessionStage(self.engine, self.units, checkpoint)
+                self.stage = SessionStage(self.engine, self.units, checkpoint, data)
+            self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
             if checkpoint is not None:
                 for tp in assigned:
                     self._stage_consumer.seek(tp, checkpoint.start)
@@ -311,6 +469,39 @@ class StreamWorker:
         async with self._busy:
             await self.checkpoint()
 
+    def readiness(self, stale_after: float = 30.0) -> tuple[bool, str]:
+        """``(ready, reason)`` for ``/readyz``: the worker holds an assignment and has caught up with it.
+
+        Caught up: every assigned input partition is owned by the engine, and the consumer's position is at or
+        past the high-water mark of the partition's latest fetch response, received less than ``stale_after``
+        seconds ago. Read-only, and safe to call from another thread (the HTTP server's): it reads the consumer's
+        state without awaiting anything; a rebalance under way reads as not ready.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            return False, "starting: not connected to Kafka yet"
+        try:
+            assigned = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+            if not assigned:
+                return False, "no partitions assigned (joining the consumer group)"
+            now_ms = time.time() * 1000
+            for tp in assigned:
+                where = f"{tp.topic}/{tp.partition}"
+                if tp.partition not in self.partitioned.units:
+                    return False, f"{where}: being assigned"
+                # aiokafka has no synchronous position(): the fetch position sits next to highwater() in its state
+                state = consumer._subscription.subscription.assignment.state_value(tp)
+                highwater, polled = consumer.highwater(tp), consumer.last_poll_timestamp(tp)
+                if highwater is None or polled is None or not state.has_valid_position:
+                    return False, f"{where}: not fetched yet"
+                if now_ms - polled > stale_after * 1000:
+                    return False, f"{where}: no fetch answered for {(now_ms - polled) / 1000:.0f}s"
+                if state.position < highwater:
+                    return False, f"{where}: {highwater - state.position} messages behind"
+        except (AttributeError, AssertionError, RuntimeError, KeyError, TypeError) as error:
+            return False, f"rebalancing ({type(error).__name__})"  # the assignment changed under us
+        return True, f"caught up on {len(assigned)} partitions"
+
     def _topic_of(self, kind: str) -> str:
         return self.topics.for_type(kind)
 
@@ -320,10 +511,12 @@ class StreamWorker:
             units = sorted({tp.partition for tp in revoked} & set(self.partitioned.units))
             if not units:
                 return
-            await self.checkpoint(units)
-            with self.lock:
-                for partition in units:
-                    self.partitioned.revoke(partition)
+            try:
+                await self.checkpoint(units)
+            finally:  # a unit kept after it was given up would be stale when it comes back
+                with self.lock:
+                    for partition in units:
+                        self.partitioned.revoke(partition)
             log.info("revoked partitions %s", units)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
@@ -363,7 +556,7 @@ class StreamWorker:
             self.partitioned.tick()
 
     async def _handle_stage(self) -> None:
-        batch = await self._stage_consumer.getmany(timeout_ms=0, max_records=self.settings.max_records)
+        batch = await self._fetch(self._stage_consumer, 0)
         if self.stage is None:
             return
         with self.lock:
@@ -379,11 +572,7 @@ class StreamWorker:
 
         settings = self.settings
         _quiet_client_debug_logs()
-        names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
-                 settings.checkpoint_topic, settings.control_topic]
-        await ensure_topics(settings.brokers, names, settings.partitions)
-        await ensure_topics(settings.brokers, [settings.regroup_topic, settings.regroup_checkpoint_topic], 1)
-        self.units = len(await partitions_for(settings.brokers, self.topics.rankings)) or settings.partitions
+        await self.health.call("startup", self._prepare_topics)  # waits, with backoff, for a broker to answer
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
             def __init__(self, revoked: Rebalance, assigned: Rebalance) -> None:
@@ -395,20 +584,21 @@ class StreamWorker:
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 await self.assigned(assigned)
 
+        security = client_options(settings.security)
         self._producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5,
-                                          max_batch_size=_BATCH_BYTES)
+                                          max_batch_size=_BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
+                                          **security)
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
                   "session_timeout_ms": settings.session_timeout_ms,
-                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **settings.extra}
+                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **settings.extra}
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group, **common,
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20,
         )
         self._stage_consumer = AIOKafkaConsumer(group_id=f"{settings.group}.regroup", **common)
-        await self._producer.start()
-        await self._consumer.start()
-        await self._stage_consumer.start()
+        for client in (self._producer, self._consumer, self._stage_consumer):
+            await self.health.call("startup", client.start)
         self._consumer.subscribe(list(self.topics.inputs),
                                  listener=Listener(self.on_partitions_revoked, self.on_partitions_assigned))
         self._stage_consumer.subscribe([settings.regroup_topic],
@@ -417,7 +607,7 @@ class StreamWorker:
         last_checkpoint = time.monotonic()
         try:
             while not stop.is_set():
-                batch = await self._consumer.getmany(timeout_ms=100, max_records=settings.max_records)
+                batch = await self._fetch(self._consumer, 100)
                 async with self._busy:
                     await self._handle(batch)
                     await self._send_outputs()
@@ -426,9 +616,39 @@ class StreamWorker:
                         await self.checkpoint()
                         last_checkpoint = time.monotonic()
         finally:
-            with contextlib.suppress(Exception):
-                async with self._busy:
-                    await self.checkpoint()
-            await self._consumer.stop()
-            await self._stage_consumer.stop()
-            await self._producer.stop()
+            with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
+                await asyncio.wait_for(self.checkpoint_now(), _SHUTDOWN_TIMEOUT)
+            for client in (self._consumer, self._stage_consumer, self._producer):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
+
+    async def _prepare_topics(self) -> None:
+        """Create the topics and count the units: one start-up attempt, bounded by ``_STARTUP_ATTEMPT`` seconds."""
+        settings = self.settings
+        names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
+                 settings.checkpoint_topic, settings.control_topic]
+        await ensure_topics(settings.brokers, names, settings.partitions, timeout=_STARTUP_ATTEMPT,
+                            security=settings.security)
+        await ensure_topics(settings.brokers, [settings.regroup_topic, settings.regroup_checkpoint_topic,
+                                               settings.snapshot_topic], 1,
+                            timeout=_STARTUP_ATTEMPT, security=settings.security)
+        found = await asyncio.wait_for(partitions_for(settings.brokers, self.topics.rankings, settings.security),
+                                       _STARTUP_ATTEMPT)
+        self.units = len(found) or settings.partitions
+
+    async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
+        """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch the
+        broker does not answer gives an empty batch too, without an error: the checkpoints notice the outage."""
+        try:
+            batch: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms,
+                                                                 max_records=self.settings.max_records)
+        except Exception as error:
+            if not is_broker_error(error):
+                raise
+            self.health.failed("fetch", error)
+            await asyncio.sleep(self._fetch_backoff.next())
+            return {}
+        if batch:
+            self._fetch_backoff.reset()
+            self.health.answered()
+        return batch
