@@ -1,5 +1,6 @@
-"""Poisoned input: deeply nested JSON and times no real log has are invalid with their reason, in every decoder,
-in replay and in the worker, and never change the numbers of the good events."""
+"""Poisoned input: deeply nested JSON, times no real log has, a key twice and bytes that are not UTF-8 are invalid with
+their reason, in every decoder, in replay and in the worker, and never change the numbers of the good events
+(tests/test_fuzz.py fuzzes the same)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ FAR_TS = b'{"type":"ranking","request_id":"far","ts":99999999999,"items":["a"]}'
 OLD_TS = b'{"type":"feedback","request_id":"old","item":"a","ts":5}'
 ISO_FAR = b'{"type":"judgment","experiment":"e","query_id":"q","verdict":"good","ts":"2150-01-01T00:00:00Z"}'
 WATERMARK_FAR = b'{"type":"watermark","ts":1e300}'
-POISON = [DEEP, DEEP_OBJECTS, HUGE_TS, HUGE_FEEDBACK, FAR_TS, OLD_TS, ISO_FAR, WATERMARK_FAR]
+TWICE = b'{"type":"feedback","request_id":"twice","item":"a","item":"b","ts":1767225600}'  # msgspec kept "b"
+NOT_UTF8 = b'{"type":"ranking","request_id":"bytes","ts":1767225600,"items":["a"],"note":"\xff"}'  # skipped unread
+POISON = [DEEP, DEEP_OBJECTS, HUGE_TS, HUGE_FEEDBACK, FAR_TS, OLD_TS, ISO_FAR, TWICE, NOT_UTF8, WATERMARK_FAR]
 CODES = ["too_deep", "too_deep", "ts_out_of_range", "ts_out_of_range", "ts_out_of_range", "ts_out_of_range",
-         "ts_out_of_range", "ts_out_of_range"]
+         "ts_out_of_range", "duplicate_key", "bad_utf8", "ts_out_of_range"]
 
 
 def _code(event: Any) -> str | None:

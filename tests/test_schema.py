@@ -89,10 +89,16 @@ def valid(raw: bytes, config: Config = CONFIG) -> Ranking | Feedback | Judgment 
 # -- the shape of a line ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw", [b"not json", b"{", b'{"type": "ranking",}', b"\xff\xfe", b'{"type": "ranking"'])
+@pytest.mark.parametrize("raw", [b"not json", b"{", b'{"type": "ranking",}', b'{"type": "ranking"'])
 def test_malformed_json(raw: bytes) -> None:
     bad = invalid(raw)
     assert bad.code == "bad_json"
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe", b"{\xc3(", b'{"type": "ranking", "x": "\xed\xa0\x80"}'])
+def test_bytes_that_are_not_utf8_come_first(raw: bytes) -> None:
+    """Bytes that are not UTF-8 are ``bad_utf8`` wherever they are, even where the JSON is malformed too."""
+    assert invalid(raw).code == "bad_utf8"
 
 
 def test_missing_type() -> None:

@@ -5,6 +5,10 @@ type; a batch with a bad, watermark or mistyped message is split in halves, each
 runs of a few messages that are decoded one by one so that each is classified on its own (one bad message in a
 fetch of 20,000 costs a few re-decodes of halves, not 20,000 single decodes). A missing ``ts`` is the message's
 Kafka timestamp.
+
+What msgspec does not check, bytes that are not UTF-8 where it skips a value and an object with a key twice, one
+compiled pass over the batch finds first (:func:`~stream_eval.events.scan.screen_spans`): such a message is
+invalid (``bad_utf8``, ``duplicate_key``) with the same reason as in a file, and is dead-lettered like any other.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ import math
 from collections.abc import Sequence
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from stream_eval.config import Config
+from stream_eval.events import scan
 from stream_eval.events.schema import (
     _LINE_DECODER,
     DECODE_ERRORS,
@@ -27,6 +34,8 @@ from stream_eval.events.schema import (
     Watermark,
     _reason_of,
     finish,
+    screen_one,
+    screened,
     type_name,
     validator,
 )
@@ -36,16 +45,25 @@ _TOPIC_TYPES: dict[str, type[Ranking] | type[Feedback] | type[Judgment]] = {
     "feedback": Feedback,
     "judgment": Judgment,
 }
+Ints = npt.NDArray[np.int64]
 _DECODERS = {kind: msgspec.json.Decoder(struct) for kind, struct in _TOPIC_TYPES.items()}
 _MULTI_DECODERS = {kind: msgspec.json.Decoder(list[struct]) for kind, struct in _TOPIC_TYPES.items()}  # type: ignore[valid-type]  # a runtime type
 
 
 def decode_message(
-    value: bytes | None, kind: str, config: Config, default_ts: float, where: str = ""
+    value: bytes | None, kind: str, config: Config, default_ts: float, where: str = "", verdict: int | None = None
 ) -> Event | Invalid:
-    """One message of the topic for ``kind`` (``ranking``, ``feedback``, ``judgment``) as a validated event."""
+    """One message of the topic for ``kind`` (``ranking``, ``feedback``, ``judgment``) as a validated event.
+
+    The reasons come in the order of :func:`~stream_eval.events.schema.decode_line`'s. ``verdict``: the message's
+    :func:`~stream_eval.events.scan.screen_spans`, when known."""
     if value is None:
         return Invalid(kind, "bad_json", "empty message (no value)", where, b"")
+    if verdict is None:
+        verdict = screen_one(value)
+    problem = screened(value, verdict) if verdict else None
+    if problem is not None:
+        return Invalid(kind, *problem, where, bytes(value))
     try:
         event: Event = _DECODERS[kind].decode(value)
     except DECODE_ERRORS as error:
@@ -70,7 +88,13 @@ def decode_messages(
     (``future_ts``): a producer with a wrong clock must not move event time and finalise everything.
     """
     out: list[Event | Invalid] = []
-    _decode_range(values, 0, len(values), kind, config, default_ts, where, out)
+    present = values if None not in values else [value or b"" for value in values]
+    joined = b",".join(present)  # type: ignore[arg-type]  # no None in present
+    lengths = np.fromiter(map(len, present), dtype=np.int64, count=len(present))  # type: ignore[arg-type]  # idem
+    ends = np.cumsum(lengths + 1) - 1
+    verdicts = scan.screen_spans(np.frombuffer(joined, dtype=np.uint8), ends - lengths, ends)
+    _decode_range(values, 0, len(values), kind, config, default_ts, where, out, verdicts,
+                  joined if present is values else None)
     if not_after < math.inf:
         for index, event in enumerate(out):
             ts = getattr(event, "ts", None)
@@ -87,12 +111,16 @@ _ONE_BY_ONE = 32
 
 def _decode_range(
     values: Sequence[bytes | None], lo: int, hi: int, kind: str, config: Config, default_ts: Sequence[float],
-    where: Sequence[str], out: list[Event | Invalid],
+    where: Sequence[str], out: list[Event | Invalid], verdicts: Ints, joined: bytes | None = None,
 ) -> None:
+    """Decode ``values[lo:hi]`` into ``out``; ``verdicts``: :func:`scan.screen_spans` of every value; ``joined``: the
+    values of the range joined by commas, when at hand."""
     part = values[lo:hi]
-    if part and all(v is not None for v in part):
+    if part and (joined is not None or all(v is not None for v in part)):
+        if joined is None:
+            joined = b",".join(part)  # type: ignore[arg-type]  # checked not None
         try:
-            decoded: list[Event | Invalid] = _MULTI_DECODERS[kind].decode(b"[" + b",".join(part) + b"]")  # type: ignore[arg-type]  # checked not None
+            decoded: list[Event | Invalid] = _MULTI_DECODERS[kind].decode(b"[" + joined + b"]")
         except DECODE_ERRORS:
             decoded = []
         if len(decoded) == hi - lo:  # a value holding two objects would shift the rest: split
@@ -103,11 +131,16 @@ def _decode_range(
                 except EventError as error:
                     decoded[index] = Invalid(kind, error.code, error.reason, where[lo + index],
                                              bytes(part[index] or b""))
+            for index in np.flatnonzero(verdicts[lo:hi]).tolist():  # not UTF-8, a key twice: these reasons first
+                problem = screened(part[index] or b"", int(verdicts[lo + index]))
+                if problem is not None:
+                    decoded[index] = Invalid(kind, *problem, where[lo + index], bytes(part[index] or b""))
             out += decoded
             return
     if hi - lo <= _ONE_BY_ONE:
-        out += [decode_message(values[i], kind, config, default_ts[i], where[i]) for i in range(lo, hi)]
+        out += [decode_message(values[i], kind, config, default_ts[i], where[i], int(verdicts[i]))
+                for i in range(lo, hi)]
         return
     middle = (lo + hi) // 2
-    _decode_range(values, lo, middle, kind, config, default_ts, where, out)
-    _decode_range(values, middle, hi, kind, config, default_ts, where, out)
+    _decode_range(values, lo, middle, kind, config, default_ts, where, out, verdicts)
+    _decode_range(values, middle, hi, kind, config, default_ts, where, out, verdicts)

@@ -9,8 +9,9 @@ without decoding the line again. Every other line, and every line it is not sure
 :class:`~stream_eval.events.schema.Validator`, which give the reasons.
 
 A line is read here only when the answer cannot differ from msgspec's: an object of keys and values that are
-scalars or flat arrays (JSON white space allowed), keys without escapes, each known key at most once, strings of
-valid UTF-8 without escapes or control characters, and a ``ts`` number.
+scalars or flat arrays (JSON white space allowed), keys without escapes, each key at most once, strings of
+valid UTF-8 without escapes or control characters, and a ``ts`` number. What msgspec does not check (bytes that
+are not UTF-8 in values it skips, a key twice) :func:`screen_lines` finds in the lines left to it.
 
 * Feedback: ``"type": "feedback"``, a non-empty request id, an item, a kind of the config (``click`` when
   absent) with a grade, or one that has a default grade.
@@ -74,6 +75,8 @@ _ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY = range(6)
 COLUMNS = {key.decode(): (2 * k, 2 * k + 1) for k, key in enumerate(_KEYS)}
 KIND_INDEX, TS_EXACT, GRADE_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2
 _WIDTH = 2 * _N_KEYS + 3
+#: A line with more keys that are not read here goes to msgspec.
+_MAX_OTHER_KEYS = 16
 
 
 @nb.njit(cache=True, inline="always")
@@ -104,30 +107,42 @@ def _string_end(b: Bytes, i: int, e: int) -> tuple[int, bool]:  # pragma: no cov
             i += 1
             continue
         ascii = False
-        # UTF-8: the lead byte gives the length and the range of the first continuation byte
-        if 0xC2 <= c <= 0xDF:
-            more, low, high = 1, 0x80, 0xBF
-        elif c == 0xE0:
-            more, low, high = 2, 0xA0, 0xBF
-        elif c == 0xED:
-            more, low, high = 2, 0x80, 0x9F
-        elif 0xE1 <= c <= 0xEF:
-            more, low, high = 2, 0x80, 0xBF
-        elif c == 0xF0:
-            more, low, high = 3, 0x90, 0xBF
-        elif 0xF1 <= c <= 0xF3:
-            more, low, high = 3, 0x80, 0xBF
-        elif c == 0xF4:
-            more, low, high = 3, 0x80, 0x8F
-        else:
+        size = _utf8_size(b, i, e)
+        if size < 0:
             return -1, False
-        if i + more >= e or not low <= b[i + 1] <= high:
-            return -1, False
-        for k in range(2, more + 1):
-            if not 0x80 <= b[i + k] <= 0xBF:
-                return -1, False
-        i += more + 1
+        i += size
     return -1, False
+
+
+@nb.njit(cache=True, inline="always")
+def _utf8_size(b: Bytes, i: int, e: int) -> int:  # pragma: no cover  # compiled
+    """The size of the UTF-8 sequence that the byte ``b[i]`` (128 or more) starts before ``e``, or -1 if it is
+    not one: Unicode's table of well-formed sequences, as Python's strict decoder has it (no overlong forms, no
+    surrogates, nothing above U+10FFFF)."""
+    c = b[i]
+    # the lead byte gives the length and the range of the first continuation byte
+    if 0xC2 <= c <= 0xDF:
+        more, low, high = 1, 0x80, 0xBF
+    elif c == 0xE0:
+        more, low, high = 2, 0xA0, 0xBF
+    elif c == 0xED:
+        more, low, high = 2, 0x80, 0x9F
+    elif 0xE1 <= c <= 0xEF:
+        more, low, high = 2, 0x80, 0xBF
+    elif c == 0xF0:
+        more, low, high = 3, 0x90, 0xBF
+    elif 0xF1 <= c <= 0xF3:
+        more, low, high = 3, 0x80, 0xBF
+    elif c == 0xF4:
+        more, low, high = 3, 0x80, 0x8F
+    else:
+        return -1
+    if i + more >= e or not low <= b[i + 1] <= high:
+        return -1
+    for k in range(2, more + 1):
+        if not 0x80 <= b[i + k] <= 0xBF:
+            return -1
+    return more + 1
 
 
 @nb.njit(cache=True, inline="always")
@@ -218,13 +233,15 @@ def _literal(b: Bytes, i: int, e: int) -> tuple[int, int]:  # pragma: no cover  
 
 @nb.njit(cache=True)
 def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats, click: int,
-          out: Ints, values: Floats, what: Ints, ascii: Bools) -> int:  # pragma: no cover  # compiled
+          out: Ints, values: Floats, what: Ints, ascii: Bools, others: Ints) -> int:  # pragma: no cover  # compiled
     """Read the line ``b[s:e]`` if it is a feedback or a ranking in the plain form: returns FEEDBACK or RANKING
     (0: neither). ``out`` gets the bounds of each key's value (see :data:`COLUMNS`), the kind's index and
-    whether the time and the grade are exact; ``values`` the grade and the time. ``what`` and ``ascii`` are
-    scratch space: the type of each key's value (_ABSENT...), and whether a string value is ASCII."""
+    whether the time and the grade are exact; ``values`` the grade and the time. ``what``, ``ascii`` and
+    ``others`` are scratch space: the type of each key's value (_ABSENT...), whether a string value is ASCII,
+    and the bounds of the other keys (a key repeated, known or not, leaves the line to msgspec and its check)."""
     what[:] = _ABSENT
     ascii[:] = True
+    n_others = 0
     i = _skip(b, s, e)
     if i >= e or b[i] != 123:
         return 0
@@ -244,7 +261,15 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
             if k and equal_bytes(b, i + 1, close, _KEY_TEXT, _KEY_STARTS[k - 1], _KEY_ENDS[k - 1]):
                 key = k
         if key and what[key] != _ABSENT:
-            return 0  # a repeated key: msgspec decides
+            return 0  # a repeated key: invalid (duplicate_key), said by the slow path
+        if not key:  # another key: compared with the others of the line (a few at most)
+            if n_others == _MAX_OTHER_KEYS:
+                return 0
+            for k in range(n_others):
+                if equal_bytes(b, others[2 * k], others[2 * k + 1], b, i + 1, close):
+                    return 0
+            others[2 * n_others], others[2 * n_others + 1] = i + 1, close
+            n_others += 1
         i = _skip(b, close + 1, e)
         if i >= e or b[i] != 58:
             return 0
@@ -365,6 +390,7 @@ def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: 
     values = np.zeros((rows, 2), np.float64)
     what = np.zeros(_N_KEYS + 1, np.int64)
     ascii = np.ones(_N_KEYS + 1, np.bool_)
+    others = np.empty(2 * _MAX_OTHER_KEYS, np.int64)
     k = 0
     i = 0
     for number in range(rows):
@@ -379,10 +405,156 @@ def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: 
                 break
         if not blank:
             lines[k, 0], lines[k, 1], lines[k, 2] = i, j, number
-            fast[k] = _line(b, i, j, kinds, kind_starts, kind_ends, grades, click, fields[k], values[k], what, ascii)
+            fast[k] = _line(b, i, j, kinds, kind_starts, kind_ends, grades, click, fields[k], values[k], what, ascii,
+                            others)
             k += 1
         i = j + 1
     return lines[:k], fast[:k], fields[:k], values[:k]
+
+
+#: What :func:`screen_lines` says of a line: nothing against it; bytes that are not UTF-8; a key of its object
+#: twice (byte for byte); a key with an escape, or many keys (the caller compares the decoded keys).
+CLEAN, NOT_UTF8, REPEATED_KEY, ASK = range(4)
+#: Keys of one object compared here; a line with more is an ``ASK``.
+_MAX_KEYS = 32
+
+
+def screen_lines(b: Bytes) -> Ints:
+    """:func:`screen_spans` of each non-blank line of ``b`` (blank as ``bytes.strip`` has it), in order."""
+    return _screen_lines(b, np.flatnonzero(b == 10))
+
+
+@nb.njit(cache=True, nogil=True)
+def screen_spans(b: Bytes, starts: Ints, ends: Ints) -> Ints:  # pragma: no cover  # compiled
+    """What msgspec does not check in each message ``b[starts[k]:ends[k]]``: whether its bytes are UTF-8
+    (:data:`NOT_UTF8` when not, wherever they are: msgspec skips the values of unknown fields unread), then whether
+    the top-level object has a key twice (:data:`REPEATED_KEY`; msgspec keeps the last value). :data:`ASK` when a
+    key has an escape (``"it\\u0065m"`` is ``"item"``) or there are many: the caller compares the keys decoded.
+
+    One pass over the bytes, strings skipped by their quotes; it assumes nothing of the JSON (it only tells of
+    bytes and keys), so that a line msgspec rejects gets msgspec's reason first."""
+    out = np.zeros(starts.shape[0], np.int64)
+    key_starts = np.empty(_MAX_KEYS, np.int64)
+    key_ends = np.empty(_MAX_KEYS, np.int64)
+    for k in range(starts.shape[0]):
+        out[k] = _screen(b, starts[k], ends[k], key_starts, key_ends)
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _screen_lines(b: Bytes, newlines: Ints) -> Ints:  # pragma: no cover  # compiled
+    n = b.shape[0]
+    rows = newlines.shape[0] + 1
+    out = np.zeros(rows, np.int64)
+    key_starts = np.empty(_MAX_KEYS, np.int64)
+    key_ends = np.empty(_MAX_KEYS, np.int64)
+    k = 0
+    i = 0
+    for number in range(rows):
+        j = newlines[number] if number < newlines.shape[0] else n
+        if i >= n:
+            break
+        blank = True
+        for p in range(i, j):
+            c = b[p]
+            if not (c == 32 or c == 9 or c == 13 or c == 11 or c == 12):
+                blank = False
+                break
+        if not blank:
+            out[k] = _screen(b, i, j, key_starts, key_ends)
+            k += 1
+        i = j + 1
+    return out[:k]
+
+
+#: Bytes where :func:`_screen` stops: outside strings, a quote, brackets, a comma and bytes of 128 or more; inside
+#: strings, a quote, a backslash and bytes of 128 or more. (Runs of other bytes are skipped in tight loops.)
+_STOP_OUTSIDE = np.zeros(256, np.bool_)
+_STOP_OUTSIDE[[34, 44, 91, 93, 123, 125]] = True
+_STOP_OUTSIDE[128:] = True
+_STOP_NESTED = _STOP_OUTSIDE.copy()  # in an array or object inside the top-level object: commas do not matter
+_STOP_NESTED[44] = False
+_STOP_INSIDE = np.zeros(256, np.bool_)
+_STOP_INSIDE[[34, 92]] = True
+_STOP_INSIDE[128:] = True
+
+
+@nb.njit(cache=True, inline="always")
+def _skip_string(b: Bytes, i: int, e: int) -> tuple[int, bool]:  # pragma: no cover  # compiled
+    """``b[i]`` opens a string: (the index of its closing quote, or ``e``; whether it has an escape), or (-1, False)
+    if its bytes are not UTF-8."""
+    i += 1
+    escaped = False
+    while i < e:
+        c = b[i]
+        if not _STOP_INSIDE[c]:
+            i += 1
+        elif c == 34:
+            return i, escaped
+        elif c == 92:
+            escaped = True
+            i += 2 if i + 1 < e and b[i + 1] < 128 else 1  # (a byte after it still has its UTF-8 checked)
+        else:
+            size = _utf8_size(b, i, e)
+            if size < 0:
+                return -1, False
+            i += size
+    return e, escaped
+
+
+@nb.njit(cache=True, inline="always")
+def _screen(b: Bytes, s: int, e: int, key_starts: Ints, key_ends: Ints) -> int:  # pragma: no cover  # compiled
+    i = _skip(b, s, e)
+    top = i < e and b[i] == 123  # an object: its keys are compared
+    depth = 0
+    n = 0
+    repeated = ask = False
+    stops = _STOP_OUTSIDE
+    while i < e:
+        c = b[i]
+        if not stops[c]:
+            i += 1
+            continue
+        if c == 34:  # a string value
+            i, _ = _skip_string(b, i, e)
+            if i < 0:
+                return NOT_UTF8
+        elif c == 44 or c == 123:  # , {
+            if c == 123:
+                depth += 1
+                stops = _STOP_NESTED if depth > 1 else _STOP_OUTSIDE
+            if top and depth == 1:
+                j = _skip(b, i + 1, e)
+                if j < e and b[j] == 34:  # a key of the top-level object
+                    close, escaped = _skip_string(b, j, e)
+                    if close < 0:
+                        return NOT_UTF8
+                    if repeated:
+                        pass
+                    elif escaped or n == _MAX_KEYS:
+                        ask = True
+                    else:
+                        for k in range(n):
+                            if equal_bytes(b, key_starts[k], key_ends[k], b, j + 1, close):
+                                repeated = True
+                                break
+                        key_starts[n], key_ends[n] = j + 1, close
+                        n += 1
+                    i = close
+        elif c == 125 or c == 93:  # } ]
+            depth -= 1
+            top = top and depth > 0  # after the object: no more keys
+            stops = _STOP_NESTED if depth > 1 else _STOP_OUTSIDE
+        elif c == 91:  # [
+            depth += 1
+            stops = _STOP_NESTED if depth > 1 else _STOP_OUTSIDE
+        else:  # 128 or more
+            size = _utf8_size(b, i, e)
+            if size < 0:
+                return NOT_UTF8
+            i += size - 1
+        i += 1
+    return REPEATED_KEY if repeated else ASK if ask else CLEAN
 
 
 def json_numbers(text: bytes, count: int) -> Floats | None:

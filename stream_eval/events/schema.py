@@ -3,12 +3,15 @@
 Decoding uses msgspec Structs (``gc=False``: the garbage collector never scans them), so a line becomes a
 typed event in one C call; the checks msgspec cannot express (unique items, equal lengths, a grade for a
 label, time zones) follow in :func:`validate`. An event that fails either step becomes an :class:`Invalid`
-with a short ``code`` (counted per code) and a human-readable ``reason``.
+with a short ``code`` (counted per code) and a human-readable ``reason``. What msgspec lets through, bytes that are
+not UTF-8 in a value it skips and a key twice (it keeps the last value), :func:`scan.screen_lines` finds first:
+``bad_utf8`` and ``duplicate_key``, before any other reason, in every decoder.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -494,14 +497,93 @@ def _guess_kind(line: bytes) -> str:
     return kind if kind in EVENT_TYPES else "unknown"
 
 
+class _Pairs(list[tuple[str, Any]]):
+    """The keys and values of a JSON object, in order (``json``'s ``object_pairs_hook``)."""
+
+
+def _repeated_key(line: bytes) -> str | None:
+    """The first key that the top-level object of ``line`` has twice, the keys decoded (escapes undone); ``None``
+    if there is none, or if ``line`` is not one JSON object. (Numbers are not converted: any length is read.)"""
+    try:
+        pairs = json.loads(line, object_pairs_hook=_Pairs, parse_int=str, parse_float=str, parse_constant=str)
+    except (ValueError, RecursionError):
+        return None
+    if type(pairs) is not _Pairs:
+        return None
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
+def screened(line: bytes, verdict: int) -> tuple[str, str] | None:
+    """The code and reason of a line (or message) that :func:`scan.screen_lines` gave ``verdict``: ``bad_utf8``,
+    ``duplicate_key`` (certain for :data:`scan.REPEATED_KEY`, looked for in the decoded keys for :data:`scan.ASK`),
+    or ``None`` when nothing is against it. Both come before msgspec's reasons, in every decoder."""
+    if verdict == scan.NOT_UTF8:
+        try:
+            bytes(line).decode()
+        except UnicodeDecodeError as error:
+            return "bad_utf8", f"not UTF-8 text: {error.reason} at byte {error.start}"
+        return "bad_utf8", "not UTF-8 text"  # pragma: no cover  # the screen and Python's decoder agree
+    if verdict != scan.REPEATED_KEY and verdict != scan.ASK:
+        return None
+    key = _repeated_key(line)
+    if key is not None:
+        return "duplicate_key", f"{key!r}: the key appears more than once in the object (which value holds is a guess)"
+    if verdict == scan.REPEATED_KEY:  # (a line cut short, or not JSON, but with the same key twice)
+        return "duplicate_key", "a key appears more than once in the object (which value holds is a guess)"
+    return None
+
+
+def screen_one(line: bytes) -> int:
+    """:func:`scan.screen_spans` of one line or message."""
+    return int(scan.screen_spans(np.frombuffer(line, dtype=np.uint8), _ZERO, np.array([len(line)]))[0])
+
+
+_ZERO = np.zeros(1, dtype=np.int64)
+
+
 def decode_line(line: bytes, config: Config, where: str = "") -> Event | Invalid:
-    """One JSON Lines record as a validated event, or an :class:`Invalid` with its reason."""
+    """One JSON Lines record as a validated event, or an :class:`Invalid` with its reason.
+
+    What msgspec does not check comes first: bytes that are not UTF-8 (``bad_utf8``, wherever they are), then a
+    key of the event's object twice (``duplicate_key``, even in a line cut short); then msgspec's reasons."""
+    verdict = screen_one(line)
+    problem = screened(line, verdict) if verdict else None
+    if problem is not None:
+        return Invalid(_guess_kind(line), *problem, where, bytes(line))
+    return _decode_screened(line, config, where)
+
+
+def _decode_screened(line: bytes, config: Config, where: str) -> Event | Invalid:
+    """:func:`decode_line` of a line already screened (:func:`scan.screen_lines`) with nothing against it."""
     try:
         event = _LINE_DECODER.decode(line)
     except DECODE_ERRORS as error:
         code, reason = _reason_of(error)
         return Invalid(_guess_kind(line), code, reason, where, bytes(line))
     return finish(event, config, line, where)
+
+
+def _screen_decoded(chunk: bytes, results: list[Any], first_line: int, source: str,
+                    numbers: list[int] | None) -> list[tuple[int, bytes]] | None:
+    """Mark the lines of a chunk that msgspec decoded in one call but that are not UTF-8 or have a key twice:
+    ``results[index]`` becomes their :class:`Invalid`, as :func:`decode_line` gives it. Returns the numbered lines
+    if it needed them."""
+    verdicts = scan.screen_lines(np.frombuffer(chunk, dtype=np.uint8))
+    flagged = np.flatnonzero(verdicts).tolist()
+    if not flagged:
+        return None
+    lines = _numbered(chunk, first_line, numbers)
+    for index in flagged:
+        number, line = lines[index]
+        problem = screened(line, int(verdicts[index]))
+        if problem is not None:
+            results[index] = Invalid(_guess_kind(line), *problem, f"{source}:{number}", bytes(line))
+    return lines
 
 
 def finish(
@@ -548,7 +630,10 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
         return _line_by_line(chunk, config, first_line, source)
     check = validator(config).check
     results: list[Event | Invalid] = decoded
+    _screen_decoded(chunk, results, first_line, source, None)
     for index, event in enumerate(decoded):
+        if type(event) is Invalid:
+            continue
         if type(event) is Watermark:
             results[index] = finish(event, config)
             continue
@@ -559,7 +644,7 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
     if any(type(result) is Invalid for result in results):
         lines = _numbered(chunk, first_line, None)
         for index, result in enumerate(results):
-            if type(result) is Invalid:
+            if type(result) is Invalid and not result.where:
                 number, line = lines[index]
                 result.where = f"{source}:{number}"
                 result.raw = bytes(line)
@@ -603,7 +688,7 @@ def decode_chunk_compact(
     checker = validator(config)
     check = checker.check
     results: list[Any] = decoded
-    lines: list[tuple[int, bytes]] | None = None
+    lines = _screen_decoded(chunk, results, first_line, source, numbers)
     invalid = False
     types = list(map(type, decoded))
     at = [index for index, kind in enumerate(types) if kind is _RawRanking]
@@ -614,13 +699,13 @@ def decode_chunk_compact(
             if lines is None:
                 lines = _numbered(chunk, first_line, numbers)
             number, line = lines[index]
-            full = decode_line(line, config, f"{source}:{number}")
+            full = _decode_screened(line, config, f"{source}:{number}")
             results[index] = CompactRanking.of(full) if type(full) is Ranking else full
         else:
             results[index] = Invalid("ranking", converted.code, converted.reason)  # type: ignore[union-attr]
             invalid = True
     for index, kind in enumerate(types):
-        if kind is _RawRanking:
+        if kind is _RawRanking or kind is Invalid:
             continue
         event = decoded[index]
         if kind is Watermark:
@@ -715,7 +800,7 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
     raw = np.frombuffer(chunk, dtype=np.uint8)
     lines, fast, fields, values = scan.scan_lines(raw, kinds, kind_starts, kind_ends, grades, click)
     columns = fields.T  # a view: each key's bounds are rows
-    _check_times(chunk, fast, columns, values, checker)
+    _check_numbers(chunk, fast, columns, values, checker)
     ranked = np.flatnonzero(fast == scan.RANKING)
     rankings: list[CompactRanking] = []
     read_rankings = None
@@ -737,13 +822,14 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
             merged[other], merged[~other] = decoded, rankings
             events = merged.tolist()
     read = np.flatnonzero(fast == scan.FEEDBACK)
-    return Chunk(events, objects_at, _feedback_columns(chunk, raw, columns[:, read], values[read], codes), read,
+    return Chunk(events, objects_at, _feedback_columns(raw, columns[:, read], values[read], codes), read,
                  read_rankings if rankings else None)
 
 
-def _check_times(chunk: bytes, fast: Ints, columns: Ints, values: Floats, checker: Validator) -> None:
-    """Parse the times of the lines read (``values[:, 1]``, in place) and leave a line whose time no real log has
-    to msgspec and :class:`Validator`, which reject it with the reason."""
+def _check_numbers(chunk: bytes, fast: Ints, columns: Ints, values: Floats, checker: Validator) -> None:
+    """Parse the times and grades of the lines read (``values``, in place) and leave a line whose time no real log
+    has, or whose grade is too large for a double (a long decimal), to msgspec and :class:`Validator`, which reject
+    it with the reason."""
     read = np.flatnonzero(fast)
     (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
     exact = columns[scan.TS_EXACT]
@@ -753,6 +839,13 @@ def _check_times(chunk: bytes, fast: Ints, columns: Ints, values: Floats, checke
     outside = ~((ts >= checker.min_ts) & (ts <= checker.max_ts))
     if outside.any():
         fast[read[outside]] = 0
+    graded = read[columns[scan.GRADE_EXACT][read] == 0]  # feedback with a long decimal grade (rare)
+    if graded.shape[0]:
+        (g0, g1) = (columns[k][graded] for k in scan.COLUMNS["grade"])
+        grades = _parsed(chunk, values[graded, 0], np.zeros_like(graded), g0, g1)
+        values[graded, 0] = grades
+        columns[scan.GRADE_EXACT][graded] = 1
+        fast[graded[~np.isfinite(grades)]] = 0  # msgspec: "Number out of range"
 
 
 def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints) -> Floats:
@@ -765,13 +858,11 @@ def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints)
     return column
 
 
-def _feedback_columns(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, values: Floats,
-                      codes: Ints) -> FeedbackColumns:
+def _feedback_columns(raw: npt.NDArray[np.uint8], columns: Ints, values: Floats, codes: Ints) -> FeedbackColumns:
     """The feedback lines read by :func:`scan.scan_lines` (their columns and values) as :class:`FeedbackColumns`."""
-    (rid0, rid1), (item0, item1), (grade0, grade1) = (
-        (columns[a], columns[b]) for a, b in (scan.COLUMNS[k] for k in ("request_id", "item", "grade")))
-    ts = values[:, 1]  # parsed by _check_times
-    grade = _parsed(chunk, values[:, 0], columns[scan.GRADE_EXACT], grade0, grade1)
+    (rid0, rid1), (item0, item1) = (
+        (columns[a], columns[b]) for a, b in (scan.COLUMNS[k] for k in ("request_id", "item")))
+    grade, ts = values[:, 0], values[:, 1]  # parsed by _check_numbers
     return FeedbackColumns(raw, rid0.copy(), rid1.copy(), item0.copy(), item1.copy(), codes[columns[scan.KIND_INDEX]],
                            grade, ts)
 
@@ -798,7 +889,7 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
         names = labels_of([text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)])
         return np.array([*names, absent], dtype=object)[codes].tolist()  # type: ignore[no-any-return]  # code -1: absent
 
-    times = ts.tolist()  # parsed by _check_times
+    times = ts.tolist()  # parsed by _check_numbers
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
                     labels("arm", "default"), repeat(None), repeat(None), strings("unit_id")))
