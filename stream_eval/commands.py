@@ -70,6 +70,10 @@ def simulate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Events per simulated request with the default settings (a ranking and ~4 feedback events; measured 5.07).
+EVENTS_PER_REQUEST = 5.0
+
+
 def _simulate_to_kafka(args: argparse.Namespace) -> int:
     """``simulate --broker``: the same lines, sent by the routing of ``produce``; ``--requests 0`` = until Ctrl-C."""
     import time
@@ -78,8 +82,15 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
     from stream_eval.stream.produce import produce_command
 
     endless = args.requests == 0
+    # Event time must not run ahead of the wall clock (the worker rejects events more than max_clock_skew ahead):
+    # paced (--rate, or endless traffic), the simulated requests per second of event time follow the rate asked
+    # for and sending never gets ahead of event time; as fast as possible, the whole log lies in the past.
+    paced = endless or args.rate > 0
+    requests_per_second = args.rate / EVENTS_PER_REQUEST if args.rate > 0 else SimulationConfig.rate
+    now = float(int(time.time()))
+    start = now if paced else now - args.requests / requests_per_second
     sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                           judgments=args.judgments, unit=args.unit, start_ts=float(int(time.time())),
-                           endless=endless)
-    return produce_command([], args.broker, args.topic_prefix, None, not args.no_flush, args.partitions,
-                           lines=simulate_lines(sim), rate=args.rate or None, endless=endless)
+                           judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
+                           rate=requests_per_second)
+    return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
+                           args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless)

@@ -261,6 +261,8 @@ def test_simulate_to_kafka(broker: str) -> None:
     rankings = [json.loads(r[3]) for r in records if r[0] == t.rankings and r[2] is not None]
     assert all(r["request_id"].encode() == key for r, key in zip(rankings, [r[2] for r in records
                if r[0] == t.rankings and r[2] is not None], strict=True))
+    # as fast as possible, the whole simulated log lies in the past: a worker would not reject it as future_ts
+    assert max(r["ts"] for r in rankings) <= time.time()
     assert len([r for r in records if r[3] == END_WATERMARK]) == 12
 
 
@@ -278,6 +280,11 @@ def test_simulate_endless_until_sigterm(broker: str) -> None:
         match = re.search(r"interrupted; sent ([\d,]+) events", err)
         assert match and int(match.group(1).replace(",", "")) > 100, err
         assert "watermark" not in err  # no end-of-stream watermark when stopped
+        # paced, event time follows the wall clock (--rate is events/s, and sending never gets ahead of event time)
+        sent = int(match.group(1).replace(",", ""))
+        records = asyncio.run(_consume(broker, topics(prefix).inputs, until=sent))
+        times = [json.loads(r[3])["ts"] for r in records if r[3] != END_WATERMARK]
+        assert max(times) <= time.time() + 1.0 and max(times) - min(times) < 10
     finally:
         if process.poll() is None:
             process.kill()
