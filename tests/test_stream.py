@@ -64,7 +64,7 @@ async def _until(condition: Callable[[], bool], timeout: float, what: str) -> No
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last seen: {_seen})")
         await asyncio.sleep(0.1)
 
 
@@ -89,11 +89,23 @@ async def _read_topic(bootstrap: str, topic: str, expected: int, timeout: float 
     return found
 
 
-def _done(*workers: StreamWorker) -> bool:
-    """Every input partition ended, and the regroup stage (on one of the workers) has closed every session."""
-    stages = [w.stage for w in workers if w.stage is not None]
+def _done(expected: Engine, *workers: StreamWorker) -> bool:
+    """Every input partition ended, and the regroup stage (on one of the workers) has closed every session and has
+    every judgment of the log (judgments are counted on the stage and hold no watermark back, so their records may
+    follow the end-of-stream watermarks in the regroup log)."""
+    judgments = expected.counts.summary()["judgment"]
+    _seen[:] = [(w.stage is not None, w.stage.watermark if w.stage else None, _stage_judgments(w), judgments)
+                for w in workers]
     return all(w.partitioned.watermark == math.inf for w in workers) and any(
-        s.watermark == math.inf for s in stages)
+        w.stage is not None and w.stage.watermark == math.inf and _stage_judgments(w) == judgments for w in workers)
+
+
+_seen: list[object] = []  # what _done saw last (shown when a wait times out)
+
+
+def _stage_judgments(worker: StreamWorker) -> int:
+    counts = [c for (_, source), c in worker.engine.gsb.complete.items() if source == "judgment"]
+    return sum(c.good + c.same + c.bad for c in counts)
 
 
 async def _running(worker: StreamWorker) -> tuple[asyncio.Task[None], asyncio.Event]:
@@ -144,7 +156,7 @@ def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool
         await send_lines(lines, [broker], topics(prefix), partitions=PARTITIONS)
         worker = StreamWorker(settings, config)
         running = await _running(worker)
-        await _until(lambda: _done(worker), 120, "the end of every partition, regrouped sessions included")
+        await _until(lambda: _done(expected, worker), 120, "the end of every partition, regrouped sessions included")
         await _stop(running)
         report, want = worker.engine.report(), expected.report()
         for section in ("events", "overall", "groups", "gsb", "ab"):
@@ -180,8 +192,12 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
         running_b = await _running(b)
         await _until(lambda: bool(b.partitioned.units), 120, "worker B to get partitions")
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
-        await _until(lambda: _done(a, b), 120, "the end of every partition on both workers")
-        await _stop(running_a, running_b)
+        await _until(lambda: _done(expected, a, b), 120, "the end of every partition on both workers")
+        # the regroup stage's worker last: stopping it first could hand the stage to the other one on its way out,
+        # which would then stop in the middle of rebuilding what the stage holds whole (A/B units, sign tests)
+        holder, other = (running_a, running_b) if a.stage is not None else (running_b, running_a)
+        await _stop(other)
+        await _stop(holder)
         await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
         assert min(a.engine.overall().requests, b.engine.overall().requests) > 0  # both did work
 
@@ -209,7 +225,7 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await _stop(running_a)
         running_b = await _running(b)
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
-        await _until(lambda: _done(b), 120, "worker B to finish")
+        await _until(lambda: _done(expected, b), 120, "worker B to finish")
         await _stop(running_b)
         await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
         assert a.engine.overall().sessions and b.engine.overall().sessions  # each scored sessions: the stage moved
