@@ -217,7 +217,7 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
             own_broker.thaw()
         counts = await asyncio.wait_for(sending, 120)
         assert sum(counts.values()) > len(lines) * 0.9
-        await _until(lambda: alive() and _done(worker), 120, "the end of every partition after the freeze")
+        await _until(lambda: alive() and _done(expected, worker), 120, "the end of every partition after the freeze")
         stop.set()
         await asyncio.wait_for(running, 60)
         report, want = worker.engine.report(), expected.report()
