@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from run import machine_info  # noqa: E402
-from stream import samples, scrape  # noqa: E402
+from stream import progress, scrape  # noqa: E402
 
 from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
 
@@ -55,16 +55,6 @@ def _proc(pid: int) -> tuple[float, int, int]:
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
     return rss / 1024.0, len(os.listdir(f"/proc/{pid}/fd")), threads
-
-
-def _counted(text: str) -> tuple[float, float]:
-    events = requests = 0.0
-    for name, _labels, value in samples(text, {"stream_eval_events_total", "stream_eval_requests_total"}):
-        if name == "stream_eval_events_total":
-            events += value
-        else:
-            requests += value
-    return events, requests
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,7 +86,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                     time.sleep(1)
                     continue
                 rss, fds, threads = _proc(worker.pid)
-                events, requests = _counted(text)
+                events, requests = progress(text)
                 rows.append({"t": round(tick - start, 1), "rss_mb": rss, "fds": fds, "threads": threads,
                              "scrape_s": seconds, "scrape_bytes": len(text), "events": events, "requests": requests})
                 time.sleep(max(0.0, args.scrape_every - (time.monotonic() - tick)))

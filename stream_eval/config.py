@@ -272,18 +272,24 @@ def _moment(name: str) -> Any:
     return read
 
 
-def _boolean(name: str) -> Any:
-    def read(value: object) -> bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+def parse_boolean(value: object, name: str = "setting") -> bool:
+    """``true``/``false`` from a TOML boolean or text (``1``, ``yes``, ``on``, ...).
 
-    return read
+    >>> parse_boolean("off"), parse_boolean(True)
+    (False, True)
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+
+def _boolean(name: str) -> Any:
+    return lambda value: parse_boolean(value, name)
 
 
 def _windows(value: object) -> tuple[float, ...]:

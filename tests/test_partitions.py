@@ -12,10 +12,10 @@ import pytest
 from support import AbstractTimeConfig as Config
 from support import approx
 
+from stream_eval.engine import snapshot
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
-from stream_eval.engine import snapshot
 from stream_eval.engine.replay import replay
 from stream_eval.events.join import EventCounts
 from stream_eval.events.messages import decode_messages

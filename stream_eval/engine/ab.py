@@ -308,26 +308,20 @@ class UnitLedger:
             now = self._now(name)
             if now is None:
                 continue
-            self._fold(name, *now)
+            self._running[name] = self._fold(name, *now)
         if self.on_look is not None:
             self.on_look(ts)
 
     def _fold(self, name: str, pair: ArmPair, comparison: Any, srm: SrmRow) -> _Running:
-        running = self._running.get(name)
-        if running is None or running.pair != pair:
-            width = self.width
-            running = self._running[name] = _Running(pair, np.ones(width), np.full(width, -math.inf),
-                                                     np.full(width, math.inf))
-        p = np.asarray(comparison.p_value, dtype=np.float64)
-        defined = ~np.isnan(p)
-        running.p_value = np.where(defined, np.fmin(running.p_value, p), running.p_value)
-        lower = np.asarray(comparison.cs_lower, dtype=np.float64)
-        upper = np.asarray(comparison.cs_upper, dtype=np.float64)
-        running.cs_lower = np.where(np.isnan(lower), running.cs_lower, np.fmax(running.cs_lower, lower))
-        running.cs_upper = np.where(np.isnan(upper), running.cs_upper, np.fmin(running.cs_upper, upper))
-        if not math.isnan(srm.sequential_p_value):
-            running.srm_p_value = min(running.srm_p_value, srm.sequential_p_value)
-        return running
+        """The running state of an experiment with one more look folded in (not stored: see :meth:`look`). NaN
+        (undefined at this look) leaves a bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
+        before = self._running.get(name)
+        if before is None or before.pair != pair:
+            before = _Running(pair, np.ones(self.width), np.full(self.width, -math.inf), np.full(self.width, math.inf))
+        srm_p = srm.sequential_p_value
+        return _Running(pair, np.fmin(before.p_value, comparison.p_value),
+                        np.fmax(before.cs_lower, comparison.cs_lower), np.fmin(before.cs_upper, comparison.cs_upper),
+                        before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p))
 
     def results(self, names: Sequence[str] | None = None) -> tuple[list[AbRow], list[SrmRow]]:
         """The ``ab`` and ``srm`` rows as of now (a look at the current state, not kept).
@@ -343,14 +337,7 @@ class UnitLedger:
             if now is None:
                 continue
             pair, comparison, srm = now
-            kept = self._running.get(name)
-            saved = None if kept is None else _Running(kept.pair, kept.p_value.copy(), kept.cs_lower.copy(),
-                                                       kept.cs_upper.copy(), kept.srm_p_value)
             running = self._fold(name, pair, comparison, srm)
-            if saved is None:
-                del self._running[name]
-            else:
-                self._running[name] = saved
             for j, metric in columns:
                 lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
                 ab.append(AbRow(

@@ -379,6 +379,16 @@ def scan_lines(b: Bytes, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grade
     return _scan(b, np.flatnonzero(b == 10), kinds, kind_starts, kind_ends, grades, click)  # numpy finds newlines
 
 
+@nb.njit(cache=True, inline="always")
+def _blank(b: Bytes, i: int, j: int) -> bool:  # pragma: no cover  # compiled
+    """Whether ``b[i:j]`` is blank as ``bytes.strip`` has it (space, tab, CR, VT, FF)."""
+    for p in range(i, j):
+        c = b[p]
+        if not (c == 32 or c == 9 or c == 13 or c == 11 or c == 12):
+            return False
+    return True
+
+
 @nb.njit(cache=True, nogil=True)
 def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats,
           click: int) -> tuple[Ints, Ints, Ints, Floats]:  # pragma: no cover  # compiled
@@ -397,12 +407,7 @@ def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: 
         j = newlines[number] if number < newlines.shape[0] else n
         if i >= n:
             break
-        blank = True
-        for p in range(i, j):
-            c = b[p]
-            if not (c == 32 or c == 9 or c == 13 or c == 11 or c == 12):
-                blank = False
-                break
+        blank = _blank(b, i, j)
         if not blank:
             lines[k, 0], lines[k, 1], lines[k, 2] = i, j, number
             fast[k] = _line(b, i, j, kinds, kind_starts, kind_ends, grades, click, fields[k], values[k], what, ascii,
@@ -454,12 +459,7 @@ def _screen_lines(b: Bytes, newlines: Ints) -> Ints:  # pragma: no cover  # comp
         j = newlines[number] if number < newlines.shape[0] else n
         if i >= n:
             break
-        blank = True
-        for p in range(i, j):
-            c = b[p]
-            if not (c == 32 or c == 9 or c == 13 or c == 11 or c == 12):
-                blank = False
-                break
+        blank = _blank(b, i, j)
         if not blank:
             out[k] = _screen(b, i, j, key_starts, key_ends)
             k += 1

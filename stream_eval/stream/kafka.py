@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_eval.config import ConfigError
+from stream_eval.config import ConfigError, parse_boolean
 
 __all__ = [
     "DEFAULT_BROKER",
@@ -274,14 +274,10 @@ PLAINTEXT = KafkaSecurity()
 
 
 def _boolean(name: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise KafkaSecurityError(f"{name}: expected true or false, got {value!r}")
+    try:
+        return parse_boolean(value, name)
+    except ConfigError as error:
+        raise KafkaSecurityError(str(error)) from None
 
 
 def _read_secret(path: str, name: str) -> str:
