@@ -242,6 +242,9 @@ def test_table_format(log: Path) -> None:
     assert "MRR" in text and "nDCG@10" in text and "(all)" in text
     assert "0.5000" in text  # overall MRR
     assert "GSB" in text and "judgment" in text
+    # the A/B decisions as the JSON report has them: sequence, p, decision, units; and the sample ratio
+    assert "95% confidence sequence" in text and "inconclusive" in text and "1/2" in text  # units c/t
+    assert "Sample ratio" in text and "A 1 B 2" in text and "ok" in text
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
 

@@ -22,6 +22,10 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _interval(lower: object, upper: object) -> str:
+    return f"[{_fmt(lower)}, {_fmt(upper)}]"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
@@ -43,16 +47,26 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
                      *(_fmt(group["metrics"].get(m)) for m in metric_names)])
     parts += ["", _table(header, rows)]
     if report["gsb"]:
-        rows = [[g["experiment"], g["source"], str(g["good"]), str(g["same"]), str(g["bad"]), _fmt(g["score"])]
-                for g in report["gsb"]]
-        header = ["experiment", "source", "good", "same", "bad", "score"]
-        parts += ["", "GSB (treatment vs control)", _table(header, rows)]
+        rows = [[g["experiment"], g["source"], str(g["good"]), str(g["same"]), str(g["bad"]), _fmt(g["score"]),
+                 _interval(g["cs_lower"], g["cs_upper"]), _fmt(g["p_value"]), g["decision"]] for g in report["gsb"]]
+        header = ["experiment", "source", "good", "same", "bad", "score", "confidence sequence", "p", "decision"]
+        parts += ["", "GSB (treatment vs control; always-valid sign test)", _table(header, rows)]
     if report["ab"]:
         rows = [[a["experiment"], f"{a['treatment']} - {a['control']}", a["metric"], _fmt(a["delta"]),
-                 f"[{_fmt(a['ci_lower'])}, {_fmt(a['ci_upper'])}]", str(a["n_control"]), str(a["n_treatment"])]
-                for a in report["ab"]]
-        parts += ["", "A/B (95% CI)" if report["config"]["confidence"] == 0.95 else "A/B",
-                  _table(["experiment", "arms", "metric", "delta", "interval", "n_control", "n_treatment"], rows)]
+                 _interval(a["cs_lower"], a["cs_upper"]), _fmt(a["p_value"]), a["decision"],
+                 _interval(a["ci_lower"], a["ci_upper"]), f"{a['units_control']}/{a['units_treatment']}",
+                 f"{a['n_control']}/{a['n_treatment']}"] for a in report["ab"]]
+        level = f"{100 * report['config']['confidence']:g}%"
+        header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision",
+                  "fixed interval", "units c/t", "n c/t"]
+        parts += ["", "A/B over units (the confidence sequence and p stay valid however often they are read; the "
+                  "fixed interval does not)", _table(header, rows)]
+    if report.get("srm"):
+        rows = [[r["experiment"], " ".join(f"{arm} {n}" for arm, n in r["units"].items()),
+                 " ".join(f"{arm} {share:g}" for arm, share in r["expected"].items()), _fmt(r["p_value"]),
+                 _fmt(r["sequential_p_value"]), "MISMATCH" if r["mismatch"] else "ok"] for r in report["srm"]]
+        header = ["experiment", "units", "expected", "chi2 p", "sequential p", "sample ratio"]
+        parts += ["", "Sample ratio (units per arm)", _table(header, rows)]
     if invalid_examples:
         parts += ["", "invalid events (first few):", *("  " + line for line in invalid_examples)]
     return "\n".join(parts) + "\n"
