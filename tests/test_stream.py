@@ -220,8 +220,9 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await send_lines(lines[:half], [broker], topics(prefix), partitions=PARTITIONS, flush=False)
         a, b = StreamWorker(settings, SHORT), StreamWorker(settings, SHORT)
         running_a = await _running(a)
-        await _until(lambda: a.events_seen >= half * 0.9 and a.engine.overall().sessions > 0, 120,
-                     "worker A to read the first half and score sessions")
+        await _until(lambda: a.events_seen >= half * 0.9 and a.engine.overall().sessions > 0 and (
+            not snapshots or (a.stage is not None and a.stage.snapshot_ref is not None)), 120,
+            "worker A to read the first half, score sessions (and store a snapshot of its stage)")
         await _stop(running_a)
         running_b = await _running(b)
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
