@@ -13,25 +13,40 @@ when every request of a session or query bucket that closes has been finalised a
 The stage is recoverable the same way as an input partition (``engine/partitions.py``): its checkpoint holds
 the offset of the first record that an open session or query bucket still needs, the offset after the last
 record counted, the partitions' watermarks and the arms seen; a new owner re-reads muted up to there.
+
+An input partition's records are a transaction log with commit markers, so that a worker killed between two
+checkpoints of a partition counts nothing twice. The partition's sink (``RegroupSink(p)``) numbers its data
+records (``"P": p, "n": 1, 2, ...``). Each owner of the partition first writes a *rewind*
+``{"k": "r", "P": p, "x": token, "n": s}`` (``token``: this ownership; ``s``: the number of the last record
+its restored checkpoint covers, 0 without one); after storing a checkpoint holding :attr:`RegroupSink.seq`,
+the worker writes a *commit* ``{"k": "c", "P": p, "x": token, "n": seq}``. The stage holds the partition's
+data records until a commit of its current ownership applies those numbered up to it, or a rewind applies
+those up to ``s`` (the checkpoint covers them) and discards the rest: the new owner writes them again, as it
+re-finalises what came after its checkpoint. A record takes effect where its commit or rewind is (what a
+rebuild mutes or finds in a snapshot); the stage's checkpoint starts no later than the first record still
+held, nor between a record and the commit that applied it. Records without ``"P"`` (``RegroupSink()``; logs of
+workers before numbered records) take effect at once.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
-from stream_eval.engine.partitions import time_to_json
 from stream_eval.engine.sessions import Impressions, unit_of
 from stream_eval.engine.snapshot import restore
+from stream_eval.engine.times import time_to_json
 
 Floats = npt.NDArray[np.float64]
 #: Rows of A/B unit contributions per regroup record (~150 KB of JSON: far below Kafka's 1 MB default).
@@ -43,18 +58,55 @@ if TYPE_CHECKING:
 
 
 class RegroupSink:
-    """Collects, in order, the records a worker writes to the regroup log (JSON bytes, key)."""
+    """Collects, in order, the records a worker writes to the regroup log (JSON bytes, key).
 
-    def __init__(self) -> None:
+    With ``partition``, those of one input partition: numbered, and held by the stage until committed (module
+    docstring). The worker calls :meth:`begin` when it takes the partition, stores :attr:`seq` in the
+    partition's checkpoint once everything taken before it is written, and calls :meth:`commit` with it once
+    the checkpoint is stored."""
+
+    def __init__(self, partition: int | None = None) -> None:
         self.records: list[tuple[bytes, bytes]] = []
         self._arms: set[tuple[str, str]] = set()
+        self.partition = partition
+        self.token: str | None = None  # this ownership of the partition (set by begin)
+        self._seq = 0
+
+    @property
+    def seq(self) -> int:
+        """The number of the last data record appended (what a checkpoint of the partition stores)."""
+        return self._seq
+
+    def begin(self, token: str, committed: int) -> None:
+        """A new owner (ownership ``token``) takes the partition from a checkpoint that stored :attr:`seq` =
+        ``committed`` (0 without one): numbering goes on from it, after a rewind record (before anything else)."""
+        if self.partition is None:
+            raise ValueError("a sink of no partition has no ownership to begin")
+        if self.records:
+            raise ValueError("begin the ownership before appending records")
+        self.token, self._seq = token, committed
+        self._arms.clear()  # announcements after the checkpoint are discarded by the rewind: made again
+        self.records.append((b"", orjson.dumps({"k": "r", "P": self.partition, "x": token, "n": committed})))
+
+    def commit(self, seq: int) -> None:
+        """The checkpoint holding ``seq`` is stored: the stage may count the records numbered up to it."""
+        if self.partition is None:
+            raise ValueError("a sink of no partition has nothing to commit")
+        self.records.append((b"", orjson.dumps({"k": "c", "P": self.partition, "x": self.token, "n": seq})))
+
+    def _append(self, key: bytes, record: dict[str, Any]) -> None:
+        if self.partition is not None:
+            self._seq += 1
+            record["P"] = self.partition
+            record["n"] = self._seq
+        self.records.append((key, orjson.dumps(record)))
 
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
         record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "t": state.ts,
                   "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i),
                   "u": unit_of(state)}
-        self.records.append((str(state.session_id).encode(), orjson.dumps(record)))
+        self._append(str(state.session_id).encode(), record)
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
@@ -62,38 +114,36 @@ class RegroupSink:
         :data:`UNIT_ROWS` requests (NaN is written as null)."""
         for a in range(0, len(ids), UNIT_ROWS):
             b = a + UNIT_ROWS
-            self.records.append((b"", orjson.dumps({"k": "U", "t": keys[a:b].tolist(), "id": ids[a:b],
-                                                    "e": experiments[a:b], "a": arms[a:b], "u": units[a:b],
-                                                    "v": values[a:b].tolist()})))
+            self._append(b"", {"k": "U", "t": keys[a:b].tolist(), "id": ids[a:b], "e": experiments[a:b],
+                               "a": arms[a:b], "u": units[a:b], "v": values[a:b].tolist()})
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
         """Scored one-request sessions' share of their A/B units, as columns (as :meth:`unit_requests`)."""
         for a in range(0, len(ids), UNIT_ROWS):
             b = a + UNIT_ROWS
-            self.records.append((b"", orjson.dumps({"k": "V", "t": keys[a:b].tolist(), "id": ids[a:b],
-                                                    "e": experiments[a:b], "a": arms[a:b], "u": units[a:b],
-                                                    "y": weighted_auc[a:b].tolist(), "w": weight[a:b].tolist()})))
+            self._append(b"", {"k": "V", "t": keys[a:b].tolist(), "id": ids[a:b], "e": experiments[a:b],
+                               "a": arms[a:b], "u": units[a:b], "y": weighted_auc[a:b].tolist(),
+                               "w": weight[a:b].tolist()})
 
     def query_metric(self, experiment: str, arm: str, query_id: str, ts: float, value: float) -> None:
         record = {"k": "q", "e": experiment, "a": arm, "q": query_id, "t": ts, "v": value}
-        self.records.append((query_id.encode(), orjson.dumps(record)))
+        self._append(query_id.encode(), record)
 
     def judgment(self, experiment: str, verdict: str) -> None:
-        self.records.append((experiment.encode(), orjson.dumps({"k": "j", "e": experiment, "v": verdict})))
+        self._append(experiment.encode(), {"k": "j", "e": experiment, "v": verdict})
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
-        self.records.append((experiment.encode(), orjson.dumps({"k": "i", "e": experiment, "teams": teams,
-                                                                 "r": relevant_positions})))
+        self._append(experiment.encode(), {"k": "i", "e": experiment, "teams": teams, "r": relevant_positions})
 
     def arm(self, experiment: str, arm: str) -> None:
         if (experiment, arm) not in self._arms:
             self._arms.add((experiment, arm))
-            self.records.append((experiment.encode(), orjson.dumps({"k": "a", "e": experiment, "a": arm})))
+            self._append(experiment.encode(), {"k": "a", "e": experiment, "a": arm})
 
     def watermark(self, unit: int, watermark: float) -> None:
         """Every request of input partition ``unit`` finalised by ``watermark`` has its records above."""
-        self.records.append((b"", orjson.dumps({"k": "w", "u": unit, "t": time_to_json(watermark)})))
+        self._append(b"", {"k": "w", "u": unit, "t": time_to_json(watermark)})
 
     def take(self) -> list[tuple[bytes, bytes]]:
         records, self.records = self.records, []
@@ -114,6 +164,18 @@ class _Part:
         self.unit_id = unit
         self.teams: list[str] | None = [] if unit is None else None
         self.request_id = session_id
+
+
+class _Held:
+    """An input partition's data records the stage holds until a commit or rewind applies them."""
+
+    __slots__ = ("token", "known", "applied", "records")
+
+    def __init__(self) -> None:
+        self.token: str | None = None  # the partition's current ownership (once ``known``)
+        self.known = False
+        self.applied = 0  # the number of the last record applied (a record numbered up to it is delivered again)
+        self.records: list[tuple[int, int, dict[str, Any]]] = []  # (number, offset, record) in number order
 
 
 @dataclass
@@ -162,6 +224,11 @@ class SessionStage:
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
         self._history: deque[tuple[int, tuple[float, ...]]] = deque()
         self._base: tuple[float, ...] = tuple(self.units)
+        # Input partitions' records not applied yet, by partition; and (smallest offset of the records applied,
+        # offset of the commit or rewind applying them) since the last checkpoint's start: a checkpoint does
+        # not start between the two (a rebuild would apply the commit without the records).
+        self._held: dict[int, _Held] = {}
+        self._applied: deque[tuple[int, int]] = deque()
         if checkpoint is not None:
             self.units = list(checkpoint.units) + [-math.inf] * (units - len(checkpoint.units))
             self._base = tuple(self.units)
@@ -169,6 +236,7 @@ class SessionStage:
             self.muted_until = checkpoint.processed
             for experiment, arm in checkpoint.arms:
                 engine.arms_seen.setdefault(experiment, set()).add(arm)
+        self._restored = checkpoint
         # Records before ``frozen_until`` are in the restored snapshot: they leave its state alone on a rebuild.
         # (where it is stored, the offset it covers, the offset a rebuild from it starts at)
         self.snapshot_ref: tuple[tuple[int, int], int, int] | None = None
@@ -180,20 +248,33 @@ class SessionStage:
             self.snapshot_ref = (checkpoint.snapshot, checkpoint.snapshot_at, checkpoint.start)
             self.frozen_until = checkpoint.snapshot_at
 
+    @property
+    def rebuilding(self) -> bool:
+        """Still re-reading (muted) what the checkpoint it was restored from had counted."""
+        return self.next_offset < self.muted_until
+
     def checkpoint(self) -> StageCheckpoint:
+        if self._restored is not None and self.rebuilding:
+            # A stage given up again before its rebuild got to ``processed`` knows less than the checkpoint it
+            # came from (records it has not re-read yet may be needed): the next owner starts from that one.
+            return StageCheckpoint.from_json(self._restored.to_json())
         processed = max(self.received or 0, self.muted_until)
         arms = sorted((e, a) for e, arms in self.engine.arms_seen.items() for a in arms)
         snapshot, snapshot_at, snapshot_start = self.snapshot_ref if self.snapshot_ref is not None else (None, 0, 0)
-        if self.engine.ledger.experiments and snapshot is None:
-            # The A/B units are cumulative since each experiment's first event: until a snapshot of them is
-            # stored, a new owner rebuilds them (and everything else, muted) from the start of the log.
-            return StageCheckpoint(0, processed, [], arms)
         needed = self._first_needed()
         start = min(needed, processed) if needed is not None else processed
         if snapshot is not None:
             # a rebuild re-reads what the sessions and query buckets open at the snapshot need: those that closed
             # since gave their share after the snapshot, from records before it
             start = min(start, snapshot_start)
+        start = self._settled(start)
+        applied = self._applied
+        while applied and applied[0][1] < start:  # (later checkpoints start no earlier)
+            applied.popleft()
+        if (self.engine.ledger.experiments or self.engine.gsb.complete) and snapshot is None:
+            # The A/B units and the verdicts kept for the sign tests are cumulative since the first event: until
+            # a snapshot of them is stored, a new owner rebuilds them (and everything else, muted) from the log start.
+            return StageCheckpoint(0, processed, [], arms)
         history = self._history
         while history and history[0][0] < start:
             self._base = history.popleft()[1]
@@ -203,7 +284,7 @@ class SessionStage:
         """A snapshot of the state after every record before offset ``covers`` is stored at ``where`` (take it
         between two :meth:`feed` calls, ``covers`` = :attr:`next_offset`)."""
         needed = self._first_needed()
-        self.snapshot_ref = (where, covers, covers if needed is None else min(needed, covers))
+        self.snapshot_ref = (where, covers, self._settled(covers if needed is None else min(needed, covers)))
 
     @property
     def next_offset(self) -> int:
@@ -222,57 +303,107 @@ class SessionStage:
             elif key in buckets:
                 break
             heapq.heappop(needed)
-        waiting = min((offset for _, offset, _ in self._waiting), default=None)
-        if not needed:
-            return waiting
-        return needed[0][0] if waiting is None else min(needed[0][0], waiting)
+        first = [offset for _, offset, _ in self._waiting]
+        first += [min(offset for _, offset, _ in held.records) for held in self._held.values() if held.records]
+        if needed:
+            first.append(needed[0][0])
+        return min(first, default=None)
+
+    def _settled(self, start: int) -> int:
+        """``start``, or earlier: no record before it was applied by a commit or rewind at or after it."""
+        for first, at in reversed(self._applied):  # (in the order of ``at``; ``start`` only goes down)
+            if at < start:
+                break
+            start = min(start, first)
+        return start
 
     def feed(self, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         """Records of the regroup log in offset order (redelivered offsets are skipped)."""
-        engine = self.engine
         for offset, value in zip(offsets, values, strict=True):
             if self.received is not None and offset < self.received:
                 continue
             self.received = offset + 1
             record = orjson.loads(value)
-            kind = record["k"]
-            frozen = offset < self.frozen_until  # (in the restored snapshot)
-            engine.ledger.frozen = engine.gsb.frozen = frozen
-            if kind == "U" or kind == "V":
-                # A/B units: rebuilt from every record, muted or not (their state is not a counter)
-                if not frozen:
-                    self._add_units(record)
+            partition = record.get("P")
+            if partition is None:  # (no partition's transaction: at once)
+                self._apply(record, offset, offset)
                 continue
-            if kind == "s":
-                heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))
-                continue
-            with self._quiet(offset):
-                if kind == "q":
-                    bucket = engine.gsb.bucket_of(record["t"])
-                    if bucket not in engine.gsb.open_buckets():
-                        heapq.heappush(self._needed, (offset, "q", bucket))
-                    engine.gsb.query_metric(record["e"], record["a"], record["q"], record["t"], record["v"])
-                elif kind == "a":
-                    engine.arms_seen.setdefault(record["e"], set()).add(record["a"])
-                elif kind == "j":  # counted once; kept for the sign test even while rebuilding
-                    engine.gsb.judgment(record["e"], record["v"], count=offset >= self.muted_until)
-                elif kind == "i":
-                    engine.teams_seen.setdefault(record["e"], set()).update(record["teams"])
-                    engine.gsb.interleaved(record["e"], record["teams"], record["r"],
-                                           count=offset >= self.muted_until)
-                elif kind == "w":
-                    unit, time = int(record["u"]), float(record["t"])
-                    if unit >= len(self.units):
-                        self.units += [-math.inf] * (unit + 1 - len(self.units))
-                    if time <= self.units[unit]:
-                        continue
-                    self.units[unit] = time
-                    self._history.append((offset, tuple(self.units)))
-                    watermark = min(self.units)
-                    if watermark > self.watermark or watermark == math.inf:
-                        self.watermark = watermark
-                        self._add_parts(watermark)
-                        engine.close(watermark, windows=False)
+            held = self._held.get(partition)
+            if held is None:
+                held = self._held[partition] = _Held()
+            kind, n = record["k"], record["n"]
+            if kind == "c":
+                if held.known and record["x"] != held.token:
+                    continue  # a commit of an earlier ownership
+                held.token, held.known = record["x"], True
+                self._apply_held(held, n, offset)
+            elif kind == "r":
+                self._apply_held(held, n, offset)  # what the new owner's checkpoint covers
+                held.records.clear()  # the rest is written again
+                held.token, held.known, held.applied = record["x"], True, n
+            elif n > held.applied:
+                records = held.records
+                if not records or n > records[-1][0]:
+                    records.append((n, offset, record))
+                else:  # (out of order: in number order, once)
+                    k = bisect_left(records, n, key=itemgetter(0))
+                    if records[k][0] != n:
+                        records.insert(k, (n, offset, record))
+
+    def _apply_held(self, held: _Held, n: int, at: int) -> None:
+        """Apply a partition's held records numbered up to ``n``, at offset ``at`` (a commit or rewind)."""
+        records = held.records
+        k = 0
+        while k < len(records) and records[k][0] <= n:
+            k += 1
+        if k:
+            self._applied.append((min(offset for _, offset, _ in records[:k]), at))
+            for _, offset, record in records[:k]:
+                self._apply(record, offset, at)
+            del records[:k]
+        held.applied = max(held.applied, n)
+
+    def _apply(self, record: dict[str, Any], offset: int, at: int) -> None:
+        """Apply a record of the log at ``offset``; what is rebuilt (muted, in the snapshot) is decided at ``at``,
+        where it took effect (what a rebuild re-reads, by ``offset``)."""
+        engine = self.engine
+        kind = record["k"]
+        frozen = at < self.frozen_until  # (in the restored snapshot)
+        engine.ledger.frozen = engine.gsb.frozen = frozen
+        if kind == "U" or kind == "V":
+            # A/B units: rebuilt from every record, muted or not (their state is not a counter)
+            if not frozen:
+                self._add_units(record)
+            return
+        if kind == "s":
+            heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))
+            return
+        with self._quiet(at):
+            if kind == "q":
+                bucket = engine.gsb.bucket_of(record["t"])
+                if bucket not in engine.gsb.open_buckets():
+                    heapq.heappush(self._needed, (offset, "q", bucket))
+                engine.gsb.query_metric(record["e"], record["a"], record["q"], record["t"], record["v"])
+            elif kind == "a":
+                engine.arms_seen.setdefault(record["e"], set()).add(record["a"])
+            elif kind == "j":  # counted once; kept for the sign test even while rebuilding
+                engine.gsb.judgment(record["e"], record["v"], count=at >= self.muted_until)
+            elif kind == "i":
+                engine.teams_seen.setdefault(record["e"], set()).update(record["teams"])
+                engine.gsb.interleaved(record["e"], record["teams"], record["r"], count=at >= self.muted_until)
+            elif kind == "w":
+                unit, time = int(record["u"]), float(record["t"])
+                if unit >= len(self.units):
+                    self.units += [-math.inf] * (unit + 1 - len(self.units))
+                if time <= self.units[unit]:
+                    return
+                self.units[unit] = time
+                self._history.append((at, tuple(self.units)))
+                watermark = min(self.units)
+                if watermark > self.watermark or watermark == math.inf:
+                    self.watermark = watermark
+                    self._add_parts(watermark)
+                    engine.close(watermark, windows=False)
 
     def _add_units(self, record: dict[str, Any]) -> None:
         """Requests' ("U") or one-request sessions' ("V") shares of their A/B units, to the ledger (released on

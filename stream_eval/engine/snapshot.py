@@ -23,7 +23,7 @@ import orjson
 
 from stream_eval.config import ArmPair
 from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _Running
-from stream_eval.engine.partitions import time_to_json
+from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.gsb import GsbCounts
 
 if TYPE_CHECKING:

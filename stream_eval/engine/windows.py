@@ -7,8 +7,10 @@ values change the River way: revert the old contribution, add the new one.
 * A new ranking adds its current values (those of :meth:`Engine.evaluate <stream_eval.engine.engine.Engine.evaluate>`,
   all zero or empty until feedback arrives).
 * Feedback that raises a grade (the join's ``changed``) reverts the request's old row and adds the new one.
-* Finalisation reverts the last row and adds the final values; the finalised request keeps no row, so memory is
-  one row per *open* request plus one ``Moments`` per (bucket, group).
+* Finalisation reverts the last row and adds the final values to a store of their own; the finalised request
+  keeps no row, so memory is one row per *open* request plus two ``Moments`` per (bucket, group): the open
+  requests' current values and the finalised requests' final ones. The finalised part is the engine's *share*
+  of the windows, which a checkpoint stores (see below); the open part a new owner rebuilds.
 * An open request without grades and without subtopics (most requests, most of their life) has the values every
   such request has: it holds no row (its row in the join is ``UNGRADED``) and is neither evaluated nor stored;
   the windows keep that one row, evaluated from the first such request they see.
@@ -35,19 +37,30 @@ sum of the session weights, so that ``sum / count`` is the GAUC and sums over wo
 Partitions: a partition's join that is dropped (rebalance) must leave the windows: call :meth:`RollingWindows.drop`
 with it. While the engine is muted (rebuilding a partition), nothing is added; the rebuilt open requests stay in
 the join's ``changed`` and enter the windows with the first unmuted :meth:`Engine.advance` of that join.
+
+**Checkpoints.** :meth:`RollingWindows.share` gives the finalised part as JSON-ready data: the final values, the
+sessions scored and verdicts given per bucket, what the next settle compares the engine's totals against, and
+the watermark's bucket. ``share(full=True)`` gives every bucket and starts tracking changes afresh;
+``share(full=False)`` only the buckets changed since (a small delta, for the checkpoint every second, with a full
+share stored now and then). :meth:`RollingWindows.restore` puts a full share and its latest delta into the fresh
+windows of a partition's next owner, whose engine's totals (``GroupStats.gauc``, the GSB tallies) are restored
+alongside; the owner's muted re-read then rebuilds the open requests, which enter through
+:meth:`RollingWindows.refresh` once it runs unmuted.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
+from stream_eval.engine.snapshot import _array, _unarray
 from stream_eval.events.join import NO_ROW, UNGRADED, Finalised, Join
 from stream_eval.events.schema import CompactRanking
 from stream_eval.metrics.aggregates import Moments
@@ -63,7 +76,12 @@ Ints = npt.NDArray[np.int64]
 WindowSums = dict[tuple[str, str, str, str], tuple[float, float]]
 #: (experiment, source, window label) -> verdict counts
 WindowVerdicts = dict[tuple[str, str, str], GsbCounts]
+#: bucket -> group -> moments
+Cells = dict[int, dict[int, Moments]]
 _BUCKETS_PER_SHORTEST_WINDOW = 30
+#: The format of :meth:`RollingWindows.share`.
+SHARE_VERSION = 1
+_FLOAT_FIELDS = ("weight", "weight_sq", "total", "total_sq")
 
 
 def _has_row(requests: Finalised) -> npt.NDArray[np.bool_]:
@@ -71,6 +89,36 @@ def _has_row(requests: Finalised) -> npt.NDArray[np.bool_]:
     subtopics = np.fromiter((r.subtopics is not None for r in requests.rankings), dtype=np.bool_,
                             count=len(requests))
     return requests.graded | subtopics
+
+
+def _pack(moments: Sequence[Moments], size: int, unit: bool) -> dict[str, Any]:
+    """``Moments`` of ``size`` metrics as two arrays with a row each: ``count``, and ``sums`` (weight, squared
+    weight, total, squared total). ``unit``: of values of unit weight, whose weight and squared weight are their
+    count; ``sums`` has only their total and squared total."""
+    count = np.array([m.count for m in moments], dtype=np.int64).reshape(-1, size)
+    if not count.size or (count.min() >= -(2**31) and count.max() < 2**31):
+        count = count.astype(np.int32)  # half the bytes
+    names = _FLOAT_FIELDS[2:] if unit else _FLOAT_FIELDS
+    sums = np.array([[getattr(m, name) for name in names] for m in moments], dtype=np.float64)
+    return {"count": _array(count), "sums": _array(sums.reshape(-1, len(names), size))}
+
+
+def _unpack(data: dict[str, Any], size: int, unit: bool) -> list[Moments]:
+    """The ``Moments`` that :func:`_pack` packed."""
+    count = _unarray(data["count"]).astype(np.int64).reshape(-1, size)
+    names = _FLOAT_FIELDS[2:] if unit else _FLOAT_FIELDS
+    sums = _unarray(data["sums"]).reshape(-1, len(names), size)
+    out = []
+    for i in range(count.shape[0]):
+        m = Moments(size)
+        m.count = count[i].copy()
+        for k, name in enumerate(names):
+            setattr(m, name, sums[i, k].copy())
+        if unit:
+            m.weight = count[i].astype(np.float64)
+            m.weight_sq = count[i].astype(np.float64)
+        out.append(m)
+    return out
 
 
 class RollingWindows:
@@ -106,11 +154,14 @@ class RollingWindows:
         self.watermark = -math.inf
         self._current: int | None = None  # bucket of the watermark
         self._floor = -(2**62)  # buckets below are dropped for good
-        self._cells: dict[int, dict[int, Moments]] = {}  # bucket -> group -> per-request values
-        self._sessions: dict[int, dict[int, Moments]] = {}  # bucket -> group -> session AUCs scored
+        self._cells: Cells = {}  # bucket -> group -> current values of the open requests
+        self._final: Cells = {}  # bucket -> group -> final values of the finalised requests
+        self._sessions: Cells = {}  # bucket -> group -> session AUCs scored
         self._verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}  # bucket -> (experiment, source)
-        self._gauc_seen = [stats.gauc.copy() for stats in engine.groups]
+        self._gauc_seen = {g: stats.gauc.copy() for g, stats in enumerate(engine.groups)}  # group -> at last settle
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
+        self._share_id: str | None = None  # of the last full share (taken or restored)
+        self._changed: set[int] = set()  # buckets of _final, _sessions or _verdicts changed since
         # One row per open request with grades (or subtopics): arrays grown by doubling; the join keeps each
         # request's row (Join.set_rows).
         self._rows = 0
@@ -172,9 +223,10 @@ class RollingWindows:
         floor = bucket - max(self._spans) + 1
         if floor > self._floor:
             self._floor = floor
-            for cells in (self._cells, self._sessions, self._verdicts):
-                for old in [b for b in cells if b < floor]:
-                    del cells[old]
+            for store in (self._cells, self._final, self._sessions, self._verdicts):
+                for old in [b for b in store if b < floor]:
+                    del store[old]
+            self._changed = {b for b in self._changed if b >= floor}
 
     def drop(self, join: Join) -> None:
         """Take the open requests of a partition's ``join`` out of the windows (the partition was revoked)."""
@@ -212,10 +264,11 @@ class RollingWindows:
             first = current - span + 1
             values = [Moments(self.size) for _ in engine.group_keys]
             sessions = [Moments(1) for _ in engine.group_keys]
-            for b, cells in self._cells.items():
-                if b >= first:
-                    for g, moments in cells.items():
-                        values[g] += moments
+            for store in (self._cells, self._final):
+                for b, cells in store.items():
+                    if b >= first:
+                        for g, moments in cells.items():
+                            values[g] += moments
             for b, cells in self._sessions.items():
                 if b >= first:
                     for g, moments in cells.items():
@@ -256,13 +309,133 @@ class RollingWindows:
         """Open requests the windows hold (with a row of their own, or ungraded)."""
         return self._held
 
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def share(self, full: bool) -> dict[str, Any]:
+        """The finalised part of the windows as JSON-ready data (orjson; arrays as their raw bytes, bit for bit).
+
+        ``full``: every bucket, and changes are tracked afresh from here. Else only the buckets whose final
+        values, scored sessions or verdicts changed since the last full share (taken or restored), which
+        :meth:`restore` applies over that full share. Either way with the watermark's bucket and what the next
+        settle compares the engine's totals against. Groups are named by their (experiment, arm).
+
+        Raises:
+            ValueError: ``full`` is False and no full share was taken or restored yet.
+        """
+        if full:
+            self._share_id = os.urandom(8).hex()
+            self._changed = set()
+            buckets = sorted(b for b in self._final.keys() | self._sessions.keys() | self._verdicts.keys()
+                             if b >= self._floor)
+        elif self._share_id is None:
+            raise ValueError("no full share to build on: take share(full=True) first")
+        else:
+            buckets = sorted(b for b in self._changed if b >= self._floor)
+        final = [(b, g, m) for b in buckets for g, m in sorted(self._final.get(b, {}).items())]
+        sessions = [(b, g, m) for b in buckets for g, m in sorted(self._sessions.get(b, {}).items())]
+        seen = sorted(self._gauc_seen.items())
+        return {
+            "version": SHARE_VERSION,
+            "full": full,
+            "id" if full else "base": self._share_id,
+            "width": self.width,
+            "metrics": [spec.name for spec in self.engine.specs],
+            "watermark": self.watermark if math.isfinite(self.watermark) else None,
+            "current": self._current,
+            "floor": self._floor,
+            "with_subtopics": self.with_subtopics,
+            "groups": [[experiment, arm] for experiment, arm in self.engine.group_keys],
+            "buckets": buckets,
+            "final": {"bucket": [b for b, _, _ in final], "group": [g for _, g, _ in final],
+                      **_pack([m for _, _, m in final], self.size, unit=True)},
+            "sessions": {"bucket": [b for b, _, _ in sessions], "group": [g for _, g, _ in sessions],
+                         **_pack([m for _, _, m in sessions], 1, unit=False)},
+            "verdicts": [[b, experiment, source, c.good, c.same, c.bad]
+                         for b in buckets for (experiment, source), c in sorted(self._verdicts.get(b, {}).items())],
+            "gauc_seen": {"group": [g for g, _ in seen], **_pack([m for _, m in seen], 1, unit=False)},
+            "gsb_seen": [[experiment, source, c.good, c.same, c.bad]
+                         for (experiment, source), c in sorted(self._gsb_seen.items())],
+        }
+
+    def restore(self, full: dict[str, Any], delta: dict[str, Any] | None = None) -> None:
+        """Put a full :meth:`share`, then a later delta of it, into these fresh windows (a partition's new owner).
+
+        The delta's buckets replace the full share's, buckets below the delta's floor are dropped, and the
+        watermark's bucket and what the next settle compares against are the delta's. Groups are found by their
+        (experiment, arm) with ``engine.group_of``. Shares to come (:meth:`share` with ``full`` False) build on
+        ``full``, so the owner may go on storing deltas of it.
+
+        The engine's own totals are the caller's: its ``GroupStats.gauc`` and GSB tallies (with the arms and
+        teams seen, which resolve interleaving verdicts) must be the ones checkpointed with the share before the
+        engine next closes event time (:meth:`Engine.close`, also while muted) or the windows are read; before or
+        after this call. The open requests, rebuilt muted, enter through :meth:`refresh` (the first unmuted
+        :meth:`Engine.process` of their join).
+
+        Raises:
+            ValueError: The shares do not fit these windows or each other (another bucket width or metrics, a
+                delta of another full share), or the windows already hold something.
+        """
+        if not full.get("full"):
+            raise ValueError("restore needs a full share, then optionally a delta of it")
+        self._check(full)
+        if delta is not None:
+            self._check(delta)
+            if delta.get("full") or delta.get("base") != full.get("id"):
+                raise ValueError("the delta is not a change of this full share")
+        if self._held or self._final or self._sessions or self._verdicts:
+            raise ValueError("restore into fresh windows (before the engine closes event time or adds requests)")
+        final: Cells = {}
+        sessions: Cells = {}
+        verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}
+        last = full
+        for share in (full, delta):
+            if share is None:
+                continue
+            last = share
+            groups = [self.engine.group_of(experiment, arm) for experiment, arm in share["groups"]]
+            for b in share["buckets"]:  # a delta's buckets replace the full share's
+                for store in (final, sessions, verdicts):
+                    store.pop(b, None)
+            for store, part, size, unit in ((final, share["final"], self.size, True),
+                                            (sessions, share["sessions"], 1, False)):
+                for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, size, unit), strict=True):
+                    store.setdefault(b, {})[groups[g]] = moments
+            for b, experiment, source, good, same, bad in share["verdicts"]:
+                verdicts.setdefault(b, {})[experiment, source] = GsbCounts(good, same, bad)
+        floor = int(last["floor"])
+        self._final = {b: cells for b, cells in final.items() if b >= floor}
+        self._sessions = {b: cells for b, cells in sessions.items() if b >= floor}
+        self._verdicts = {b: cells for b, cells in verdicts.items() if b >= floor}
+        self._changed = {b for b in (delta or {}).get("buckets", ()) if b >= floor}
+        self._share_id = full["id"]
+        self._floor = floor
+        self._current = None if last["current"] is None else int(last["current"])
+        self.watermark = -math.inf if last["watermark"] is None else float(last["watermark"])
+        self.with_subtopics = bool(last["with_subtopics"])
+        groups = [self.engine.group_of(experiment, arm) for experiment, arm in last["groups"]]
+        seen = last["gauc_seen"]
+        self._gauc_seen = {groups[g]: moments
+                           for g, moments in zip(seen["group"], _unpack(seen, 1, unit=False), strict=True)}
+        self._gsb_seen = {(experiment, source): GsbCounts(good, same, bad)
+                          for experiment, source, good, same, bad in last["gsb_seen"]}
+
+    def _check(self, share: dict[str, Any]) -> None:
+        """Raise ValueError unless ``share`` fits these windows (format, bucket width, metric columns)."""
+        if share.get("version") != SHARE_VERSION:
+            raise ValueError(f"unknown windows share format {share.get('version')!r}")
+        if share["width"] != self.width:
+            raise ValueError(f"the share has buckets of {share['width']} s, these windows of {self.width} s")
+        metrics = [spec.name for spec in self.engine.specs]
+        if share["metrics"] != metrics:
+            raise ValueError(f"the share has the metrics {share['metrics']}, these windows {metrics}")
+
     # -- internals --------------------------------------------------------------------------------------
     def _bucket_of(self, ts: float) -> int:
         return math.floor(ts / self.width)
 
     def _buckets(self, rankings: Sequence[CompactRanking]) -> Ints:
         ts = np.fromiter((r.ts for r in rankings), dtype=np.float64, count=len(rankings))
-        return np.floor(ts / self.width).astype(np.int64)
+        out: Ints = np.floor(ts / self.width).astype(np.int64)
+        return out
 
     def _ungraded_rows(self, n: int) -> Floats:
         """``n`` rows of the values every request without grades or subtopics has (known once one was seen)."""
@@ -272,12 +445,13 @@ class RollingWindows:
         """Take the current contribution of requests out of the cells: their rows (``NO_ROW``: not held)."""
         stored = rows[rows >= 0]
         if stored.shape[0]:
-            self._apply(self._bucket[stored], self._group[stored], self._values[stored], -1)
+            self._apply(self._cells, self._bucket[stored], self._group[stored], self._values[stored], -1)
             self._free.extend(stored.tolist())
         ungraded = np.flatnonzero(rows == UNGRADED).tolist()
         if ungraded:
             picked = [rankings[i] for i in ungraded]
-            self._apply(self._buckets(picked), self._groups(picked), self._ungraded_rows(len(picked)), -1)
+            self._apply(self._cells, self._buckets(picked), self._groups(picked), self._ungraded_rows(len(picked)),
+                        -1)
         self._held -= int((rows != NO_ROW).sum())
 
     def _replace(self, requests: Finalised, group: Ints, values: Floats, final: bool,
@@ -291,7 +465,7 @@ class RollingWindows:
         if not self.with_subtopics and any(r.subtopics is not None for r in rankings):
             self.with_subtopics = True
         if live.any():
-            self._apply(bucket_i[live], group[live], values[live], 1)
+            self._apply(self._final if final else self._cells, bucket_i[live], group[live], values[live], 1)
             if not final:
                 self._held += int(live.sum())
                 rows[live] = UNGRADED
@@ -299,8 +473,9 @@ class RollingWindows:
                 rows[stored] = self._store(bucket_i[stored], group[stored], values[stored])
         return rows
 
-    def _apply(self, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
-        """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells."""
+    def _apply(self, store: Cells, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
+        """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells of ``store`` (the open
+        or the final values); a cell left with no value is removed (its sums are zero)."""
         live = bucket >= self._floor
         if not live.all():
             bucket, group, values = bucket[live], group[live], values[live]
@@ -317,9 +492,9 @@ class RollingWindows:
         np.add.at(total, inverse, v)
         np.add.at(total_sq, inverse, v * v)
         for i, (b, g) in enumerate(keys.tolist()):
-            cells = self._cells.get(b)
+            cells = store.get(b)
             if cells is None:
-                cells = self._cells[b] = {}
+                cells = store[b] = {}
             cell = cells.get(g)
             if cell is None:
                 cell = cells[g] = Moments(self.size)
@@ -328,6 +503,12 @@ class RollingWindows:
             cell.weight_sq += sign * count[i]
             cell.total += sign * total[i]
             cell.total_sq += sign * total_sq[i]
+            if sign < 0 and not cell.count.any():  # every value reverted: exactly nothing (no rounding residue)
+                del cells[g]
+                if not cells:
+                    del store[b]
+        if store is self._final:
+            self._changed.update(np.unique(keys[:, 0]).tolist())
 
     def _store(self, bucket: Ints, group: Ints, values: Floats) -> Ints:
         """Rows for these values; returns them."""
@@ -353,7 +534,7 @@ class RollingWindows:
         """Sessions scored since the last settle, per group (the engine's GAUC moments minus those seen)."""
         out: dict[int, Moments] = {}
         for g, stats in enumerate(self.engine.groups):
-            seen = self._gauc_seen[g] if g < len(self._gauc_seen) else None
+            seen = self._gauc_seen.get(g)
             if seen is None:
                 if stats.gauc.count.any():
                     out[g] = stats.gauc.copy()
@@ -376,6 +557,8 @@ class RollingWindows:
         sessions = self._pending_sessions()
         verdicts = self._pending_verdicts()
         if self._current is not None and self._current >= self._floor:
+            if sessions or verdicts:
+                self._changed.add(self._current)
             if sessions:
                 cells = self._sessions.setdefault(self._current, {})
                 for g, moments in sessions.items():
@@ -387,5 +570,5 @@ class RollingWindows:
                 gsb_cells = self._verdicts.setdefault(self._current, {})
                 for key, counts in verdicts.items():
                     gsb_cells[key] = gsb_cells.get(key, GsbCounts()) + counts
-        self._gauc_seen = [stats.gauc.copy() for stats in self.engine.groups]
+        self._gauc_seen = {g: stats.gauc.copy() for g, stats in enumerate(self.engine.groups)}
         self._gsb_seen = self.engine.gsb.totals(self.engine.arms_of)
