@@ -304,8 +304,9 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool, clicks: int = 
     open_requests = sum(len(unit.join.open) for unit in worker.partitioned.units.values()) \
         if all(hasattr(unit.join, "open") for unit in worker.partitioned.units.values()) else None
     result["open"] = open_requests
-    result["finalised"] = sum(stats.requests for stats in worker.engine.groups)
-    result["counts"] = {f"{k}/{s}": n for (k, s), n in worker.engine.counts.items()}
+    totals = worker.totals()
+    result["finalised"] = totals.overall().requests
+    result["counts"] = {f"{k}/{s}": n for (k, s), n in totals.counts.items()}
     result["clicks"] = clicks
     if tracemalloc_on and snap0 is not None:
         traced1 = tracemalloc.get_traced_memory()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -26,3 +27,25 @@ def AbstractTimeConfig(**settings: Any) -> Config:  # noqa: N802  # stands in fo
     valid event times is widened to any time from 1800 to 5000, since by default a time before 2000-01-01 is
     invalid (SPEC §1). Tests of that default use :class:`Config` itself."""
     return Config(**{"min_ts": -5.4e9, "max_ts": 9.5e10, **settings})
+
+
+async def read_topic(bootstrap: str, topic: str, expected: int = 0, timeout: float = 120) -> list[Any]:
+    """Every record of ``topic``: until there are ``expected``, then until a fetch of 1 s brings nothing (so that
+    records beyond the expected number, duplicates, are read too)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    found: list[Any] = []
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                found += records
+            if (not batch and len(found) >= expected) or asyncio.get_running_loop().time() > deadline:
+                break
+    finally:
+        await consumer.stop()
+    return found

@@ -21,8 +21,8 @@ from pathlib import Path
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from support import approx
-from test_stream import SHORT, _done, _log, _read_topic, _replay, _until
+from support import approx, read_topic
+from test_stream import SHORT, _done, _log, _replay, _until
 
 from stream_eval.config import Config
 from stream_eval.engine.replay import replay
@@ -195,7 +195,7 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
 
     async def main() -> None:
         worker = StreamWorker(settings, SHORT)
-        EngineCollector(worker.engine, registry, lock=worker.lock, broker=worker.health)
+        EngineCollector(lambda: worker.engine, registry, lock=worker.lock, broker=worker.health, shares=worker.shares)
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run(stop))
 
@@ -207,7 +207,7 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
 
         sending = asyncio.create_task(send_lines(lines, [own_broker.bootstrap], topics(prefix),
                                                  partitions=PARTITIONS, rate=len(lines) / 10))
-        await _until(lambda: alive() and worker.engine.overall().requests > 0, 60, "the first finalised requests")
+        await _until(lambda: alive() and worker.totals().overall().requests > 0, 60, "the first finalised requests")
         own_broker.freeze()
         try:
             await asyncio.sleep(seconds)
@@ -218,13 +218,13 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
         counts = await asyncio.wait_for(sending, 120)
         assert sum(counts.values()) > len(lines) * 0.9
         await _until(lambda: alive() and _done(expected, worker), 120, "the end of every partition after the freeze")
+        report, want = worker.totals().report(), expected.report()  # (a stopped worker hands every share over)
         stop.set()
         await asyncio.wait_for(running, 60)
-        report, want = worker.engine.report(), expected.report()
         for section in ("events", "overall", "groups", "gsb", "ab"):
             assert report[section] == approx(want[section]), section
         assert report["ab"] == want["ab"] and report["srm"] == want["srm"]
-        found = await _read_topic(own_broker.bootstrap, topics(prefix).request_metrics, len(expected_records.by_id))
+        found = await read_topic(own_broker.bootstrap, topics(prefix).request_metrics, len(expected_records.by_id))
         records = {r.key.decode(): orjson.loads(r.value) for r in found}
         assert len(found) == len(records) == len(expected_records.by_id)  # each once
         assert records == expected_records.by_id

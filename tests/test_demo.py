@@ -234,7 +234,10 @@ def _finalised(url: str) -> dict[str, float]:
         samples = scrape(url)
     except OSError:
         return {}
-    return {labels["arm"]: value for labels, value in samples.get("stream_eval_requests_total", [])}
+    finalised: dict[str, float] = {}
+    for labels, value in samples.get("stream_eval_requests_total", []):  # summed over partitions
+        finalised[labels["arm"]] = finalised.get(labels["arm"], 0.0) + value
+    return finalised
 
 
 def _listening(port: int) -> bool:

@@ -111,7 +111,7 @@ def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int) -
     for (kind, partition), rest in pending.items():
         _feed(engine, kind, partition, rest)
     assert engine.watermark == math.inf
-    assert _comparable(engine.engine.report()) == _comparable(expected.report())
+    assert _comparable(engine.totals().report()) == _comparable(expected.report())
     assert collect.records == expected_records.records
     assert collect.repeated == 0
 
@@ -140,10 +140,10 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any) -> None:
         _feed(a if partition else b, kind, partition, [(offset, value)])
     assert not set(first.records) & set(second.records)
     assert first.records | second.records == expected_records.records
-    combined = EventCounts(a.engine.counts + b.engine.counts)
+    combined = EventCounts(a.totals().counts + b.totals().counts)
     assert combined.summary() == expected.counts.summary()  # lines of unknown type count as rankings' here
-    overall = a.engine.overall()
-    overall += b.engine.overall()
+    overall = a.totals().overall()
+    overall += b.totals().overall()
     assert overall.requests == expected.overall().requests
 
 
@@ -171,7 +171,7 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     stored: dict[tuple[int, int], bytes] = {}
     for n, (kind, partition, offset, value) in enumerate(sent):
         _feed(partitioned, kind, partition, [(offset, value)])
-        new = [value for _, value in first.regroup.take()]
+        new = [value for _, value in partitioned.take_regrouped(commit=True)]
         stage.feed(list(range(len(log), len(log) + len(new))), new)
         log += new
         if snapshots and n in (len(sent) // 3, len(sent) // 2):
@@ -191,7 +191,7 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
             stage.feed(list(range(checkpoint.start, len(log))), log[checkpoint.start:])
             handed_over = True
     merged = Engine(config)
-    merged.merge(first)
+    merged.merge(partitioned.totals())  # the partitions' shares and the stage's first owner's
     merged.merge(second)
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert second.overall().sessions > 0

@@ -159,7 +159,8 @@ def test_replay_cli_reports_poison_and_goes_on(tmp_path: Path) -> None:
 def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path) -> None:
     """Deeply nested JSON, times out of range and a producer clock an hour ahead, on every input topic: the worker
     dead-letters each with its code, never stops, and its numbers are those of the good lines."""
-    from test_stream import _read_topic, _running, _stop, _until
+    from support import read_topic
+    from test_stream import _running, _stop, _until
 
     from stream_eval.stream.kafka import topics
     from stream_eval.stream.produce import send_lines
@@ -184,16 +185,17 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
         await _until(lambda: worker.partitioned.watermark == float("inf") and worker.stage is not None
                      and worker.stage.watermark == float("inf"), 120, "the end of every partition")
         assert not running[0].done()
+        got.update(worker.totals().report())  # the live worker's (a stopped one hands every share over)
         await _stop(running)
         invalid = want["events"]["invalid"] + len(poison)
-        dead = await _read_topic(broker, topics(prefix).dead_letters, invalid)
+        dead = await read_topic(broker, topics(prefix).dead_letters, invalid)
         by_code = sorted(dict(r.headers)["code"].decode() for r in dead if r.value.strip() in
                          {p.strip() for p in poison})
         assert by_code == codes
         assert len(dead) == invalid
 
+    got: dict[str, Any] = {}
     asyncio.run(main())
-    got = worker.engine.report()
     assert got["events"].pop("invalid") == want["events"].pop("invalid") + len(poison)
     from support import approx
 

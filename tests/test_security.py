@@ -39,6 +39,7 @@ from typing import Any
 
 import orjson
 import pytest
+from support import read_topic
 
 from stream_eval.cli import build_parser, main, security_from_args
 from stream_eval.stream.app import JsonLogFormatter, log_options
@@ -438,8 +439,8 @@ def test_sigterm_checkpoints_and_a_second_worker_counts_nothing_twice(broker: st
     messages = [json.loads(line)["message"] for line in log_a.read_text().splitlines() if line.strip()]
     assert any(m.startswith("stream-eval worker: stopped: final checkpoint done") for m in messages), messages[-20:]
     # every partition's state stored on the way out: a checkpoint of each, written after the signal
-    checkpoints = asyncio.run(_read_all(broker, f"{prefix}{group}.checkpoints"))
-    last = {orjson.loads(r.value)["partition"]: r.timestamp for r in checkpoints}
+    checkpoints = asyncio.run(read_topic(broker, f"{prefix}{group}.checkpoints"))
+    last = {orjson.loads(r.value)["partition"]: r.timestamp for r in checkpoints if r.key == b"checkpoint"}
     assert sorted(last) == [0, 1, 2, 3] and min(last.values()) >= signalled_ms - 50, (last, signalled_ms)
     b, url_b, log_b = start("b")
     try:
@@ -448,32 +449,11 @@ def test_sigterm_checkpoints_and_a_second_worker_counts_nothing_twice(broker: st
         asyncio.run(send_lines(lines[half:], [broker], names))
         _wait(lambda: _metric(url_b + "/metrics", "stream_eval_events_total") >= len(lines) - half, 120,
               "worker B to read the second half", b, log_b)
-        records = asyncio.run(_read_all(broker, names.request_metrics, expected))
+        records = asyncio.run(read_topic(broker, names.request_metrics, expected))
     finally:
         assert _stop(b) == 0, log_b.read_text()[-3000:]
     ids = [orjson.loads(r.value)["request_id"] for r in records]
     assert len(ids) == len(set(ids)) == expected, (len(ids), len(set(ids)), expected)
-
-
-async def _read_all(bootstrap: str, topic: str, expected: int = 0, timeout: float = 120) -> list[Any]:
-    """Every record of ``topic``, waiting until there are ``expected`` (then a little longer, for extras)."""
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
-    await consumer.start()
-    found: list[Any] = []
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            batch = await consumer.getmany(timeout_ms=1000)
-            for records in batch.values():
-                found += records
-            if (not batch and len(found) >= expected) or asyncio.get_running_loop().time() > deadline:
-                break
-    finally:
-        await consumer.stop()
-    return found
 
 
 # -- a TLS and SASL front for the development broker ---------------------------------------------------------------

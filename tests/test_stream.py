@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from support import approx
+from support import approx, read_topic
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -68,27 +68,6 @@ async def _until(condition: Callable[[], bool], timeout: float, what: str) -> No
         await asyncio.sleep(0.1)
 
 
-async def _read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 60) -> list[Any]:
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
-    await consumer.start()
-    found: list[Any] = []
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(found) < expected and asyncio.get_running_loop().time() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for records in batch.values():
-                found += records
-        await asyncio.sleep(0.5)  # anything beyond the expected number would be a duplicate
-        for records in (await consumer.getmany(timeout_ms=500)).values():
-            found += records
-    finally:
-        await consumer.stop()
-    return found
-
-
 def _done(expected: Engine, *workers: StreamWorker) -> bool:
     """Every input partition ended, and the regroup stage (on one of the workers) has closed every session and has
     every judgment of the log (judgments are counted on the stage and hold no watermark back, so their records may
@@ -127,14 +106,14 @@ async def _same_totals_and_records(expected: Engine, records: Records, workers: 
     the replay's."""
     merged = Engine(workers[0].config)
     for worker in workers:
-        merged.merge(worker.engine)
+        merged.merge(worker.totals())
     report, want = merged.report(), expected.report()
     for section in ("events", "overall", "groups", "gsb", "ab"):
         assert report[section] == approx(want[section]), section
     # the A/B units, SRM and sign tests live whole on the regroup stage's worker: replay's, bit for bit
     assert report["ab"] and report["ab"] == want["ab"] and report["srm"] == want["srm"]
     assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
-    found = await _read_topic(broker, topics(prefix).request_metrics, len(records.by_id))
+    found = await read_topic(broker, topics(prefix).request_metrics, len(records.by_id))
     by_id = {r.key.decode(): orjson.loads(r.value) for r in found}
     assert len(found) == len(by_id) == len(records.by_id)
     assert by_id == records.by_id
@@ -157,17 +136,17 @@ def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool
         worker = StreamWorker(settings, config)
         running = await _running(worker)
         await _until(lambda: _done(expected, worker), 120, "the end of every partition, regrouped sessions included")
+        report, want = worker.totals().report(), expected.report()
         await _stop(running)
-        report, want = worker.engine.report(), expected.report()
         for section in ("events", "overall", "groups", "gsb", "ab"):
             assert report[section] == approx(want[section]), section
         assert report["ab"] and report["ab"] == want["ab"] and report["srm"] == want["srm"]
         assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
-        found = await _read_topic(broker, topics(prefix).request_metrics, len(expected_records.by_id))
+        found = await read_topic(broker, topics(prefix).request_metrics, len(expected_records.by_id))
         records = {r.key.decode(): orjson.loads(r.value) for r in found}
         assert len(found) == len(records) == len(expected_records.by_id)
         assert records == expected_records.by_id
-        dead = await _read_topic(broker, topics(prefix).dead_letters, expected.counts.summary()["invalid"])
+        dead = await read_topic(broker, topics(prefix).dead_letters, expected.counts.summary()["invalid"])
         assert len(dead) == expected.counts.summary()["invalid"]
         sent = {line.strip() for line in lines}
         assert all(record.value.strip() in sent for record in dead)  # the original bytes
@@ -193,13 +172,11 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
         await _until(lambda: bool(b.partitioned.units), 120, "worker B to get partitions")
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(expected, a, b), 120, "the end of every partition on both workers")
-        # the regroup stage's worker last: stopping it first could hand the stage to the other one on its way out,
-        # which would then stop in the middle of rebuilding what the stage holds whole (A/B units, sign tests)
-        holder, other = (running_a, running_b) if a.stage is not None else (running_b, running_a)
-        await _stop(other)
-        await _stop(holder)
+        # the live workers' totals: each holds the shares of the partitions it owns (and of the stage, if it runs it)
         await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
-        assert min(a.engine.overall().requests, b.engine.overall().requests) > 0  # both did work
+        assert min(a.totals().overall().requests, b.totals().overall().requests) > 0  # both did work
+        await _stop(running_a, running_b)
+        assert not a.totals().overall().requests  # a stopped worker handed every share over with its checkpoints
 
     _run(main)
 
@@ -220,16 +197,18 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await send_lines(lines[:half], [broker], topics(prefix), partitions=PARTITIONS, flush=False)
         a, b = StreamWorker(settings, SHORT), StreamWorker(settings, SHORT)
         running_a = await _running(a)
-        await _until(lambda: a.events_seen >= half * 0.9 and a.engine.overall().sessions > 0 and (
+        await _until(lambda: a.events_seen >= half * 0.9 and a.totals().overall().sessions > 0 and (
             not snapshots or (a.stage is not None and a.stage.snapshot_ref is not None)), 120,
             "worker A to read the first half, score sessions (and store a snapshot of its stage)")
+        scored = a.engine.overall().sessions  # named sessions scored by A's regroup stage
         await _stop(running_a)
         running_b = await _running(b)
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(expected, b), 120, "worker B to finish")
-        await _stop(running_b)
-        await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
-        assert a.engine.overall().sessions and b.engine.overall().sessions  # each scored sessions: the stage moved
+        # B holds every share now, A's restored from its checkpoints
+        await _same_totals_and_records(expected, expected_records, [b], broker, prefix)
+        assert scored and b.engine.overall().sessions > scored  # the stage moved, with what A had scored
         assert (b.stage is not None and b.stage.frozen_until > 0) == snapshots  # B restored A's snapshot
+        await _stop(running_b)
 
     _run(main)

@@ -298,6 +298,15 @@ class Engine:
             self.gsb.close(watermark, self.arms_of, count=not self._muted)
             self.ledger.release(watermark)
 
+    def finalise_until(self, watermark: float) -> None:
+        """Finalise the requests of this engine's own join that event time ``watermark`` closes, closing nothing
+        else (a partition's engine when streaming: sessions, GSB and windows close on every partition's time)."""
+        self._finalise_all(self.join.advance(watermark))
+
+    def finalise_open(self) -> None:
+        """End of a partition: finalise every request of this engine's own join, closing nothing else."""
+        self._finalise_all(self.join.flush())
+
     def flush(self, join: Join | None = None) -> None:
         """End of input: finalise everything still open (of one partition's ``join``, or everything)."""
         own = join is None or join is self.join

@@ -25,6 +25,7 @@ on from there, so a rebalance never counts an event or a request twice.
 from __future__ import annotations
 
 import math
+import os
 import time
 from array import array
 from bisect import bisect_left
@@ -34,7 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from stream_eval.engine.engine import Engine
+from stream_eval.engine import shares
+from stream_eval.engine.delays import FeedbackDelays
+from stream_eval.engine.engine import Engine, FinalisedBatch
+from stream_eval.engine.regroup import RegroupSink, SessionStage
+from stream_eval.engine.times import time_to_json
+from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import Join
 from stream_eval.events.schema import CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 
@@ -49,26 +55,35 @@ ANNOUNCE_EVERY = 0.2
 
 @dataclass
 class Checkpoint:
-    """Where a unit's state can be rebuilt from: per kind, first offset to read and first offset not counted."""
+    """Where a unit's state can be rebuilt from: per kind, first offset to read and first offset not counted;
+    what the unit had counted by then (its share, ``engine/shares.py``) and the sequence number of its last
+    record in the regroup log (``engine/regroup.py``). The worker adds where its outputs stood."""
 
     partition: int
     start: dict[str, int] = field(default_factory=dict)
     processed: dict[str, int] = field(default_factory=dict)
     watermark: float = -math.inf
+    share: dict[str, Any] | None = None
+    regroup_seq: int = 0
+    #: The worker's: the end offset of the partition's request-metrics output after the checkpoint's flush.
+    output_end: int | None = None
+    #: The worker's: where the full windows share that ``share``'s windows delta builds on is stored.
+    windows: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "start": self.start, "processed": self.processed,
-                "watermark": time_to_json(self.watermark)}
+                "watermark": time_to_json(self.watermark), "share": self.share, "regroup_seq": self.regroup_seq,
+                "output_end": self.output_end, "windows": None if self.windows is None else list(self.windows)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        windows = data.get("windows")
+        output_end = data.get("output_end")
         return cls(int(data["partition"]), {k: int(v) for k, v in data["start"].items()},
-                   {k: int(v) for k, v in data["processed"].items()}, float(data["watermark"]))
-
-
-def time_to_json(value: float) -> float | str:
-    """Event time for JSON, which has no infinities: ``"inf"``/``"-inf"`` (``float()`` reads them back)."""
-    return value if math.isfinite(value) else str(value)
+                   {k: int(v) for k, v in data["processed"].items()}, float(data["watermark"]),
+                   data.get("share"), int(data.get("regroup_seq", 0)),
+                   None if output_end is None else int(output_end),
+                   None if windows is None else (int(windows[0]), int(windows[1])))
 
 
 class Source:
@@ -151,13 +166,18 @@ class Requests:
 
 
 class Unit:
-    """Partition ``p`` of every input topic: its join, sources, needed offsets and rebuild progress."""
+    """Partition ``p`` of every input topic: its engine (whose join holds its requests and whose totals are its
+    share), sources, needed offsets and rebuild progress."""
 
-    __slots__ = ("join", "sources", "requests", "mute", "resume_watermark", "held", "flushed", "announced",
-                 "announced_at")
+    __slots__ = ("engine", "join", "sources", "requests", "mute", "resume_watermark", "held", "flushed",
+                 "announced", "announced_at", "generation", "windows", "restored")
 
-    def __init__(self, join: Join, now: float, checkpoint: Checkpoint | None) -> None:
-        self.join = join
+    def __init__(self, engine: Engine, now: float, checkpoint: Checkpoint | None) -> None:
+        self.engine = engine
+        self.join = engine.join
+        self.generation = os.urandom(4).hex()  # this ownership of the partition: a label, and the regroup token
+        self.windows: tuple[int, int] | None = None  # where the full windows share of this ownership is stored
+        self.restored = checkpoint
         self.sources = {kind: Source(now) for kind in KINDS}
         self.requests = {kind: Requests() for kind in JOINED}
         self.mute: dict[str, int] = {}
@@ -176,42 +196,122 @@ class Unit:
 
 
 class PartitionedEngine:
-    """Feeds an :class:`Engine` from partitioned input with per-source watermarks and checkpoints."""
+    """Feeds engines from partitioned input with per-source watermarks and checkpoints.
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+    Each partition gets an engine of its own (built like ``engine``: the same configuration, label bounds,
+    rolling windows and feedback delays), whose totals are the partition's share (``engine/shares.py``): a
+    checkpoint stores it, a new owner restores it. Named sessions, query GSB and the A/B units span partitions:
+    each partition's engine writes them to its :class:`~stream_eval.engine.regroup.RegroupSink`, and a
+    :class:`~stream_eval.engine.regroup.SessionStage` on ``engine`` counts them. With ``engine.regroup`` set,
+    the caller runs that stage (a worker: through the regroup log; :meth:`take_regrouped` gives the records);
+    otherwise this object runs it itself.
+
+    ``on_finalised(partition, batch)``: called with every batch of requests a partition finalises (default: the
+    ``on_finalised`` of ``engine``, without the partition).
+    """
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic,
+                 on_finalised: Callable[[int, FinalisedBatch], None] | None = None) -> None:
         self.engine = engine
         self.clock = clock
         self.idle_timeout = engine.config.idle_timeout
         self.units: dict[int, Unit] = {}
         self.watermark = -math.inf
+        if on_finalised is None and engine.on_finalised is not None:
+            callback = engine.on_finalised
+            on_finalised = lambda partition, batch: callback(batch)  # noqa: E731  # the partition is not needed
+        self.on_finalised = on_finalised
+        self.external_stage = engine.regroup is not None
+        self._stage: SessionStage | None = None  # the stage this object runs (without ``engine.regroup``)
+        self._stage_log = 0  # offsets of the records given to it
+
+    def _new_engine(self, partition: int) -> Engine:
+        main = self.engine
+        callback = self.on_finalised
+        engine = Engine(main.config, None if callback is None else (lambda batch: callback(partition, batch)),
+                        main.batch_size)
+        engine.labels = main.labels
+        if main.windows is not None:
+            RollingWindows(engine, main.windows.windows, main.windows.width)
+        if main.delays is not None:
+            FeedbackDelays(engine, main.delays.bounds.tolist())
+        engine.regroup = RegroupSink(partition)
+        return engine
 
     # -- ownership ----------------------------------------------------------------------------------
-    def assign(self, partition: int, checkpoint: Checkpoint | None = None) -> dict[str, int]:
-        """Take partition ``partition``; returns the offsets to start reading from (those known)."""
-        self.units[partition] = Unit(self.engine.new_join(), self.clock(), checkpoint)
+    def assign(self, partition: int, checkpoint: Checkpoint | None = None,
+               windows: dict[str, Any] | None = None) -> dict[str, int]:
+        """Take partition ``partition`` from its last checkpoint (``windows``: the full windows share that the
+        checkpoint names); returns the offsets to start reading from (those known)."""
+        engine = self._new_engine(partition)
+        unit = Unit(engine, self.clock(), checkpoint)
+        if checkpoint is not None and checkpoint.share is not None:
+            shares.restore(engine, checkpoint.share, windows)
+        engine.regroup.begin(unit.generation, 0 if checkpoint is None else checkpoint.regroup_seq)  # type: ignore[union-attr]  # set above
+        self.units[partition] = unit
         return dict(checkpoint.start) if checkpoint is not None else {}
 
     def revoke(self, partition: int) -> Checkpoint:
-        """Give partition ``partition`` up: its checkpoint, then its state is dropped (the new owner rebuilds)."""
+        """Give partition ``partition`` up: its checkpoint (with its share), then its engine is dropped."""
         checkpoint = self.checkpoint(partition)
-        unit = self.units.pop(partition)
-        if self.engine.windows is not None:
-            self.engine.windows.drop(unit.join)  # its open requests leave the live windows
+        del self.units[partition]
         return checkpoint
 
     def checkpoint(self, partition: int) -> Checkpoint:
+        """Partition ``partition``'s checkpoint, share included (its windows as a change since the last full
+        windows share, :meth:`windows_share`, when the unit has stored one; else in full)."""
         unit = self.units[partition]
         checkpoint = Checkpoint(partition, watermark=max(unit.join.watermark, unit.resume_watermark))
         if unit.flushed:
             checkpoint.watermark = math.inf
+        restored = unit.restored
         for kind, source in unit.sources.items():
             if source.next_offset is None:
+                if restored is not None and kind in restored.processed:  # nothing fed yet: as restored
+                    checkpoint.processed[kind], checkpoint.start[kind] = restored.processed[kind], restored.start[kind]
                 continue
             processed = max(source.next_offset, unit.mute.get(kind, source.next_offset))
             needed = unit.requests[kind].first(unit.join) if kind in unit.requests else None
             checkpoint.processed[kind] = processed
             checkpoint.start[kind] = min(needed, source.next_offset) if needed is not None else source.next_offset
+        checkpoint.share = shares.take(unit.engine, windows=unit.windows is None)
+        checkpoint.windows = unit.windows
+        checkpoint.regroup_seq = unit.engine.regroup.seq  # type: ignore[union-attr]  # set in _new_engine
         return checkpoint
+
+    def windows_share(self, partition: int) -> dict[str, Any] | None:
+        """The full share of partition ``partition``'s windows (later checkpoints store what changed since);
+        the caller stores it and tells where with :meth:`windows_stored`."""
+        windows = self.units[partition].engine.windows
+        return None if windows is None else windows.share(full=True)
+
+    def windows_stored(self, partition: int, where: tuple[int, int]) -> None:
+        self.units[partition].windows = where
+
+    def engines(self) -> list[tuple[int, Unit]]:
+        """The partitions owned and their units (``unit.engine``: the partition's share of the totals)."""
+        return sorted(self.units.items())
+
+    def take_regrouped(self, commit: bool = False) -> list[tuple[bytes, bytes]]:
+        """The records the partitions' engines wrote for the regroup log since the last call, as (key, value);
+        with ``commit``, each partition's followed by its commit marker (``engine/regroup.py``)."""
+        records: list[tuple[bytes, bytes]] = []
+        for _, unit in sorted(self.units.items()):
+            sink = unit.engine.regroup
+            assert sink is not None
+            if commit and sink.records:
+                sink.commit(sink.seq)
+            records += sink.take()
+        return records
+
+    def totals(self) -> Engine:
+        """One engine with the totals of the partitions owned and of ``engine`` (for a report)."""
+        total = Engine(self.engine.config)
+        total.merge(self.engine)
+        for _, unit in sorted(self.units.items()):
+            total.merge(unit.engine)
+        total.watermark = self.engine.watermark
+        return total
 
     # -- input --------------------------------------------------------------------------------------
     def feed(self, kind: str, partition: int, offsets: list[int], events: list[Event]) -> list[Invalid]:
@@ -240,9 +340,9 @@ class PartitionedEngine:
             unit.held.append((kind, offsets[cut:], events[cut:]))
         if unit.rebuilding:
             return []
-        engine, join = self.engine, unit.join
-        with engine.muted(join):
-            engine.advance(unit.resume_watermark, join)  # what the previous owner had finalised
+        engine = unit.engine
+        with engine.muted(engine.join):
+            engine.finalise_until(unit.resume_watermark)  # what the previous owner had finalised
         held, unit.held = unit.held, []
         invalid: list[Invalid] = []
         for held_kind, held_offsets, held_events in held:
@@ -279,12 +379,12 @@ class PartitionedEngine:
             plain = [e for e in events if type(e) is not Watermark]
         if kind in unit.requests:
             unit.requests[kind].add(offsets, events, unit.join)
-        engine = self.engine
+        engine = unit.engine
         if muted:
-            with engine.muted(unit.join):
-                engine.process(plain, unit.join, event_time=False)
+            with engine.muted(engine.join):
+                engine.process(plain, event_time=False)
             return []
-        engine.process(plain, unit.join, event_time=False)
+        engine.process(plain, event_time=False)
         return invalid
 
     # -- event time ---------------------------------------------------------------------------------
@@ -302,25 +402,37 @@ class PartitionedEngine:
                     overall = min(overall, t)
         if not speaking:
             overall = self.watermark  # everything idle: event time stands still
-        engine = self.engine
-        regroup = engine.regroup
         for partition, unit in self.units.items():
             if unit.rebuilding:
                 continue
+            engine = unit.engine
             times = [t for t in (unit.sources[k].time(now, idle) for k in JOINED) if t is not None]
             target = min(times) if times else overall
             if target == math.inf:
                 if not unit.flushed:
-                    engine.flush(unit.join)
+                    engine.finalise_open()
                     unit.flushed = True
             elif target > unit.join.watermark:
-                engine.advance(target, unit.join)
-            if regroup is not None:  # the regroup stage closes sessions when every partition is this far
-                finalised = math.inf if unit.flushed else unit.join.watermark
-                if finalised > unit.announced and (finalised == math.inf or now - unit.announced_at >= ANNOUNCE_EVERY):
-                    unit.announced, unit.announced_at = finalised, now
-                    regroup.watermark(partition, finalised)
+                engine.finalise_until(target)
+            # the regroup stage closes sessions when every partition is this far
+            finalised = math.inf if unit.flushed else unit.join.watermark
+            if finalised > unit.announced and (finalised == math.inf or now - unit.announced_at >= ANNOUNCE_EVERY):
+                unit.announced, unit.announced_at = finalised, now
+                engine.regroup.watermark(partition, finalised)  # type: ignore[union-attr]  # set in _new_engine
+        if not self.external_stage:
+            self._run_stage()
         if overall > self.watermark or overall == math.inf:
             self.watermark = overall
-            engine.close(overall, sessions=regroup is None)
+            for unit in self.units.values():
+                unit.engine.close(overall, sessions=False)  # the windows
+            self.engine.close(overall, sessions=False)
         return self.watermark
+
+    def _run_stage(self) -> None:
+        """Without an external stage: the regroup records go to a stage on ``engine`` at once."""
+        if self._stage is None:
+            self._stage = SessionStage(self.engine, max(self.units, default=-1) + 1)
+        records = [value for _, value in self.take_regrouped(commit=True)]
+        if records:
+            self._stage.feed(range(self._stage_log, self._stage_log + len(records)), records)
+            self._stage_log += len(records)

@@ -27,6 +27,11 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   ``stream_eval_broker_errors_total{operation}``: broker errors and stalls met by the worker, per operation
   (``startup``, ``fetch``, ``produce``, ``flush``, ``checkpoint``, ``commit``; ``stream/backoff.py``).
 
+A worker's counters (requests, metric sums and counts, GSB verdicts, events, overflow, the delay histogram) are
+exported per share of its totals, with the labels ``partition`` (input partition, or ``regroup`` for the regroup
+stage's) and ``generation`` (one ownership of it): a share moves between workers with its partition
+(``engine/shares.py``), so each series only grows and ``sum by`` over the SPEC labels is exact.
+
 Counters never decrease: each is exported as the largest value this collector has exported for its series. (GSB
 interleaving verdicts are resolved against the arms known at scrape time; an arm appearing later could otherwise
 shrink a count.) Undefined values (a mean of nothing) are NaN.
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,7 +56,7 @@ from prometheus_client.registry import Collector
 
 from stream_eval.engine.engine import Engine
 from stream_eval.events.join import OVERFLOW
-from stream_eval.metrics.gsb import VERDICTS
+from stream_eval.metrics.gsb import VERDICTS, GsbCounts
 
 Labels = tuple[str, ...]
 
@@ -83,8 +88,8 @@ class _Scrape:
     events: dict[Labels, float] = field(default_factory=dict)
     overflow: dict[Labels, float] = field(default_factory=dict)
     state_overflow: dict[Labels, float] = field(default_factory=dict)
-    delay_buckets: list[tuple[str, float]] | None = None
-    delay_sum: float = 0.0
+    delays: dict[Labels, tuple[list[tuple[str, float]], float]] = field(default_factory=dict)
+    verdicts: dict[Labels, GsbCounts] = field(default_factory=dict)
     watermark: float = math.nan
     broker_up: dict[Labels, float] = field(default_factory=dict)
     broker_errors: dict[Labels, float] = field(default_factory=dict)
@@ -103,6 +108,10 @@ class EngineCollector(Collector):
         registry: Registered there when given (never the global default registry unless passed explicitly).
         lock: Held by the worker while it processes a batch; the collector takes it to copy a consistent state.
         broker: The worker's broker health, exported when given.
+        shares: A worker's shares of the totals, ``(partition, generation, engine)`` each (``StreamWorker.shares``):
+            the counters are read from each and labelled ``partition`` (an input partition, or ``regroup`` for the
+            regroup stage's share) and ``generation`` (one ownership of it); the windows are summed over them.
+            ``engine`` (or a callable giving it) is then the regroup stage's engine.
 
     >>> from prometheus_client import CollectorRegistry
     >>> from stream_eval.config import Config
@@ -113,15 +122,24 @@ class EngineCollector(Collector):
     """
 
     def __init__(
-        self, engine: Engine, registry: CollectorRegistry | None = None, lock: threading.Lock | None = None,
-        broker: BrokerStatus | None = None,
+        self, engine: Engine | Callable[[], Engine], registry: CollectorRegistry | None = None,
+        lock: threading.Lock | None = None,
+        broker: BrokerStatus | None = None, shares: Callable[[], Sequence[tuple[str, str, Engine]]] | None = None,
     ) -> None:
-        self.engine = engine
+        self._engine = engine
         self.broker = broker
         self.lock = lock
+        self.shares = shares
         self._high: dict[tuple[str, Labels], float] = {}
+        self._seen: dict[tuple[str, Labels], float] = {}
         if registry is not None:
             registry.register(self)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine read for everything that is not a share (the A/B units, watermark, label overflow)."""
+        engine = self._engine
+        return engine() if callable(engine) else engine
 
     def _locked(self) -> AbstractContextManager[object]:
         return self.lock if self.lock is not None else nullcontext()
@@ -130,28 +148,28 @@ class EngineCollector(Collector):
     def _read(self) -> _Scrape:
         engine = self.engine
         out = _Scrape()
-        subtopics = engine.with_subtopics
-        names = [(j, spec.name) for j, spec in enumerate(engine.specs) if spec.family != "alpha-nDCG" or subtopics]
-        for (experiment, arm), stats in zip(engine.group_keys, engine.groups, strict=True):
-            out.requests[experiment, arm] = float(stats.requests)
-            total, count = stats.moments.total.tolist(), stats.moments.count.tolist()
-            for j, name in names:
-                out.metric_sum[experiment, arm, name] = total[j]
-                out.metric_count[experiment, arm, name] = float(count[j])
-            out.metric_sum[experiment, arm, "AUC"] = float(stats.gauc.total[0])
-            out.metric_count[experiment, arm, "AUC"] = float(stats.gauc.weight[0])
+        shares: Sequence[tuple[str, str, Engine]] = self.shares() if self.shares is not None else [("", "", engine)]
+        for partition, generation, share in shares:
+            self._read_share(share, () if self.shares is None else (partition, generation), out)
+        stage = self._extra_of(shares, engine)
+        if stage is not None:
+            out.state_overflow[("unit", *stage)] = float(engine.ledger.overflow)
         for row in engine.gsb_rows():
             experiment, source = row["experiment"], row["source"]
-            for verdict in VERDICTS:
-                out.gsb[experiment, source, verdict] = float(row[verdict])
             out.gsb_score[experiment, source, "total"] = _number(row["score"])
             out.gsb_p_value[experiment, source] = _number(row["p_value"])
-        windows = engine.windows
-        if windows is not None:
-            for (experiment, arm, metric, label), sums in windows.snapshot().items():
-                out.window[experiment, arm, metric, label] = sums
+        for _, _, share in shares:
+            windows = share.windows
+            if windows is None:
+                continue
+            for key, (total, count) in windows.snapshot().items():
+                before = out.window.get(key, (0.0, 0.0))
+                out.window[key] = (before[0] + total, before[1] + count)
             for (experiment, source, label), counts in windows.verdicts().items():
-                out.gsb_score[experiment, source, label] = counts.score
+                out.verdicts[experiment, source, label] = out.verdicts.get((experiment, source, label),
+                                                                           GsbCounts()) + counts
+        for (experiment, source, label), counts in out.verdicts.items():
+            out.gsb_score[experiment, source, label] = counts.score
         for row in engine.ab():
             out.ab[row["experiment"], row["metric"]] = tuple(_number(row[k]) for k in _AB_FIELDS)
         for experiment, units in engine.ledger.units().items():
@@ -161,20 +179,8 @@ class EngineCollector(Collector):
             out.conflicts[(experiment,)] = float(n)
         for row in engine.srm():
             out.srm[(row["experiment"],)] = (_number(row["sequential_p_value"]), float(row["mismatch"]))
-        for (kind, status), n in engine.counts.items():
-            if kind != OVERFLOW:
-                out.events[kind, status] = float(n)
         for label, n in engine.labels.overflow.items():
             out.overflow[(label,)] = float(n)
-        # state beyond its bounds (README, "Bounded state"): every kind, zero included
-        out.state_overflow = {("session",): float(engine.sessions.overflow), ("query",): float(engine.gsb.overflow),
-                              ("unit",): float(engine.ledger.overflow),
-                              ("waiting_feedback",): float(engine.counts[OVERFLOW, "waiting_feedback"])}
-        delays = engine.delays
-        if delays is not None:
-            bounds = [f"{b:g}" for b in delays.bounds.tolist()] + ["+Inf"]
-            out.delay_buckets = list(zip(bounds, [float(c) for c in delays.cumulative()], strict=True))
-            out.delay_sum = delays.total
         if math.isfinite(engine.watermark):
             out.watermark = engine.watermark
         if self.broker is not None:
@@ -183,13 +189,53 @@ class EngineCollector(Collector):
             out.broker_errors = {(operation,): float(n) for operation, n in errors.items()}
         return out
 
+    def _extra_of(self, shares: Sequence[tuple[str, str, Engine]], engine: Engine) -> Labels | None:
+        """The partition and generation labels of ``engine``'s share (the regroup stage's, for the A/B units);
+        ``None`` when it is not one of the shares (a worker without the regroup stage)."""
+        if self.shares is None:
+            return ()
+        for partition, generation, share in shares:
+            if share is engine:
+                return (partition, generation)
+        return None
+
+    @staticmethod
+    def _read_share(engine: Engine, extra: Labels, out: _Scrape) -> None:
+        """The counters of one share of the totals (labelled ``extra``)."""
+        subtopics = engine.with_subtopics
+        names = [(j, spec.name) for j, spec in enumerate(engine.specs) if spec.family != "alpha-nDCG" or subtopics]
+        for (experiment, arm), stats in zip(engine.group_keys, engine.groups, strict=True):
+            out.requests[experiment, arm, *extra] = float(stats.requests)
+            total, count = stats.moments.total.tolist(), stats.moments.count.tolist()
+            for j, name in names:
+                out.metric_sum[experiment, arm, name, *extra] = total[j]
+                out.metric_count[experiment, arm, name, *extra] = float(count[j])
+            out.metric_sum[experiment, arm, "AUC", *extra] = float(stats.gauc.total[0])
+            out.metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
+        for (experiment, source), counts in engine.gsb.totals(engine.arms_of).items():
+            for verdict in VERDICTS:
+                out.gsb[experiment, source, verdict, *extra] = float(getattr(counts, verdict))
+        for (kind, status), n in engine.counts.items():
+            if kind != OVERFLOW:
+                out.events[kind, status, *extra] = float(n)
+        # state beyond its bounds (README, "Bounded state"): every kind, zero included
+        out.state_overflow[("session", *extra)] = float(engine.sessions.overflow)
+        out.state_overflow[("query", *extra)] = float(engine.gsb.overflow)
+        out.state_overflow[("waiting_feedback", *extra)] = float(engine.counts[OVERFLOW, "waiting_feedback"])
+        delays = engine.delays
+        if delays is not None:
+            bounds = [f"{b:g}" for b in delays.bounds.tolist()] + ["+Inf"]
+            out.delays[extra] = (list(zip(bounds, [float(c) for c in delays.cumulative()], strict=True)),
+                                 delays.total)
+
     # -- families ---------------------------------------------------------------------------------------
     def _counter(self, name: str, doc: str, labels: list[str], values: dict[Labels, float]) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=labels)
         for key, value in sorted(values.items()):
             high = self._high.get((name, key), 0.0)
             if value > high:
-                self._high[name, key] = high = value
+                high = value
+            self._seen[name, key] = high
             family.add_metric(list(key), high)
         return family
 
@@ -207,10 +253,13 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._locked():
             scrape = self._read()
+        self._seen = {}
         yield from self._families(scrape)
+        self._high = self._seen  # series no longer exported (a partition given up) are forgotten
 
     def _families(self, s: _Scrape) -> Iterator[Metric]:
-        group, metric = ["experiment", "arm"], ["experiment", "arm", "metric"]
+        extra = [] if self.shares is None else ["partition", "generation"]
+        group, metric = ["experiment", "arm", *extra], ["experiment", "arm", "metric", *extra]
         window = ["experiment", "arm", "metric", "window"]
         yield self._counter("stream_eval_requests", "Finalised requests.", group, s.requests)
         yield self._counter("stream_eval_metric_sum", "Sum of finalised per-request values (AUC: weighted sum of "
@@ -224,7 +273,7 @@ class EngineCollector(Collector):
         yield self._gauge("stream_eval_window_mean", "Mean of a metric in a rolling event-time window.", window,
                           {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in s.window.items()})
         yield self._counter("stream_eval_gsb", "GSB verdicts, treatment vs control.", ["experiment", "source",
-                            "verdict"], s.gsb)
+                            "verdict", *extra], s.gsb)
         yield self._gauge("stream_eval_gsb_score", "GSB score (good - bad) / (good + same + bad); window=total for "
                           "all verdicts.", ["experiment", "source", "window"], s.gsb_score)
         ab = ["experiment", "metric"]
@@ -250,16 +299,17 @@ class EngineCollector(Collector):
                           "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.srm.items()})
         yield self._gauge("stream_eval_gsb_p_value", "Always-valid sign-test p-value of good against bad (ties "
                           "out).", ["experiment", "source"], s.gsb_p_value)
-        yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status"], s.events)
+        yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status", *extra],
+                            s.events)
         yield self._counter("stream_eval_label_overflow", "Event label values folded into __other__.", ["label"],
                             s.overflow)
         yield self._counter("stream_eval_overflow", "Requests or feedback beyond a bound on state (kind: session = "
                             "scored as a session of its own, query = left out of metric GSB, unit = left out of A/B, "
-                            "waiting_feedback = given up as an orphan).", ["kind"], s.state_overflow)
+                            "waiting_feedback = given up as an orphan).", ["kind", *extra], s.state_overflow)
         delay = HistogramMetricFamily("stream_eval_feedback_delay_seconds", "Feedback ts - serve ts of applied "
-                                      "feedback.")
-        if s.delay_buckets is not None:
-            delay.add_metric([], s.delay_buckets, s.delay_sum)
+                                      "feedback.", labels=extra)
+        for key, (buckets, total) in sorted(s.delays.items()):
+            delay.add_metric(list(key), buckets, total)
         yield delay
         watermark = GaugeMetricFamily("stream_eval_watermark_seconds", "Event time reached by every partition.")
         watermark.add_metric([], s.watermark)

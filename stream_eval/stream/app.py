@@ -104,7 +104,7 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
                 log.warning("checkpoint written on request")
             elif name == "report":
                 with worker.lock:
-                    report = worker.engine.report()
+                    report = worker.totals().report()
                 log.warning("report: %s", report)
             else:
                 log.warning("unknown control command %r", command)
@@ -155,7 +155,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     registry = CollectorRegistry()
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
-    EngineCollector(worker.engine, lock=lock, registry=registry, broker=worker.health)
+    EngineCollector(lambda: worker.engine, lock=lock, registry=registry, broker=worker.health, shares=worker.shares)
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)
     log.warning("stream-eval worker: /metrics, /healthz, /readyz on %s:%d, brokers %s (%s), topics %s*", metrics_host,
                 metrics_port, ",".join(settings.brokers), (settings.security or PLAINTEXT).describe(), settings.prefix)

@@ -204,8 +204,13 @@ class Snapshot:
 
 
 def _by(samples: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
-    """The samples of one name keyed by the values of some labels (missing labels read as "")."""
-    return {tuple(labels.get(k, "") for k in keys): value for labels, value in samples.get(name, [])}
+    """The samples of one name keyed by the values of some labels (missing labels read as ""), summed over the
+    others."""
+    out: dict[tuple[str, ...], float] = {}
+    for labels, value in samples.get(name, []):  # summed over the other labels (a worker's partitions)
+        key = tuple(labels.get(k, "") for k in keys)
+        out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def _ab_order(metric: str) -> tuple[int, str]:

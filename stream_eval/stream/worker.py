@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,9 +30,10 @@ from typing import Any
 import orjson
 
 from stream_eval.config import Config
-from stream_eval.engine import snapshot
+from stream_eval.engine import shares, snapshot
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
+from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.windows import RollingWindows
@@ -55,6 +58,9 @@ _LARGE_RECORD = 64 << 10
 _STARTUP_ATTEMPT = 5.0
 #: Seconds the final checkpoint and the clients' shutdown may take (a broker that is down cannot hold the exit).
 _SHUTDOWN_TIMEOUT = 30.0
+#: Keys of the records of the checkpoint topic: a partition's checkpoint, and the pieces of a full windows share.
+_CHECKPOINT = b"checkpoint"
+_WINDOWS = b"windows"
 
 
 @dataclass(frozen=True)
@@ -186,17 +192,23 @@ class StreamWorker:
         self.wall_clock = wall_clock
         self.config = config
         self.lock = lock or threading.Lock()
-        self.engine = Engine(config, self._finalised)
-        RollingWindows(self.engine)  # attaches itself: live 5m/1h windows with open requests
-        FeedbackDelays(self.engine)  # attaches itself: the feedback delay histogram
-        self.engine.regroup = RegroupSink()  # sessions and query GSB across workers: engine/regroup.py
+        self.labels = LabelBounds(config.max_label_values)  # one bound for every engine of this worker
+        self.engine = self._stage_engine()
         self.stage: SessionStage | None = None  # the regroup stage, on the worker that owns its log
+        self.stage_generation = ""  # this worker's ownership of the stage (a label of its share on /metrics)
         self._next_snapshot = 0.0  # when the stage's A/B state is snapshotted next (monotonic seconds)
         self.units = settings.partitions
         self._stage_consumer: Any = None
-        self.partitioned = PartitionedEngine(self.engine, clock)
+        # each input partition gets an engine of its own, built like self.engine: its totals are its share
+        self.partitioned = PartitionedEngine(self.engine, clock, self._finalised)
+        #: Per partition of the request-metrics topic: the end offset after the last flush (where a checkpoint says
+        #: its records end), and per input partition the request ids a predecessor wrote after its checkpoint.
+        self._output_end: dict[int, int] = {}
+        self._written: dict[int, set[str]] = {}
+        self._output_partitions = settings.partitions
+        self._windows_due: dict[int, float] = {}  # when each partition's full windows share is stored next
         self.topics = settings.topics
-        self._outbox: list[tuple[bytes, bytes, int | None]] = []
+        self._outbox: list[tuple[bytes, bytes, int | None, int]] = []  # (key, value, timestamp ms, partition)
         self._dead: list[tuple[Invalid, str, int, int]] = []
         self._consumer: Any = None
         self._producer: Any = None
@@ -207,17 +219,52 @@ class StreamWorker:
         self._deliveries: list[_Delivery] = []
         self._fetch_backoff = self.health.backoff()
 
+    def _stage_engine(self) -> Engine:
+        """An engine for the regroup stage's share; the partitions' engines are built like it."""
+        engine = Engine(self.config)
+        engine.labels = self.labels
+        RollingWindows(engine)  # attaches itself: live 5m/1h windows with open requests
+        FeedbackDelays(engine)  # attaches itself: the feedback delay histogram
+        engine.regroup = RegroupSink()  # sessions and query GSB across workers: engine/regroup.py
+        return engine
+
+    def shares(self) -> list[tuple[str, str, Engine]]:
+        """``(partition, generation, engine)`` of each share of the totals this worker holds: one per input
+        partition it owns, and ``"regroup"`` for the regroup stage's when it runs it (exported with these labels)."""
+        out = [(str(p), unit.generation, unit.engine) for p, unit in self.partitioned.engines()]
+        if self.stage is not None:
+            out.append(("regroup", self.stage_generation, self.engine))
+        return out
+
+    def totals(self) -> Engine:
+        """This worker's totals as one engine (for a report)."""
+        return self.partitioned.totals()
+
     # -- outputs ------------------------------------------------------------------------------------
-    def _finalised(self, batch: FinalisedBatch) -> None:
+    def _output_partition(self, partition: int) -> int:
+        """Partition ``p`` of the input writes to partition ``p`` of request-metrics (modulo its size), so that a
+        new owner of ``p`` finds there what its predecessor wrote after its last checkpoint."""
+        return partition % self._output_partitions
+
+    def _finalised(self, partition: int, batch: FinalisedBatch) -> None:
+        written = self._written.get(partition)
         for state, record in zip(batch.states, batch.records(), strict=True):
-            self._outbox.append((record["request_id"].encode(), orjson.dumps(record), _timestamp_ms(state.ts)))
+            request_id = record["request_id"]
+            if written and request_id in written:
+                written.discard(request_id)  # written by the partition's previous owner after its checkpoint
+                continue
+            self._outbox.append((request_id.encode(), orjson.dumps(record), _timestamp_ms(state.ts), partition))
 
     async def _send_outputs(self) -> None:
         outbox, dead = self._outbox, self._dead
         self._outbox, self._dead = [], []
         if outbox:
-            await self._send_batches(self.topics.request_metrics, outbox)
-        regroup = [(key or None, value, None) for key, value in self.engine.regroup.take()]  # type: ignore[union-attr]  # set in __init__
+            by_partition: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
+            for key, value, ts_ms, partition in outbox:
+                by_partition.setdefault(self._output_partition(partition), []).append((key, value, ts_ms))
+            for number, records in by_partition.items():
+                await self._send_batches(self.topics.request_metrics, records, partition=number)
+        regroup = [(key or None, value, None) for key, value in self.partitioned.take_regrouped()]
         if regroup:
             await self._send_batches(self.settings.regroup_topic, regroup, partition=0)
         for invalid, topic, partition, offset in dead:
@@ -297,6 +344,11 @@ class StreamWorker:
             deliveries, self._deliveries = self._deliveries, []
             failed = [d for d in deliveries if d.future.done() and not d.future.cancelled()
                       and d.future.exception() is not None]
+            for d in deliveries:
+                if d.topic == self.topics.request_metrics and d.partition is not None and d.future.done() \
+                        and not d.future.cancelled() and d.future.exception() is None and d.future.result() is not None:
+                    end = d.future.result().offset + len(d.records)
+                    self._output_end[d.partition] = max(end, self._output_end.get(d.partition, 0))
             self._deliveries = [d for d in deliveries if not d.future.done()]
             if not failed:
                 return
@@ -328,16 +380,72 @@ class StreamWorker:
             tp = TopicPartition(topic, partition)
             reader.assign([tp])
             end = (await reader.end_offsets([tp]))[tp]
-            if end == 0:
-                return None
-            reader.seek(tp, end - 1)
-            batch = await reader.getmany(tp, timeout_ms=5_000)
-            records = batch.get(tp, [])
-            if not records:  # a broker that does not answer in time: retried
-                raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {end - 1}")
-            return orjson.loads(records[-1].value)
+            back = 1
+            while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
+                reader.seek(tp, max(end - back, 0))
+                records: list[Any] = []
+                while not records or records[-1].offset < end - 1:
+                    batch = await reader.getmany(tp, timeout_ms=5_000)
+                    more = batch.get(tp, [])
+                    if not more:  # a broker that does not answer in time: retried
+                        raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {end - back}")
+                    records += more
+                found = [r for r in records if r.key != _WINDOWS and r.offset < end]
+                if found:
+                    return orjson.loads(found[-1].value)
+                back *= 4
+            return None
         finally:
             await reader.stop()
+
+    async def _end_offset(self, topic: str, partition: int) -> int:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        async def read() -> int:
+            reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
+                                      **client_options(self.settings.security))
+            try:
+                await reader.start()
+                tp = TopicPartition(topic, partition)
+                return int((await reader.end_offsets([tp]))[tp])
+            finally:
+                await reader.stop()
+
+        end: int = await self.health.call("checkpoint", read)
+        return end
+
+    async def _written_since(self, partition: int, start: int) -> tuple[set[str], int]:
+        """The keys (request ids) of the request-metrics records in ``partition`` from offset ``start`` on, and the
+        end offset read to."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        async def read() -> tuple[set[str], int]:
+            reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
+                                      max_partition_fetch_bytes=4 << 20, **client_options(self.settings.security))
+            try:
+                await reader.start()
+                tp = TopicPartition(self.topics.request_metrics, partition)
+                reader.assign([tp])
+                reader.seek(tp, start)
+                keys: set[str] = set()
+                while True:
+                    batch = await reader.getmany(tp, timeout_ms=2_000)
+                    for record in batch.get(tp, []):
+                        if record.key is not None:
+                            keys.add(record.key.decode())
+                    highwater = reader.highwater(tp)
+                    if highwater is not None and await reader.position(tp) >= highwater:
+                        return keys, highwater
+                    if not batch and highwater is None:
+                        return keys, start  # nothing there at all
+            finally:
+                await reader.stop()
+
+        found, end = await self.health.call("checkpoint", read)
+        if found:
+            log.info("request-metrics partition %d holds %d records written after the last checkpoint by a "
+                     "previous owner: they are not written again", partition, len(found))
+        return found, end
 
     async def checkpoint(self, partitions: list[int] | None = None) -> None:
         """Store the outputs, then the checkpoints and the group offsets of ``partitions`` (default: all)."""
@@ -347,15 +455,23 @@ class StreamWorker:
         await self._send_outputs()
         await self._flush()
         offsets = {}
+        committed = False
         for partition in sorted(self.partitioned.units if partitions is None else partitions):
-            if partition not in self.partitioned.units:
+            unit = self.partitioned.units.get(partition)
+            if unit is None or not any(source.next_offset is not None for source in unit.sources.values()):
                 continue
+            if unit.windows is None or time.monotonic() >= self._windows_due.get(partition, 0.0):
+                await self._store_windows(partition)
             checkpoint = self.partitioned.checkpoint(partition)
-            if not checkpoint.processed:
-                continue
+            checkpoint.output_end = self._output_end.get(self._output_partition(partition))
             await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()), partition)
+            # the stage may now count the partition's regroup records up to here: a successor starts after them
+            unit.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
+            committed = True
             for kind, offset in checkpoint.start.items():
                 offsets[TopicPartition(self._topic_of(kind), partition)] = OffsetAndMetadata(offset, "")
+        if committed:
+            await self._send_outputs()  # the commit markers (sent with the next flush)
         if offsets:
             await self._commit(self._consumer, offsets)
         if self.stage is not None and partitions is None:
@@ -364,7 +480,19 @@ class StreamWorker:
     async def _store_checkpoint(self, topic: str, value: bytes, partition: int) -> None:
         """Write a checkpoint record, again after a broker error (a second copy of the last one is harmless)."""
         producer = self._producer
-        await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, value, partition=partition))
+        await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, value, partition=partition,
+                                                                            key=_CHECKPOINT))
+
+    async def _store_windows(self, partition: int) -> None:
+        """Store the full share of a partition's windows before its checkpoint (which then holds what changed since),
+        in pieces keyed ``windows`` in the partition of the checkpoint topic; every ``snapshot_interval``."""
+        data = self.partitioned.windows_share(partition)
+        if data is None:
+            return
+        where = await self._store_pieces(zlib.compress(orjson.dumps(data), 1), self.settings.checkpoint_topic,
+                                         partition, _WINDOWS)
+        self.partitioned.windows_stored(partition, where)
+        self._windows_due[partition] = time.monotonic() + self.settings.snapshot_interval
 
     async def _commit(self, consumer: Any, offsets: dict[Any, Any]) -> None:
         """Commit ``start`` offsets. After an outage longer than the session timeout the group has moved on and
@@ -381,10 +509,12 @@ class StreamWorker:
         from aiokafka.structs import OffsetAndMetadata
 
         assert self.stage is not None
-        if self.engine.ledger.experiments and time.monotonic() >= self._next_snapshot:
+        if (self.engine.ledger.experiments or self.engine.gsb.complete) and not self.stage.rebuilding \
+                and time.monotonic() >= self._next_snapshot:
             await self._store_snapshot()
         checkpoint = self.stage.checkpoint()
-        await self._store_checkpoint(self.settings.regroup_checkpoint_topic, orjson.dumps(checkpoint.to_json()), 0)
+        record = {**checkpoint.to_json(), "share": shares.take(self.engine, windows=True)}
+        await self._store_checkpoint(self.settings.regroup_checkpoint_topic, orjson.dumps(record), 0)
         tp = TopicPartition(self.settings.regroup_topic, 0)
         await self._commit(self._stage_consumer, {tp: OffsetAndMetadata(checkpoint.start, "")})
 
@@ -393,26 +523,30 @@ class StreamWorker:
         assert self.stage is not None
         with self.lock:
             data, covers = snapshot.take(self.engine), self.stage.next_offset
+        where = await self._store_pieces(data, self.settings.snapshot_topic, 0)
+        self.stage.snapshot_taken(where, covers)
+        self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
+        log.info("stored a snapshot of the A/B state (%d bytes, %d pieces, covering the regroup log to %d)",
+                 len(data), where[1], covers)
+
+    async def _read_snapshot(self, where: tuple[int, int], topic: str | None = None, partition: int = 0) -> bytes:
+        """The pieces of a snapshot (default: of the stage's A/B state), joined (retried while the broker is away)."""
+        name: str = self.settings.snapshot_topic if topic is None else topic
+        data: bytes = await self.health.call("checkpoint", lambda: self._read_pieces(where, name, partition))
+        return data
+
+    async def _store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None) -> tuple[int, int]:
+        """Store ``data`` in pieces below Kafka's message size; returns where: (first offset, number of pieces)."""
+        producer = self._producer
         first = -1
         pieces = snapshot.chunks(data)
         for piece in pieces:
-            stored = await self._store_piece(piece)
+            stored = await self.health.call("checkpoint", lambda piece=piece: producer.send_and_wait(  # type: ignore[misc]  # bound per piece
+                topic, piece, partition=partition, key=key))
             first = stored.offset if first < 0 else first
-        self.stage.snapshot_taken((first, len(pieces)), covers)
-        self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
-        log.info("stored a snapshot of the A/B state (%d bytes, %d pieces, covering the regroup log to %d)",
-                 len(data), len(pieces), covers)
+        return first, len(pieces)
 
-    async def _read_snapshot(self, where: tuple[int, int]) -> bytes:
-        """The pieces of a snapshot, joined (retried while the broker is away)."""
-        data: bytes = await self.health.call("checkpoint", lambda: self._read_pieces(where))
-        return data
-
-    async def _store_piece(self, piece: bytes) -> Any:
-        producer, topic = self._producer, self.settings.snapshot_topic
-        return await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, piece, partition=0))
-
-    async def _read_pieces(self, where: tuple[int, int]) -> bytes:
+    async def _read_pieces(self, where: tuple[int, int], topic: str, partition: int) -> bytes:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         first, count = where
@@ -421,7 +555,7 @@ class StreamWorker:
                                   **client_options(self.settings.security))
         try:
             await reader.start()
-            tp = TopicPartition(self.settings.snapshot_topic, 0)
+            tp = TopicPartition(topic, partition)
             reader.assign([tp])
             reader.seek(tp, first)
             pieces: list[bytes] = []
@@ -442,8 +576,8 @@ class StreamWorker:
             await self._send_outputs()
             await self._flush()
             await self._checkpoint_stage()
-            with self.lock:
-                self.engine.drop_regrouped()
+            with self.lock:  # its share went with the checkpoint: the next owner restores it
+                self.engine = self.partitioned.engine = self._stage_engine()
                 self.stage = None
             log.info("gave up the regroup stage")
 
@@ -457,7 +591,12 @@ class StreamWorker:
             if checkpoint is not None and checkpoint.snapshot is not None:
                 data = await self._read_snapshot(checkpoint.snapshot)
             with self.lock:
+                engine = self._stage_engine()
+                if found is not None and found.get("share") is not None:
+                    shares.restore(engine, found["share"])
+                self.engine = self.partitioned.engine = engine
                 self.stage = SessionStage(self.engine, self.units, checkpoint, data)
+                self.stage_generation = os.urandom(4).hex()
             self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
             if checkpoint is not None:
                 for tp in assigned:
@@ -528,8 +667,24 @@ class StreamWorker:
                 if partition in self.partitioned.units:
                     continue
                 checkpoint = await self._load_checkpoint(partition)
+                windows = None
+                if checkpoint is not None and checkpoint.windows is not None:
+                    data = await self._read_snapshot(checkpoint.windows, self.settings.checkpoint_topic, partition)
+                    windows = orjson.loads(zlib.decompress(data))
+                output = self._output_partition(partition)
+                if checkpoint is not None and checkpoint.output_end is not None:
+                    # what a predecessor killed after its checkpoint wrote: not written again
+                    self._written[partition], end = await self._written_since(output, checkpoint.output_end)
+                    self._output_end[output] = max(end, self._output_end.get(output, 0))
                 with self.lock:
-                    starts = self.partitioned.assign(partition, checkpoint)
+                    starts = self.partitioned.assign(partition, checkpoint, windows)
+                if checkpoint is None:
+                    # a first checkpoint at once, saying where request-metrics ended before any record of ours
+                    end = await self._end_offset(self.topics.request_metrics, output)
+                    self._output_end[output] = max(end, self._output_end.get(output, 0))
+                    first = Checkpoint(partition, output_end=self._output_end[output])
+                    await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(first.to_json()),
+                                                 partition)
                 for tp in tps:
                     start = starts.get(self.topics.type_of(tp.topic))
                     if start is not None:
@@ -621,6 +776,11 @@ class StreamWorker:
             for client in (self._consumer, self._stage_consumer, self._producer):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
+            with self.lock:  # every share went with the final checkpoints: the next owners restore them
+                for partition in list(self.partitioned.units):
+                    self.partitioned.revoke(partition)
+                self.stage = None
+                self.engine = self.partitioned.engine = self._stage_engine()
 
     async def _prepare_topics(self) -> None:
         """Create the topics and count the units: one start-up attempt, bounded by ``_STARTUP_ATTEMPT`` seconds."""
