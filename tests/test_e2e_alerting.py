@@ -399,7 +399,8 @@ def _worker_means(samples: dict[str, list[tuple[dict[str, str], float]]]) -> dic
     counts: dict[tuple[str, str, str], float] = {}
     for name, into in (("stream_eval_metric_sum_total", sums), ("stream_eval_metric_count_total", counts)):
         for labels, value in samples.get(name, []):
-            into[labels["experiment"], labels["arm"], labels["metric"]] = value
+            key = (labels["experiment"], labels["arm"], labels["metric"])
+            into[key] = into.get(key, 0.0) + value  # summed over the worker's partitions
     return {key: sums[key] / counts[key] for key in sums if counts.get(key)}
 
 
