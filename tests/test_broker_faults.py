@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from stream_eval.config import Config
 from stream_eval.engine.replay import replay
 from stream_eval.export.prometheus import EngineCollector
 from stream_eval.stream.backoff import Backoff, BrokerHealth
-from stream_eval.stream.broker import Broker, free_port
+from stream_eval.stream.broker import Broker, free_port, stop_process
 from stream_eval.stream.demo import scrape
 from stream_eval.stream.kafka import topics
 from stream_eval.stream.produce import send_lines
@@ -171,12 +170,7 @@ def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(tmp
         assert text.count("is unreachable (startup") == 1, text  # once per outage, not per attempt
         assert "answers again" in text
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            code = worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            raise
+        code = stop_process(worker, grace=60)
         broker.stop()
     assert code == 0, log.read_text()
 

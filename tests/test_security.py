@@ -21,7 +21,6 @@ import io
 import json
 import logging
 import os
-import signal
 import ssl
 import struct
 import subprocess
@@ -43,7 +42,7 @@ from support import read_topic
 
 from stream_eval.cli import build_parser, main, security_from_args
 from stream_eval.stream.app import JsonLogFormatter, log_options
-from stream_eval.stream.broker import free_port
+from stream_eval.stream.broker import free_port, stop_process
 from stream_eval.stream.kafka import (
     PASSWORD_ENV,
     PLAINTEXT,
@@ -292,16 +291,6 @@ def _wait(condition: Any, timeout: float, what: str, process: subprocess.Popen[b
         time.sleep(0.3)
 
 
-def _stop(process: subprocess.Popen[bytes], timeout: float = 60) -> int:
-    process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise
-
-
 def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Path, certs: Certificates) -> None:
     """Worker (SCRAM-SHA-512, password file, JSON logs) and produce (SCRAM-SHA-256, password in the environment)
     through TLS with client certificates; /readyz 503 until the worker has caught up, then 200; no secret in
@@ -348,7 +337,7 @@ def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Pat
             assert _get(base + "/readyz")[1]["reason"].startswith("caught up on ")
             assert SECRET.encode() not in Path(f"/proc/{worker.pid}/cmdline").read_bytes()
         finally:
-            code = _stop(worker)
+            code = stop_process(worker, grace=60)
         assert code == 0, errors.read_text()[-3000:]
         assert front.refused == []
         assert {mechanism for mechanism, _ in front.authenticated} == {"SCRAM-SHA-256", "SCRAM-SHA-512"}
@@ -434,7 +423,7 @@ def test_sigterm_checkpoints_and_a_second_worker_counts_nothing_twice(broker: st
         _wait(lambda: _ready(url_a), 60, "worker A caught up", a, log_a)
     finally:
         signalled_ms = time.time() * 1000
-        code = _stop(a)
+        code = stop_process(a, grace=60)
     assert code == 0, log_a.read_text()[-3000:]
     messages = [json.loads(line)["message"] for line in log_a.read_text().splitlines() if line.strip()]
     assert any(m.startswith("stream-eval worker: stopped: final checkpoint done") for m in messages), messages[-20:]
@@ -451,7 +440,7 @@ def test_sigterm_checkpoints_and_a_second_worker_counts_nothing_twice(broker: st
               "worker B to read the second half", b, log_b)
         records = asyncio.run(read_topic(broker, names.request_metrics, expected))
     finally:
-        assert _stop(b) == 0, log_b.read_text()[-3000:]
+        assert stop_process(b, grace=60) == 0, log_b.read_text()[-3000:]
     ids = [orjson.loads(r.value)["request_id"] for r in records]
     assert len(ids) == len(set(ids)) == expected, (len(ids), len(set(ids)), expected)
 
@@ -731,7 +720,7 @@ def tansu(listen_port: int, advertised_port: int, log: Path) -> Iterator[str]:
     import subprocess
     import time
 
-    from stream_eval.stream.broker import _metadata_answers, broker_binary, stop_process
+    from stream_eval.stream.broker import _metadata_answers, broker_binary
 
     with open(log, "ab") as out:
         process = subprocess.Popen([broker_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{listen_port}",

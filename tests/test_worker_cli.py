@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from stream_eval.config import Config
 from stream_eval.engine.replay import replay
-from stream_eval.stream.broker import free_port
+from stream_eval.stream.broker import free_port, stop_process
 from stream_eval.stream.demo import scrape
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "search-log.jsonl"
@@ -68,10 +67,5 @@ def test_worker_and_produce_commands_and_the_control_topic(broker: str, tmp_path
             time.sleep(0.5)
         assert "report: " in log.read_text()
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            code = worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            raise
+        code = stop_process(worker, grace=30)
     assert code == 0, log.read_text()

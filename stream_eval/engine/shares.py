@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stream_eval.engine.snapshot import counts_from_json, counts_to_json, tallies_from_json, tallies_to_json
 from stream_eval.metrics.aggregates import Moments
 from stream_eval.metrics.gsb import GsbCounts
 
@@ -54,9 +55,8 @@ def take(engine: Engine, windows: bool | None = False) -> dict[str, Any]:
         "subtopics": engine.with_subtopics,
         "arms": {e: sorted(arms) for e, arms in engine.arms_seen.items()},
         "teams": {e: sorted(teams) for e, teams in engine.teams_seen.items()},
-        "gsb": [[e, s, c.good, c.same, c.bad] for (e, s), c in gsb.counts.items()],
-        "interleaving": {e: [[list(map(list, credit)), n] for credit, n in tally.items()]
-                         for e, tally in gsb._interleaving.items()},
+        "gsb": counts_to_json(gsb.counts),
+        "interleaving": tallies_to_json(gsb._interleaving),
         "overflow": [engine.sessions.overflow, gsb.overflow],
         "delays": None if delays is None else [delays.counts.tolist(), delays.total, delays.count],
         "windows": None,
@@ -84,13 +84,10 @@ def restore(engine: Engine, data: dict[str, Any], windows: dict[str, Any] | None
         for experiment, names in source.items():
             target.setdefault(experiment, set()).update(names)
     gsb = engine.gsb
-    for e, s, good, same, bad in data["gsb"]:
-        counts = GsbCounts()
-        counts.good, counts.same, counts.bad = good, same, bad
-        gsb.counts[e, s] = gsb.counts.get((e, s), GsbCounts()) + counts
-    for experiment, tally in data["interleaving"].items():
-        gsb._interleaving.setdefault(experiment, Counter()).update(
-            {tuple(map(tuple, credit)): n for credit, n in tally})
+    for key, counts in counts_from_json(data["gsb"]).items():
+        gsb.counts[key] = gsb.counts.get(key, GsbCounts()) + counts
+    for experiment, tally in tallies_from_json(data["interleaving"]).items():
+        gsb._interleaving.setdefault(experiment, Counter()).update(tally)
     sessions, queries = data["overflow"]
     engine.sessions.overflow += sessions
     gsb.overflow += queries

@@ -23,6 +23,7 @@ import orjson
 
 from stream_eval.config import ArmPair
 from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _Running
+from stream_eval.engine.gsb import Credit
 from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.gsb import GsbCounts
 
@@ -83,9 +84,8 @@ def take(engine: Engine) -> bytes:
                                "srm_p_value": r.srm_p_value} for name, r in ledger._running.items()},
             "times": [time_to_json(t) for t in (ledger.next_look, ledger.released, ledger.last_key)],
         },
-        "gsb": [[e, s, c.good, c.same, c.bad] for (e, s), c in gsb.complete.items()],
-        "interleaving": {e: [[list(map(list, credit)), n] for credit, n in tally.items()]
-                         for e, tally in gsb._interleaving_complete.items()},
+        "gsb": counts_to_json(gsb.complete),
+        "interleaving": tallies_to_json(gsb._interleaving_complete),
         "teams": {e: sorted(t) for e, t in engine.teams_seen.items()},
     }
     return zlib.compress(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY), 1)
@@ -108,17 +108,32 @@ def restore(engine: Engine, data: bytes) -> None:
     ledger.on_look = engine.ledger.on_look
     engine.ledger = ledger
     gsb = engine.gsb
-    gsb.complete = {(e, s): _counts(good, same, bad) for e, s, good, same, bad in state["gsb"]}
-    gsb._interleaving_complete = {e: Counter({tuple(map(tuple, credit)): n for credit, n in tally})
-                                  for e, tally in state["interleaving"].items()}
+    gsb.complete = counts_from_json(state["gsb"])
+    gsb._interleaving_complete = tallies_from_json(state["interleaving"])
     for experiment, teams in state["teams"].items():
         engine.teams_seen.setdefault(experiment, set()).update(teams)
 
 
-def _counts(good: int, same: int, bad: int) -> GsbCounts:
-    counts = GsbCounts()
-    counts.good, counts.same, counts.bad = good, same, bad
-    return counts
+def counts_to_json(table: dict[tuple[str, str], GsbCounts]) -> list[list[Any]]:
+    """GSB verdict counts per (experiment, source), for JSON (:func:`counts_from_json` reads them back)."""
+    return [[e, s, c.good, c.same, c.bad] for (e, s), c in table.items()]
+
+
+def counts_from_json(rows: list[list[Any]]) -> dict[tuple[str, str], GsbCounts]:
+    table = {}
+    for e, s, good, same, bad in rows:
+        counts = table[e, s] = GsbCounts()
+        counts.good, counts.same, counts.bad = good, same, bad
+    return table
+
+
+def tallies_to_json(tallies: dict[str, Counter[Credit]]) -> dict[str, list[list[Any]]]:
+    """Interleaving credits per experiment, for JSON (:func:`tallies_from_json` reads them back)."""
+    return {e: [[list(map(list, credit)), n] for credit, n in tally.items()] for e, tally in tallies.items()}
+
+
+def tallies_from_json(data: dict[str, list[list[Any]]]) -> dict[str, Counter[Credit]]:
+    return {e: Counter({tuple(map(tuple, credit)): n for credit, n in tally}) for e, tally in data.items()}
 
 
 def chunks(data: bytes, size: int = CHUNK_BYTES) -> list[bytes]:

@@ -376,7 +376,7 @@ def scan_lines(b: Bytes, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grade
     ``values`` (grade, ts). ``click`` is the index of the default kind (-1: none). A ranking read here still
     needs its items and scores checked (:func:`~stream_eval.events.compiled.simple_rankings`).
     """
-    return _scan(b, np.flatnonzero(b == 10), kinds, kind_starts, kind_ends, grades, click)  # numpy finds newlines
+    return _scan(b, _lines(b, np.flatnonzero(b == 10)), kinds, kind_starts, kind_ends, grades, click)
 
 
 @nb.njit(cache=True, inline="always")
@@ -390,31 +390,38 @@ def _blank(b: Bytes, i: int, j: int) -> bool:  # pragma: no cover  # compiled
 
 
 @nb.njit(cache=True, nogil=True)
-def _scan(b: Bytes, newlines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats,
-          click: int) -> tuple[Ints, Ints, Ints, Floats]:  # pragma: no cover  # compiled
+def _lines(b: Bytes, newlines: Ints) -> Ints:  # pragma: no cover  # compiled
+    """(start, end, line number from 0) of each non-blank line of ``b``, given its newlines (numpy finds them)."""
     n = b.shape[0]
     rows = newlines.shape[0] + 1
     lines = np.empty((rows, 3), np.int64)
-    fast = np.zeros(rows, np.int64)
-    fields = np.zeros((rows, _WIDTH), np.int64)
-    values = np.zeros((rows, 2), np.float64)
-    what = np.zeros(_N_KEYS + 1, np.int64)
-    ascii = np.ones(_N_KEYS + 1, np.bool_)
-    others = np.empty(2 * _MAX_OTHER_KEYS, np.int64)
     k = 0
     i = 0
     for number in range(rows):
         j = newlines[number] if number < newlines.shape[0] else n
         if i >= n:
             break
-        blank = _blank(b, i, j)
-        if not blank:
+        if not _blank(b, i, j):
             lines[k, 0], lines[k, 1], lines[k, 2] = i, j, number
-            fast[k] = _line(b, i, j, kinds, kind_starts, kind_ends, grades, click, fields[k], values[k], what, ascii,
-                            others)
             k += 1
         i = j + 1
-    return lines[:k], fast[:k], fields[:k], values[:k]
+    return lines[:k]
+
+
+@nb.njit(cache=True, nogil=True)
+def _scan(b: Bytes, lines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats,
+          click: int) -> tuple[Ints, Ints, Ints, Floats]:  # pragma: no cover  # compiled
+    rows = lines.shape[0]
+    fast = np.zeros(rows, np.int64)
+    fields = np.zeros((rows, _WIDTH), np.int64)
+    values = np.zeros((rows, 2), np.float64)
+    what = np.zeros(_N_KEYS + 1, np.int64)
+    ascii = np.ones(_N_KEYS + 1, np.bool_)
+    others = np.empty(2 * _MAX_OTHER_KEYS, np.int64)
+    for k in range(rows):
+        fast[k] = _line(b, lines[k, 0], lines[k, 1], kinds, kind_starts, kind_ends, grades, click, fields[k],
+                        values[k], what, ascii, others)
+    return lines, fast, fields, values
 
 
 #: What :func:`screen_lines` says of a line: nothing against it; bytes that are not UTF-8; a key of its object
@@ -426,7 +433,8 @@ _MAX_KEYS = 32
 
 def screen_lines(b: Bytes) -> Ints:
     """:func:`screen_spans` of each non-blank line of ``b`` (blank as ``bytes.strip`` has it), in order."""
-    return _screen_lines(b, np.flatnonzero(b == 10))
+    lines = _lines(b, np.flatnonzero(b == 10))
+    return screen_spans(b, lines[:, 0], lines[:, 1])
 
 
 @nb.njit(cache=True, nogil=True)
@@ -444,27 +452,6 @@ def screen_spans(b: Bytes, starts: Ints, ends: Ints) -> Ints:  # pragma: no cove
     for k in range(starts.shape[0]):
         out[k] = _screen(b, starts[k], ends[k], key_starts, key_ends)
     return out
-
-
-@nb.njit(cache=True, nogil=True)
-def _screen_lines(b: Bytes, newlines: Ints) -> Ints:  # pragma: no cover  # compiled
-    n = b.shape[0]
-    rows = newlines.shape[0] + 1
-    out = np.zeros(rows, np.int64)
-    key_starts = np.empty(_MAX_KEYS, np.int64)
-    key_ends = np.empty(_MAX_KEYS, np.int64)
-    k = 0
-    i = 0
-    for number in range(rows):
-        j = newlines[number] if number < newlines.shape[0] else n
-        if i >= n:
-            break
-        blank = _blank(b, i, j)
-        if not blank:
-            out[k] = _screen(b, i, j, key_starts, key_ends)
-            k += 1
-        i = j + 1
-    return out[:k]
 
 
 #: Bytes where :func:`_screen` stops: outside strings, a quote, brackets, a comma and bytes of 128 or more; inside

@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -370,15 +370,23 @@ class StreamWorker:
         offset is exact even with the development broker's ListOffsets bug); retried while the broker is away."""
         return await self.health.call("checkpoint", lambda: self._read_last_record(topic, partition))
 
-    async def _read_last_record(self, topic: str, partition: int) -> Any:
+    @contextlib.asynccontextmanager
+    async def _reader(self, topic: str, partition: int, **options: Any) -> AsyncIterator[tuple[Any, Any]]:
+        """A consumer of its own (no group) started and assigned to one partition: ``(consumer, partition)``."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
-                                  **client_options(self.settings.security))
+                                  **client_options(self.settings.security), **options)
         try:
             await reader.start()
             tp = TopicPartition(topic, partition)
             reader.assign([tp])
+            yield reader, tp
+        finally:
+            await reader.stop()
+
+    async def _read_last_record(self, topic: str, partition: int) -> Any:
+        async with self._reader(topic, partition) as (reader, tp):
             end = (await reader.end_offsets([tp]))[tp]
             back = 1
             while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
@@ -395,21 +403,11 @@ class StreamWorker:
                     return orjson.loads(found[-1].value)
                 back *= 4
             return None
-        finally:
-            await reader.stop()
 
     async def _end_offset(self, topic: str, partition: int) -> int:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-
         async def read() -> int:
-            reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
-                                      **client_options(self.settings.security))
-            try:
-                await reader.start()
-                tp = TopicPartition(topic, partition)
+            async with self._reader(topic, partition) as (reader, tp):
                 return int((await reader.end_offsets([tp]))[tp])
-            finally:
-                await reader.stop()
 
         end: int = await self.health.call("checkpoint", read)
         return end
@@ -417,15 +415,10 @@ class StreamWorker:
     async def _written_since(self, partition: int, start: int) -> tuple[set[str], int]:
         """The keys (request ids) of the request-metrics records in ``partition`` from offset ``start`` on, and the
         end offset read to."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
 
         async def read() -> tuple[set[str], int]:
-            reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
-                                      max_partition_fetch_bytes=4 << 20, **client_options(self.settings.security))
-            try:
-                await reader.start()
-                tp = TopicPartition(self.topics.request_metrics, partition)
-                reader.assign([tp])
+            async with self._reader(self.topics.request_metrics, partition,
+                                    max_partition_fetch_bytes=4 << 20) as (reader, tp):
                 reader.seek(tp, start)
                 keys: set[str] = set()
                 while True:
@@ -438,8 +431,6 @@ class StreamWorker:
                         return keys, highwater
                     if not batch and highwater is None:
                         return keys, start  # nothing there at all
-            finally:
-                await reader.stop()
 
         found, end = await self.health.call("checkpoint", read)
         if found:
@@ -547,16 +538,8 @@ class StreamWorker:
         return first, len(pieces)
 
     async def _read_pieces(self, where: tuple[int, int], topic: str, partition: int) -> bytes:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-
         first, count = where
-        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.brokers, enable_auto_commit=False,
-                                  max_partition_fetch_bytes=2 * snapshot.CHUNK_BYTES,
-                                  **client_options(self.settings.security))
-        try:
-            await reader.start()
-            tp = TopicPartition(topic, partition)
-            reader.assign([tp])
+        async with self._reader(topic, partition, max_partition_fetch_bytes=2 * snapshot.CHUNK_BYTES) as (reader, tp):
             reader.seek(tp, first)
             pieces: list[bytes] = []
             while len(pieces) < count:
@@ -566,8 +549,6 @@ class StreamWorker:
                     raise TimeoutError(f"snapshot pieces from offset {first} unreadable")
                 pieces += [r.value for r in records if first <= r.offset < first + count][: count - len(pieces)]
             return b"".join(pieces)
-        finally:
-            await reader.stop()
 
     async def on_stage_revoked(self, revoked: Any) -> None:
         async with self._busy:
