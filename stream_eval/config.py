@@ -14,6 +14,8 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from stream_eval.metrics.specs import DEFAULT_METRICS, MetricNameError, MetricSpec, parse, select, split_names
+
 GAINS = ("exp", "linear")
 EMPTY_POLICIES = ("zero", "skip")
 GAUC_WEIGHTS = ("impressions", "clicks", "uniform")
@@ -106,6 +108,10 @@ class Config:
     min_ts: float = MIN_TS
     max_ts: float = MAX_TS
     max_clock_skew: float = 300.0
+    #: the measures that run, as named (``--metrics``; empty: :data:`DEFAULT_METRICS` at every cutoff)
+    metrics: tuple[str, ...] = ()
+    #: ``metrics`` parsed, once: the per-request measures in report order
+    specs: tuple[MetricSpec, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.cutoffs or any(k < 1 for k in self.cutoffs):
@@ -132,11 +138,26 @@ class Config:
             raise ConfigError(f"look_every: must be positive, got {self.look_every}")
         if not 0.0 < self.srm_alpha < 1.0:
             raise ConfigError(f"srm_alpha: must lie in (0, 1), got {self.srm_alpha}")
+        try:
+            specs = select(self.metrics or DEFAULT_METRICS, self.cutoffs)
+        except MetricNameError as exc:
+            raise ConfigError(f"metrics: {exc}") from None
+        object.__setattr__(self, "specs", specs)
+        if not specs:
+            raise ConfigError("metrics: need one or more measures")
         if not self.gsb_metric:
-            # nDCG at 10 when 10 is a cutoff, else at the first cutoff: the default follows --cutoffs.
+            # nDCG at 10 when 10 is a cutoff, else at the first cutoff: the default follows --cutoffs; else the
+            # first measure that runs
             k = 10 if 10 in self.cutoffs else self.cutoffs[0]
-            object.__setattr__(self, "gsb_metric", f"nDCG@{k}")
-        _check_gsb_metric(self.gsb_metric, self.cutoffs)
+            default = MetricSpec("nDCG", k)
+            object.__setattr__(self, "gsb_metric", (default if default in specs else specs[0]).name)
+        try:
+            gsb_metric = parse(self.gsb_metric)
+        except MetricNameError as exc:
+            raise ConfigError(f"gsb_metric: {exc}") from None
+        if gsb_metric not in specs or gsb_metric.needs_subtopics:
+            raise ConfigError(f"gsb_metric: {self.gsb_metric!r} is not a computed measure (one of "
+                              f"{', '.join(s.name for s in specs if not s.needs_subtopics)})")
         if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
             raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
@@ -195,6 +216,7 @@ class Config:
             "max_ts": self.max_ts,
             "kinds": dict(self.kinds),
             "experiments": _experiments_json(self.experiments, self.splits),
+            "metrics": [spec.name for spec in self.specs],
         }
 
 
@@ -206,17 +228,6 @@ def _experiments_json(pairs: tuple[tuple[str, ArmPair], ...],
     return out
 
 
-def _check_gsb_metric(name: str, cutoffs: tuple[int, ...]) -> None:
-    known = ("RR", "AP", "MRR", "MAP")
-    family, _, cutoff = name.partition("@")
-    with_cutoff = ("P", "R", "DCG", "nDCG", "ERR", "alpha-nDCG")
-    if name in known or (family in with_cutoff and cutoff.isdigit() and int(cutoff) in cutoffs):
-        return
-    raise ConfigError(
-        f"gsb_metric: {name!r} is not a computed metric (RR, AP, or P/R/DCG/nDCG/ERR@k with k in {list(cutoffs)})"
-    )
-
-
 # Settings that a file, the environment or a flag may set, and how to read each from text or TOML.
 def _cutoffs(value: object) -> tuple[int, ...]:
     items = value if isinstance(value, list | tuple) else str(value).split(",")
@@ -225,6 +236,13 @@ def _cutoffs(value: object) -> tuple[int, ...]:
     except ValueError as exc:
         raise ConfigError(f"cutoffs: expected integers like 5,10,20, got {value!r}") from exc
     return cutoffs
+
+
+def _metric_names(value: object) -> tuple[str, ...]:
+    """Measure names from a TOML list or comma-separated text; parsed (once) when the Config is built."""
+    if isinstance(value, list | tuple):
+        return tuple(str(item).strip() for item in value if str(item).strip())
+    return tuple(split_names(str(value)))
 
 
 def _number(name: str) -> Any:
@@ -336,6 +354,7 @@ def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
 
 READERS: dict[str, Any] = {
     "cutoffs": _cutoffs,
+    "metrics": _metric_names,
     "gain": str,
     "max_grade": _number("max_grade"),
     "rel_threshold": _number("rel_threshold"),

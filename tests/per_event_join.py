@@ -195,13 +195,12 @@ class Join:
         self.counts["feedback", "ok"] += 1
         if self.delays is not None:
             self.delays.append(ts - state.ts)
-        grades = state.grades
+        grades = state.grades  # grade 0 too: a judged non-relevant item (Judged@k, the RBP residual)
         if grades is None:
-            if grade > 0.0:
-                state.grades = {item: grade}
-                if self.changed is not None:
-                    self.changed[state.request_id] = state
-        elif grade > grades.get(item, 0.0):
+            state.grades = {item: grade}
+            if self.changed is not None:
+                self.changed[state.request_id] = state
+        elif grade > grades.get(item, -1.0):
             grades[item] = grade
             if self.changed is not None:
                 self.changed[state.request_id] = state

@@ -134,7 +134,8 @@ def test_grade_is_the_max_over_feedback() -> None:
         click("r1", "a", 4, "label", 1.0), click("r1", "b", 5, "label", 0.0), click("r1", "c", 6))
     run(click("r1", "z", 6, "label", 2.0))  # judged, not shown: kept (it counts in R and IDCG)
     assert run.feedback_counts() == {"ok": 7}
-    assert run.finish() == {"r1": {"a": 3.0, "c": 1.0, NOT_SERVED: [2.0]}}
+    # b is judged non-relevant (grade 0): kept, for Judged@k and the RBP residual
+    assert run.finish() == {"r1": {"a": 3.0, "b": 0.0, "c": 1.0, NOT_SERVED: [2.0]}}
 
 
 def test_late_by_attribution_window() -> None:

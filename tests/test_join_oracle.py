@@ -53,7 +53,7 @@ def _old_view(states: list[RequestState]) -> View:
     for s in states:
         grades = s.grades or {}
         out.append((s.request_id, s.ts, {s.position(item): g for item, g in grades.items() if s.position(item)},
-                    sorted(g for item, g in grades.items() if not s.position(item))))
+                    sorted(g for item, g in grades.items() if not s.position(item) and g > 0)))
     return out
 
 

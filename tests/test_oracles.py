@@ -1,17 +1,24 @@
-"""Agreement with independent implementations: pytrec_eval (trec_eval) and scikit-learn, to 1e-9.
+"""Agreement with independent implementations: pytrec_eval (trec_eval), ir_measures and scikit-learn, to 1e-9.
 
-trec_eval mapping: run scores decrease with the served position (so trec order = served order), qrels are
-all judged grades (int, shown or not). trec_eval only scores queries with a relevant judgment, so the list
-metrics are compared on those; our empty requests are checked on their own.
+Oracle input: run scores do not increase with the served position, with ties when a request says so; each
+oracle breaks ties its own way (trec_eval by docno descending, ir_measures' Judged by doc id ascending, cwl_eval
+keeps the run's order), so the doc ids are chosen to make every oracle's order the served order. Qrels are all
+judged grades (int, shown or not, 0 included); an item without feedback is unjudged, which every oracle (like us)
+takes as non-relevant. trec_eval only scores queries with a relevant judgment, so the list metrics are compared on
+those; our empty requests are checked on their own.
 """
 
 from __future__ import annotations
 
 import math
 
+import ir_measures
 import numpy as np
 import pytest
 import pytrec_eval
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle_cover import oracle_for
 from sklearn.metrics import roc_auc_score
 from support import AbstractTimeConfig as Config
 
@@ -52,12 +59,20 @@ def generate_requests(seed: int, n_requests: int = 400):
     return requests
 
 
-def to_trec(requests):
+def docno(qid: str, i: int, ties: str) -> str:
+    """The id of the item at 0-based position i that puts it in served order among equal scores: ``desc`` for
+    trec_eval (ties by docno descending), ``asc`` for ir_measures' Judged (by doc id ascending)."""
+    return f"{qid}-d{9999 - i if ties == 'desc' else i:04d}"
+
+
+def to_trec(requests, ties: str = "desc"):
+    """qrels and run of the requests; a request's ``tie`` (default 1) is how many consecutive items share a score."""
     qrels, run = {}, {}
     for req in requests:
-        n = len(req["items"])
-        run[req["qid"]] = {item: float(n - i) for i, item in enumerate(req["items"])}
-        judged = {item: g for item, g in zip(req["items"], req["grades"], strict=True) if g is not None}
+        n, tie = len(req["grades"]), req.get("tie", 1)
+        items = [docno(req["qid"], i, ties) for i in range(n)]
+        run[req["qid"]] = {item: float((n - 1 - i) // tie) for i, item in enumerate(items)}
+        judged = {item: g for item, g in zip(items, req["grades"], strict=True) if g is not None}
         judged.update(req["unshown"])
         if judged:
             qrels[req["qid"]] = dict(judged)
@@ -68,12 +83,12 @@ def to_batch(requests):
     shown, unshown = [], []
     for r, req in enumerate(requests):
         for i, g in enumerate(req["grades"]):
-            if g:
+            if g is not None:  # grade 0: judged non-relevant
                 shown.append((r, i + 1, float(g)))
         for g in req["unshown"].values():
             if g:
                 unshown.append((r, float(g)))
-    return JudgedBatch.from_lists([len(req["items"]) for req in requests], shown, unshown)
+    return JudgedBatch.from_lists([len(req["grades"]) for req in requests], shown, unshown)
 
 
 def n_relevant(req, threshold):
@@ -93,6 +108,7 @@ def compare(ours_row: dict[str, float], trec_row: dict[str, float], names: dict[
         assert ours_row[our_name] == pytest.approx(trec_row[trec_name], abs=TOL), (qid, trec_name)
 
 
+@oracle_for("RR", "AP", "P", "R", "nDCG")
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batch_kernels_match_trec_eval(seed):
     requests = generate_requests(seed)
@@ -118,12 +134,14 @@ def test_evaluate_request_matches_trec_eval(seed):
     qrels, run = to_trec(requests)
     trec = pytrec_eval.RelevanceEvaluator(qrels, MEASURES).evaluate(run)
     config = Config(gain="linear", cutoffs=CUTOFFS)
+    compared = 0
     for req in requests:
         if n_relevant(req, 1) == 0:
             continue
-        grades = [g or 0 for g in req["grades"]]
-        ours = evaluate_request(grades, config, unshown=list(req["unshown"].values()))
+        ours = evaluate_request(req["grades"], config, unshown=list(req["unshown"].values()))
         compare(ours, trec[req["qid"]], OURS_OF_TREC, req["qid"])
+        compared += 1
+    assert compared > 150
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -165,6 +183,127 @@ def test_empty_requests_policy(empty):
         # alpha-nDCG has no list kernel (it needs subtopics): the engine fills it, evaluate_batch leaves NaN.
         kernel_columns = [j for j, spec in enumerate(result.specs) if spec.family != "alpha-nDCG"]
         assert not np.isnan(rows[:, kernel_columns]).any()
+
+
+# -- measures with parameters, and those trec_eval and ir_measures add (SPEC §7) -------------------------------
+ORACLE_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ORACLE_CUTOFFS = (1, 3, 5, 10)
+
+
+@st.composite
+def oracle_requests(draw):
+    """A batch of requests: served grades (None = unjudged, 0 = judged non-relevant), grades of judged items that
+    were not served, and how many consecutive items share a run score (ties)."""
+    grade = st.one_of(st.none(), st.integers(0, 4))
+    requests = []
+    for r in range(draw(st.integers(1, 12))):
+        requests.append({
+            "qid": f"q{r}",
+            "grades": draw(st.lists(grade, min_size=1, max_size=25)),
+            "unshown": {f"q{r}-u{j}": g for j, g in enumerate(draw(st.lists(st.integers(0, 4), max_size=4)))},
+            "tie": draw(st.integers(1, 4)),
+        })
+    return requests
+
+
+def ours_by_request(requests, config):
+    result = evaluate_batch(to_batch(requests), config)
+    names = [s.name for s in result.specs]
+    return {req["qid"]: dict(zip(names, result.values[r].tolist(), strict=True)) for r, req in enumerate(requests)}
+
+
+def check(ours, expected: dict[str, dict[str, float]], names: dict[str, str]) -> int:
+    """Compare ``expected[qid][oracle name]`` with ``ours[qid][our name]``; the number of values compared."""
+    compared = 0
+    for qid, row in expected.items():
+        for oracle_name, our_name in names.items():
+            assert ours[qid][our_name] == pytest.approx(row[oracle_name], abs=TOL), (qid, our_name, row)
+            compared += 1
+    return compared
+
+
+@oracle_for("RR", "AP", "P", "R", "R-Prec", "Success")
+@ORACLE_SETTINGS
+@given(requests=oracle_requests(), rel=st.integers(1, 3), explicit=st.booleans())
+def test_binary_measures_at_a_relevance_level_match_trec_eval(requests, rel, explicit):
+    """``RR(rel=r)``, ``P(rel=r)@k``, ... (or the global ``rel_threshold = r``) are trec_eval's measures at
+    ``relevance_level = r``, ties and unjudged items included."""
+    qrels, run = to_trec(requests)
+    ks = ",".join(map(str, ORACLE_CUTOFFS))
+    measures = {"recip_rank", "map", "Rprec", f"P.{ks}", f"recall.{ks}", f"success.{ks}"}
+    trec = pytrec_eval.RelevanceEvaluator(qrels, measures, relevance_level=rel).evaluate(run)
+    param = f"(rel={rel})" if explicit else ""
+    config = Config(rel_threshold=1.0 if explicit else float(rel), cutoffs=ORACLE_CUTOFFS,
+                    metrics=tuple(f"{f}{param}" for f in ("RR", "AP", "R-Prec", "P", "R", "Success")))
+    names = {"recip_rank": f"RR{param}", "map": f"AP{param}", "Rprec": f"R-Prec{param}"} | {
+        f"{t}_{k}": f"{o}{param}@{k}" for k in ORACLE_CUTOFFS for t, o in (("P", "P"), ("recall", "R"),
+                                                                          ("success", "Success"))}
+    check(ours_by_request(requests, config), trec, names)
+
+
+@oracle_for("nDCG")
+@ORACLE_SETTINGS
+@given(requests=oracle_requests())
+def test_ndcg_with_linear_gain_in_its_name_matches_trec_eval(requests):
+    """``nDCG(gain=linear)@k`` is trec_eval's ``ndcg_cut`` whatever the global gain."""
+    qrels, run = to_trec(requests)
+    trec = pytrec_eval.RelevanceEvaluator(qrels, {f"ndcg_cut.{','.join(map(str, ORACLE_CUTOFFS))}"}).evaluate(run)
+    trec = {q: row for q, row in trec.items() if n_relevant(next(r for r in requests if r["qid"] == q), 1)}
+    config = Config(gain="exp", cutoffs=ORACLE_CUTOFFS, metrics=("nDCG(gain=linear)", "nDCG"))
+    ours = ours_by_request(requests, config)
+    check(ours, trec, {f"ndcg_cut_{k}": f"nDCG(gain=linear)@{k}" for k in ORACLE_CUTOFFS})
+
+
+def ir_measures_values(qrels, run, measures) -> dict[str, dict[str, float]]:
+    """``qid -> {name as given: value}`` (ir_measures may spell a measure differently)."""
+    parsed = {ir_measures.parse_measure(m): m for m in measures}
+    out: dict[str, dict[str, float]] = {}
+    for metric in ir_measures.iter_calc(list(parsed), qrels, run):
+        out.setdefault(metric.query_id, {})[parsed[metric.measure]] = metric.value
+    return out
+
+
+@oracle_for("Judged")
+@ORACLE_SETTINGS
+@given(requests=oracle_requests())
+def test_judged_matches_ir_measures(requests):
+    """``Judged@k``: judged items (grade 0 too) in the top k over min(k, served); ``Judged``: the whole list."""
+    qrels, run = to_trec(requests, ties="asc")
+    measures = ["Judged"] + [f"Judged@{k}" for k in ORACLE_CUTOFFS]
+    expected = ir_measures_values(qrels, run, measures)
+    ours = ours_by_request(requests, Config(metrics=tuple(measures)))
+    assert check(ours, expected, {m: m for m in measures}) == len(qrels) * len(measures)
+
+
+@oracle_for("RBP", "RBP-Res")
+@ORACLE_SETTINGS
+@given(requests=oracle_requests(), rel=st.integers(1, 3), p=st.sampled_from([0.5, 0.8, 0.95]))
+def test_rbp_and_its_residual_match_ir_measures(requests, rel, p):
+    """``RBP(p=..,rel=..)`` is ir_measures' (cwl_eval's) binary RBP. Its residual ``RBP-Res`` is how much RBP
+    grows when every unjudged served item and every item past the end of the list is relevant: cwl_eval's RBP
+    of that optimistic run (padded until p^depth < 1e-12) minus the RBP."""
+    qrels, run = to_trec(requests)
+    measure = f"RBP(p={p},rel={rel})"
+    lower = ir_measures_values(qrels, run, [measure])
+    best = max(4, rel)
+    optimistic_qrels, optimistic_run = {}, {}
+    depth = int(math.ceil(math.log(1e-12) / math.log(p)))
+    for req in requests:
+        qid = req["qid"]
+        judged = qrels.get(qid, {})
+        items = list(run[qid])
+        padding = [f"{qid}-pad{j}" for j in range(depth)]
+        optimistic_run[qid] = run[qid] | {item: -1.0 - j for j, item in enumerate(padding)}
+        optimistic_qrels[qid] = judged | {item: best for item in items + padding if item not in judged}
+    upper = ir_measures_values(optimistic_qrels, optimistic_run, [measure])
+    config = Config(metrics=(f"RBP(p={p},rel={rel})",))
+    ours = ours_by_request(requests, config)
+    name, residual = f"RBP(p={p:g},rel={rel})", f"RBP-Res(p={p:g})"
+    assert list(ours[requests[0]["qid"]]) == [name, residual]  # the residual comes along
+    assert check(ours, lower, {measure: name}) == len(qrels)
+    assert len(upper) == len(requests)
+    for qid, row in upper.items():
+        assert ours[qid][residual] == pytest.approx(row[measure] - lower.get(qid, {}).get(measure, 0.0), abs=TOL)
 
 
 # -- AUC and GAUC vs scikit-learn ----------------------------------------------------------------------------

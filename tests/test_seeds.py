@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from oracle_cover import oracle_for
 from support import AbstractTimeConfig as Config
 
 from stream_eval.engine.engine import Engine
@@ -47,6 +48,7 @@ def run_engine(requests, config, judgments=()):
 
 
 # -- seeds 001 / 004: nDCG, linear gain, D1..D6 graded 3, 2, 3, 0, 1, 2 --------------------------------------
+@oracle_for("DCG")
 def test_seed_dcg6_is_6_861():
     assert evaluate_request(SHOWN, LINEAR6)["DCG@6"] == pytest.approx(6.861, abs=5e-4)
 
@@ -251,6 +253,7 @@ def test_seed000_alpha_counts_only_relevant_items_above():
     assert subtopic_counts_above(docs, relevant, position=6) == {"before": 2, "after": 1}
 
 
+@oracle_for("alpha-nDCG")
 def test_seed000_alpha_gain_of_doc_f():
     # gain(doc_f) = (1 - alpha)^3 + (1 - alpha)^2 with alpha = 1/2 ("通常情况，alpha取1/2"), checked through
     # alpha_ndcg: the alpha-DCG@6 of the six docs minus alpha-DCG@5 is doc_f's gain / log2(7).
@@ -272,6 +275,7 @@ def err_reference(grades, k, max_grade):
     return total
 
 
+@oracle_for("ERR")
 def test_seed_err_hand_example():
     # Grades 2, 1 with max grade 2: R1 = 3/4, R2 = 1/4 -> ERR = 3/4 + (1/2)(1/4)(1/4) = 0.78125.
     config = Config(cutoffs=(2,), max_grade=2.0)

@@ -103,7 +103,9 @@ class Engine:
         self.counts = EventCounts()
         self.join = Join(config, self.counts)
         self.specs = request_specs(config)
-        self._alpha_columns = [j for j, s in enumerate(self.specs) if s.family == "alpha-nDCG"]
+        # alpha-nDCG columns, filled here from the items' subtopics: (column, cutoff, alpha)
+        self._alpha_columns = [(j, s.k or 0, float(s.resolve(config)["alpha"]))
+                               for j, s in enumerate(self.specs) if s.needs_subtopics]
         self.on_finalised = on_finalised
         self.batch_size = batch_size
         self.labels = LabelBounds(config.max_label_values)
@@ -346,7 +348,7 @@ class Engine:
         result = evaluate_batch(batch, self.config, self.specs)
         values = result.values
         if self._alpha_columns:
-            values[:, self._alpha_columns] = np.nan
+            values[:, [j for j, _, _ in self._alpha_columns]] = np.nan
             subtopics_of = list(map(_SUBTOPICS, rankings))
             with_subtopics = present(subtopics_of)
             if not with_subtopics.any():
@@ -360,8 +362,8 @@ class Engine:
                     rows = slice(bounds[i], bounds[i + 1])
                     for position in batch.shown_pos[rows][relevant_rows[rows]].tolist():
                         relevant[position - 1] = True
-                    for j in self._alpha_columns:
-                        values[i, j] = alpha_ndcg(subtopics, relevant, self.specs[j].k or 0, self.config.alpha)
+                    for j, k, alpha in self._alpha_columns:
+                        values[i, j] = alpha_ndcg(subtopics, relevant, k, alpha)
         return values, batch, result.empty
 
     def _finalise(self, finalised: Finalised) -> None:
@@ -536,7 +538,7 @@ class Engine:
         return [
             (j, spec.mean_name)
             for j, spec in enumerate(self.specs)
-            if spec.family != "alpha-nDCG" or self.with_subtopics
+            if not spec.needs_subtopics or self.with_subtopics
         ]
 
     def _section(self, stats: GroupStats) -> dict[str, Any]:

@@ -253,7 +253,7 @@ class RollingWindows:
         columns = [
             (j, spec.mean_name)
             for j, spec in enumerate(engine.specs)
-            if spec.family != "alpha-nDCG" or self.with_subtopics or engine.with_subtopics
+            if not spec.needs_subtopics or self.with_subtopics or engine.with_subtopics
         ]
         pending = self._pending_sessions()
         out: WindowSums = {}

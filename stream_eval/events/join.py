@@ -180,8 +180,10 @@ UNGRADED = -1
 
 #: Slots per block of feedback rows: finalising requests reads and rewrites the rows of their blocks only.
 BLOCK = 8192
-#: Slots of finalised and forgotten requests are dropped from the front of the arrays this many at a time.
-TRIM = 1 << 16
+#: Slots of finalised and forgotten requests are dropped from the front of the arrays at least this many at a time
+#: (the arrays are trimmed once they have doubled, so the cost per slot does not depend on it). Each input partition
+#: of a worker has a join, and each may hold up to this many forgotten requests (~1 KB each) beyond what it needs.
+TRIM = 1 << 12
 #: Item texts of finalised requests are dropped once they take this many bytes (and half as many as the rest).
 TEXT_CUT = 1 << 20
 #: Slots the arrays hold at first (they grow by half when full).
@@ -206,10 +208,10 @@ _NOTHING = np.frombuffer(b"", dtype=np.uint8)
 
 
 class Finalised:
-    """Requests finalised together, in order, with their judged items (grade > 0) as columns.
+    """Requests finalised together, in order, with their judged items as columns.
 
-    ``shown_*`` are the served items with a grade (``shown_req`` indexes ``rankings``, ``shown_pos`` is
-    1-based); ``unshown_*`` the judged items that were not served (only their grades count). The rows come
+    ``shown_*`` are the served items with a grade, 0 included (``shown_req`` indexes ``rankings``, ``shown_pos``
+    is 1-based); ``unshown_*`` the judged items with a grade > 0 that were not served. The rows come
     sorted by request, then position (shown) or first feedback (unshown).
     """
 
@@ -228,7 +230,7 @@ class Finalised:
         self.unshown_grade = unshown_grade
         self.slots = slots  # the join's slot of each request
         self.rows = rows  # the live windows' row of each when it was taken (see Join.set_rows)
-        self.graded = graded  # whether feedback with a grade > 0 was applied
+        self.graded = graded  # whether feedback that can change a value was applied (grade > 0, or a served item)
 
     def __len__(self) -> int:
         return len(self.rankings)
@@ -264,7 +266,7 @@ class Finalised:
                          self.graded[requests])
 
     def shown_grades(self) -> list[dict[int, float]]:
-        """Each request's best grade (> 0) per served position."""
+        """Each request's best grade per judged served position (0: judged non-relevant)."""
         out: list[dict[int, float]] = [{} for _ in self.rankings]
         for req, pos, grade in zip(self.shown_req.tolist(), self.shown_pos.tolist(), self.shown_grade.tolist(),
                                    strict=True):
@@ -374,7 +376,7 @@ class Join:
         self._serve = np.zeros(FIRST_CAPACITY)
         self._final = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
         self._applied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback was applied
-        self._graded = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback with a grade > 0 was applied
+        self._graded = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback with grade > 0 or on a served item
         self._row = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # the live windows' row (see set_rows)
         self._id_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._id_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
@@ -795,9 +797,11 @@ class Join:
         if duplicates:
             counts["feedback", "duplicate"] += duplicates
         self._applied[index[applied]] = True
-        self._graded[index[applied & (grade > 0.0)]] = True
+        # a served item judged 0 counts too: it changes Judged@k and the RBP residual (unserved, it changes nothing)
+        judged = applied & ((grade > 0.0) | (field > 0))
+        self._graded[index[judged]] = True
         if self.changed is not None:
-            self.changed.update(slots[applied & (grade > 0.0)].tolist())
+            self.changed.update(slots[judged].tolist())
         if self.delays is not None:
             self.delays += (ts - served)[applied].tolist()
         store = np.flatnonzero(applied)
@@ -897,7 +901,8 @@ class Join:
             first = np.flatnonzero(starts)
             best = np.maximum.reduceat(row_grade, first) if first.shape[0] else row_grade
             req, row_field = req[first], row_field[first]
-            shown, unshown = (best > 0.0) & (row_field > 0), (best > 0.0) & (row_field < 0)
+            # served items keep grade 0 (judged non-relevant: Judged@k, the RBP residual); unserved ones need not
+            shown, unshown = row_field > 0, (best > 0.0) & (row_field < 0)
             shown_req, shown_pos, shown_grade = req[shown], row_field[shown], best[shown]
             unshown_req, unshown_grade = req[unshown], best[unshown]
         else:
