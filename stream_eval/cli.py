@@ -22,7 +22,10 @@ from stream_eval.stream.kafka import (
 _N = TypeVar("_N", int, float)
 
 SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
-    ("--cutoffs", {"help": "cutoffs k of the @k metrics, comma-separated (default 10)"}),
+    ("--metrics", {"help": "measures to compute, comma-separated, e.g. 'nDCG@10,nDCG(gain=linear)@10,P(rel=2)@5,"
+                           "RR,RBP(p=0.8)' (README); a family without @k runs at every cutoff (default: RR,AP,P,R,"
+                           "DCG,nDCG,ERR,alpha-nDCG)"}),
+    ("--cutoffs", {"help": "cutoffs k of the @k measures named without one, comma-separated (default 10)"}),
     ("--gain", {"choices": ["exp", "linear"], "help": "DCG gain: exp = 2^g - 1 (default) or linear = g"}),
     ("--max-grade", {"help": "highest grade, for ERR (default 4)"}),
     ("--rel-threshold", {"help": "grade from which an item counts as relevant (default 1)"}),
@@ -69,15 +72,37 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stream-eval", description="Live and offline ranking-quality metrics (MRR, nDCG, ERR, AP, GAUC, GSB)."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    replay = commands.add_parser("replay", help="evaluate JSON Lines logs offline and print the report")
-    replay.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files ('-' = stdin, .gz ok)")
+    replay = commands.add_parser("replay", help="evaluate JSON Lines or Parquet logs offline and print the report")
+    replay.add_argument("files", nargs="+", metavar="FILE",
+                        help="JSON Lines files ('-' = stdin, .gz ok) or Parquet files (*.parquet)")
     replay.add_argument("--format", choices=["json", "table"], help="default: table on a terminal, else json")
-    replay.add_argument("--per-request", metavar="OUT.jsonl", help="write one line of metrics per request")
+    replay.add_argument("--per-request", metavar="OUT.jsonl",
+                        help="write the metrics of each request: JSON Lines, or Parquet when the name ends .parquet")
     replay.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     replay.add_argument("--no-progress", action="store_true", help="no progress line on the terminal")
     replay.add_argument("--ab-trace", metavar="FILE",
                         help="write the A/B sections (ab, srm, gsb) as one JSON line per look (every look_every)")
+    replay.add_argument("--columns", metavar="FIELD=COLUMN,...",
+                        help="Parquet inputs (*.parquet): the column of each event field whose name differs "
+                             "(e.g. request_id=req_id,items=doc_ids)")
+    replay.add_argument("--html", metavar="REPORT.html",
+                        help="also write a self-contained HTML report with charts (needs the html extra: plotly)")
     _add_shared(replay)
+    trec = commands.add_parser("trec", help="evaluate a TREC run against qrels as trec_eval does")
+    trec.add_argument("qrels", metavar="QRELS", help="qrels file: qid iter docno rel ('-' = stdin)")
+    trec.add_argument("run", metavar="RUN", help="run file: qid Q0 docno rank score tag")
+    trec.add_argument("-m", "--measure", action="append", metavar="MEASURE",
+                      help="a trec_eval measure: map, recip_rank, Rprec, P.5,10 (or P_5), recall.100, ndcg_cut.10, "
+                           "success.10, num_q, runid; official (the default), all_trec; repeatable")
+    trec.add_argument("-q", "--query", action="store_true", help="also print each query's values")
+    trec.add_argument("-c", "--complete", action="store_true",
+                      help="queries of the qrels missing from the run count 0 (means over all qrels queries)")
+    trec.add_argument("-l", "--relevance-level", type=_positive_int, default=1, metavar="N",
+                      help="relevant from this grade on (default 1)")
+    trec.add_argument("-M", "--max-docs", type=_positive_int, default=None, metavar="N",
+                      help="evaluate only the first N documents of each query's ranking")
+    trec.add_argument("--json", action="store_true", help="print the JSON report, with a trec section")
+    trec.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
     simulate = commands.add_parser(
         "simulate", help="synthetic traffic from a click model, as JSON Lines or to Kafka (--broker)"
     )
@@ -247,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.commands import replay_command
 
             return replay_command(args, config_from_args(args))
+        if args.command == "trec":
+            from stream_eval.trec import trec_command
+
+            return trec_command(args)
         if args.command == "simulate":
             from stream_eval.commands import simulate_command
 

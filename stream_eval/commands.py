@@ -3,22 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
-from typing import IO
+from typing import IO, TypeVar
 
 import orjson
 
 from stream_eval.config import Config
+from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.replay import ProgressBar, replay, total_size
 from stream_eval.export.report import PerRequestWriter, to_json, to_table
 
+_T = TypeVar("_T")
+
 
 def replay_command(args: argparse.Namespace, config: Config) -> int:
+    if any(is_parquet(path) for path in [*args.files, args.per_request or ""]) and (
+            importlib.util.find_spec("pyarrow") is None):
+        print("stream-eval replay: Parquet needs pyarrow; install it with: "
+              "python3 -m pip install 'stream-eval[parquet]'", file=sys.stderr)
+        return 2
+    html_data = None
+    if getattr(args, "html", None):
+        if importlib.util.find_spec("plotly") is None:
+            print("stream-eval replay --html: plotly is not installed; install it with: "
+                  "python3 -m pip install 'stream-eval[html]'", file=sys.stderr)
+            return 2
+        from stream_eval.export.html_data import HtmlData
+
+        html_data = HtmlData(config)
     with ExitStack() as stack:
         writer = None
         if args.per_request:
-            writer = PerRequestWriter(stack.enter_context(open(args.per_request, "wb")))
+            writer = _per_request_writer(args.per_request, stack)
         progress = None
         if not args.no_progress and sys.stderr.isatty():
             progress = ProgressBar(total_size(args.files))
@@ -29,7 +48,9 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
             def trace(look: dict[str, object]) -> None:
                 trace_file.write(orjson.dumps(look) + b"\n")
 
-        engine = replay(args.files, config, writer, progress, trace)
+        engine = replay(args.files, config, _each(writer, html_data.on_finalised if html_data else None), progress,
+                        _each(trace, html_data.on_look if html_data else None),
+                        attach=html_data.attach if html_data else None, columns=_columns(args))
         if progress is not None:
             progress.close()
     report = engine.report()
@@ -47,9 +68,49 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     finally:
         if args.output:
             output.close()
+    if html_data is not None:
+        from stream_eval.export.html import write_html
+
+        write_html(args.html, report, html_data, engine.arms_of, f"stream-eval report: {', '.join(args.files)}")
     for problem in engine.unreadable:  # the report covers what was read; the exit status says it is not all
         print(f"stream-eval: error: {problem}", file=sys.stderr)
     return 1 if engine.unreadable else 0
+
+
+def is_parquet(path: str) -> bool:
+    """Whether an input or output file is Parquet (by its suffix)."""
+    return path.lower().endswith(".parquet")
+
+
+def _columns(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--columns FIELD=COLUMN,...`` as a dict (None when not given)."""
+    if not getattr(args, "columns", None):
+        return None
+    from stream_eval.events.parquet import parse_columns
+
+    return parse_columns(args.columns)
+
+
+def _per_request_writer(path: str, stack: ExitStack) -> Callable[[FinalisedBatch], object]:
+    """``--per-request``: Parquet when the name ends ``.parquet``, else JSON Lines."""
+    if is_parquet(path):
+        from stream_eval.export.parquet import ParquetPerRequestWriter
+
+        return stack.enter_context(ParquetPerRequestWriter(path))
+    return PerRequestWriter(stack.enter_context(open(path, "wb")))
+
+
+def _each(*callbacks: Callable[[_T], object] | None) -> Callable[[_T], None] | None:
+    """One callback that calls each given one in turn (None when none is given)."""
+    given = [callback for callback in callbacks if callback is not None]
+    if not given:
+        return None
+
+    def each(value: _T) -> None:
+        for callback in given:
+            callback(value)
+
+    return each
 
 
 def simulate_command(args: argparse.Namespace) -> int:

@@ -10,13 +10,13 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
-from stream_eval.events.schema import count_lines, decode_chunk_columns
+from stream_eval.events.schema import Chunk, count_lines, decode_chunk_columns
 
 #: Bytes read at a time. 2 MiB replayed the 1M-request benchmark file ~7 % faster than 1 MiB for 6-14 MB more
 #: peak RSS (docs/benchmarks.md); 4 MiB gained little more and its peak grew with the file.
@@ -142,14 +142,24 @@ def replay(
     on_finalised: Callable[[FinalisedBatch], None] | None = None,
     progress: Progress | None = None,
     ab_trace: Callable[[dict[str, Any]], None] | None = None,
+    attach: Callable[[Engine], object] | None = None,
+    columns: Mapping[str, str] | None = None,
 ) -> Engine:
     """Evaluate JSON Lines files (``-`` = stdin, gzip detected) in order, as one stream; returns the engine.
 
     ``ab_trace`` gets the A/B sections (``ab``, ``srm``, ``gsb``) at each look (every ``look_every`` of event
     time) and at the end, each as ``{"ts": event time, "ab": [...], "srm": [...], "gsb": [...]}``. A look at
     time T holds the requests finalised (serve time + horizon) and sessions closed by T.
+
+    A path ending ``.parquet`` is read as Parquet (:mod:`stream_eval.events.parquet`), its columns named as
+    ``columns`` maps them (field -> column).
+
+    ``attach`` is called with the engine before the first event, for listeners that attach themselves to it
+    (e.g. :class:`~stream_eval.engine.delays.FeedbackDelays`).
     """
     engine = Engine(config, on_finalised)
+    if attach is not None:
+        attach(engine)
     if ab_trace is not None:
         def look(ts: float) -> None:
             ab_trace({"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
@@ -160,8 +170,7 @@ def replay(
     with _quiet_gc():
         for path in paths:
             offset = done
-            for chunk, first_line, position in read_chunks(path, damaged=engine.unreadable):
-                decoded = decode_chunk_columns(chunk, config, first_line, "stdin" if path == "-" else path)
+            for decoded, position in _decoded_chunks(path, config, engine.unreadable, columns):
                 engine.process(decoded)
                 events += len(decoded)
                 done = offset + position
@@ -176,6 +185,18 @@ def replay(
         ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
                   "gsb": engine.gsb_rows()})
     return engine
+
+
+def _decoded_chunks(path: str, config: Config, damaged: list[str],
+                    columns: Mapping[str, str] | None) -> Iterator[tuple[Chunk, int]]:
+    """The events of one input, a chunk at a time, with how many bytes of it were read."""
+    if path.lower().endswith(".parquet"):
+        from stream_eval.events.parquet import read_parquet  # pyarrow: the parquet extra
+
+        yield from read_parquet(path, config, columns, damaged)
+        return
+    for chunk, first_line, position in read_chunks(path, damaged=damaged):
+        yield decode_chunk_columns(chunk, config, first_line, "stdin" if path == "-" else path), position
 
 
 class ProgressBar:

@@ -1,0 +1,202 @@
+"""Parquet input and output of ``stream-eval replay``: the same events in Parquet and in JSON Lines give the same
+report, exactly; invalid rows are counted as invalid lines are; ``--per-request OUT.parquet`` holds the values of
+``--per-request OUT.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stream_eval.config import Config
+from stream_eval.engine.replay import replay
+from stream_eval.events.parquet import ColumnError, parse_columns
+from stream_eval.simulate import SimulationConfig, write_jsonl
+
+T0 = 1_767_225_600.0
+
+#: The columns of an event table with a ``type`` column (a null cell: the field is absent).
+SCHEMA = pa.schema([
+    ("type", pa.string()), ("request_id", pa.string()), ("ts", pa.float64()), ("items", pa.list_(pa.string())),
+    ("scores", pa.list_(pa.float64())), ("query_id", pa.string()), ("session_id", pa.string()),
+    ("experiment", pa.string()), ("arm", pa.string()), ("unit_id", pa.string()), ("teams", pa.list_(pa.string())),
+    ("subtopics", pa.list_(pa.list_(pa.string()))), ("item", pa.string()), ("kind", pa.string()),
+    ("grade", pa.float64()), ("verdict", pa.string()),
+])
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path, schema: pa.Schema = SCHEMA, row_group_size: int = 1000,
+                  ) -> None:
+    names = set(schema.names)
+    table = pa.Table.from_pylist([{k: v for k, v in row.items() if k in names} for row in rows], schema=schema)
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+def write_jsonl_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stream_eval.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def reports(rows: list[dict[str, Any]], tmp: Path, config: Config | None = None, batch: int = 1000,
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The reports of replaying ``rows`` as JSON Lines and as Parquet."""
+    config = config or Config()
+    write_jsonl_rows(rows, tmp / "log.jsonl")
+    write_parquet(rows, tmp / "log.parquet", row_group_size=batch)
+    from_jsonl = replay([str(tmp / "log.jsonl")], config).report()
+    from_parquet = replay([str(tmp / "log.parquet")], config).report()
+    return from_jsonl, from_parquet
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Simulated traffic with interleaving and judgments, unit ids, and bad rows of several kinds."""
+    path = tmp_path_factory.mktemp("sim") / "log.jsonl"
+    write_jsonl(SimulationConfig(requests=3000, seed=3, interleaving=True, judgments=True, unit="user"), str(path))
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    bad = [
+        {"type": "feedback", "request_id": "", "item": "x", "ts": T0},  # empty request id
+        {"type": "feedback", "request_id": "r1", "item": "x", "kind": "label", "ts": T0},  # label without grade
+        {"type": "feedback", "request_id": "r1", "item": "x", "grade": -1.0, "ts": T0},  # negative grade
+        {"type": "feedback", "request_id": "r1", "item": "x", "kind": "purchase", "ts": T0},  # unknown kind
+        {"type": "ranking", "request_id": "rx", "items": ["a", "a"], "ts": T0},  # repeated item
+        {"type": "ranking", "request_id": "ry", "items": ["a", "b"], "scores": [1.0], "ts": T0},  # lengths
+        {"type": "ranking", "request_id": "rz", "items": [], "ts": T0},  # no items
+        {"type": "ranking", "request_id": "rt", "items": ["a"], "ts": 1.0},  # ts out of range
+        {"type": "ranking", "request_id": "rn", "items": ["a"]},  # no ts
+        {"type": "click", "request_id": "r1", "item": "x", "ts": T0},  # unknown type
+        {"type": "ranking", "request_id": "ru", "items": ["caf\u00e9", 'say "hi"', "b\\c"], "ts": T0 + 5},  # odd
+    ]
+    for k, row in enumerate(bad):
+        rows.insert(200 + 37 * k, row)
+    return rows
+
+
+def test_parquet_report_equals_jsonl_report(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
+    from_jsonl, from_parquet = reports(simulated, tmp_path)
+    assert from_parquet == from_jsonl
+    assert from_jsonl["events"]["invalid"] == 10
+    assert from_jsonl["events"]["judgment"] > 0 and from_jsonl["gsb"]
+
+
+def test_parquet_in_several_batches_and_skip_policy(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
+    from_jsonl, from_parquet = reports(simulated, tmp_path, Config(empty="skip", cutoffs=(3, 10)), batch=257)
+    assert from_parquet == from_jsonl
+
+
+def test_cli_columns_mapping_and_per_request_parquet(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
+    renamed = pa.schema([field.with_name({"request_id": "req_id", "items": "doc_ids"}.get(field.name, field.name))
+                         for field in SCHEMA])
+    rows = [{{"request_id": "req_id", "items": "doc_ids"}.get(k, k): v for k, v in row.items()} for row in simulated]
+    write_parquet(rows, tmp_path / "log.parquet", renamed)
+    write_jsonl_rows(simulated, tmp_path / "log.jsonl")
+    parquet = run_cli("replay", str(tmp_path / "log.parquet"), "--columns", "request_id=req_id,items=doc_ids",
+                      "--format", "json", "--per-request", str(tmp_path / "out.parquet"))
+    jsonl = run_cli("replay", str(tmp_path / "log.jsonl"), "--format", "json", "--per-request",
+                    str(tmp_path / "out.jsonl"))
+    assert parquet.returncode == 0, parquet.stderr
+    assert json.loads(parquet.stdout) == json.loads(jsonl.stdout)
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert len(table) == len(records) > 0
+    for row, record in zip(table, records, strict=True):
+        assert {k: row[k] for k in ("request_id", "experiment", "arm", "query_id", "session_id")} == {
+            k: record[k] for k in ("request_id", "experiment", "arm", "query_id", "session_id")}
+        assert {name: row[name] for name in record["metrics"]} == record["metrics"]
+
+
+def test_rows_without_type_column_and_timestamps(tmp_path: Path) -> None:
+    """Without a ``type`` column a row with items is a ranking, one with an item feedback; ``ts`` a timestamp."""
+    seconds = [T0, T0 + 1, T0 + 2, T0 + 3, T0 + 4]
+    table = pa.table({
+        "request_id": ["a", "b", "a", "b", "b"],
+        "items": pa.array([["x", "y"], ["y", "z"], None, None, None], pa.list_(pa.string())),
+        "item": [None, None, "y", "z", "y"],
+        "kind": [None, None, None, "label", None],
+        "grade": pa.array([None, None, None, 2, None], pa.int64()),
+        "ts": pa.array([int(t * 1000) for t in seconds], pa.timestamp("ms")),
+    })
+    pq.write_table(table, tmp_path / "events.parquet")
+    report = replay([str(tmp_path / "events.parquet")], Config()).report()
+    assert report["events"] == {"ranking": 2, "feedback": 3, "judgment": 0, "invalid": 0, "late": 0,
+                                "duplicate": 0, "orphan": 0}
+    assert report["overall"]["metrics"]["MRR"] == pytest.approx((1 / 2 + 1) / 2)
+    rows = [{"type": "ranking" if items else "feedback", "request_id": rid, "ts": ts,
+             **({"items": items} if items else {"item": item}), **({"kind": kind, "grade": 2} if kind else {})}
+            for rid, items, item, kind, ts in zip(*(table.column(c).to_pylist() for c in
+                                                    ("request_id", "items", "item", "kind")), seconds, strict=True)]
+    write_jsonl_rows(rows, tmp_path / "events.jsonl")
+    assert replay([str(tmp_path / "events.jsonl")], Config()).report() == report
+
+
+def test_bad_columns_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ColumnError):
+        parse_columns("request=req_id")
+    with pytest.raises(ColumnError):
+        parse_columns("request_id")
+    pq.write_table(pa.table({"req": ["a"]}), tmp_path / "x.parquet")
+    result = run_cli("replay", str(tmp_path / "x.parquet"), "--columns", "request_id=rid", "--format", "json")
+    assert result.returncode == 2 and "no column 'rid'" in result.stderr
+    result = run_cli("replay", str(tmp_path / "x.parquet"), "--format", "json")
+    assert result.returncode == 2 and "nothing says what a row is" in result.stderr
+
+
+def test_damaged_parquet_keeps_what_was_read(tmp_path: Path) -> None:
+    rows = [{"type": "ranking", "request_id": f"r{k}", "items": ["a", "b"], "ts": T0 + k} for k in range(200_000)]
+    write_parquet(rows, tmp_path / "log.parquet", row_group_size=50_000)  # read a row group at a time
+    data = (tmp_path / "log.parquet").read_bytes()
+    cut = tmp_path / "cut.parquet"
+    middle = len(data) // 2
+    cut.write_bytes(data[:middle] + bytes(200) + data[middle + 200:])  # a row group in the middle overwritten
+    result = run_cli("replay", str(cut), "--format", "json")
+    assert result.returncode == 1
+    assert "error:" in result.stderr
+    assert 0 < json.loads(result.stdout)["events"]["ranking"] < 200_000
+
+
+NAMES = st.text(alphabet="ab\u00e9\"\\,", min_size=0, max_size=3)
+
+
+@st.composite
+def event_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Rankings and feedback with odd names, grades, kinds and times, some invalid."""
+    rows: list[dict[str, Any]] = []
+    for k in range(draw(st.integers(1, 25))):
+        ts = T0 + draw(st.floats(0, 4000, allow_nan=False))
+        rid = draw(st.sampled_from(["r1", "r2", "r\u00e9", ""]))
+        if draw(st.booleans()):
+            items = draw(st.lists(NAMES, min_size=0, max_size=4))
+            row: dict[str, Any] = {"type": "ranking", "request_id": rid, "ts": ts, "items": items}
+            if draw(st.booleans()):
+                row["scores"] = draw(st.lists(st.floats(-5, 5, allow_nan=False), min_size=len(items),
+                                              max_size=len(items) + draw(st.integers(0, 1))))
+            row["arm"] = draw(st.sampled_from([None, "a", "b\u00e9"]))
+        else:
+            row = {"type": "feedback", "request_id": rid, "ts": ts, "item": draw(NAMES),
+                   "kind": draw(st.sampled_from([None, "click", "label", "view"])),
+                   "grade": draw(st.sampled_from([None, 0.0, 1.0, 2.5, -1.0]))}
+        rows.append({key: value for key, value in row.items() if value is not None})
+        del k
+    return rows
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=event_rows())
+def test_parquet_equals_jsonl_on_generated_rows(rows: list[dict[str, Any]], tmp_path: Path) -> None:
+    from_jsonl, from_parquet = reports(rows, tmp_path, Config(attribution_window=600.0), batch=7)
+    assert from_parquet == from_jsonl
+    assert not math.isnan(from_jsonl["events"]["invalid"])
