@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from itertools import compress
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -78,7 +78,8 @@ class Impressions:
 
     def relevant_positions(self, i: int) -> list[int]:
         """1-based positions of the relevant items of request ``i``."""
-        return (np.flatnonzero(self.labels[self.starts[i] : self.starts[i + 1]]) + 1).tolist()
+        positions: list[int] = (np.flatnonzero(self.labels[self.starts[i] : self.starts[i + 1]]) + 1).tolist()
+        return positions
 
 
 #: Sessions scored together when many close at once.
@@ -109,7 +110,8 @@ def unit_of(state: Any) -> str | None:
 
 
 class _Session(msgspec.Struct, gc=False):
-    """An open named session (a Struct: made in C, a third of the time of a class with ``__init__``)."""
+    """An open named session (a Struct: made in C, cheaper to create than a class with ``__init__``;
+    docs/benchmarks.md)."""
 
     group: int
     sid: str = ""
@@ -160,8 +162,9 @@ class Sessions:
             # when each request is finalised: its serve time plus the horizon
             finalised_at = (np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) + self.horizon).tolist()
             closing: list[tuple[float, str]] = []  # (deadline, session id) of each deadline given, in order
+            named_sids = cast("list[str]", sids)  # read at the requests of named sessions only (in_named)
             for i in in_named:
-                sid: str = sids[i]  # type: ignore[assignment]  # named sessions only
+                sid = named_sids[i]
                 session = open_.get(sid)
                 if session is not None and finalised_at[i] > session.deadline:
                     # Event time passed the session's close point before this request was finalised: the
@@ -306,4 +309,5 @@ def _ranges(first: Ints, lengths: Ints) -> Ints:
     >>> _ranges(np.array([5, 0]), np.array([2, 3])).tolist()
     [5, 6, 0, 1, 2]
     """
-    return np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+    ranges: Ints = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+    return ranges
