@@ -3,6 +3,13 @@
 It applies the rules of SPEC §1 one event at a time, with a Python object per request. The columnar join
 must give the same counts and the same finalised requests on any stream, any chunking and any schedule of
 ``advance`` (``tests/test_join_oracle.py``); this code is simple enough to read against the SPEC.
+
+Orphans are defined here from SPEC §1, not by the production join's expiry heap: feedback that arrives while
+no ranking of its id is open or remembered waits, in arrival order, in one list. It is an *orphan* once event time
+has passed the end of its wait — its own time plus the attribution window and the allowed lateness
+(:meth:`Join.wait_over`) — without its ranking: counted when a ranking of its id arrives after that, when
+:meth:`Join.advance` moves event time past it, or at :meth:`Join.flush`. Waiting feedback whose ranking arrives
+in time is applied as if it had come after the ranking, in the order it arrived.
 """
 
 from __future__ import annotations
@@ -106,18 +113,17 @@ class Join:
     """Rankings and feedback joined by ``request_id`` on event time, one event at a time."""
 
     def __init__(self, config: Config, counts: EventCounts) -> None:
-        self.window = config.attribution_window
+        self.attribution_window = config.attribution_window
         self.horizon = config.attribution_window + config.allowed_lateness
         self.counts = counts
         self.watermark = -math.inf
         self.open: dict[str, RequestState] = {}
-        self.pending: dict[str, list[Feedback]] = {}
+        self.waiting: list[Feedback] = []  # feedback waiting for its ranking, in arrival order
         self.closed: dict[str, float] = {}
         # Opened or re-graded since cleared: kept only once live windows read it (they start it, see windows.py).
         self.changed: dict[str, RequestState] | None = None
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
         self._due: DueBySecond[RequestState] = DueBySecond()  # open requests, due at their deadline ts + horizon
-        self._pending_expiry: list[tuple[float, int, str]] = []
         self._closed_expiry: list[tuple[float, int, str]] = []
         self._early: list[RequestState] = []
         self._seq = count()
@@ -147,10 +153,11 @@ class Join:
         if self.changed is not None:
             self.changed[rid] = state
         self._due.add(state.ts + self.horizon, state)
-        waiting = self.pending.pop(rid, None)
-        if waiting is not None:
-            for feedback in waiting:
-                if feedback.ts + self.horizon <= self.watermark:  # type: ignore[operator]  # ts is float
+        mine = [f for f in self.waiting if f.request_id == rid]
+        if mine:
+            self.waiting = [f for f in self.waiting if f.request_id != rid]
+            for feedback in mine:
+                if self.wait_over(feedback, self.watermark):
                     self.counts["feedback", "orphan"] += 1
                 else:
                     self._apply(state, feedback)
@@ -164,17 +171,17 @@ class Join:
         if self._remembered(event.request_id):
             self.counts["feedback", "late"] += 1
             return "late"
-        waiting = self.pending.get(event.request_id)
-        if waiting is None:
-            self.pending[event.request_id] = [event]
-        else:
-            waiting.append(event)
-        heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), event.request_id))  # type: ignore[operator]  # ts is float
+        self.waiting.append(event)
         return "pending"
+
+    def wait_over(self, feedback: Feedback, watermark: float) -> bool:
+        """Whether event time ``watermark`` is past the wait of ``feedback`` for its ranking (SPEC §1: the ranking
+        did not come within the attribution window, plus the allowed lateness every event time gets)."""
+        return watermark >= feedback.ts + self.horizon  # type: ignore[operator]  # ts is float
 
     def _apply(self, state: RequestState, event: Feedback) -> str:
         ts: float = event.ts  # type: ignore[assignment]  # validated: epoch seconds
-        if ts - state.ts > self.window or state.ts + self.horizon <= self.watermark:
+        if ts - state.ts > self.attribution_window or state.ts + self.horizon <= self.watermark:
             self.counts["feedback", "late"] += 1
             return "late"
         grade: float = event.grade  # type: ignore[assignment]  # validated: kinds without grade get one
@@ -232,27 +239,16 @@ class Join:
                 rid = state.request_id
                 self.closed[rid] = forget_at
                 heapq.heappush(self._closed_expiry, (forget_at, next(self._seq), rid))
-        self._expire_pending(watermark)
+        over = [f for f in self.waiting if self.wait_over(f, watermark)]
+        if over:
+            self.counts["feedback", "orphan"] += len(over)
+            self.waiting = [f for f in self.waiting if not self.wait_over(f, watermark)]
         closed = self._closed_expiry
         while closed and closed[0][0] <= watermark:
             forget_at, _, rid = heapq.heappop(closed)
             if self.closed.get(rid) == forget_at:
                 del self.closed[rid]
         return finalised
-
-    def _expire_pending(self, watermark: float) -> None:
-        expiry = self._pending_expiry
-        while expiry and expiry[0][0] <= watermark:
-            _, _, rid = heapq.heappop(expiry)
-            waiting = self.pending.get(rid)
-            if waiting is None:
-                continue
-            keep = [f for f in waiting if f.ts + self.horizon > watermark]  # type: ignore[operator]  # ts is float
-            self.counts["feedback", "orphan"] += len(waiting) - len(keep)
-            if keep:
-                self.pending[rid] = keep
-            else:
-                del self.pending[rid]
 
     def flush(self) -> list[RequestState]:
         """End of input: finalise every open request and count every waiting feedback as an orphan."""
@@ -263,9 +259,8 @@ class Join:
         if self.changed is not None:
             self.changed.clear()
         self._due.clear()
-        self.counts["feedback", "orphan"] += sum(len(w) for w in self.pending.values())
-        self.pending.clear()
-        self._pending_expiry.clear()
+        self.counts["feedback", "orphan"] += len(self.waiting)
+        self.waiting = []
         self.closed.clear()
         self._closed_expiry.clear()
         return finalised

@@ -98,9 +98,10 @@ def test_alert_names_are_the_contract_and_each_is_actionable() -> None:
 
 
 def test_recording_rules_follow_level_metric_operations() -> None:
-    for rule in _rules():
-        if "record" in rule:
-            assert len(rule["record"].split(":")) == 3, rule["record"]
+    records = [rule["record"] for rule in _rules() if "record" in rule]
+    assert records
+    for record in records:
+        assert len(record.split(":")) == 3, record
 
 
 def test_every_alert_is_unit_tested_firing_and_not_firing() -> None:

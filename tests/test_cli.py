@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib
 import json
 import math
 import os
@@ -19,17 +18,6 @@ import pytest
 from stream_eval.engine.replay import CHUNK_BYTES
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
-
-
-def _simulate_imports() -> bool:
-    try:
-        importlib.import_module("stream_eval.simulate")
-    except Exception:
-        return False
-    return True
-
-
-SIMULATE_OK = _simulate_imports()
 
 
 def ev(**fields: Any) -> str:
@@ -579,7 +567,6 @@ def test_no_files_is_a_usage_error() -> None:
 # -- simulate then replay ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not SIMULATE_OK, reason="stream_eval.simulate does not import")
 def test_simulate_then_replay(tmp_path: Path) -> None:
     out = tmp_path / "sim.jsonl"
     result = cli("simulate", "--requests", "200", "-o", out)

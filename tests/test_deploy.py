@@ -264,7 +264,9 @@ def test_every_panel_queries_the_provisioned_datasource() -> None:
 
 
 def test_every_query_reads_known_series_with_known_variables() -> None:
-    for name, panel, target in _queries():
+    queries = list(_queries())
+    assert len(queries) > 10
+    for name, panel, target in queries:
         expr = target.get("expr", "")
         assert expr.strip(), f"{name} {panel['title']} {target['refId']}: empty expr"
         found = _series(expr)
@@ -290,9 +292,12 @@ def test_a_b_gauges_are_taken_with_max_not_sum() -> None:
     single = {"stream_eval_ab_delta", "stream_eval_ab_ci_lower", "stream_eval_ab_ci_upper", "stream_eval_ab_cs_lower",
               "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_ab_units", "stream_eval_srm_p_value",
               "stream_eval_srm_mismatch", "stream_eval_gsb_p_value", "stream_eval_ab_unit_conflicts_total"}
+    checked = set()
     for _, panel, target in _queries():
         for name in _series(target["expr"]) & single:
             assert re.search(rf"max by \([^)]*\) \({name}\{{", target["expr"]), (panel["title"], name)
+            checked.add(name)
+    assert {"stream_eval_ab_delta", "stream_eval_srm_p_value", "stream_eval_gsb_p_value"} <= checked
 
 
 def _promtool() -> str:

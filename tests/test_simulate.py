@@ -123,7 +123,9 @@ def test_events_have_spec_fields_and_types() -> None:
 
 
 def test_ts_rounded_to_milliseconds() -> None:
-    for event in _events(requests=500):
+    events = _events(requests=500)
+    assert len(events) > 500
+    for event in events:
         assert round(event["ts"], 3) == event["ts"]
 
 
@@ -182,12 +184,15 @@ def test_late_feedback_still_ordered() -> None:
 def test_feedback_after_its_ranking_and_within_max_delay() -> None:
     config = SimulationConfig(requests=3000)
     serve: dict[str, float] = {}
+    checked = 0
     for event in simulate(config):
         if event["type"] == "ranking":
             serve[event["request_id"]] = event["ts"]
         elif event["type"] == "feedback":
             assert event["request_id"] in serve  # ranking came first
             assert 0 <= event["ts"] - serve[event["request_id"]] <= config.max_delay + 1e-6
+            checked += 1
+    assert len(serve) == 3000 and checked > 1000
 
 
 def test_shuffle_window_bounds_the_disorder() -> None:
@@ -418,6 +423,7 @@ def test_no_faults_by_default() -> None:
         key = (event["request_id"], event["item"], event["kind"], event.get("grade"))
         assert key not in seen
         seen.add(key)
+    assert len(serve) == 3000 and len(seen) > 1000
 
 
 def _invalid_reason(line: bytes) -> str | None:
