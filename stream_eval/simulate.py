@@ -135,7 +135,8 @@ UNITS = ("session", "user")
 """Values of ``SimulationConfig.unit``: what the arm is assigned per (``user`` also fills ``unit_id``)."""
 
 TRUE_EFFECT_REQUESTS = 25_000
-"""Requests per arm of the Monte-Carlo run of :func:`true_effects` (about 1 s per arm)."""
+"""Requests per arm of the Monte-Carlo run of :func:`true_effects` (enough for the demo's truth, quick enough to
+compute while the broker starts; its time: docs/benchmarks.md)."""
 
 Event = dict[str, Any]
 FloatArray = NDArray[np.float64]
@@ -865,8 +866,8 @@ def write_jsonl(config: SimulationConfig, path: str) -> int:
 
     Args:
         config: The simulation parameters.
-        path: Output file; a name ending in ``.gz`` is gzip-compressed (level 1: about 4x faster than the default
-            level for a quarter of the size instead of a fifth).
+        path: Output file; a name ending in ``.gz`` is gzip-compressed (level 1: much faster than the default
+            level for a slightly larger file; docs/benchmarks.md).
 
     Returns:
         The number of lines written (valid and malformed).
@@ -896,7 +897,7 @@ def true_effects(
 
     Args:
         config: The simulation whose arms are measured.
-        requests: Requests per arm; the run takes about 1 s per 25,000 once the engine is compiled.
+        requests: Requests per arm; the run's time grows with it (docs/benchmarks.md).
         evaluation: The evaluation settings (cutoffs, gain, ...); default: the defaults of SPEC §2-3.
 
     Returns:

@@ -14,7 +14,7 @@ from support import AbstractTimeConfig as Config
 from support import approx
 
 from stream_eval.engine.engine import Engine
-from stream_eval.engine.snapshot import _unarray
+from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.schema import decode_chunk_columns
 from stream_eval.simulate import SimulationConfig, simulate_lines

@@ -3,8 +3,8 @@
 :func:`stream_eval.metrics.auc.session_auc` is the definition, in numpy, for any item order; this is the same
 statistic for items already grouped by session, as :class:`~stream_eval.engine.sessions.Sessions` hands them
 over. Sessions are short (tens of items) and have few positives or few negatives, so counting pairs of the
-rarer class against the other beats sorting: ten times faster than the numpy version on the main benchmark
-file (docs/benchmarks.md). A session where both classes are many is sorted instead, so a long session never
+rarer class against the other beats sorting (measured against the numpy version on the main benchmark file:
+docs/benchmarks.md). A session where both classes are many is sorted instead, so a long session never
 costs quadratic time. Both count in half-units (ties 1/2) in integers: the AUC is one division of exact
 numbers, the same float as the numpy version's. Scores are finite (the event schema rejects others).
 """

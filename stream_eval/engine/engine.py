@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,7 @@ from stream_eval.config import ArmPair, Config
 from stream_eval.engine.ab import UnitLedger
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
+from stream_eval.engine.plugins import Plugin, RegroupHooks
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
 from stream_eval.events.join import OVERFLOW, EventCounts, Finalised, Join
 from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
@@ -32,9 +33,8 @@ from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch
 from stream_eval.metrics.specs import GAUC, MetricSpec, parse, request_specs
 from stream_eval.stats import sign_test
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the types readers get from engine.windows and engine.delays; never imported to run
     from stream_eval.engine.delays import FeedbackDelays
-    from stream_eval.engine.regroup import RegroupSink
     from stream_eval.engine.windows import RollingWindows
 
 Floats = npt.NDArray[np.float64]
@@ -124,12 +124,30 @@ class Engine:
         self.gsb = GsbTracker(config, self.join.horizon)
         self._muted = False
         self.watermark = -math.inf  # the largest finite all-partition watermark :meth:`close` was given
-        self.windows: RollingWindows | None = None  # live windows; they attach themselves
-        self.delays: FeedbackDelays | None = None  # feedback delay histogram; attaches itself
-        self.regroup: RegroupSink | None = None  # streaming: named sessions and query GSB go to the regroup log
+        self._plugins: list[Plugin] = []  # live windows, the delay histogram: they attach themselves
+        self._roles: dict[str, Plugin] = {}
+        self.regroup: RegroupHooks | None = None  # streaming: named sessions and query GSB go to the regroup log
         # A/B units, fed in event-time order (engine/ab.py); streaming: on the regroup stage's worker only
         self.ledger = UnitLedger(config, [spec.mean_name for spec in self.specs], GAUC)
         self.stage_watermark = -math.inf  # how far sessions, GSB buckets and A/B units were closed here
+
+    def attach(self, plugin: Plugin) -> None:
+        """From now on, tell ``plugin`` what happens (``engine/plugins.py``); readers find it by its role."""
+        if plugin.role in self._roles:
+            raise ValueError(f"the engine has {plugin.role} already")
+        self._plugins.append(plugin)
+        self._roles[plugin.role] = plugin
+        plugin.opened(self.join)
+
+    @property
+    def windows(self) -> RollingWindows | None:
+        """The rolling windows attached, if any."""
+        return cast("RollingWindows | None", self._roles.get("windows"))
+
+    @property
+    def delays(self) -> FeedbackDelays | None:
+        """The feedback delay histogram attached, if any."""
+        return cast("FeedbackDelays | None", self._roles.get("delays"))
 
     def _find_column(self, name: str) -> int:
         return self.specs.index(parse(name))  # Config has checked that gsb_metric is computed
@@ -161,10 +179,8 @@ class Engine:
                 join.add(listed)  # type: ignore[arg-type]  # rankings and feedback here
         if event_time:
             self.advance(join.watermark, join)
-        if self.windows is not None and not self._muted:
-            self.windows.refresh(join)
-        if self.delays is not None:
-            self.delays.drain(join, keep=not self._muted)
+        for plugin in self._plugins:
+            plugin.advanced(join, self._muted)
 
     def _process_chunk(self, chunk: Chunk, join: Join) -> None:
         """:meth:`process` on event time, without the end of a partition: judgments and invalid events are taken
@@ -233,8 +249,8 @@ class Engine:
     def new_join(self) -> Join:
         """A join for one more input partition, counting into this engine's event counts."""
         join = Join(self.config, self.counts)
-        if self.delays is not None:
-            join.delays = []
+        for plugin in self._plugins:
+            plugin.opened(join)
         return join
 
     @contextmanager
@@ -271,9 +287,9 @@ class Engine:
             self.invalid_examples.append(event)
 
     def advance(self, watermark: float, join: Join | None = None) -> None:
-        """Move event time forward and finalise every request, session and GSB window it closes.
+        """Move event time forward and finalise every request, session and GSB bucket it closes.
 
-        With a partition's ``join``, only that partition's requests are finalised; sessions and GSB windows,
+        With a partition's ``join``, only that partition's requests are finalised; sessions and GSB buckets,
         which span partitions, close on :meth:`close` with the watermark of all partitions.
         """
         own = join is None or join is self.join
@@ -283,7 +299,7 @@ class Engine:
             self.close(join.watermark)
 
     def close(self, watermark: float, sessions: bool = True, windows: bool = True) -> None:
-        """Close the sessions and GSB windows that event time ``watermark`` (of every partition) has passed.
+        """Close the sessions and GSB buckets that event time ``watermark`` (of every partition) has passed.
 
         When streaming with a regroup stage, the worker moves the live windows (``sessions=False``) and the
         stage closes sessions and GSB buckets on its own watermark (``windows=False``).
@@ -291,8 +307,8 @@ class Engine:
         if windows:
             if self.watermark < watermark < math.inf:
                 self.watermark = watermark
-            if self.windows is not None:
-                self.windows.close(watermark)
+            for plugin in self._plugins:
+                plugin.closed(watermark)
         if sessions:
             self.stage_watermark = max(self.stage_watermark, watermark)
             self._add_sessions(self.sessions.close(watermark))
@@ -422,8 +438,8 @@ class Engine:
             self.arms_seen.setdefault(experiment, set()).add(arm)
             if regroup is not None:
                 regroup.arm(experiment, arm)
-        if self.windows is not None:
-            self.windows.finalised(finalised, group, values)
+        for plugin in self._plugins:
+            plugin.finalised(finalised, group, values)
         if self.on_finalised is not None:
             self.on_finalised(FinalisedBatch(states, self.specs, values))
 

@@ -298,7 +298,7 @@ class PartitionedEngine:
         records: list[tuple[bytes, bytes]] = []
         for _, unit in sorted(self.units.items()):
             sink = unit.engine.regroup
-            assert sink is not None
+            assert isinstance(sink, RegroupSink)  # the sink _new_engine set
             if commit and sink.records:
                 sink.commit(sink.seq)
             records += sink.take()

@@ -18,8 +18,8 @@ from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.events.schema import Chunk, count_lines, decode_chunk_columns
 
-#: Bytes read at a time. 2 MiB replayed the 1M-request benchmark file ~7 % faster than 1 MiB for 6-14 MB more
-#: peak RSS (docs/benchmarks.md); 4 MiB gained little more and its peak grew with the file.
+#: Bytes read at a time: the size that replayed the benchmark file fastest for a few MB more peak RSS; a larger
+#: one gained little more and its peak grew with the file (docs/benchmarks.md, "Facts moved from code comments").
 CHUNK_BYTES = 2 << 20
 Progress = Callable[[int, int], None]
 

@@ -12,7 +12,6 @@ the snapshot), and on a rebuild leaves the snapshot's state alone for the record
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import zlib
 from collections import Counter
@@ -24,6 +23,8 @@ import orjson
 from stream_eval.config import ArmPair
 from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _Running
 from stream_eval.engine.gsb import Credit
+from stream_eval.engine.times import array_from_json as _unarray
+from stream_eval.engine.times import array_to_json as _array
 from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.gsb import GsbCounts
 
@@ -32,16 +33,6 @@ if TYPE_CHECKING:
 
 #: Bytes of a snapshot per Kafka record (below the 1 MB default message size).
 CHUNK_BYTES = 900_000
-
-
-def _array(value: np.ndarray[Any, Any]) -> dict[str, Any]:
-    data = np.ascontiguousarray(value)
-    return {"dtype": data.dtype.str, "shape": list(data.shape), "b": base64.b64encode(data.tobytes()).decode()}
-
-
-def _unarray(value: dict[str, Any]) -> np.ndarray[Any, Any]:
-    raw = base64.b64decode(value["b"])
-    return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
 
 
 def _fields(obj: Any) -> dict[str, Any]:

@@ -54,21 +54,20 @@ import math
 import os
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
-from stream_eval.engine.snapshot import _array, _unarray
+from stream_eval.engine.plugins import EngineView
+from stream_eval.engine.times import array_from_json as _unarray
+from stream_eval.engine.times import array_to_json as _array
 from stream_eval.events.join import NO_ROW, UNGRADED, Finalised, Join
 from stream_eval.events.schema import CompactRanking
 from stream_eval.metrics.aggregates import Moments
 from stream_eval.metrics.gsb import GsbCounts
 from stream_eval.metrics.specs import GAUC
-
-if TYPE_CHECKING:
-    from stream_eval.engine.engine import Engine
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -122,10 +121,11 @@ def _unpack(data: dict[str, Any], size: int, unit: bool) -> list[Moments]:
 
 
 class RollingWindows:
-    """Rolling event-time windows over an :class:`~stream_eval.engine.engine.Engine`; attaches itself to it.
+    """Rolling event-time windows over an :class:`~stream_eval.engine.engine.Engine`; attaches itself to it
+    (a :class:`~stream_eval.engine.plugins.Plugin`).
 
     Args:
-        engine: The engine to follow; ``engine.windows`` is set to this object.
+        engine: The engine to follow; ``engine.windows`` is this object from then on.
         windows: Window lengths in seconds (default: ``engine.config.windows``, i.e. 300 and 3600).
         width: Bucket width in seconds (default: the shortest window / 30).
 
@@ -139,7 +139,9 @@ class RollingWindows:
     (0.5, 1.0)
     """
 
-    def __init__(self, engine: Engine, windows: Sequence[float] | None = None, width: float | None = None) -> None:
+    role: ClassVar[str] = "windows"
+
+    def __init__(self, engine: EngineView, windows: Sequence[float] | None = None, width: float | None = None) -> None:
         lengths = tuple(float(w) for w in (engine.config.windows if windows is None else windows))
         if not lengths or min(lengths) <= 0:
             raise ValueError(f"windows must be positive durations, got {lengths}")
@@ -172,9 +174,17 @@ class RollingWindows:
         self._bucket: Ints = np.zeros(0, dtype=np.int64)
         self._group: Ints = np.zeros(0, dtype=np.int64)
         self.with_subtopics = False
-        engine.windows = self
+        engine.attach(self)
 
-    # -- engine hooks ---------------------------------------------------------------------------------
+    # -- engine hooks (engine/plugins.py) -------------------------------------------------------------
+    def opened(self, join: Join) -> None:
+        """Nothing to do: a join's open requests enter at its first :meth:`refresh`."""
+
+    def advanced(self, join: Join, muted: bool) -> None:
+        """A batch went into ``join``: :meth:`refresh` (not while muted: rebuilt requests stay in ``changed``)."""
+        if not muted:
+            self.refresh(join)
+
     def refresh(self, join: Join) -> None:
         """Re-evaluate the open requests of ``join`` that are new or whose grades changed (one batch)."""
         changed = join.changed
@@ -206,7 +216,7 @@ class RollingWindows:
         """Replace the rows of requests just finalised by their final values (they keep no row)."""
         self._replace(requests, group, values, final=True)
 
-    def close(self, watermark: float) -> None:
+    def closed(self, watermark: float) -> None:
         """The all-partition watermark moved: settle scored sessions and verdicts, drop old buckets."""
         if not math.isfinite(watermark):
             self._settle()

@@ -1,7 +1,7 @@
 """Compiled loops of the columnar join (numba): request ids to slots, items to served positions, duplicates.
 
-These are the join's memory-bound steps. In Python each costs about a microsecond per feedback on the main
-benchmark file, where the open requests do not fit in the CPU caches: a dict lookup reads the hash table, the
+These are the join's memory-bound steps. In Python each is slow on the main benchmark file, where the open
+requests do not fit in the CPU caches: a dict lookup reads the hash table, the
 entry and the stored key; a ``str.find`` reads a ranking's item text served half an hour earlier. Compiled, the
 same reads cost a fraction of that (docs/benchmarks.md).
 

@@ -357,7 +357,7 @@ class Join:
     """
 
     def __init__(self, config: Config, counts: EventCounts) -> None:
-        self.window = config.attribution_window
+        self.attribution_window = config.attribution_window
         self.horizon = config.attribution_window + config.allowed_lateness
         self.max_waiting = config.max_waiting_feedback
         self.counts = counts
@@ -749,7 +749,7 @@ class Join:
         index = slots - self.base
         served = self._serve[index]
         orphan = waiting & (ts + self.horizon <= marks)
-        late = ~orphan & ((ts - served > self.window) | (served + self.horizon <= marks))
+        late = ~orphan & ((ts - served > self.attribution_window) | (served + self.horizon <= marks))
         if orphan.any():
             counts["feedback", "orphan"] += int(orphan.sum())
         if late.any():
@@ -963,8 +963,8 @@ class Join:
         # slots finalised early wait for the next advance to hand them out: nothing from the first of them is dropped
         limit = min(self._early) - self.base if self._early else self.size
         while dropped + TRIM <= limit:
-            window = slice(dropped, dropped + TRIM)
-            if not (self._final[window].all() and (self._serve[window] + horizon + horizon <= self.watermark).all()):
+            block = slice(dropped, dropped + TRIM)
+            if not (self._final[block].all() and (self._serve[block] + horizon + horizon <= self.watermark).all()):
                 break
             dropped += TRIM
         self._trim_at = max(2 * TRIM, 2 * (self.size - dropped)) if dropped else self.size + TRIM
@@ -989,14 +989,14 @@ class Join:
     def _cut_texts(self) -> None:
         """Drop the item texts of the finalised slots before the first open one (only open requests read
         theirs), once they take at least half as many bytes as the texts kept (so the buffer holds at most ~1.5x
-        the live texts; each cut moves the live ones, ~20 ms per 100 MB)."""
+        the live texts; each cut moves the live ones, a cost paid rarely: docs/benchmarks.md)."""
         index = max(self._first_open - self.base, 0)
         while index < self.size:
-            window = self._final[index : min(index + TRIM, self.size)]
-            if not window.all():
-                index += int(np.argmin(window))
+            finalised = self._final[index : min(index + TRIM, self.size)]
+            if not finalised.all():
+                index += int(np.argmin(finalised))
                 break
-            index += window.shape[0]
+            index += finalised.shape[0]
         self._first_open = self.base + index
         texts = self._texts
         offset = int(self._text_first[index]) if index < self.size else texts.used
