@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--topic-prefix", default="", metavar="P", help="with --broker: topic name prefix")
     simulate.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                           help=f"with --broker: partitions of topics it creates (default {DEFAULT_PARTITIONS})")
+    _add_kafka_security(simulate)  # (with --broker)
     simulate.add_argument("--no-flush", action="store_true",
                           help="with --broker: no end-of-stream watermark at the end")
     broker = commands.add_parser("broker", help="run a local Kafka-compatible broker in the foreground (in memory)")
@@ -172,6 +173,10 @@ def _add_kafka(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", default=DEFAULT_BROKER, metavar="URL",
                         help=f"Kafka bootstrap servers, comma-separated (default {DEFAULT_BROKER})")
     parser.add_argument("--topic-prefix", default="", metavar="P", help="topic name prefix (default none)")
+    _add_kafka_security(parser)
+
+
+def _add_kafka_security(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "Kafka security (also STREAM_EVAL_* variables and the [kafka] table of --config; the SASL password only "
         "from STREAM_EVAL_SASL_PASSWORD or --sasl-password-file)")
@@ -279,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             from stream_eval.commands import simulate_command
 
+            if args.broker:
+                args.security = security_from_args(args)
             return simulate_command(args)
         if args.command in ("broker", "demo") and (missing := _needs_dev_broker(args.command)) is not None:
             return missing

@@ -154,4 +154,5 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
                            judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
                            rate=requests_per_second)
     return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
-                           args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless)
+                           args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless,
+                           security=getattr(args, "security", None))

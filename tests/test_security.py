@@ -369,6 +369,10 @@ def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certif
         assert front.tls_connections > 0
         assert main(["produce", *common, "--security-protocol", "SSL"]) == 1  # the test CA is not the system's
         assert main(["produce", *common]) == 1  # plain text to a TLS listener
+        connections = front.tls_connections
+        simulate = ["simulate", "--requests", "20", "--broker", common[2], "--topic-prefix", "tls-sim."]
+        assert main([*simulate, "--security-protocol", "SSL", "--ssl-cafile", str(certs.ca)]) == 0
+        assert front.tls_connections > connections  # simulate --broker takes the same flags as produce
     front_port, broker_port = free_port(), free_port()
     common[2] = f"kafka://127.0.0.1:{front_port}"
     sasl = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-username", "app"]
