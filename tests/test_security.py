@@ -177,6 +177,17 @@ def test_a_wrong_tls_file_is_a_clear_error_exit_2(tmp_path: Path, capsys: pytest
     assert code == 2 and "cannot load the CA file" in capsys.readouterr().err
 
 
+def test_faust_entry_module_takes_security_from_the_environment() -> None:
+    """``faust -A stream_eval.stream.entry worker`` builds its settings from ``STREAM_EVAL_*``, security included."""
+    env = {**os.environ, "STREAM_EVAL_SECURITY_PROTOCOL": "SASL_SSL", "STREAM_EVAL_SASL_USERNAME": "app",
+           "STREAM_EVAL_SASL_PASSWORD": SECRET}
+    done = subprocess.run([sys.executable, "-c", "import stream_eval.stream.entry as e; "
+                           "print(e.settings.security.describe())"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "SASL_SSL (PLAIN as app)"
+
+
 def test_json_log_lines_hide_secrets() -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
