@@ -6,25 +6,43 @@
 A Tansu broker on a free port, one ``stream-eval worker`` child and ``stream-eval simulate --broker --requests 0
 --rate N`` (live traffic, event time = wall clock, users as randomisation units) as another child. Short horizons
 (attribution window 60 s, allowed lateness 5 s, session gap 60 s, GSB window 60 s) so that the worker's steady
-state (open requests, sessions, windows of 5 m / 1 h) is reached in minutes: the 1 h window fills for an hour,
-so its buckets are the one thing still growing in a 30 min run (a few KB a minute; said in the report).
+state (open requests, sessions, windows of 5 m / 1 h) is reached in minutes. Two things grow by design: the 1 h
+window's buckets fill for an hour (a few KB a minute), and the A/B units are cumulative (the simulator brings new
+users all the time, ~360 bytes each, up to ``max_units``).
 
 Every ``--scrape-every`` s this process scrapes ``/metrics`` (timing it) and reads the worker's RSS, open file
 descriptors and threads from ``/proc``. Warm-up is the first ``--warmup`` minutes (default 5). The report compares
 the warm-up's end with the end: RSS (target: at most +10 %), file descriptors and threads (no growth), scrape time
 (stable: median of the first and last 5 minutes after warm-up), and events counted per second against the
-producer's rate (the worker keeps up). Written to ``bench/out/soak.md`` (raw series in ``soak.json``).
+producer's rate (the worker keeps up). Written to ``bench/out/soak.md`` (raw series in ``soak.json``, the worker's
+log in ``worker.log``).
+
+The worker runs under a probe (this file with ``--as-worker``): a thread that writes, every ``--scrape-every`` s, the
+number of live asyncio tasks to ``probe.jsonl`` (the soak's tasks column). For finding what grows:
+``--sizes-every MIN`` has it also write, every MIN minutes, the count of objects per type and the length (or array
+bytes) of every container the worker's objects hold, cheaply enough for a measured run; ``--trace-every MIN`` adds
+a tracemalloc snapshot (tracing slows the worker down: diagnosis only). The report then lists what grew most between
+the warm-up's end and the end.
+
+    python bench/soak.py --minutes 8 --warmup 3 --sizes-every 1 --out-dir "$(mktemp -d)"
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
+import gc
 import json
+import math
 import os
+import runpy
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +75,192 @@ def _proc(pid: int) -> tuple[float, int, int]:
     return rss / 1024.0, len(os.listdir(f"/proc/{pid}/fd")), threads
 
 
+def _live_tasks() -> int:
+    """Asyncio tasks not done, in every loop of the process (read from another thread: asyncio's registry of tasks
+    is a WeakSet that the loop's thread may change meanwhile, hence the retries)."""
+    for _ in range(10):
+        try:
+            return sum(1 for task in list(asyncio.tasks._all_tasks) if not task.done())  # private: no public API
+        except RuntimeError:  # changed size during iteration
+            time.sleep(0.01)
+    return -1
+
+
+def _sizes(obj: Any, path: str, out: dict[str, float], seen: set[int], depth: int = 4) -> None:
+    """Lengths of the containers (bytes of the arrays) held by ``obj`` and, recursively, by the stream_eval
+    objects it holds: what grows among them is what the worker keeps."""
+    if id(obj) in seen or depth < 0:
+        return
+    seen.add(id(obj))
+    fields = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if hasattr(obj, name):
+                fields[name] = getattr(obj, name)
+    for name, value in fields.items():
+        where = f"{path}.{name}"
+        if hasattr(value, "nbytes") and hasattr(value, "shape"):
+            out[where] = float(value.nbytes)
+        elif isinstance(value, (list, dict, set, frozenset, collections.deque, bytearray, bytes)) or \
+                type(value).__name__ == "array":
+            out[where] = float(len(value))
+            if isinstance(value, dict) and value and len(value) <= 64:
+                for key, item in list(value.items()):
+                    if type(item).__module__.startswith("stream_eval"):
+                        _sizes(item, f"{where}[{key}]", out, seen, depth - 1)
+            elif isinstance(value, list) and value and len(value) <= 64:
+                for k, item in enumerate(list(value)):
+                    if type(item).__module__.startswith("stream_eval") or isinstance(item, tuple):
+                        for part in item if isinstance(item, tuple) else (item,):
+                            if type(part).__module__.startswith("stream_eval"):
+                                _sizes(part, f"{where}[{k}]", out, seen, depth - 1)
+        elif type(value).__module__.startswith("stream_eval"):
+            _sizes(value, where, out, seen, depth - 1)
+
+
+def _worker_sizes() -> dict[str, float]:
+    """:func:`_sizes` of the process's ``StreamWorker`` (read under its lock), largest first."""
+    workers = [o for o in gc.get_objects() if type(o).__name__ == "StreamWorker"]
+    out: dict[str, float] = {}
+    for worker in workers:
+        with worker.lock:
+            _sizes(worker, "worker", out, set())
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:400])
+
+
+def _heap() -> dict[str, float]:
+    """glibc's view of the heap (``mallinfo2``), MB: in use, free inside it, and mapped blocks ({} elsewhere)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost")]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return {"heap_used_mb": info.uordblks / 2**20, "heap_free_mb": info.fordblks / 2**20,
+            "mmap_mb": info.hblkhd / 2**20}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return math.nan
+
+
+def _trimmed() -> dict[str, float]:
+    """Diagnosis: RSS before and after glibc's ``malloc_trim(0)`` (how much of it is free heap pages)."""
+    import ctypes
+
+    before = _rss_mb()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return {}
+    return {"rss_before_trim_mb": before, "rss_after_trim_mb": _rss_mb()}
+
+
+def _probe(out: Path, every: float, trace_every: float, trim: bool) -> None:
+    """The probe thread of a worker run with ``--as-worker`` (see the module docstring)."""
+    start = time.monotonic()
+    next_trace = start + trace_every if trace_every else math.inf
+    dumps = 0
+    with (out / "probe.jsonl").open("a") as lines:
+        while True:
+            time.sleep(every)
+            now = time.monotonic()
+            row: dict[str, Any] = {"t": round(now - start, 1), "tasks": _live_tasks(), **_heap()}
+            if tracemalloc.is_tracing():
+                row["traced_mb"] = tracemalloc.get_traced_memory()[0] / 2**20
+            if now >= next_trace:
+                next_trace += trace_every
+                if tracemalloc.is_tracing():
+                    tracemalloc.take_snapshot().dump(str(out / f"trace-{dumps:03d}.tracemalloc"))
+                    row["trace"] = dumps
+                row["types"] = dict(collections.Counter(type(o).__name__ for o in gc.get_objects()).most_common(40))
+                row["sizes"] = _worker_sizes()
+                if trim:
+                    row.update(_trimmed())
+                dumps += 1
+            lines.write(json.dumps(row) + "\n")
+            lines.flush()
+
+
+def as_worker(argv: list[str]) -> None:
+    """``--as-worker OUT EVERY TRACE_EVERY SIZES_EVERY trim|no-trim -- ARGS``: ``stream-eval ARGS`` with the probe
+    thread writing to OUT."""
+    out, every, trace_every, sizes_every = Path(argv[0]), float(argv[1]), float(argv[2]) * 60, float(argv[3]) * 60
+    trim = argv[4] == "trim"
+    sys.path.remove(str(HERE))  # the worker imports nothing from bench/
+    if trace_every:
+        tracemalloc.start(1)
+    trace_every = trace_every or sizes_every
+    threading.Thread(target=_probe, args=(out, every, trace_every, trim), name="soak-probe", daemon=True).start()
+    sys.argv = ["stream-eval", *argv[argv.index("--") + 1:]]
+    runpy.run_module("stream_eval.cli", run_name="__main__")
+
+
+def _last_probe(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    lines = text.splitlines()
+    return json.loads(lines[-1]) if lines and text.endswith("\n") else {}
+
+
+def _growth(out: Path, rows: list[dict[str, Any]], warm: float) -> list[str]:
+    """What grew most from the first deep probe after the warm-up to the last: allocation sites (tracemalloc), the
+    worker's containers and the objects per type."""
+    deep = [r for r in rows if "types" in r]
+    after = [r for r in deep if r["t"] >= warm]
+    if len(after) < 2:
+        after = deep[-2:]
+    if len(after) < 2:
+        return []
+    first, last = after[0], after[-1]
+    lines = ["", f"Growth from {first['t'] / 60:.1f} to {last['t'] / 60:.1f} min:"]
+    if "trace" in first and "trace" in last:
+        old = tracemalloc.Snapshot.load(str(out / f"trace-{first['trace']:03d}.tracemalloc"))
+        new = tracemalloc.Snapshot.load(str(out / f"trace-{last['trace']:03d}.tracemalloc"))
+        lines += ["", f"Allocation sites (tracemalloc; traced {first.get('traced_mb', 0):.0f} -> "
+                  f"{last.get('traced_mb', 0):.0f} MB):", ""]
+        for stat in new.compare_to(old, "lineno")[:25]:
+            frame = stat.traceback[0]
+            lines.append(f"    {stat.size_diff / 2**20:+8.2f} MB {stat.count_diff:+9d} blocks  "
+                         f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}")
+    sizes = sorted(((n - first["sizes"].get(k, 0), k, n) for k, n in last.get("sizes", {}).items()),
+                   key=lambda row: -abs(row[0]))[:25]
+    lines += ["", "The worker's containers (growth, length or array bytes at the end):", ""]
+    lines += [f"    {diff:+12,.0f} {name} ({n:,.0f})" for diff, name, n in sizes if diff]
+    types = sorted(((n - first["types"].get(k, 0), k, n) for k, n in last["types"].items()), reverse=True)[:15]
+    lines += ["", "Objects per type (growth, count at the end):", ""]
+    lines += [f"    {diff:+9d} {name} ({n})" for diff, name, n in types]
+    return lines
+
+
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}, **SETTINGS}
     command = [sys.executable, "-m", "stream_eval.cli"]
-    rows: list[dict[str, float]] = []
-    with Broker(free_port()) as broker:
+    rows: list[dict[str, Any]] = []
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    probe = out / "probe.jsonl"
+    probe.unlink(missing_ok=True)
+    with Broker(free_port()) as broker, (out / "worker.log").open("wb") as worker_log:
         port = free_port()
-        worker = subprocess.Popen([*command, "worker", "--broker", broker.url, "--metrics-port", str(port),
+        wrapper = [sys.executable, __file__, "--as-worker", str(out), str(args.scrape_every), str(args.trace_every),
+                  str(args.sizes_every), "trim" if args.trim else "no-trim", "--"]
+        worker = subprocess.Popen([*wrapper, "worker", "--broker", broker.url, "--metrics-port", str(port),
                                    "--topic-prefix", "soak.", "--group", "soak"], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, stdout=worker_log, stderr=subprocess.STDOUT)
         traffic = subprocess.Popen([*command, "simulate", "--broker", broker.url, "--requests", "0", "--rate",
                                     str(args.rate), "--topic-prefix", "soak.", "--unit", "user"], env=env,
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -87,20 +282,24 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 rss, fds, threads = _proc(worker.pid)
                 events, requests = progress(text)
+                probed = _last_probe(probe)
                 rows.append({"t": round(tick - start, 1), "rss_mb": rss, "fds": fds, "threads": threads,
-                             "scrape_s": seconds, "scrape_bytes": len(text), "events": events, "requests": requests})
+                             "tasks": probed.get("tasks", math.nan), "heap_mb": probed.get("heap_used_mb", math.nan),
+                             "scrape_s": seconds, "scrape_bytes": len(text),
+                             "events": events, "requests": requests})
                 time.sleep(max(0.0, args.scrape_every - (time.monotonic() - tick)))
         finally:
             stop_process(traffic)
             stop_process(worker)
-    return {"rows": rows, "args": vars(args)}
+    probes = [json.loads(line) for line in probe.read_text().splitlines() if line.strip()] if probe.exists() else []
+    return {"rows": rows, "args": vars(args), "probes": probes}
 
 
 def _window(rows: list[dict[str, float]], start: float, end: float) -> list[dict[str, float]]:
     return [r for r in rows if start <= r["t"] < end]
 
 
-def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
+def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
     rows, args = result["rows"], result["args"]
     warm = args["warmup"] * 60
     last = rows[-1]["t"]
@@ -112,6 +311,9 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
 
     def med(part: list[dict[str, float]], key: str) -> float:
         return statistics.median(r[key] for r in part)
+
+    def flat(key: str) -> str:  # (aiokafka's tasks come and go: 66-70 at any time)
+        return "flat" if med(final, key) <= max(r[key] for r in first) else "GREW"
 
     rss_warm, rss_end = med(first, "rss_mb"), med(final, "rss_mb")
     growth = rss_end / rss_warm - 1.0
@@ -131,6 +333,10 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
         f"max {max(r['fds'] for r in after)} |",
         f"| threads | {med(first, 'threads'):.0f} | {med(final, 'threads'):.0f} | "
         f"max {max(r['threads'] for r in after)} |",
+        f"| asyncio tasks | {med(first, 'tasks'):.0f} | {med(final, 'tasks'):.0f} | "
+        f"max {max(r['tasks'] for r in after):.0f} |",
+        f"| glibc heap in use, MB (part of the RSS) | {med(first, 'heap_mb'):.0f} | {med(final, 'heap_mb'):.0f} | "
+        f"{100 * (med(final, 'heap_mb') / med(first, 'heap_mb') - 1):+.1f} % |",
         f"| scrape time, ms | {1000 * med(first, 'scrape_s'):.1f} | {1000 * med(final, 'scrape_s'):.1f} | "
         f"max {1000 * max(r['scrape_s'] for r in after):.0f} |",
         f"| /metrics size, KB | {med(first, 'scrape_bytes') / 1024:.0f} | {med(final, 'scrape_bytes') / 1024:.0f} | |",
@@ -139,26 +345,40 @@ def render(result: dict[str, Any], machine: dict[str, Any]) -> str:
         f"{after[-1]['requests']:,.0f} in all.",
         "",
         f"Verdict: RSS {'flat' if growth <= TARGET_RSS_GROWTH else 'GREW'} ({100 * growth:+.1f} %); "
-        f"file descriptors {'flat' if med(final, 'fds') <= med(first, 'fds') else 'grew'}; threads "
-        f"{'flat' if med(final, 'threads') <= med(first, 'threads') else 'grew'}.",
+        f"file descriptors {flat('fds')}; threads {flat('threads')}; asyncio tasks {flat('tasks')} (grew: the last "
+        f"minutes' median above the largest value just after the warm-up).",
+        *_growth(out, result.get("probes", []), warm),
     ]
+    trims = [r for r in result.get("probes", []) if "rss_before_trim_mb" in r]
+    if trims:
+        lines += ["", "RSS before -> after malloc_trim(0) (--trim), MB: " + ", ".join(
+            f"{r['t'] / 60:.0f} min {r['rss_before_trim_mb']:.0f} -> {r['rss_after_trim_mb']:.0f}" for r in trims)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--as-worker"]:
+        as_worker(argv[1:])
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--rate", type=float, default=3000.0, help="events per second of simulated traffic")
     p.add_argument("--scrape-every", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=5.0, help="minutes left out before comparing (default 5)")
     p.add_argument("--out-dir", default=str(HERE / "out"))
+    p.add_argument("--trace-every", type=float, default=0.0, metavar="MIN",
+                   help="diagnosis: a tracemalloc snapshot and object counts of the worker every MIN minutes")
+    p.add_argument("--trim", action="store_true",
+                   help="diagnosis: with each deep probe, glibc's malloc_trim(0), and the RSS before and after it")
+    p.add_argument("--sizes-every", type=float, default=0.0, metavar="MIN",
+                   help="diagnosis: the worker's object counts and container sizes every MIN minutes (no tracing)")
     args = p.parse_args(argv)
     args.warmup = min(args.warmup, args.minutes / 3)
     machine = machine_info()
     result = soak(args)
-    report = render(result, machine)
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    report = render(result, machine, out)
     (out / "soak.md").write_text(report)
     (out / "soak.json").write_text(json.dumps(result))
     print(report)

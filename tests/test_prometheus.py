@@ -447,3 +447,100 @@ def test_serve_metrics_serves_the_registry() -> None:
         server.stop()
     assert 'stream_eval_events_total{status="ok",type="ranking"} 1.0' in body
     assert "stream_eval_watermark_seconds 5.0" in body
+
+
+# -- readouts: what a worker's /metrics shows between its batches --------------------------------------------
+def _scrape_in_thread(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of a scrape from another thread (as the HTTP server's), failing instead of hanging."""
+    out: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
+    thread = threading.Thread(target=lambda: out.append(_samples(registry)), daemon=True)
+    thread.start()
+    thread.join(5)
+    assert out, "the scrape waited for the worker's lock"
+    return out[0]
+
+
+def test_a_readout_younger_than_max_age_is_shown_without_the_lock() -> None:
+    now = [100.0]
+    lock = threading.Lock()
+    engine = Engine(Config())
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=lock, refresh_every=1.0, max_age=1.5, clock=lambda: now[0])
+    watermark = ("stream_eval_watermark_seconds", ())
+    engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    collector.refresh()  # the worker, between two batches
+    engine.process(_events([Ranking("r2", ["a"], ts=6.0)], engine.config))
+    with lock:  # the worker in its next batch: the scrape shows the readout, and does not wait
+        assert _scrape_in_thread(registry)[watermark] == 5.0
+    now[0] = 100.9
+    collector.refresh()  # younger than refresh_every: kept
+    assert _scrape_in_thread(registry)[watermark] == 5.0
+    now[0] = 101.0
+    collector.refresh()
+    assert _scrape_in_thread(registry)[watermark] == 6.0
+    engine.process(_events([Ranking("r3", ["a"], ts=7.0)], engine.config))
+    now[0] = 102.6  # no refresh for longer than max_age (the worker in a long batch): the scrape reads the engine
+    assert _scrape_in_thread(registry)[watermark] == 7.0
+    with lock:
+        assert _scrape_in_thread(registry)[watermark] == 7.0  # and keeps what it read, as fresh
+
+
+def test_a_readout_exports_what_a_scrape_of_the_engine_does(tmp_path: Path) -> None:
+    config = Config()
+    engine = replay([_log(tmp_path, SimulationConfig(requests=2000, unit="user", judgments=True, seed=3))], config)
+    live, later = CollectorRegistry(), CollectorRegistry()
+    EngineCollector(engine, live)
+    collector = EngineCollector(engine, later, refresh_every=1.0, max_age=60.0)
+    collector.refresh()
+    assert _samples(later) == pytest.approx(_samples(live), nan_ok=True)
+    assert [(f.name, f.type) for f in later.collect()] == [(f.name, f.type) for f in live.collect()]
+
+
+def test_ab_rows_are_computed_again_only_when_the_ledger_changes(tmp_path: Path, monkeypatch: Any) -> None:
+    config = Config(attribution_window=10.0, allowed_lateness=2.0, session_gap=10.0, look_every=30.0)
+    lines = Path(_log(tmp_path, SimulationConfig(requests=3000, unit="user", seed=5))).read_bytes().splitlines(
+        keepends=True)
+    from stream_eval.events.schema import decode_chunk
+
+    engine = Engine(config)
+    engine.process(decode_chunk(b"".join(lines[: len(lines) // 2]), config))
+    calls: list[str] = []
+
+    def counted(name: str) -> Any:
+        original = getattr(engine, name)
+        return lambda: (calls.append(name), original())[1]
+
+    for name in ("ab", "srm"):
+        monkeypatch.setattr(engine, name, counted(name))
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    first = _samples(registry)
+    assert any(name == "stream_eval_ab_delta" for name, _ in first) and calls == ["ab", "srm"]
+    engine.process(decode_chunk(b"", config))  # nothing new: the ledger as it was
+    assert _samples(registry) == pytest.approx(first, nan_ok=True) and calls == ["ab", "srm"]
+    engine.process(decode_chunk(b"".join(lines[len(lines) // 2 :]), config))
+    engine.flush()
+    second = _samples(registry)
+    assert calls == ["ab", "srm"] * 2
+    fresh = CollectorRegistry()
+    EngineCollector(engine, fresh)
+    assert _samples(fresh) == pytest.approx(second, nan_ok=True)
+    assert _samples(registry) == pytest.approx(second, nan_ok=True) and len(calls) == 6  # (2 of them: fresh's)
+    engine.ledger.look(engine.watermark)  # a look alone changes the running p-values and sequences
+    _samples(registry)
+    assert len(calls) == 8
+
+
+def test_a_failing_readout_does_not_stop_the_worker(monkeypatch: Any) -> None:
+    engine = Engine(Config())
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, refresh_every=1.0, max_age=1.5)
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(collector._reader, "read", fail)
+    collector.refresh()  # logged, not raised: the worker's loop goes on
+    collector.refresh()
+    with pytest.raises(RuntimeError):  # the scrape reads the engine itself, and fails where it is seen
+        _samples(registry)

@@ -202,6 +202,7 @@ class UnitLedger:
         self.released = -math.inf  # event time up to which contributions were applied
         self.last_key = -math.inf  # the latest key of a contribution applied
         self.on_look: LookListener | None = None
+        self.looks = 0  # looks taken (each may change the running p-values and sequences)
         # The regroup stage rebuilding from a snapshot: records the snapshot holds change nothing here.
         self.frozen = False
 
@@ -309,6 +310,7 @@ class UnitLedger:
             if now is None:
                 continue
             self._running[name] = self._fold(name, *now)
+        self.looks += 1
         if self.on_look is not None:
             self.on_look(ts)
 
@@ -349,6 +351,11 @@ class UnitLedger:
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
                                    running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
         return ab, srm_rows
+
+    def state_key(self) -> tuple[int, ...]:
+        """Equal for two calls on this ledger when :meth:`results`, :meth:`units`, :meth:`conflicts` and
+        :attr:`overflow` are unchanged between them (a cache of the A/B rows keys on it; ``export/prometheus.py``)."""
+        return (self.looks, *(e.version for e in self.experiments.values()))
 
     @property
     def overflow(self) -> int:

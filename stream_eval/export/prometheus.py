@@ -1,4 +1,4 @@
-"""Prometheus export (SPEC §5): a collector that reads the engine at scrape time, and the HTTP endpoint.
+"""Prometheus export (SPEC §5): a collector of readouts of the engine (``engine/readout.py``), and the HTTP endpoint.
 
 Every mean comes with its sum and count, so that several workers aggregate exactly in PromQL
 (``sum(..._sum) / sum(..._count)``). Series:
@@ -37,16 +37,19 @@ interleaving verdicts are resolved against the arms known at scrape time; an arm
 shrink a count.) Undefined values (a mean of nothing) are NaN.
 
 Thread safety: scrapes run in the HTTP server's thread. Give the collector the lock that the worker holds while it
-processes a batch; the collector copies what it needs under the lock and builds the families outside it.
+processes a batch; a readout is read under it, and the families are built outside it. A worker also calls
+:meth:`EngineCollector.refresh` between batches, so that a scrape shows a readout at most ``max_age`` old without
+waiting for the batch in progress (and the A/B rows, O(units), are read again only when the units changed).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -55,10 +58,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from stream_eval.engine.engine import Engine
-from stream_eval.events.join import OVERFLOW
-from stream_eval.metrics.gsb import VERDICTS, GsbCounts
+from stream_eval.engine.readout import Labels, Reader, Readout, Shares
 
-Labels = tuple[str, ...]
+log = logging.getLogger("stream_eval.export")
 
 
 class BrokerStatus(Protocol):
@@ -67,51 +69,24 @@ class BrokerStatus(Protocol):
     def snapshot(self) -> tuple[bool, dict[str, int]]:
         """``(broker up, errors per operation)``."""
         ...
-_AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value")
-
-
-@dataclass
-class _Scrape:
-    """Everything one scrape exports, copied from the engine under the lock."""
-
-    requests: dict[Labels, float] = field(default_factory=dict)
-    metric_sum: dict[Labels, float] = field(default_factory=dict)
-    metric_count: dict[Labels, float] = field(default_factory=dict)
-    window: dict[Labels, tuple[float, float]] = field(default_factory=dict)
-    gsb: dict[Labels, float] = field(default_factory=dict)
-    gsb_score: dict[Labels, float] = field(default_factory=dict)
-    ab: dict[Labels, tuple[float, ...]] = field(default_factory=dict)
-    ab_units: dict[Labels, float] = field(default_factory=dict)
-    conflicts: dict[Labels, float] = field(default_factory=dict)
-    srm: dict[Labels, tuple[float, float]] = field(default_factory=dict)
-    gsb_p_value: dict[Labels, float] = field(default_factory=dict)
-    events: dict[Labels, float] = field(default_factory=dict)
-    overflow: dict[Labels, float] = field(default_factory=dict)
-    state_overflow: dict[Labels, float] = field(default_factory=dict)
-    delays: dict[Labels, tuple[list[tuple[str, float]], float]] = field(default_factory=dict)
-    verdicts: dict[Labels, GsbCounts] = field(default_factory=dict)
-    watermark: float = math.nan
-    broker_up: dict[Labels, float] = field(default_factory=dict)
-    broker_errors: dict[Labels, float] = field(default_factory=dict)
-
-
-def _number(value: float | None) -> float:
-    return math.nan if value is None else float(value)
-
-
 class EngineCollector(Collector):
-    """Reads an :class:`~stream_eval.engine.engine.Engine` (and its windows and delays, if attached) per scrape.
+    """Exports a :class:`~stream_eval.engine.readout.Readout` of an engine (or of a worker's shares) per scrape.
 
     Args:
         engine: The engine; ``engine.windows`` (:class:`~stream_eval.engine.windows.RollingWindows`) and
             ``engine.delays`` (:class:`~stream_eval.engine.delays.FeedbackDelays`) are exported when attached.
         registry: Registered there when given (never the global default registry unless passed explicitly).
-        lock: Held by the worker while it processes a batch; the collector takes it to copy a consistent state.
-        broker: The worker's broker health, exported when given.
+        lock: Held by the worker while it changes the engines; the collector takes it to read a consistent state.
+        broker: The worker's broker health, exported when given (read at every scrape).
         shares: A worker's shares of the totals, ``(partition, generation, engine)`` each (``StreamWorker.shares``):
             the counters are read from each and labelled ``partition`` (an input partition, or ``regroup`` for the
             regroup stage's share) and ``generation`` (one ownership of it); the windows are summed over them.
             ``engine`` (or a callable giving it) is then the regroup stage's engine.
+        refresh_every: Seconds between two readouts that :meth:`refresh` takes (the worker calls it between
+            batches); 0 (default): it takes none.
+        max_age: Seconds a readout may be old when a scrape shows it (without taking ``lock``); an older one (the
+            worker in a long batch or a rebalance) makes the scrape read the engine itself, under ``lock``.
+            0 (default): every scrape reads the engine.
 
     >>> from prometheus_client import CollectorRegistry
     >>> from stream_eval.config import Config
@@ -124,14 +99,21 @@ class EngineCollector(Collector):
     def __init__(
         self, engine: Engine | Callable[[], Engine], registry: CollectorRegistry | None = None,
         lock: threading.Lock | None = None,
-        broker: BrokerStatus | None = None, shares: Callable[[], Sequence[tuple[str, str, Engine]]] | None = None,
+        broker: BrokerStatus | None = None, shares: Callable[[], Shares] | None = None,
+        refresh_every: float = 0.0, max_age: float = 0.0, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
         self.broker = broker
         self.lock = lock
         self.shares = shares
+        self.refresh_every = refresh_every
+        self.max_age = max_age
+        self.clock = clock
+        self._reader = Reader(clock)
+        self._readout: Readout | None = None  # the latest readout (replaced whole, never changed)
+        self._refresh_failed = False
+        self._scraping = threading.Lock()  # one scrape at a time updates the counters' high-water marks
         self._high: dict[tuple[str, Labels], float] = {}
-        self._seen: dict[tuple[str, Labels], float] = {}
         if registry is not None:
             registry.register(self)
 
@@ -144,92 +126,35 @@ class EngineCollector(Collector):
     def _locked(self) -> AbstractContextManager[object]:
         return self.lock if self.lock is not None else nullcontext()
 
-    # -- reading the engine (under the lock) -----------------------------------------------------------
-    def _read(self) -> _Scrape:
-        engine = self.engine
-        out = _Scrape()
-        shares: Sequence[tuple[str, str, Engine]] = self.shares() if self.shares is not None else [("", "", engine)]
-        for partition, generation, share in shares:
-            self._read_share(share, () if self.shares is None else (partition, generation), out)
-        stage = self._extra_of(shares, engine)
-        if stage is not None:
-            out.state_overflow[("unit", *stage)] = float(engine.ledger.overflow)
-        for row in engine.gsb_rows():
-            experiment, source = row["experiment"], row["source"]
-            out.gsb_score[experiment, source, "total"] = _number(row["score"])
-            out.gsb_p_value[experiment, source] = _number(row["p_value"])
-        for _, _, share in shares:
-            windows = share.windows
-            if windows is None:
-                continue
-            for key, (total, count) in windows.snapshot().items():
-                before = out.window.get(key, (0.0, 0.0))
-                out.window[key] = (before[0] + total, before[1] + count)
-            for (experiment, source, label), counts in windows.verdicts().items():
-                out.verdicts[experiment, source, label] = out.verdicts.get((experiment, source, label),
-                                                                           GsbCounts()) + counts
-        for (experiment, source, label), counts in out.verdicts.items():
-            out.gsb_score[experiment, source, label] = counts.score
-        for row in engine.ab():
-            out.ab[row["experiment"], row["metric"]] = tuple(_number(row[k]) for k in _AB_FIELDS)
-        for experiment, units in engine.ledger.units().items():
-            for arm, n in units.items():
-                out.ab_units[experiment, arm] = float(n)
-        for experiment, n in engine.ledger.conflicts().items():
-            out.conflicts[(experiment,)] = float(n)
-        for row in engine.srm():
-            out.srm[(row["experiment"],)] = (_number(row["sequential_p_value"]), float(row["mismatch"]))
-        for label, n in engine.labels.overflow.items():
-            out.overflow[(label,)] = float(n)
-        if math.isfinite(engine.watermark):
-            out.watermark = engine.watermark
-        if self.broker is not None:
-            up, errors = self.broker.snapshot()
-            out.broker_up[()] = 1.0 if up else 0.0
-            out.broker_errors = {(operation,): float(n) for operation, n in errors.items()}
-        return out
+    def _read(self) -> Readout:
+        """A readout of the engine now (the caller holds the lock); kept as the latest."""
+        readout = self._reader.read(self.engine, None if self.shares is None else self.shares())
+        self._readout = readout
+        return readout
 
-    def _extra_of(self, shares: Sequence[tuple[str, str, Engine]], engine: Engine) -> Labels | None:
-        """The partition and generation labels of ``engine``'s share (the regroup stage's, for the A/B units);
-        ``None`` when it is not one of the shares (a worker without the regroup stage)."""
-        if self.shares is None:
-            return ()
-        for partition, generation, share in shares:
-            if share is engine:
-                return (partition, generation)
-        return None
+    def refresh(self) -> None:
+        """Between the worker's batches: read the engine (under the lock) when the latest readout is
+        ``refresh_every`` old (nothing to do when ``refresh_every`` is 0)."""
+        readout = self._readout
+        if self.refresh_every > 0 and (readout is None or self.clock() - readout.taken >= self.refresh_every):
+            try:
+                with self._locked():
+                    self._read()
+            except Exception:  # never stops the worker: scrapes then read the engine themselves (and fail there)
+                if not self._refresh_failed:
+                    log.exception("reading what /metrics exports failed (logged once)")
+                self._refresh_failed = True
 
-    @staticmethod
-    def _read_share(engine: Engine, extra: Labels, out: _Scrape) -> None:
-        """The counters of one share of the totals (labelled ``extra``)."""
-        subtopics = engine.with_subtopics
-        names = [(j, spec.name) for j, spec in enumerate(engine.specs) if spec.family != "alpha-nDCG" or subtopics]
-        for (experiment, arm), stats in zip(engine.group_keys, engine.groups, strict=True):
-            out.requests[experiment, arm, *extra] = float(stats.requests)
-            total, count = stats.moments.total.tolist(), stats.moments.count.tolist()
-            for j, name in names:
-                out.metric_sum[experiment, arm, name, *extra] = total[j]
-                out.metric_count[experiment, arm, name, *extra] = float(count[j])
-            out.metric_sum[experiment, arm, "AUC", *extra] = float(stats.gauc.total[0])
-            out.metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
-        for (experiment, source), counts in engine.gsb.totals(engine.arms_of).items():
-            for verdict in VERDICTS:
-                out.gsb[experiment, source, verdict, *extra] = float(getattr(counts, verdict))
-        for (kind, status), n in engine.counts.items():
-            if kind != OVERFLOW:
-                out.events[kind, status, *extra] = float(n)
-        # state beyond its bounds (README, "Bounded state"): every kind, zero included
-        out.state_overflow[("session", *extra)] = float(engine.sessions.overflow)
-        out.state_overflow[("query", *extra)] = float(engine.gsb.overflow)
-        out.state_overflow[("waiting_feedback", *extra)] = float(engine.counts[OVERFLOW, "waiting_feedback"])
-        delays = engine.delays
-        if delays is not None:
-            bounds = [f"{b:g}" for b in delays.bounds.tolist()] + ["+Inf"]
-            out.delays[extra] = (list(zip(bounds, [float(c) for c in delays.cumulative()], strict=True)),
-                                 delays.total)
+    def readout(self) -> Readout:
+        """What a scrape shows: the latest readout if at most ``max_age`` old, else one read now under the lock."""
+        readout = self._readout
+        if readout is None or self.clock() - readout.taken > self.max_age:
+            with self._locked():
+                readout = self._read()
+        return readout
 
     # -- families ---------------------------------------------------------------------------------------
-    def _counter(self, name: str, doc: str, labels: list[str], values: dict[Labels, float]) -> CounterMetricFamily:
+    def _counter(self, name: str, doc: str, labels: list[str], values: Mapping[Labels, float]) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=labels)
         for key, value in sorted(values.items()):
             high = self._high.get((name, key), 0.0)
@@ -240,7 +165,7 @@ class EngineCollector(Collector):
         return family
 
     @staticmethod
-    def _gauge(name: str, doc: str, labels: list[str], values: dict[Labels, float]) -> GaugeMetricFamily:
+    def _gauge(name: str, doc: str, labels: list[str], values: Mapping[Labels, float]) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=labels)
         for key, value in sorted(values.items()):
             family.add_metric(list(key), value)
@@ -248,16 +173,24 @@ class EngineCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples (registration checks names without reading the engine)."""
-        yield from self._families(_Scrape())
+        yield from self._families(Readout(), {}, {})
 
     def collect(self) -> Iterator[Metric]:
-        with self._locked():
-            scrape = self._read()
-        self._seen = {}
-        yield from self._families(scrape)
-        self._high = self._seen  # series no longer exported (a partition given up) are forgotten
+        readout = self.readout()
+        broker_up: dict[Labels, float] = {}
+        broker_errors: dict[Labels, float] = {}
+        if self.broker is not None:  # read at every scrape: an outage shows at once
+            up, errors = self.broker.snapshot()
+            broker_up[()] = 1.0 if up else 0.0
+            broker_errors = {(operation,): float(n) for operation, n in errors.items()}
+        with self._scraping:
+            self._seen: dict[tuple[str, Labels], float] = {}
+            families = list(self._families(readout, broker_up, broker_errors))
+            self._high = self._seen  # series no longer exported (a partition given up) are forgotten
+        yield from families
 
-    def _families(self, s: _Scrape) -> Iterator[Metric]:
+    def _families(self, s: Readout, broker_up: Mapping[Labels, float],
+                  broker_errors: Mapping[Labels, float]) -> Iterator[Metric]:
         extra = [] if self.shares is None else ["partition", "generation"]
         group, metric = ["experiment", "arm", *extra], ["experiment", "arm", "metric", *extra]
         window = ["experiment", "arm", "metric", "window"]
@@ -288,21 +221,21 @@ class EngineCollector(Collector):
              "(< 0: treatment worse)."),
             ("stream_eval_ab_p_value", "Always-valid p-value of the A/B delta (running minimum over looks)."),
         )):
-            yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.items()})
+            yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.ab.items()})
         yield self._gauge("stream_eval_ab_units", "Randomisation units of an arm in the A/B statistics.",
-                          ["experiment", "arm"], s.ab_units)
+                          ["experiment", "arm"], s.ab.units)
         yield self._counter("stream_eval_ab_unit_conflicts", "Units seen in a second arm (kept in their first).",
-                            ["experiment"], s.conflicts)
+                            ["experiment"], s.ab.conflicts)
         yield self._gauge("stream_eval_srm_p_value", "Always-valid p-value of the sample-ratio check (units per "
-                          "arm against the expected split).", ["experiment"], {k: v[0] for k, v in s.srm.items()})
+                          "arm against the expected split).", ["experiment"], {k: v[0] for k, v in s.ab.srm.items()})
         yield self._gauge("stream_eval_srm_mismatch", "1 when the sample ratio mismatches (p-value below "
-                          "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.srm.items()})
+                          "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.ab.srm.items()})
         yield self._gauge("stream_eval_gsb_p_value", "Always-valid sign-test p-value of good against bad (ties "
                           "out).", ["experiment", "source"], s.gsb_p_value)
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status", *extra],
                             s.events)
         yield self._counter("stream_eval_label_overflow", "Event label values folded into __other__.", ["label"],
-                            s.overflow)
+                            s.label_overflow)
         yield self._counter("stream_eval_overflow", "Requests or feedback beyond a bound on state (kind: session = "
                             "scored as a session of its own, query = left out of metric GSB, unit = left out of A/B, "
                             "waiting_feedback = given up as an orphan).", ["kind", *extra], s.state_overflow)
@@ -315,9 +248,9 @@ class EngineCollector(Collector):
         watermark.add_metric([], s.watermark)
         yield watermark
         yield self._gauge("stream_eval_broker_up", "1 while the Kafka broker answers the worker, 0 during an outage "
-                          "(and before it first answered).", [], s.broker_up)
+                          "(and before it first answered).", [], broker_up)
         yield self._counter("stream_eval_broker_errors", "Kafka broker errors and stalls (no answer for "
-                            "broker_stall seconds) met by the worker, by operation.", ["operation"], s.broker_errors)
+                            "broker_stall seconds) met by the worker, by operation.", ["operation"], broker_errors)
 
 
 Readiness = Callable[[], tuple[bool, str]]

@@ -30,6 +30,11 @@ log = logging.getLogger("stream_eval.worker")
 LOG_FORMATS = ("text", "json")
 #: Seconds a stop (SIGTERM) waits for the last checkpoint and the group leave (the worker bounds each to 30 s).
 _STOP_TIMEOUT = 75.0
+#: Seconds between two returns of the C heap's free pages to the OS (:func:`release_free_heap`).
+RELEASE_HEAP_EVERY = 60.0
+#: Seconds between two readouts of what /metrics exports, taken by the worker between batches, and how old the
+#: readout a scrape shows may be (``EngineCollector``'s ``refresh_every`` and ``max_age``; README, "Prometheus").
+METRICS_REFRESH_EVERY, METRICS_MAX_AGE = 1.0, 1.5
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -76,6 +81,23 @@ def log_options(log_format: str, loglevel: str, security: KafkaSecurity | None =
 
 
 
+def release_free_heap() -> bool:
+    """Give the free pages of the C heap back to the OS: glibc's ``malloc_trim(0)``; ``False`` (nothing done) where
+    the C library has none.
+
+    A worker's heap keeps the pages of freed temporaries (decoded batches, the A/B snapshot and windows shares,
+    arrays that grew), and glibc returns them only from the top of the heap: without this, RSS creeps up long after
+    the state has stopped growing (bench/soak.py measures both). Called every ``RELEASE_HEAP_EVERY`` seconds.
+    """
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
                lock: threading.Lock | None = None) -> tuple[faust.App, StreamWorker]:
     """The faust app and the worker it runs; faust's sensors go to ``registry`` when one is given."""
@@ -118,6 +140,10 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
         finally:
             stopped.set()
 
+    @app.timer(RELEASE_HEAP_EVERY)  # type: ignore[untyped-decorator]  # faust's timer decorator has no types
+    async def release_heap() -> None:
+        release_free_heap()
+
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust types handlers as taking `signal=`
     async def graceful_stop(sender: Any, **_: Any) -> None:
         """SIGTERM / Ctrl-C: the loop ends, the last checkpoint is written and the group left, before faust
@@ -155,7 +181,9 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     registry = CollectorRegistry()
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
-    EngineCollector(lambda: worker.engine, lock=lock, registry=registry, broker=worker.health, shares=worker.shares)
+    collector = EngineCollector(lambda: worker.engine, lock=lock, registry=registry, broker=worker.health,
+                                shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE)
+    worker.between_batches = collector.refresh
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)
     log.warning("stream-eval worker: /metrics, /healthz, /readyz on %s:%d, brokers %s (%s), topics %s*", metrics_host,
                 metrics_port, ",".join(settings.brokers), (settings.security or PLAINTEXT).describe(), settings.prefix)

@@ -218,6 +218,8 @@ class StreamWorker:
         self.health = BrokerHealth("stream-eval worker", log, stall=settings.broker_stall)
         self._deliveries: list[_Delivery] = []
         self._fetch_backoff = self.health.backoff()
+        #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
+        self.between_batches: Callable[[], None] | None = None
 
     def _stage_engine(self) -> Engine:
         """An engine for the regroup stage's share; the partitions' engines are built like it."""
@@ -748,6 +750,8 @@ class StreamWorker:
                     await self._handle(batch)
                     await self._send_outputs()
                     await self._handle_stage()
+                    if self.between_batches is not None:
+                        self.between_batches()
                     if time.monotonic() - last_checkpoint >= settings.checkpoint_interval:
                         await self.checkpoint()
                         last_checkpoint = time.monotonic()

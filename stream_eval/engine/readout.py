@@ -1,0 +1,184 @@
+"""What ``/metrics`` shows of the engine, read at one moment: an immutable :class:`Readout`.
+
+The Prometheus collector (``export/prometheus.py``) formats a readout and never reads the engine itself. A
+:class:`Reader` builds readouts from an engine, or from a worker's shares of its totals (``engine/shares.py``):
+the counters of each share with its ``partition`` and ``generation`` labels, the rolling windows summed over the
+shares, and what only the regroup stage's engine holds (sessions' and query GSB's sign tests, the A/B units).
+
+Reading is done under the worker's lock (the engine must not change meanwhile) and takes a few milliseconds, most of
+it in the A/B rows, which are computed over every randomisation unit (``Engine.ab``, ``Engine.srm``: O(units)). A
+:class:`Reader` therefore keeps the A/B part of its last readout and reuses it while the ledger has not changed
+(:meth:`UnitLedger.state_key <stream_eval.engine.ab.UnitLedger.state_key>`).
+
+Keys are the label values of the exported series, in the order the collector names the labels; mappings are
+never changed once a readout is built.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from stream_eval.engine.engine import Engine
+from stream_eval.events.join import OVERFLOW
+from stream_eval.metrics.gsb import VERDICTS, GsbCounts
+
+Labels = tuple[str, ...]
+#: A worker's shares of its totals: ``(partition, generation, engine)`` each (``StreamWorker.shares``).
+Shares = Sequence[tuple[str, str, Engine]]
+#: The fields of an A/B row that are exported, in this order in :attr:`Readout.ab`.
+AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value")
+
+
+@dataclass(frozen=True, eq=False)
+class AbReadout:
+    """The A/B part of a readout: ``(experiment, metric)`` -> :data:`AB_FIELDS`; units per ``(experiment,
+    arm)``; conflicts per ``(experiment,)``; ``(experiment,)`` -> (sequential SRM p-value, mismatch 0/1)."""
+
+    ab: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
+    units: Mapping[Labels, float] = field(default_factory=dict)
+    conflicts: Mapping[Labels, float] = field(default_factory=dict)
+    srm: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Readout:
+    """Everything the collector exports but the broker's health, as it stood at :attr:`taken`.
+
+    ``extra`` below is ``(partition, generation)`` of a share, or ``()`` for an engine read without shares.
+
+    * ``requests[experiment, arm, *extra]``; ``metric_sum`` / ``metric_count[experiment, arm, metric, *extra]``
+      (``metric="AUC"``: weighted sum of session AUCs and sum of their weights);
+    * ``window[experiment, arm, metric, window]`` -> (sum, count), summed over the shares;
+    * ``gsb[experiment, source, verdict, *extra]``; ``gsb_score[experiment, source, window]`` (``"total"`` and the
+      rolling windows' labels); ``gsb_p_value[experiment, source]``;
+    * ``ab``: :class:`AbReadout`;
+    * ``events[type, status, *extra]``; ``label_overflow[label,]``; ``state_overflow[kind, *extra]``;
+    * ``delays[extra]`` -> (cumulative buckets ``(upper bound text, count)``, sum of delays);
+    * ``watermark``: NaN until event time is finite; ``taken``: ``time.monotonic()`` when read.
+    """
+
+    requests: Mapping[Labels, float] = field(default_factory=dict)
+    metric_sum: Mapping[Labels, float] = field(default_factory=dict)
+    metric_count: Mapping[Labels, float] = field(default_factory=dict)
+    window: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
+    gsb: Mapping[Labels, float] = field(default_factory=dict)
+    gsb_score: Mapping[Labels, float] = field(default_factory=dict)
+    gsb_p_value: Mapping[Labels, float] = field(default_factory=dict)
+    ab: AbReadout = field(default_factory=AbReadout)
+    events: Mapping[Labels, float] = field(default_factory=dict)
+    label_overflow: Mapping[Labels, float] = field(default_factory=dict)
+    state_overflow: Mapping[Labels, float] = field(default_factory=dict)
+    delays: Mapping[Labels, tuple[list[tuple[str, float]], float]] = field(default_factory=dict)
+    watermark: float = math.nan
+    taken: float = -math.inf
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class Reader:
+    """Builds :class:`Readout` objects; keeps the A/B part of the last one until the ledger changes.
+
+    >>> from stream_eval.config import Config
+    >>> reader = Reader()
+    >>> readout = reader.read(Engine(Config()))
+    >>> readout.watermark, dict(readout.requests)
+    (nan, {})
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        # (engine, ledger, its key, the A/B part read then); engine and ledger are kept to compare identities
+        self._ab: tuple[Engine, object, tuple[int, ...], AbReadout] | None = None
+
+    def read(self, engine: Engine, shares: Shares | None = None) -> Readout:
+        """Read ``engine`` (without ``shares``: its counters, unlabelled), or a worker's ``shares`` with ``engine``
+        its regroup stage's engine (the A/B units, sessions' and GSB sign tests, watermark, label overflow).
+        Call it while nothing changes the engines (under the worker's lock)."""
+        taken = self.clock()
+        requests: dict[Labels, float] = {}
+        metric_sum: dict[Labels, float] = {}
+        metric_count: dict[Labels, float] = {}
+        gsb: dict[Labels, float] = {}
+        events: dict[Labels, float] = {}
+        state_overflow: dict[Labels, float] = {}
+        delays: dict[Labels, tuple[list[tuple[str, float]], float]] = {}
+        every: Shares = [("", "", engine)] if shares is None else shares
+        for partition, generation, share in every:
+            extra: Labels = () if shares is None else (partition, generation)
+            subtopics = share.with_subtopics
+            names = [(j, spec.name) for j, spec in enumerate(share.specs)
+                     if not spec.needs_subtopics or subtopics]
+            for (experiment, arm), stats in zip(share.group_keys, share.groups, strict=True):
+                requests[experiment, arm, *extra] = float(stats.requests)
+                total, count = stats.moments.total.tolist(), stats.moments.count.tolist()
+                for j, name in names:
+                    metric_sum[experiment, arm, name, *extra] = total[j]
+                    metric_count[experiment, arm, name, *extra] = float(count[j])
+                metric_sum[experiment, arm, "AUC", *extra] = float(stats.gauc.total[0])
+                metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
+            for (experiment, source), counts in share.gsb.totals(share.arms_of).items():
+                for verdict in VERDICTS:
+                    gsb[experiment, source, verdict, *extra] = float(getattr(counts, verdict))
+            for (kind, status), n in share.counts.items():
+                if kind != OVERFLOW:
+                    events[kind, status, *extra] = float(n)
+            # state beyond its bounds (README, "Bounded state"): every kind, zero included
+            state_overflow[("session", *extra)] = float(share.sessions.overflow)
+            state_overflow[("query", *extra)] = float(share.gsb.overflow)
+            state_overflow[("waiting_feedback", *extra)] = float(share.counts[OVERFLOW, "waiting_feedback"])
+            if share.delays is not None:
+                bounds = [f"{b:g}" for b in share.delays.bounds.tolist()] + ["+Inf"]
+                delays[extra] = (list(zip(bounds, [float(c) for c in share.delays.cumulative()], strict=True)),
+                                 share.delays.total)
+        stage = () if shares is None else next(((p, g) for p, g, share in shares if share is engine), None)
+        if stage is not None:  # the A/B units' overflow belongs to the regroup stage's share
+            state_overflow[("unit", *stage)] = float(engine.ledger.overflow)
+        gsb_score: dict[Labels, float] = {}
+        gsb_p_value: dict[Labels, float] = {}
+        for row in engine.gsb_rows():
+            experiment, source = row["experiment"], row["source"]
+            gsb_score[experiment, source, "total"] = _number(row["score"])
+            gsb_p_value[experiment, source] = _number(row["p_value"])
+        window: dict[Labels, tuple[float, float]] = {}
+        verdicts: dict[Labels, GsbCounts] = {}
+        for _, _, share in every:
+            windows = share.windows
+            if windows is None:
+                continue
+            for key, (total, count) in windows.snapshot().items():
+                before = window.get(key, (0.0, 0.0))
+                window[key] = (before[0] + total, before[1] + count)
+            for labels, counts in windows.verdicts().items():
+                verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
+        for given, counts in verdicts.items():
+            gsb_score[given] = counts.score
+        return Readout(
+            requests=requests, metric_sum=metric_sum, metric_count=metric_count, window=window, gsb=gsb,
+            gsb_score=gsb_score, gsb_p_value=gsb_p_value, ab=self._read_ab(engine), events=events,
+            label_overflow={(label,): float(n) for label, n in engine.labels.overflow.items()},
+            state_overflow=state_overflow, delays=delays,
+            watermark=engine.watermark if math.isfinite(engine.watermark) else math.nan, taken=taken,
+        )
+
+    def _read_ab(self, engine: Engine) -> AbReadout:
+        """The A/B rows, units, conflicts and SRM checks: the last ones while the ledger is unchanged."""
+        ledger = engine.ledger
+        key = (int(engine.with_subtopics > 0), *ledger.state_key())  # alpha-nDCG rows appear with subtopics
+        cached = self._ab
+        if cached is not None and cached[0] is engine and cached[1] is ledger and cached[2] == key:
+            return cached[3]
+        ab: dict[Labels, tuple[float, ...]] = {
+            (row["experiment"], row["metric"]): tuple(_number(row[k]) for k in AB_FIELDS) for row in engine.ab()}
+        units: dict[Labels, float] = {
+            (experiment, arm): float(n) for experiment, arms in ledger.units().items() for arm, n in arms.items()}
+        conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()}
+        srm: dict[Labels, tuple[float, float]] = {
+            (row["experiment"],): (_number(row["sequential_p_value"]), float(row["mismatch"])) for row in engine.srm()}
+        part = AbReadout(ab=ab, units=units, conflicts=conflicts, srm=srm)
+        self._ab = (engine, ledger, key, part)
+        return part
