@@ -36,6 +36,7 @@ kill landed) and the tail of every worker's log are printed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import random
@@ -88,6 +89,19 @@ NO_SECURITY_ENV = {k: v for k, v in os.environ.items() if not k.startswith("STRE
 SETTLE = 10.0
 
 Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, SPEC labels)
+
+
+class Stalled(AssertionError):
+    """The live workers did not catch up in time (a liveness failure: nothing was compared yet)."""
+
+
+def _known_stall(check: Callable[[], None]) -> None:
+    """``check()``; a stall of the consumer group after kills with two workers is a known liveness gap
+    (docs/reliability.md): reported as an expected failure, while any miscount still fails the test."""
+    try:
+        check()
+    except Stalled as error:
+        pytest.xfail(f"known gap, the group did not converge after the kills: {error}")
 
 
 def _cli(*args: str) -> list[str]:
@@ -215,9 +229,12 @@ class Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def samples(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+    def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:  # noqa: S310  # local
-            return parse_metrics(response.read().decode())
+            return str(response.read().decode())
+
+    def samples(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        return parse_metrics(self.metrics_text())
 
     def readiness(self) -> tuple[int, str]:
         """``/readyz``: (status, reason); (0, why) while it does not answer."""
@@ -423,7 +440,7 @@ class Cluster:
             if seen and all_ready and stage and time.monotonic() - since >= SETTLE:
                 break
             if time.monotonic() > deadline:
-                raise AssertionError(f"not caught up after {timeout:g}s: {progress}")
+                raise Stalled(f"not caught up after {timeout:g}s: {progress}")
             time.sleep(0.5)
         self.note(f"caught up: {progress}")
         time.sleep(SETTLE / 2)
@@ -451,6 +468,10 @@ class Cluster:
         else:
             self.note("/metrics: replay's numbers")
         problems += self.records_problems()
+        if problems:  # for the post-mortem: each live worker's /metrics as scraped
+            for worker in self.live:
+                with contextlib.suppress(OSError):
+                    (self.directory / f"{worker.name}.metrics.txt").write_text(worker.metrics_text())
         # the input itself, as produced (a producer that resent a batch would explain a count above replay's)
         if problems:
             judgments = asyncio.run(read_topic(self.broker, topics(self.prefix).judgments, self.expected.judgments))
@@ -551,9 +572,6 @@ def test_kill_the_only_worker_at_random_moments(cluster: Cluster, kills: int) ->
         cluster.check()
 
 
-@pytest.mark.xfail(reason="known, intermittent: passed 3 times, then in a fresh-clone CI run judgments and "
-                          "interleaving verdicts were counted up to 25 % too often after a worker was killed while "
-                          "being assigned; see docs/reliability.md", strict=False)
 def test_kill_during_a_rebalance_and_the_stage_owner(cluster: Cluster) -> None:
     """A reads alone; B joins, and A is killed while the partitions move (a random 0.5-3.5 s after B's consumer
     exists: A revokes, checkpoints and rejoins within ~4 s of that) and started again (A2: a second rebalance,
@@ -584,13 +602,10 @@ def test_kill_during_a_rebalance_and_the_stage_owner(cluster: Cluster) -> None:
         cluster.kill(holder)
         cluster.start(f"{holder.name}-again")
         cluster.wait_produced()
-        cluster.check()
+        _known_stall(cluster.check)
 
 
-@pytest.mark.parametrize("kill", [False, pytest.param(True, marks=pytest.mark.xfail(
-    reason="known: after its owner is killed, the regroup stage counts a few records twice (about 1 judgment verdict "
-           "in 157 and 0.5% of the GAUC weight; the A/B rows differ); see docs/reliability.md", strict=False))],
-    ids=["no-kill", "kill"])
+@pytest.mark.parametrize("kill", [False, True], ids=["no-kill", "kill"])
 def test_kill_the_regroup_stage_owner(cluster: Cluster, kill: bool) -> None:
     """Two workers read from the start; at a random moment (2-12 s after both have partitions) the one holding
     the regroup stage is killed and started again. ``no-kill``: the two-worker baseline."""
@@ -607,4 +622,7 @@ def test_kill_the_regroup_stage_owner(cluster: Cluster, kill: bool) -> None:
             cluster.kill(holder)
             cluster.start(f"{holder.name}-again")
         cluster.wait_produced()
-        cluster.check()
+        if kill:
+            _known_stall(cluster.check)
+        else:
+            cluster.check()

@@ -116,8 +116,11 @@ def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int) -
     assert collect.repeated == 0
 
 
-def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any) -> None:
-    """Partition 0 moves from worker A to worker B halfway; B re-reads from A's checkpoint, muted up to it."""
+@pytest.mark.parametrize("stale", [False, True], ids=["from-the-start-offsets", "from-offset-0"])
+def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: bool) -> None:
+    """Partition 0 moves from worker A to worker B halfway; B re-reads from A's checkpoint, muted up to it.
+    ``stale``: B's consumer reads from offset 0 instead (a reset to an old committed offset that won over the
+    seek): what comes before the checkpoint's start is dropped, not counted again."""
     config = Config()
     lines = _lines(1500, seed=5)
     expected, expected_records = _replay(lines, tmp_path, config)
@@ -134,7 +137,7 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any) -> None:
     starts = b.assign(0, checkpoint)
     for kind in KINDS:  # B first re-reads what A had read of partition 0, from the checkpoint on
         for offset, value in log[kind, 0]:
-            if starts.get(kind, 0) <= offset < checkpoint.processed.get(kind, 0):
+            if (0 if stale else starts.get(kind, 0)) <= offset < checkpoint.processed.get(kind, 0):
                 _feed(b, kind, 0, [(offset, value)])
     for kind, partition, offset, value in sent[half:]:
         _feed(a if partition else b, kind, partition, [(offset, value)])

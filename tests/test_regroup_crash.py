@@ -181,16 +181,17 @@ def _owners_writes(partition: int, ops: list[Op], crashes: Sequence[int]) -> tup
         run = ops[start : max(crash, start)]
         shift = stored_shift + (incarnation > 0)
         sink = RegroupSink(partition)  # (for its rewind and commits)
-        sink.begin(f"{partition}-{incarnation}", committed)
+        token = f"{partition}-{incarnation}"
+        sink.begin(token, committed)
         restored.append(committed)
         seq = committed
         if incarnation:
             seq += 1
-            sink.records.append((b"", orjson.dumps({**arm, "n": seq})))
+            sink.records.append((b"", orjson.dumps({**arm, "n": seq, "x": token})))
         for op in run:
             if op[0] == "d":
                 seq = op[1] + shift
-                sink.records.append((b"", op[2] if not shift else orjson.dumps({**orjson.loads(op[2]), "n": seq})))
+                sink.records.append((b"", orjson.dumps({**orjson.loads(op[2]), "n": seq, "x": token})))
             elif op[0] == "c":
                 sink.commit(op[1] + shift)
         if incarnation == len(owners) - 1 and (not run or run[-1][0] != "c"):
@@ -289,12 +290,14 @@ def test_a_partitions_sink_numbers_its_records_and_writes_rewinds_and_commits() 
     assert sink.seq == 9
     sink.commit(sink.seq)
     records = [orjson.loads(value) for _, value in sink.take()]
-    assert records == [{"k": "r", "P": 4, "x": "t1", "n": 7}, {"k": "j", "e": "exp", "v": "good", "P": 4, "n": 8},
-                       {"k": "a", "e": "exp", "a": "a", "P": 4, "n": 9}, {"k": "c", "P": 4, "x": "t1", "n": 9}]
+    assert records == [{"k": "r", "P": 4, "x": "t1", "n": 7},
+                       {"k": "j", "e": "exp", "v": "good", "P": 4, "n": 8, "x": "t1"},
+                       {"k": "a", "e": "exp", "a": "a", "P": 4, "n": 9, "x": "t1"},
+                       {"k": "c", "P": 4, "x": "t1", "n": 9}]
     sink.begin("t2", 8)  # the partition again (another ownership): numbering from its checkpoint, arms anew
     sink.arm("exp", "a")
     assert [orjson.loads(value) for _, value in sink.take()] == [
-        {"k": "r", "P": 4, "x": "t2", "n": 8}, {"k": "a", "e": "exp", "a": "a", "P": 4, "n": 9}]
+        {"k": "r", "P": 4, "x": "t2", "n": 8}, {"k": "a", "e": "exp", "a": "a", "P": 4, "n": 9, "x": "t2"}]
     sink.judgment("exp", "bad")
     with pytest.raises(ValueError):
         sink.begin("t3", 0)  # not after records
@@ -350,6 +353,23 @@ def test_records_count_when_committed_and_a_rewind_discards_what_is_written_agai
     assert _judgments(engine) == (3, 0, 2)
     # (the verdicts kept for the sign tests are cumulative: a stage without a snapshot restarts from the log's start)
     assert (stage.checkpoint().start, stage.checkpoint().processed) == (0, 14)
+
+
+def _jx(partition: int, n: int, token: str, verdict: str = "good") -> bytes:
+    return orjson.dumps({"k": "j", "e": "exp", "v": verdict, "P": partition, "n": n, "x": token})
+
+
+def test_records_of_a_replaced_owner_still_writing_count_nothing() -> None:
+    """Owner ``a`` of partition 0 is replaced by ``b`` (from ``a``'s checkpoint at record 1) but goes on writing
+    (stalled past its session, it has not noticed yet): its records after ``b``'s rewind, numbered like ``b``'s,
+    and its commit, are ignored; ``b``'s count once."""
+    engine = Engine(_config())
+    stage = SessionStage(engine, 1)
+    log = [_c("r", 0, "a", 0), _jx(0, 1, "a"), _c("c", 0, "a", 1), _jx(0, 2, "a", "bad"), _c("r", 0, "b", 1),
+           _jx(0, 2, "a", "bad"), _jx(0, 3, "a", "bad"), _jx(0, 2, "b", "same"), _c("c", 0, "a", 3),
+           _jx(0, 3, "b", "same"), _c("c", 0, "b", 3)]
+    stage.feed(range(len(log)), log)
+    assert _judgments(engine) == (1, 2, 0)
 
 
 def test_a_record_counts_where_its_commit_is_and_the_checkpoint_keeps_them_together() -> None:

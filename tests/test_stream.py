@@ -60,10 +60,25 @@ def _replay(lines: list[bytes], tmp_path: Path, config: Config | None = None) ->
     return replay([str(path)], config or Config(), records), records
 
 
+def _await_chain(coro: Any) -> list[str]:
+    """Where a coroutine waits: each awaited coroutine's function and line, outermost first."""
+    chain = []
+    while coro is not None and hasattr(coro, "cr_frame"):
+        frame = coro.cr_frame
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = coro.cr_await
+    return chain
+
+
 async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
+            for task in asyncio.all_tasks():  # where each worker waits (printed with the failure)
+                chain = _await_chain(task.get_coro())
+                if any("stream_eval" in where for where in chain):
+                    print("waiting:", " -> ".join(chain))
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last seen: {_seen})")
         await asyncio.sleep(0.1)
 

@@ -172,10 +172,12 @@ class Unit:
     __slots__ = ("engine", "join", "sources", "requests", "mute", "resume_watermark", "held", "flushed",
                  "announced", "announced_at", "generation", "windows", "restored")
 
-    def __init__(self, engine: Engine, now: float, checkpoint: Checkpoint | None) -> None:
+    def __init__(self, engine: Engine, now: float, checkpoint: Checkpoint | None,
+                 generation: str | None = None) -> None:
         self.engine = engine
         self.join = engine.join
-        self.generation = os.urandom(4).hex()  # this ownership of the partition: a label, and the regroup token
+        # this ownership of the partition: a label, the regroup token, the worker's claim
+        self.generation = os.urandom(4).hex() if generation is None else generation
         self.windows: tuple[int, int] | None = None  # where the full windows share of this ownership is stored
         self.restored = checkpoint
         self.sources = {kind: Source(now) for kind in KINDS}
@@ -189,6 +191,11 @@ class Unit:
         if checkpoint is not None:
             self.mute = {k: e for k, e in checkpoint.processed.items() if e > checkpoint.start.get(k, e)}
             self.resume_watermark = checkpoint.watermark
+            for kind, start in checkpoint.start.items():
+                # what comes before the checkpoint's start is in its share: never fed again, even when the consumer
+                # reads from an older position (a reset to the group's committed offset that won over our seek)
+                if kind in self.sources:
+                    self.sources[kind].received = start
 
     @property
     def rebuilding(self) -> bool:
@@ -240,11 +247,12 @@ class PartitionedEngine:
 
     # -- ownership ----------------------------------------------------------------------------------
     def assign(self, partition: int, checkpoint: Checkpoint | None = None,
-               windows: dict[str, Any] | None = None) -> dict[str, int]:
+               windows: dict[str, Any] | None = None, generation: str | None = None) -> dict[str, int]:
         """Take partition ``partition`` from its last checkpoint (``windows``: the full windows share that the
-        checkpoint names); returns the offsets to start reading from (those known)."""
+        checkpoint names), as ownership ``generation`` (default: a new random one); returns the offsets to start
+        reading from (those known)."""
         engine = self._new_engine(partition)
-        unit = Unit(engine, self.clock(), checkpoint)
+        unit = Unit(engine, self.clock(), checkpoint, generation)
         if checkpoint is not None and checkpoint.share is not None:
             shares.restore(engine, checkpoint.share, windows)
         engine.regroup.begin(unit.generation, 0 if checkpoint is None else checkpoint.regroup_seq)  # type: ignore[union-attr]  # set above

@@ -16,7 +16,9 @@ record counted, the partitions' watermarks and the arms seen; a new owner re-rea
 
 An input partition's records are a transaction log with commit markers, so that a worker killed between two
 checkpoints of a partition counts nothing twice. The partition's sink (``RegroupSink(p)``) numbers its data
-records (``"P": p, "n": 1, 2, ...``). Each owner of the partition first writes a *rewind*
+records (``"P": p, "n": 1, 2, ...``) and marks them with its ownership (``"x": token``): the stage drops the data
+records and commits of an ownership that a later rewind replaced (a worker still writing after its partition
+moved). Each owner of the partition first writes a *rewind*
 ``{"k": "r", "P": p, "x": token, "n": s}`` (``token``: this ownership; ``s``: the number of the last record
 its restored checkpoint covers, 0 without one); after storing a checkpoint holding :attr:`RegroupSink.seq`,
 the worker writes a *commit* ``{"k": "c", "P": p, "x": token, "n": seq}``. The stage holds the partition's
@@ -99,6 +101,7 @@ class RegroupSink:
             self._seq += 1
             record["P"] = self.partition
             record["n"] = self._seq
+            record["x"] = self.token
         self.records.append((key, orjson.dumps(record)))
 
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
@@ -230,6 +233,7 @@ class SessionStage:
         self._held: dict[int, _Held] = {}
         self._applied: deque[tuple[int, int]] = deque()
         if checkpoint is not None:
+            self.received = checkpoint.start  # (records before it are never fed again: see feed)
             self.units = list(checkpoint.units) + [-math.inf] * (units - len(checkpoint.units))
             self._base = tuple(self.units)
             self.watermark = min(self.units)
@@ -336,12 +340,14 @@ class SessionStage:
                 if held.known and record["x"] != held.token:
                     continue  # a commit of an earlier ownership
                 held.token, held.known = record["x"], True
-                self._apply_held(held, n, offset)
+                self._apply_held(held, n, offset, record["x"])
             elif kind == "r":
                 self._apply_held(held, n, offset)  # what the new owner's checkpoint covers
                 held.records.clear()  # the rest is written again
                 held.token, held.known, held.applied = record["x"], True, n
             elif n > held.applied:
+                if held.known and record.get("x", held.token) != held.token:
+                    continue  # written by an ownership that a later one has replaced (a worker still writing)
                 records = held.records
                 if not records or n > records[-1][0]:
                     records.append((n, offset, record))
@@ -350,17 +356,24 @@ class SessionStage:
                     if records[k][0] != n:
                         records.insert(k, (n, offset, record))
 
-    def _apply_held(self, held: _Held, n: int, at: int) -> None:
-        """Apply a partition's held records numbered up to ``n``, at offset ``at`` (a commit or rewind)."""
+    def _apply_held(self, held: _Held, n: int, at: int, token: str | None = None) -> None:
+        """Apply a partition's held records numbered up to ``n``, at offset ``at`` (a commit or rewind); those of
+        another ownership than ``token`` (a commit's) are dropped instead."""
         records = held.records
         k = 0
         while k < len(records) and records[k][0] <= n:
             k += 1
         if k:
-            self._applied.append((min(offset for _, offset, _ in records[:k]), at))
-            for _, offset, record in records[:k]:
-                self._apply(record, offset, at)
+            taken = records[:k]
             del records[:k]
+            if token is not None:
+                taken = [held_record for held_record in taken if held_record[2].get("x", token) == token]
+        else:
+            taken = []
+        if taken:
+            self._applied.append((min(offset for _, offset, _ in taken), at))
+            for _, offset, record in taken:
+                self._apply(record, offset, at)
         held.applied = max(held.applied, n)
 
     def _apply(self, record: dict[str, Any], offset: int, at: int) -> None:

@@ -11,6 +11,12 @@ letter of the work done so far is stored, (2) writes for each partition the chec
 :meth:`PartitionedEngine.checkpoint` to the ``<prefix><group>.checkpoints`` topic (partition ``p``), and
 (3) commits ``start`` offsets to the consumer group. A new owner reads the last checkpoint of its
 partitions, re-reads from ``start`` muted up to ``processed``, and goes on: nothing is counted twice.
+
+Fencing: a new owner of partition ``p`` first writes a *claim* to partition ``p`` of the checkpoint topic, and
+restores the last checkpoint stored before its claim. A worker that still believes it owns ``p`` (stalled past
+its session, its revocation too slow) reads the checkpoint topic after storing each checkpoint of ``p``: if
+another owner's claim came after its previous check, the new owner did not restore this checkpoint, so the
+worker gives ``p`` up without committing it (the regroup stage would otherwise count it twice).
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ _SHUTDOWN_TIMEOUT = 30.0
 #: Keys of the records of the checkpoint topic: a partition's checkpoint, and the pieces of a full windows share.
 _CHECKPOINT = b"checkpoint"
 _WINDOWS = b"windows"
+#: Key of a new owner's claim of a partition, in the checkpoint topic: ``{"claim": generation}``.
+_CLAIM = b"claim"
+#: Key of a record a worker writes to check, up to it, that no one has claimed its partition (on revocation).
+_PROBE = b"probe"
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,10 @@ class StreamWorker:
         self._fetch_backoff = self.health.backoff()
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
+        #: Per owned input partition: the offset of the checkpoint topic up to which no other worker has claimed it.
+        self._fences: dict[int, int] = {}
+        self._fence_reader: Any = None
+        self.taken_over = 0  # partitions given up because another worker claimed them first
 
     def _stage_engine(self) -> Engine:
         """An engine for the regroup stage's share; the partitions' engines are built like it."""
@@ -363,14 +377,15 @@ class StreamWorker:
                     await self._send_record(delivery.topic, delivery.partition, record, delivery.headers)
 
     # -- checkpoints --------------------------------------------------------------------------------
-    async def _load_checkpoint(self, partition: int) -> Checkpoint | None:
-        found = await self._last_record(self.settings.checkpoint_topic, partition)
+    async def _load_checkpoint(self, partition: int, before: int) -> Checkpoint | None:
+        found = await self._last_record(self.settings.checkpoint_topic, partition, before)
         return None if found is None else Checkpoint.from_json(found)
 
-    async def _last_record(self, topic: str, partition: int) -> Any:
-        """The last record of a checkpoint topic's partition, decoded (one record per produce batch, so the end
-        offset is exact even with the development broker's ListOffsets bug); retried while the broker is away."""
-        return await self.health.call("checkpoint", lambda: self._read_last_record(topic, partition))
+    async def _last_record(self, topic: str, partition: int, before: int | None = None) -> Any:
+        """The last checkpoint record of a checkpoint topic's partition (before offset ``before``, default: the
+        end), decoded (one record per produce batch, so the end offset is exact even with the development broker's
+        ListOffsets bug); retried while the broker is away."""
+        return await self.health.call("checkpoint", lambda: self._read_last_record(topic, partition, before))
 
     @contextlib.asynccontextmanager
     async def _reader(self, topic: str, partition: int, **options: Any) -> AsyncIterator[tuple[Any, Any]]:
@@ -385,11 +400,15 @@ class StreamWorker:
             reader.assign([tp])
             yield reader, tp
         finally:
+            # (aiokafka's stop awaits a task it cancels: one that has not run yet raises CancelledError)
+            await asyncio.sleep(0)
             await reader.stop()
 
-    async def _read_last_record(self, topic: str, partition: int) -> Any:
+    async def _read_last_record(self, topic: str, partition: int, before: int | None) -> Any:
+        if before == 0:
+            return None
         async with self._reader(topic, partition) as (reader, tp):
-            end = (await reader.end_offsets([tp]))[tp]
+            end = (await reader.end_offsets([tp]))[tp] if before is None else before
             back = 1
             while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
                 reader.seek(tp, max(end - back, 0))
@@ -400,16 +419,25 @@ class StreamWorker:
                     if not more:  # a broker that does not answer in time: retried
                         raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {end - back}")
                     records += more
-                found = [r for r in records if r.key != _WINDOWS and r.offset < end]
+                found = [r for r in records if r.key not in (_WINDOWS, _CLAIM, _PROBE) and r.offset < end]
                 if found:
                     return orjson.loads(found[-1].value)
                 back *= 4
             return None
 
     async def _end_offset(self, topic: str, partition: int) -> int:
-        async def read() -> int:
-            async with self._reader(topic, partition) as (reader, tp):
-                return int((await reader.end_offsets([tp]))[tp])
+        """The partition's end offset: the high-water mark of a fetch of its last batch (the development broker's
+        ListOffsets gives the last batch's base offset + 1)."""
+
+        async def read() -> int:  # (a fetch returns the last batch whole: up to _BATCH_BYTES of outputs)
+            async with self._reader(topic, partition, max_partition_fetch_bytes=4 * _BATCH_BYTES) as (reader, tp):
+                end = int((await reader.end_offsets([tp]))[tp])
+                if end == 0:
+                    return 0
+                reader.seek(tp, end - 1)
+                if not (await reader.getmany(tp, timeout_ms=5_000)).get(tp):
+                    raise TimeoutError(f"{topic}/{partition} unreadable at offset {end - 1}")
+                return max(end, int(reader.highwater(tp) or 0))
 
         end: int = await self.health.call("checkpoint", read)
         return end
@@ -418,23 +446,25 @@ class StreamWorker:
         """The keys (request ids) of the request-metrics records in ``partition`` from offset ``start`` on, and the
         end offset read to."""
 
-        async def read() -> tuple[set[str], int]:
+        end = await self._end_offset(self.topics.request_metrics, partition)
+
+        async def read() -> set[str]:
             async with self._reader(self.topics.request_metrics, partition,
-                                    max_partition_fetch_bytes=4 << 20) as (reader, tp):
+                                    max_partition_fetch_bytes=4 * _BATCH_BYTES) as (reader, tp):
                 reader.seek(tp, start)
                 keys: set[str] = set()
-                while True:
-                    batch = await reader.getmany(tp, timeout_ms=2_000)
-                    for record in batch.get(tp, []):
-                        if record.key is not None:
-                            keys.add(record.key.decode())
-                    highwater = reader.highwater(tp)
-                    if highwater is not None and await reader.position(tp) >= highwater:
-                        return keys, highwater
-                    if not batch and highwater is None:
-                        return keys, start  # nothing there at all
+                while await reader.position(tp) < end:
+                    records = (await reader.getmany(tp, timeout_ms=5_000)).get(tp, [])
+                    if not records:
+                        raise TimeoutError(f"request-metrics partition {partition} unreadable at offset "
+                                           f"{await reader.position(tp)}")
+                    keys.update(record.key.decode() for record in records
+                                if record.key is not None and record.offset < end)
+                return keys
 
-        found, end = await self.health.call("checkpoint", read)
+        if end <= start:
+            return set(), start
+        found = await self.health.call("checkpoint", read)
         if found:
             log.info("request-metrics partition %d holds %d records written after the last checkpoint by a "
                      "previous owner: they are not written again", partition, len(found))
@@ -445,11 +475,14 @@ class StreamWorker:
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
+        chosen = sorted(self.partitioned.units if partitions is None else partitions)
+        # claimed by a new owner (this worker stalled past its session)? Then nothing more of it is written
+        await self._taken_over(await self._probe(chosen))
         await self._send_outputs()
         await self._flush()
         offsets = {}
-        committed = False
-        for partition in sorted(self.partitioned.units if partitions is None else partitions):
+        stored: dict[int, tuple[int, Checkpoint]] = {}
+        for partition in chosen:
             unit = self.partitioned.units.get(partition)
             if unit is None or not any(source.next_offset is not None for source in unit.sources.values()):
                 continue
@@ -457,7 +490,16 @@ class StreamWorker:
                 await self._store_windows(partition)
             checkpoint = self.partitioned.checkpoint(partition)
             checkpoint.output_end = self._output_end.get(self._output_partition(partition))
-            await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()), partition)
+            at = await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()),
+                                              partition)
+            stored[partition] = at, checkpoint
+        # a checkpoint stored after another owner's claim is not the one it restored: it must not count
+        await self._taken_over({partition: at for partition, (at, _) in stored.items()})
+        committed = False
+        for partition, (_, checkpoint) in stored.items():
+            unit = self.partitioned.units.get(partition)
+            if unit is None:
+                continue
             # the stage may now count the partition's regroup records up to here: a successor starts after them
             unit.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
             committed = True
@@ -470,11 +512,83 @@ class StreamWorker:
         if self.stage is not None and partitions is None:
             await self._checkpoint_stage()
 
-    async def _store_checkpoint(self, topic: str, value: bytes, partition: int) -> None:
-        """Write a checkpoint record, again after a broker error (a second copy of the last one is harmless)."""
+    async def _store_checkpoint(self, topic: str, value: bytes, partition: int, key: bytes = _CHECKPOINT) -> int:
+        """Write a checkpoint record, again after a broker error (a second copy of the last one is harmless);
+        returns its offset."""
         producer = self._producer
-        await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, value, partition=partition,
-                                                                            key=_CHECKPOINT))
+        stored = await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, value, partition=partition,
+                                                                                     key=key))
+        return int(stored.offset)
+
+    async def _probe(self, partitions: list[int]) -> dict[int, int]:
+        """Write a probe to each owned partition of ``partitions`` in the checkpoint topic (at once); their offsets."""
+        chosen = [p for p in partitions if p in self._fences and p in self.partitioned.units]
+        if not chosen:
+            return {}
+        producer, topic = self._producer, self.settings.checkpoint_topic
+
+        async def write() -> list[Any]:
+            sent = [await producer.send(topic, b"{}", partition=p, key=_PROBE) for p in chosen]
+            return list(await asyncio.gather(*sent))
+
+        stored = await self.health.call("checkpoint", write)
+        return {p: int(metadata.offset) for p, metadata in zip(chosen, stored, strict=True)}
+
+    async def _taken_over(self, upto: dict[int, int]) -> None:
+        """Give up at once, without a checkpoint, each partition that another worker has claimed since this worker's
+        last check (or its own claim), up to offset ``upto[p]`` of the checkpoint topic (the module docstring's
+        fencing); the next check of the others starts after ``upto``. One read for all partitions."""
+        from aiokafka import TopicPartition
+
+        fences = self._fences
+        parts = {p: at for p, at in upto.items() if p in self.partitioned.units and fences.get(p, at) < at}
+        if not parts:
+            return
+        topic = self.settings.checkpoint_topic
+        tps = {TopicPartition(topic, p): p for p in parts}
+        generations = {p: self.partitioned.units[p].generation for p in parts}
+        reader = self._fence_reader
+
+        async def read() -> dict[int, str]:
+            if reader.assignment() != set(tps):
+                reader.assign(list(tps))
+            for tp, p in tps.items():
+                reader.seek(tp, fences[p] + 1)
+            pending, found = set(tps), {}
+            while pending:
+                batch = await reader.getmany(*pending, timeout_ms=5_000)
+                if not batch:
+                    raise TimeoutError(f"checkpoint topic partitions {sorted(tps[tp] for tp in pending)} unreadable")
+                for tp, records in batch.items():
+                    p = tps[tp]
+                    for record in records:
+                        if fences[p] < record.offset <= parts[p] and record.key == _CLAIM:
+                            token = str(orjson.loads(record.value).get("claim"))
+                            if token != generations[p]:
+                                found[p] = token
+                    if records and records[-1].offset >= parts[p]:
+                        pending.discard(tp)
+            return found
+
+        found = await self.health.call("checkpoint", read)
+        for p, at in parts.items():
+            if p not in found:
+                fences[p] = at
+                continue
+            log.warning("partition %d was claimed by another worker (generation %s) while this worker still held it "
+                        "(stalled past its session?): given up without committing its last checkpoint", p, found[p])
+            self._drop(p)
+
+    def _drop(self, partition: int) -> None:
+        """Forget ``partition`` at once: its share, and the outputs not sent yet (its new owner writes them)."""
+        with self.lock:
+            if partition in self.partitioned.units:
+                self.partitioned.revoke(partition)
+        self._outbox = [entry for entry in self._outbox if entry[3] != partition]
+        self._dead = [entry for entry in self._dead if entry[2] != partition]
+        self._fences.pop(partition, None)
+        self._written.pop(partition, None)
+        self.taken_over += 1
 
     async def _store_windows(self, partition: int) -> None:
         """Store the full share of a partition's windows before its checkpoint (which then holds what changed since),
@@ -556,8 +670,6 @@ class StreamWorker:
         async with self._busy:
             if self.stage is None:
                 return
-            await self._send_outputs()
-            await self._flush()
             await self._checkpoint_stage()
             with self.lock:  # its share went with the checkpoint: the next owner restores it
                 self.engine = self.partitioned.engine = self._stage_engine()
@@ -629,27 +741,34 @@ class StreamWorker:
 
     # -- rebalancing --------------------------------------------------------------------------------
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        asked = time.monotonic()
         async with self._busy:
             units = sorted({tp.partition for tp in revoked} & set(self.partitioned.units))
             if not units:
                 return
+            log.info("revoking partitions %s (waited %.2fs for the batch in hand)", units, time.monotonic() - asked)
             try:
                 await self.checkpoint(units)
             finally:  # a unit kept after it was given up would be stale when it comes back
                 with self.lock:
                     for partition in units:
-                        self.partitioned.revoke(partition)
-            log.info("revoked partitions %s", units)
+                        if partition in self.partitioned.units:  # (not given up to a claim meanwhile)
+                            self.partitioned.revoke(partition)
+            log.info("revoked partitions %s in %.2fs", units, time.monotonic() - asked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         async with self._busy:
             by_unit: dict[int, list[Any]] = defaultdict(list)
+            seeks: list[tuple[Any, int]] = []
             for tp in assigned:
                 by_unit[tp.partition].append(tp)
             for partition, tps in sorted(by_unit.items()):
                 if partition in self.partitioned.units:
                     continue
-                checkpoint = await self._load_checkpoint(partition)
+                generation = os.urandom(4).hex()
+                claimed = await self._store_checkpoint(self.settings.checkpoint_topic,
+                                                       orjson.dumps({"claim": generation}), partition, _CLAIM)
+                checkpoint = await self._load_checkpoint(partition, before=claimed)
                 windows = None
                 if checkpoint is not None and checkpoint.windows is not None:
                     data = await self._read_snapshot(checkpoint.windows, self.settings.checkpoint_topic, partition)
@@ -659,8 +778,12 @@ class StreamWorker:
                     # what a predecessor killed after its checkpoint wrote: not written again
                     self._written[partition], end = await self._written_since(output, checkpoint.output_end)
                     self._output_end[output] = max(end, self._output_end.get(output, 0))
+                log.info("partition %d: claimed at offset %d; %s", partition, claimed,
+                         "no checkpoint before it" if checkpoint is None else
+                         f"restoring the checkpoint (start {checkpoint.start}, processed {checkpoint.processed})")
                 with self.lock:
-                    starts = self.partitioned.assign(partition, checkpoint, windows)
+                    starts = self.partitioned.assign(partition, checkpoint, windows, generation)
+                self._fences[partition] = claimed
                 if checkpoint is None:
                     # a first checkpoint at once, saying where request-metrics ended before any record of ours
                     end = await self._end_offset(self.topics.request_metrics, output)
@@ -671,7 +794,9 @@ class StreamWorker:
                 for tp in tps:
                     start = starts.get(self.topics.type_of(tp.topic))
                     if start is not None:
-                        self._consumer.seek(tp, start)
+                        seeks.append((tp, start))
+            for tp, start in seeks:  # at the end, with nothing awaited after (the units drop what comes before)
+                self._consumer.seek(tp, start)
             log.info("assigned partitions %s", sorted(by_unit))
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -683,6 +808,8 @@ class StreamWorker:
                     continue
                 kind = self.topics.type_of(tp.topic)
                 offsets = [r.offset for r in records]
+                if self.partitioned.units[tp.partition].sources[kind].received is None:
+                    log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
                 events = decode_messages([r.value for r in records], kind, config, _Timestamps(records),
                                          _Where(f"{tp.topic}/{tp.partition}@", offsets),
                                          not_after=self.wall_clock() + config.max_clock_skew)
@@ -735,7 +862,12 @@ class StreamWorker:
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20,
         )
         self._stage_consumer = AIOKafkaConsumer(group_id=f"{settings.group}.regroup", **common)
-        for client in (self._producer, self._consumer, self._stage_consumer):
+        # reads the checkpoint topic for other workers' claims (fencing: the module docstring)
+        self._fence_reader = AIOKafkaConsumer(bootstrap_servers=settings.brokers, enable_auto_commit=False,
+                                              fetch_max_wait_ms=100,
+                                              max_partition_fetch_bytes=2 * snapshot.CHUNK_BYTES,  # windows pieces
+                                              **security)
+        for client in (self._producer, self._consumer, self._stage_consumer, self._fence_reader):
             await self.health.call("startup", client.start)
         self._consumer.subscribe(list(self.topics.inputs),
                                  listener=Listener(self.on_partitions_revoked, self.on_partitions_assigned))
@@ -748,17 +880,17 @@ class StreamWorker:
                 batch = await self._fetch(self._consumer, 100)
                 async with self._busy:
                     await self._handle(batch)
-                    await self._send_outputs()
                     await self._handle_stage()
                     if self.between_batches is not None:
                         self.between_batches()
+                    # the outputs go with the checkpoints, once no other worker has claimed their partitions
                     if time.monotonic() - last_checkpoint >= settings.checkpoint_interval:
                         await self.checkpoint()
                         last_checkpoint = time.monotonic()
         finally:
             with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
                 await asyncio.wait_for(self.checkpoint_now(), _SHUTDOWN_TIMEOUT)
-            for client in (self._consumer, self._stage_consumer, self._producer):
+            for client in (self._consumer, self._stage_consumer, self._fence_reader, self._producer):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
             with self.lock:  # every share went with the final checkpoints: the next owners restore them
