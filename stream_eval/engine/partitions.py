@@ -10,7 +10,7 @@ Event time (SPEC §1):
   watermark events; ``{"type": "watermark", "end": true}`` ends it (+inf) until it speaks again.
 * A unit's join advances to the minimum over its rankings and feedback sources, so feedback that lags its
   ranking in another topic is never late because of the other topic.
-* The engine's sessions and GSB windows close on the minimum over every rankings and feedback source
+* The engine's sessions and GSB buckets close on the minimum over every rankings and feedback source
   (judgments join nothing and count at once, so a quiet judgments topic holds nothing back).
 * A source silent for ``idle_timeout`` seconds of wall clock stops holding event time back until it speaks.
 

@@ -179,7 +179,7 @@ def _quiet_client_debug_logs() -> None:
     """Keep aiokafka's per-message debug logging off unless a real log handler takes DEBUG records.
 
     mode's terminal spinner (a handler at DEBUG) puts the root logger at DEBUG under every ``--loglevel``, so
-    aiokafka built a LogRecord for each message it sent (and filtered it): ~9 % of the worker's time.
+    aiokafka built a LogRecord for each message it sent (and filtered it): a cost measured in docs/benchmarks.md.
     """
     root = logging.getLogger()
     if any(handler.level <= logging.DEBUG for handler in root.handlers if type(handler).__name__ != "SpinnerHandler"):
@@ -295,8 +295,8 @@ class StreamWorker:
         """Send (key, value, timestamp ms) records in order, as whole batches per partition.
 
         What ``producer.send`` does per record (partition by the key's murmur2 hash, like every Kafka client's
-        default partitioner), without its per-record future and accumulator call: a third of the cost of
-        producing a worker's outputs. Delivery is awaited by ``producer.flush`` at the next checkpoint, as before.
+        default partitioner), without its per-record future and accumulator call, which cost much of producing a
+        worker's outputs (docs/benchmarks.md). Delivery is awaited by ``producer.flush`` at the next checkpoint.
         """
         from aiokafka.partitioner import DefaultPartitioner
 
