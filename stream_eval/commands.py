@@ -13,7 +13,7 @@ import orjson
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import FinalisedBatch
-from stream_eval.engine.replay import ProgressBar, replay, total_size
+from stream_eval.engine.replay import ProgressBar, is_parquet, replay, total_size
 from stream_eval.export.report import PerRequestWriter, to_json, to_table
 
 _T = TypeVar("_T")
@@ -75,11 +75,6 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     for problem in engine.unreadable:  # the report covers what was read; the exit status says it is not all
         print(f"stream-eval: error: {problem}", file=sys.stderr)
     return 1 if engine.unreadable else 0
-
-
-def is_parquet(path: str) -> bool:
-    """Whether an input or output file is Parquet (by its suffix)."""
-    return path.lower().endswith(".parquet")
 
 
 def _columns(args: argparse.Namespace) -> dict[str, str] | None:

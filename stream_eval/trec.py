@@ -214,9 +214,7 @@ def trec_config(measures: list[Measure], relevance_level: int, longest: int, bas
     cutoffs = sorted({int(m.name.rpartition("@")[2]) for m in measures if m.name and "@" in m.name})
     names = tuple(dict.fromkeys(m.name for m in measures if m.name))
     # only the measures asked for run, where the settings can say so (``metrics``); GSB (one arm here) on one of them
-    chosen: dict[str, Any] = {"gsb_metric": "RR"}
-    if names and "metrics" in {field.name for field in dataclasses.fields(Config)}:
-        chosen = {"metrics": names, "gsb_metric": names[0]}
+    chosen: dict[str, Any] = {"metrics": names, "gsb_metric": names[0]} if names else {"gsb_metric": "RR"}
     return dataclasses.replace(base, cutoffs=tuple(cutoffs) or base.cutoffs, gain="linear", empty="zero",
                                rel_threshold=float(relevance_level), max_items=max(base.max_items, longest),
                                ab=False, **chosen)
@@ -240,11 +238,7 @@ class TrecResult:
 
 def evaluate(qrels: dict[str, dict[str, int]], run: Run, measures: list[Measure], relevance_level: int = 1,
              complete: bool = False, max_docs: int | None = None) -> TrecResult:
-    """Evaluate ``run`` against ``qrels`` through the engine: the values of ``measures`` per query.
-
-    Raises:
-        TrecError: a measure that this version does not compute (see :data:`TREC_MEASURES`).
-    """
+    """Evaluate ``run`` against ``qrels`` through the engine: the values of ``measures`` per query."""
     longest = max((len(docs) for docs in run.docs.values()), default=1)
     config = trec_config(measures, relevance_level, min(longest, max_docs or longest))
     per_query: dict[str, dict[str, float]] = {}
@@ -255,10 +249,6 @@ def evaluate(qrels: dict[str, dict[str, int]], run: Run, measures: list[Measure]
             per_query[state.request_id] = dict(zip(names, row, strict=True))
 
     engine = Engine(config, keep)
-    computed = {spec.name for spec in engine.specs}
-    missing = [m.trec_name for m in measures if m.name is not None and m.name not in computed]
-    if missing:
-        raise TrecError(f"not computed by this version of stream-eval: {', '.join(missing)}")
     batch: list[Ranking | Feedback] = []
     for event in run_events(qrels, run, config, max_docs):
         batch.append(event)
@@ -317,11 +307,7 @@ def trec_command(args: argparse.Namespace) -> int:
     """``stream-eval trec QRELS RUN``."""
     qrels = read_qrels(_lines(args.qrels), args.qrels)
     run = read_run(_lines(args.run), args.run)
-    explicit = bool(args.measure)
     measures = parse_measures(args.measure or ["official"])
-    if not explicit:  # the default set: only what this version computes
-        computed = {spec.name for spec in Engine(trec_config(measures, args.relevance_level, 1)).specs}
-        measures = [m for m in measures if m.name is None or m.name in computed]
     result = evaluate(qrels, run, measures, args.relevance_level, args.complete, args.max_docs)
     if not result.num_q:
         print("stream-eval trec: no query has both results and relevance judgements", file=sys.stderr)

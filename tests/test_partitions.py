@@ -132,7 +132,8 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     half = len(sent) // 2
     for kind, partition, offset, value in sent[:half]:
         _feed(a, kind, partition, [(offset, value)])
-    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(a.revoke(0).to_json())))
+    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(a.checkpoint(0).to_json())))
+    a.drop(0)
     assert checkpoint.start["ranking"] < checkpoint.processed["ranking"]  # open requests are rebuilt
     starts = b.assign(0, checkpoint)
     for kind in KINDS:  # B first re-reads what A had read of partition 0, from the checkpoint on

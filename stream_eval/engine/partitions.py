@@ -259,11 +259,9 @@ class PartitionedEngine:
         self.units[partition] = unit
         return dict(checkpoint.start) if checkpoint is not None else {}
 
-    def revoke(self, partition: int) -> Checkpoint:
-        """Give partition ``partition`` up: its checkpoint (with its share), then its engine is dropped."""
-        checkpoint = self.checkpoint(partition)
+    def drop(self, partition: int) -> None:
+        """Forget partition ``partition`` and its share (its checkpoint is stored already, or not wanted)."""
         del self.units[partition]
-        return checkpoint
 
     def checkpoint(self, partition: int) -> Checkpoint:
         """Partition ``partition``'s checkpoint, share included (its windows as a change since the last full

@@ -363,13 +363,10 @@ class SessionStage:
         k = 0
         while k < len(records) and records[k][0] <= n:
             k += 1
-        if k:
-            taken = records[:k]
-            del records[:k]
-            if token is not None:
-                taken = [held_record for held_record in taken if held_record[2].get("x", token) == token]
-        else:
-            taken = []
+        taken = records[:k]
+        del records[:k]
+        if token is not None:
+            taken = [held_record for held_record in taken if held_record[2].get("x", token) == token]
         if taken:
             self._applied.append((min(offset for _, offset, _ in taken), at))
             for _, offset, record in taken:

@@ -187,10 +187,15 @@ def replay(
     return engine
 
 
+def is_parquet(path: str) -> bool:
+    """Whether an input or output file is Parquet (by its suffix)."""
+    return path.lower().endswith(".parquet")
+
+
 def _decoded_chunks(path: str, config: Config, damaged: list[str],
                     columns: Mapping[str, str] | None) -> Iterator[tuple[Chunk, int]]:
     """The events of one input, a chunk at a time, with how many bytes of it were read."""
-    if path.lower().endswith(".parquet"):
+    if is_parquet(path):
         from stream_eval.events.parquet import read_parquet  # pyarrow: the parquet extra
 
         yield from read_parquet(path, config, columns, damaged)

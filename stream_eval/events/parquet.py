@@ -87,11 +87,6 @@ def parse_columns(text: str | None) -> dict[str, str]:
     return mapping
 
 
-def is_parquet(path: str) -> bool:
-    """Whether ``path`` is read as Parquet (by its suffix)."""
-    return path.lower().endswith(".parquet")
-
-
 def read_parquet(path: str, config: Config, columns: Mapping[str, str] | None = None,
                  damaged: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[Chunk, int]]:
     """The events of a Parquet file, a record batch at a time: ``(chunk, bytes of the file read so far)``, the

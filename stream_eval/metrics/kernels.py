@@ -82,7 +82,7 @@ class Prepared:
     ideal gains."""
 
     __slots__ = ("size", "req", "pos", "grade", "n_shown", "_batch", "_judged_req", "_judged_grade",
-                 "_judged_rank", "_relevant", "_n_relevant", "_ideal")
+                 "_judged_rank", "_relevant", "_n_relevant", "_ideal", "_judged_shown")
 
     def __init__(self, batch: JudgedBatch) -> None:
         self.size = batch.size
@@ -102,6 +102,7 @@ class Prepared:
         self._judged_rank: Ints = _rank_in_segment(self._judged_req, self.size)
         self._relevant: dict[float, Bools] = {}
         self._n_relevant: dict[float, Ints] = {}
+        self._judged_shown: tuple[Ints, Ints] | None = None
         self._ideal: dict[str, Floats] = {}
 
     def relevant(self, rel: float) -> Bools:
@@ -128,9 +129,11 @@ class Prepared:
 
     def judged_shown(self) -> tuple[Ints, Ints]:
         """Request and position of every judged served item, grade 0 included, sorted (the join's order)."""
-        req, pos = self._batch.shown_req, self._batch.shown_pos
-        order = pair_order(req, pos)
-        return req[order], pos[order]
+        if self._judged_shown is None:
+            req, pos = self._batch.shown_req, self._batch.shown_pos
+            order = pair_order(req, pos)
+            self._judged_shown = req[order], pos[order]
+        return self._judged_shown
 
 
 def pair_order(major: Ints, minor: Ints, stable: bool = True) -> Ints:

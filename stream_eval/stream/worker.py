@@ -233,7 +233,6 @@ class StreamWorker:
         #: Per owned input partition: the offset of the checkpoint topic up to which no other worker has claimed it.
         self._fences: dict[int, int] = {}
         self._fence_reader: Any = None
-        self.taken_over = 0  # partitions given up because another worker claimed them first
 
     def _stage_engine(self) -> Engine:
         """An engine for the regroup stage's share; the partitions' engines are built like it."""
@@ -419,7 +418,7 @@ class StreamWorker:
                     if not more:  # a broker that does not answer in time: retried
                         raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {end - back}")
                     records += more
-                found = [r for r in records if r.key not in (_WINDOWS, _CLAIM, _PROBE) and r.offset < end]
+                found = [r for r in records if r.key in (_CHECKPOINT, None) and r.offset < end]  # (None: old logs)
                 if found:
                     return orjson.loads(found[-1].value)
                 back *= 4
@@ -580,15 +579,14 @@ class StreamWorker:
             self._drop(p)
 
     def _drop(self, partition: int) -> None:
-        """Forget ``partition`` at once: its share, and the outputs not sent yet (its new owner writes them)."""
+        """Forget ``partition`` at once: its share, its fence, and outputs not sent yet (its next owner writes them)."""
         with self.lock:
             if partition in self.partitioned.units:
-                self.partitioned.revoke(partition)
+                self.partitioned.drop(partition)
         self._outbox = [entry for entry in self._outbox if entry[3] != partition]
         self._dead = [entry for entry in self._dead if entry[2] != partition]
         self._fences.pop(partition, None)
         self._written.pop(partition, None)
-        self.taken_over += 1
 
     async def _store_windows(self, partition: int) -> None:
         """Store the full share of a partition's windows before its checkpoint (which then holds what changed since),
@@ -750,10 +748,8 @@ class StreamWorker:
             try:
                 await self.checkpoint(units)
             finally:  # a unit kept after it was given up would be stale when it comes back
-                with self.lock:
-                    for partition in units:
-                        if partition in self.partitioned.units:  # (not given up to a claim meanwhile)
-                            self.partitioned.revoke(partition)
+                for partition in units:
+                    self._drop(partition)
             log.info("revoked partitions %s in %.2fs", units, time.monotonic() - asked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
@@ -893,9 +889,9 @@ class StreamWorker:
             for client in (self._consumer, self._stage_consumer, self._fence_reader, self._producer):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
-            with self.lock:  # every share went with the final checkpoints: the next owners restore them
-                for partition in list(self.partitioned.units):
-                    self.partitioned.revoke(partition)
+            for partition in list(self.partitioned.units):  # every share went with the final checkpoints
+                self._drop(partition)
+            with self.lock:
                 self.stage = None
                 self.engine = self.partitioned.engine = self._stage_engine()
 
