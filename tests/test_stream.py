@@ -196,6 +196,41 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
     _run(main)
 
 
+def test_the_loop_does_not_fetch_the_stage_while_its_group_rebalances() -> None:
+    """aiokafka's ``getmany`` waits for a rebalance of its group to end, even with ``timeout_ms=0``; the stage's
+    rebalance callbacks wait for the loop's lock. Fetching the stage under that lock during its rebalance hung
+    both workers of a group for good (heartbeats refused, "rebalancing"), so the loop leaves the stage alone then.
+    """
+    worker = StreamWorker(WorkerSettings(["localhost:9"], group="deadlock"), Config())
+    rebalanced = asyncio.Event()
+
+    class Subscription:
+        reassignment_in_progress = True
+
+    class StageConsumer:  # as aiokafka's: a fetch during a rebalance returns once the rebalance ended
+        _subscription = Subscription()
+
+        async def getmany(self, timeout_ms: int, max_records: int | None = None) -> dict[Any, list[Any]]:
+            await rebalanced.wait()
+            return {}
+
+    async def rebalance() -> None:  # the stage group's join: the callback, then the assignment is done
+        await worker.on_stage_assigned(set())
+        Subscription.reassignment_in_progress = False
+        rebalanced.set()
+
+    async def main() -> None:
+        worker._stage_consumer = StageConsumer()
+        async with worker._busy:  # as the loop holds it around a batch
+            joining = asyncio.create_task(rebalance())
+            await asyncio.sleep(0)
+            await asyncio.wait_for(worker._handle_stage(), 5)
+        await asyncio.wait_for(joining, 5)
+        await asyncio.wait_for(worker._handle_stage(), 5)  # once rebalanced, the stage is read again
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("snapshots", [False, True], ids=["no-snapshot", "snapshots"])
 def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: str, tmp_path: Path,
                                                                        snapshots: bool) -> None:

@@ -175,6 +175,11 @@ def _timestamp_ms(ts: float) -> int | None:
     return int(ms) if 0.0 <= ms < 9.2e18 else None
 
 
+def _rebalancing(consumer: Any) -> bool:
+    """Whether ``consumer``'s group is rebalancing (or not joined yet): its ``getmany`` would wait for the end."""
+    return bool(consumer._subscription.reassignment_in_progress)  # aiokafka has no public reading of it
+
+
 def _quiet_client_debug_logs() -> None:
     """Keep aiokafka's per-message debug logging off unless a real log handler takes DEBUG records.
 
@@ -817,6 +822,10 @@ class StreamWorker:
             self.partitioned.tick()
 
     async def _handle_stage(self) -> None:
+        # aiokafka's getmany waits, timeout or not, for a rebalance of the consumer's group to end; the stage's
+        # rebalance callbacks wait for _busy, held here: fetching now would deadlock both groups
+        if _rebalancing(self._stage_consumer):
+            return
         batch = await self._fetch(self._stage_consumer, 0)
         if self.stage is None:
             return
