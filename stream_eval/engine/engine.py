@@ -43,6 +43,10 @@ GroupKey = tuple[str, str]
 _RAW_GROUP_CACHE = 10_000
 
 
+#: The ids of a per-request record (SPEC §4), in the order of its keys (:meth:`FinalisedBatch.ids`).
+ID_FIELDS = ("request_id", "experiment", "arm", "query_id", "session_id")
+
+
 class FinalisedBatch:
     """Requests finalised together, with their per-request values (``values[i, j]`` is ``specs[j]``)."""
 
@@ -53,18 +57,20 @@ class FinalisedBatch:
         self.specs = specs
         self.values = values
 
+    def ids(self) -> Iterable[tuple[str, str, str, str, str]]:
+        """The ids of each request's record (:data:`ID_FIELDS`): ``query_id`` and ``session_id`` default to the
+        request's id."""
+        for state in self.states:
+            rid = state.request_id
+            yield (rid, state.experiment, state.arm, rid if state.query_id is None else state.query_id,
+                   rid if state.session_id is None else state.session_id)
+
     def records(self) -> Iterable[dict[str, Any]]:
         """One SPEC §4 per-request record per request (NaN becomes ``None``)."""
         names = [spec.name for spec in self.specs]
-        for state, row in zip(self.states, self.values.tolist(), strict=True):
-            yield {
-                "request_id": state.request_id,
-                "experiment": state.experiment,
-                "arm": state.arm,
-                "query_id": state.query_id if state.query_id is not None else state.request_id,
-                "session_id": state.session_id if state.session_id is not None else state.request_id,
-                "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)},
-            }
+        for (rid, experiment, arm, query, session), row in zip(self.ids(), self.values.tolist(), strict=True):
+            yield {"request_id": rid, "experiment": experiment, "arm": arm, "query_id": query, "session_id": session,
+                   "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)}}
 
 
 class GroupStats:
@@ -124,7 +130,7 @@ class Engine:
         self.gsb = GsbTracker(config, self.join.horizon)
         self._muted = False
         self.watermark = -math.inf  # the largest finite all-partition watermark :meth:`close` was given
-        self._plugins: list[Plugin] = []  # live windows, the delay histogram: they attach themselves
+        # by role, in the order they attached: live windows, the delay histogram (they attach themselves)
         self._roles: dict[str, Plugin] = {}
         self.regroup: RegroupHooks | None = None  # streaming: named sessions and query GSB go to the regroup log
         # A/B units, fed in event-time order (engine/ab.py); streaming: on the regroup stage's worker only
@@ -135,7 +141,6 @@ class Engine:
         """From now on, tell ``plugin`` what happens (``engine/plugins.py``); readers find it by its role."""
         if plugin.role in self._roles:
             raise ValueError(f"the engine has {plugin.role} already")
-        self._plugins.append(plugin)
         self._roles[plugin.role] = plugin
         plugin.opened(self.join)
 
@@ -179,7 +184,7 @@ class Engine:
                 join.add(listed)  # type: ignore[arg-type]  # rankings and feedback here
         if event_time:
             self.advance(join.watermark, join)
-        for plugin in self._plugins:
+        for plugin in self._roles.values():
             plugin.advanced(join, self._muted)
 
     def _process_chunk(self, chunk: Chunk, join: Join) -> None:
@@ -249,7 +254,7 @@ class Engine:
     def new_join(self) -> Join:
         """A join for one more input partition, counting into this engine's event counts."""
         join = Join(self.config, self.counts)
-        for plugin in self._plugins:
+        for plugin in self._roles.values():
             plugin.opened(join)
         return join
 
@@ -307,7 +312,7 @@ class Engine:
         if windows:
             if self.watermark < watermark < math.inf:
                 self.watermark = watermark
-            for plugin in self._plugins:
+            for plugin in self._roles.values():
                 plugin.closed(watermark)
         if sessions:
             self.stage_watermark = max(self.stage_watermark, watermark)
@@ -438,7 +443,7 @@ class Engine:
             self.arms_seen.setdefault(experiment, set()).add(arm)
             if regroup is not None:
                 regroup.arm(experiment, arm)
-        for plugin in self._plugins:
+        for plugin in self._roles.values():
             plugin.finalised(finalised, group, values)
         if self.on_finalised is not None:
             self.on_finalised(FinalisedBatch(states, self.specs, values))

@@ -107,6 +107,8 @@ class Reader:
         events: dict[Labels, float] = {}
         state_overflow: dict[Labels, float] = {}
         delays: dict[Labels, tuple[list[tuple[str, float]], float]] = {}
+        window: dict[Labels, tuple[float, float]] = {}  # summed over the shares
+        verdicts: dict[Labels, GsbCounts] = {}
         every: Shares = [("", "", engine)] if shares is None else shares
         for partition, generation, share in every:
             extra: Labels = () if shares is None else (partition, generation)
@@ -135,6 +137,12 @@ class Reader:
                 bounds = [f"{b:g}" for b in share.delays.bounds.tolist()] + ["+Inf"]
                 delays[extra] = (list(zip(bounds, [float(c) for c in share.delays.cumulative()], strict=True)),
                                  share.delays.total)
+            if share.windows is not None:
+                for key, (total, count) in share.windows.snapshot().items():
+                    before = window.get(key, (0.0, 0.0))
+                    window[key] = (before[0] + total, before[1] + count)
+                for labels, counts in share.windows.verdicts().items():
+                    verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
         stage = () if shares is None else next(((p, g) for p, g, share in shares if share is engine), None)
         if stage is not None:  # the A/B units' overflow belongs to the regroup stage's share
             state_overflow[("unit", *stage)] = float(engine.ledger.overflow)
@@ -144,17 +152,6 @@ class Reader:
             experiment, source = row["experiment"], row["source"]
             gsb_score[experiment, source, "total"] = _number(row["score"])
             gsb_p_value[experiment, source] = _number(row["p_value"])
-        window: dict[Labels, tuple[float, float]] = {}
-        verdicts: dict[Labels, GsbCounts] = {}
-        for _, _, share in every:
-            windows = share.windows
-            if windows is None:
-                continue
-            for key, (total, count) in windows.snapshot().items():
-                before = window.get(key, (0.0, 0.0))
-                window[key] = (before[0] + total, before[1] + count)
-            for labels, counts in windows.verdicts().items():
-                verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
         for given, counts in verdicts.items():
             gsb_score[given] = counts.score
         return Readout(

@@ -190,11 +190,10 @@ class HtmlData:
 
     def __init__(self, config: Config, max_points: int = MAX_POINTS, max_queries: int = MAX_QUERIES) -> None:
         self.config = config
-        self.max_points = max_points
-        self.max_queries = max_queries
-        self.names: list[str] = []  # the per-request columns, by the names of their means (MRR, nDCG@10, ...)
-        self.timeline = Timeline(0, max_points)
-        self.queries = QueryMeans(0, max_queries)
+        # the per-request columns, by the names of their means (MRR, nDCG@10, ...): the engine's, from the config
+        self.names = [spec.mean_name for spec in config.specs]
+        self.timeline = Timeline(len(self.names), max_points)
+        self.queries = QueryMeans(len(self.names), max_queries)
         self.looks: list[dict[str, Any]] = []
         self.delays: FeedbackDelays | None = None
 
@@ -208,12 +207,8 @@ class HtmlData:
 
     def on_finalised(self, batch: FinalisedBatch) -> None:
         names = [spec.mean_name for spec in batch.specs]
-        if not self.names:
-            self.names = names
-            self.timeline = Timeline(len(names), self.max_points)
-            self.queries = QueryMeans(len(names), self.max_queries)
         if names != self.names:
-            raise ValueError(f"per-request columns changed during the replay: {self.names} -> {names}")
+            raise ValueError(f"the engine's per-request columns are not the config's: {names}, {self.names}")
         states = batch.states
         groups = list(map(_EXPERIMENT_ARM, states))
         self.timeline.add(groups, np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)), batch.values)
