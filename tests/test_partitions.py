@@ -17,6 +17,7 @@ from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.replay import replay
+from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import EventCounts
 from stream_eval.events.messages import decode_messages
 from stream_eval.events.schema import _guess_kind
@@ -279,3 +280,40 @@ def test_the_stage_reads_session_parts_written_before_they_carried_ts() -> None:
         stage.feed([len(log)], [orjson.dumps({"k": "w", "u": 0, "t": "inf"})])
         results.append(engine.report())
     assert results[0] == results[1] and results[0]["overall"]["sessions"] == 20
+
+
+
+def _windows_fed(log: Log, sent: list[tuple[str, int, int, bytes]] | None) -> dict[Any, tuple[float, float]]:
+    """The rolling windows summed over the partitions' shares (as /metrics sums them) after feeding every message,
+    one message a fetch in send order (``sent``), or each topic-partition in one fetch to its end (``log``)."""
+    engine = PartitionedEngine(Engine(Config()))
+    RollingWindows(engine.engine)
+    for partition in range(PARTITIONS):
+        engine.assign(partition)
+    if sent is None:
+        for (kind, partition), batch in sorted(log.items()):
+            _feed(engine, kind, partition, batch)
+    else:
+        for kind, partition, offset, value in sent:
+            _feed(engine, kind, partition, [(offset, value)])
+    assert engine.watermark == math.inf
+    out: dict[Any, tuple[float, float]] = {}
+    for _, unit in engine.engines():
+        assert unit.engine.windows is not None
+        for key, (total, count) in unit.engine.windows.snapshot().items():
+            before = out.get(key, (0.0, 0.0))
+            out[key] = (before[0] + total, before[1] + count)
+    return out
+
+
+def test_a_log_read_at_once_to_its_end_leaves_the_windows_of_one_read_message_by_message() -> None:
+    """A worker started after the whole log was produced reads every partition to its end marker before event
+    time could move: the all-partition watermark goes from -inf to +inf in one tick. Its windows must still stand
+    at the event time the log reached, as those of a worker that read the log as it was produced (they were
+    empty: no finite watermark had ever placed them). The log spans less than an hour, so that its 1 h windows
+    hold every request whichever finite watermark ends the run."""
+    sent, log = _route(_lines(600, seed=5))
+    expected = {key: value for key, value in _windows_fed(log, sent).items() if key[3] == "1h"}
+    assert any(count for (_, _, metric, _), (_, count) in expected.items() if metric == "MRR")
+    got = _windows_fed(log, None)
+    assert approx({key: got.get(key) for key in expected}) == approx(expected)

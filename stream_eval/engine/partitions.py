@@ -427,6 +427,15 @@ class PartitionedEngine:
                 engine.regroup.watermark(partition, finalised)  # type: ignore[union-attr]  # set in _new_engine
         if not self.external_stage:
             self._run_stage()
+        if overall == math.inf and self.watermark == -math.inf:
+            # every source ended before event time ever moved (a log read to its end at once): the windows first
+            # stand where the sources' event time reached, as they would have had the end markers come later
+            reached = [s.watermark for unit in self.units.values() for kind, s in unit.sources.items()
+                       if kind in JOINED and math.isfinite(s.watermark)]
+            if reached:
+                for unit in self.units.values():
+                    unit.engine.close(min(reached), sessions=False)
+                self.engine.close(min(reached), sessions=False)
         if overall > self.watermark or overall == math.inf:
             self.watermark = overall
             for unit in self.units.values():
