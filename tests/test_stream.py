@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,39 @@ def test_the_loop_does_not_fetch_the_stage_while_its_group_rebalances() -> None:
             await asyncio.wait_for(worker._handle_stage(), 5)
         await asyncio.wait_for(joining, 5)
         await asyncio.wait_for(worker._handle_stage(), 5)  # once rebalanced, the stage is read again
+
+    asyncio.run(main())
+
+
+def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wrote() -> None:
+    """The hand-over hold: a worker that has just taken partition 0 over keeps its records of it; at the end of the
+    hold it reads request-metrics again from where it read at its claim, and what a previous owner wrote
+    meanwhile (``r1``, and ``r9`` not finalised yet) is not written again. Other partitions' records go at once."""
+    worker = StreamWorker(WorkerSettings(["localhost:9"], group="hold", handover_hold=0.3), Config())
+    reads: list[tuple[int, int]] = []
+    sent: list[bytes] = []
+
+    async def written_since(partition: int, start: int) -> tuple[set[str], int]:
+        reads.append((partition, start))
+        return {"r1", "r9"}, start + 2
+
+    async def send_batches(topic: str, records: Any, partition: int | None = None) -> None:
+        sent.extend(key for key, _, _ in records)
+
+    worker._written_since = written_since  # type: ignore[method-assign]
+    worker._send_batches = send_batches  # type: ignore[method-assign]
+
+    async def main() -> None:
+        worker._held[0] = (time.monotonic() + 0.3, 10)
+        worker._outbox = [(b"r1", b"{}", None, 0), (b"r2", b"{}", None, 0), (b"q1", b"{}", None, 1)]
+        await worker._release_held()
+        await worker._send_outputs()
+        assert (sent, reads) == ([b"q1"], [])  # held: partition 0's records wait
+        await asyncio.sleep(0.35)
+        await worker._release_held()
+        await worker._send_outputs()
+        assert sent == [b"q1", b"r2"] and reads == [(0, 10)]
+        assert worker._written[0] == {"r9"} and not worker._held  # r9, once finalised here, is skipped
 
     asyncio.run(main())
 

@@ -17,6 +17,11 @@ restores the last checkpoint stored before its claim. A worker that still believ
 its session, its revocation too slow) reads the checkpoint topic after storing each checkpoint of ``p``: if
 another owner's claim came after its previous check, the new owner did not restore this checkpoint, so the
 worker gives ``p`` up without committing it (the regroup stage would otherwise count it twice).
+
+Hand-over hold: such a worker may still have sent records of ``p`` between its last check and the claim, and they
+may reach ``request-metrics`` after the new owner has read what its predecessor wrote. So for
+``handover_hold`` seconds after its claim the new owner keeps its records of ``p`` (and stores no checkpoint of
+``p``); then it reads ``request-metrics`` again from where it stopped and sends only the records no one wrote.
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ class WorkerSettings:
     snapshot_interval: float = 60.0
     max_records: int = 20_000
     session_timeout_ms: int = 6_000
+    #: Seconds a new owner of a partition keeps its request-metrics records (and its checkpoints) back, and then
+    #: leaves out those a previous owner wrote meanwhile (the module docstring's hand-over hold).
+    handover_hold: float = 5.0
     heartbeat_interval_ms: int = 1_000
     #: A broker call without an answer for this many seconds counts as an outage (``stream_eval_broker_up`` 0).
     broker_stall: float = 10.0
@@ -237,6 +245,9 @@ class StreamWorker:
         self.between_batches: Callable[[], None] | None = None
         #: Per owned input partition: the offset of the checkpoint topic up to which no other worker has claimed it.
         self._fences: dict[int, int] = {}
+        #: Per input partition taken over less than ``handover_hold`` s ago: (when its hold ends, the offset of its
+        #: request-metrics partition up to which the records written by others have been read).
+        self._held: dict[int, tuple[float, int]] = {}
         self._fence_reader: Any = None
 
     def _stage_engine(self) -> Engine:
@@ -278,6 +289,9 @@ class StreamWorker:
     async def _send_outputs(self) -> None:
         outbox, dead = self._outbox, self._dead
         self._outbox, self._dead = [], []
+        if self._held:  # a partition taken over moments ago: its records wait (the hand-over hold)
+            self._outbox = [entry for entry in outbox if entry[3] in self._held]
+            outbox = [entry for entry in outbox if entry[3] not in self._held]
         if outbox:
             by_partition: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
             for key, value, ts_ms, partition in outbox:
@@ -482,13 +496,15 @@ class StreamWorker:
         chosen = sorted(self.partitioned.units if partitions is None else partitions)
         # claimed by a new owner (this worker stalled past its session)? Then nothing more of it is written
         await self._taken_over(await self._probe(chosen))
+        await self._release_held()
         await self._send_outputs()
         await self._flush()
         offsets = {}
         stored: dict[int, tuple[int, Checkpoint]] = {}
         for partition in chosen:
             unit = self.partitioned.units.get(partition)
-            if unit is None or not any(source.next_offset is not None for source in unit.sources.values()):
+            if unit is None or not any(source.next_offset is not None for source in unit.sources.values()) \
+                    or partition in self._held:  # a checkpoint says its records are written: not yet
                 continue
             if unit.windows is None or time.monotonic() >= self._windows_due.get(partition, 0.0):
                 await self._store_windows(partition)
@@ -583,6 +599,25 @@ class StreamWorker:
                         "(stalled past its session?): given up without committing its last checkpoint", p, found[p])
             self._drop(p)
 
+    async def _release_held(self) -> None:
+        """End the hand-over holds that are due: leave out of the outbox the records that a previous owner wrote to
+        request-metrics since the new owner's read at its claim, and let the rest go."""
+        now = time.monotonic()
+        for partition, (until, read_to) in list(self._held.items()):
+            if now < until:
+                continue
+            found, _ = await self._written_since(self._output_partition(partition), read_to)
+            if partition not in self._held:  # given up meanwhile
+                continue
+            del self._held[partition]
+            if not found:
+                continue
+            held = {entry[0].decode() for entry in self._outbox if entry[3] == partition}
+            self._outbox = [entry for entry in self._outbox if entry[3] != partition or entry[0].decode() not in found]
+            self._written.setdefault(partition, set()).update(found - held)  # finalised later: skipped then
+            log.info("request-metrics partition %d: %d records written by a previous owner during the hand-over: "
+                     "not written again", self._output_partition(partition), len(found))
+
     def _drop(self, partition: int) -> None:
         """Forget ``partition`` at once: its share, its fence, and outputs not sent yet (its next owner writes them)."""
         with self.lock:
@@ -592,6 +627,7 @@ class StreamWorker:
         self._dead = [entry for entry in self._dead if entry[2] != partition]
         self._fences.pop(partition, None)
         self._written.pop(partition, None)
+        self._held.pop(partition, None)
 
     async def _store_windows(self, partition: int) -> None:
         """Store the full share of a partition's windows before its checkpoint (which then holds what changed since),
@@ -775,10 +811,11 @@ class StreamWorker:
                     data = await self._read_snapshot(checkpoint.windows, self.settings.checkpoint_topic, partition)
                     windows = orjson.loads(zlib.decompress(data))
                 output = self._output_partition(partition)
+                read_to = None  # where request-metrics was read to, for the hand-over hold
                 if checkpoint is not None and checkpoint.output_end is not None:
                     # what a predecessor killed after its checkpoint wrote: not written again
-                    self._written[partition], end = await self._written_since(output, checkpoint.output_end)
-                    self._output_end[output] = max(end, self._output_end.get(output, 0))
+                    self._written[partition], read_to = await self._written_since(output, checkpoint.output_end)
+                    self._output_end[output] = max(read_to, self._output_end.get(output, 0))
                 log.info("partition %d: claimed at offset %d; %s", partition, claimed,
                          "no checkpoint before it" if checkpoint is None else
                          f"restoring the checkpoint (start {checkpoint.start}, processed {checkpoint.processed})")
@@ -787,11 +824,15 @@ class StreamWorker:
                 self._fences[partition] = claimed
                 if checkpoint is None:
                     # a first checkpoint at once, saying where request-metrics ended before any record of ours
-                    end = await self._end_offset(self.topics.request_metrics, output)
-                    self._output_end[output] = max(end, self._output_end.get(output, 0))
+                    read_to = await self._end_offset(self.topics.request_metrics, output)
+                    self._output_end[output] = max(read_to, self._output_end.get(output, 0))
                     first = Checkpoint(partition, output_end=self._output_end[output])
                     await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(first.to_json()),
                                                  partition)
+                if self.settings.handover_hold > 0:
+                    if read_to is None:
+                        read_to = await self._end_offset(self.topics.request_metrics, output)
+                    self._held[partition] = (time.monotonic() + self.settings.handover_hold, read_to)
                 for tp in tps:
                     start = starts.get(self.topics.type_of(tp.topic))
                     if start is not None:
