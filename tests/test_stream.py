@@ -191,6 +191,8 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
         # the live workers' totals: each holds the shares of the partitions it owns (and of the stage, if it runs it)
         await _same_totals_and_records(expected, expected_records, [a, b], broker, prefix)
         assert min(a.totals().overall().requests, b.totals().overall().requests) > 0  # both did work
+        # A released what it gave B (a rebalance is a clean hand-over) and no one owned a partition before A
+        assert (a.handover_holds, b.handover_holds) == (0, 0)
         await _stop(running_a, running_b)
         assert not a.totals().overall().requests  # a stopped worker handed every share over with its checkpoints
 
@@ -293,6 +295,7 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await _same_totals_and_records(expected, expected_records, [b], broker, prefix)
         assert scored and b.engine.overall().sessions > scored  # the stage moved, with what A had scored
         assert (b.stage is not None and b.stage.frozen_until > 0) == snapshots  # B restored A's snapshot
+        assert b.handover_holds == 0  # A stopped cleanly: it released its partitions, B had no reason to wait
         await _stop(running_b)
 
     _run(main)

@@ -22,6 +22,8 @@ Hand-over hold: such a worker may still have sent records of ``p`` between its l
 may reach ``request-metrics`` after the new owner has read what its predecessor wrote. So for
 ``handover_hold`` seconds after its claim the new owner keeps its records of ``p`` (and stores no checkpoint of
 ``p``); then it reads ``request-metrics`` again from where it stopped and sends only the records no one wrote.
+A worker that gives ``p`` up cleanly (revocation, shutdown) writes a release record after its last outputs are
+acknowledged; a new owner that finds it just before its claim, or no checkpoint at all, does not hold.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ _WINDOWS = b"windows"
 _CLAIM = b"claim"
 #: Key of a record a worker writes to check, up to it, that no one has claimed its partition (on revocation).
 _PROBE = b"probe"
+#: Key of the record a worker writes when it gives a partition up cleanly (revocation, shutdown): after its last
+#: checkpoint, with every output acknowledged. A new owner that finds it last before its claim needs no hold.
+_RELEASE = b"release"
 
 
 @dataclass(frozen=True)
@@ -248,6 +253,8 @@ class StreamWorker:
         #: Per input partition taken over less than ``handover_hold`` s ago: (when its hold ends, the offset of its
         #: request-metrics partition up to which the records written by others have been read).
         self._held: dict[int, tuple[float, int]] = {}
+        #: Hand-over holds begun (partitions taken from an owner that had not released them).
+        self.handover_holds = 0
         self._fence_reader: Any = None
 
     def _stage_engine(self) -> Engine:
@@ -395,15 +402,19 @@ class StreamWorker:
                     await self._send_record(delivery.topic, delivery.partition, record, delivery.headers)
 
     # -- checkpoints --------------------------------------------------------------------------------
-    async def _load_checkpoint(self, partition: int, before: int) -> Checkpoint | None:
-        found = await self._last_record(self.settings.checkpoint_topic, partition, before)
-        return None if found is None else Checkpoint.from_json(found)
+    async def _load_checkpoint(self, partition: int, before: int) -> tuple[Checkpoint | None, bool]:
+        """The partition's last checkpoint before offset ``before``, and whether its owner then released the
+        partition (a :data:`_RELEASE` record is the last one before ``before``)."""
+        found, last_key = await self._last_record(self.settings.checkpoint_topic, partition, before)
+        return (None if found is None else Checkpoint.from_json(found)), last_key == _RELEASE
 
-    async def _last_record(self, topic: str, partition: int, before: int | None = None) -> Any:
+    async def _last_record(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, bytes | None]:
         """The last checkpoint record of a checkpoint topic's partition (before offset ``before``, default: the
         end), decoded (one record per produce batch, so the end offset is exact even with the development broker's
-        ListOffsets bug); retried while the broker is away."""
-        return await self.health.call("checkpoint", lambda: self._read_last_record(topic, partition, before))
+        ListOffsets bug), and the key of the very last record there; retried while the broker is away."""
+        found: tuple[Any, bytes | None] = await self.health.call(
+            "checkpoint", lambda: self._read_last_record(topic, partition, before))
+        return found
 
     @contextlib.asynccontextmanager
     async def _reader(self, topic: str, partition: int, **options: Any) -> AsyncIterator[tuple[Any, Any]]:
@@ -422,12 +433,12 @@ class StreamWorker:
             await asyncio.sleep(0)
             await reader.stop()
 
-    async def _read_last_record(self, topic: str, partition: int, before: int | None) -> Any:
+    async def _read_last_record(self, topic: str, partition: int, before: int | None) -> tuple[Any, bytes | None]:
         if before == 0:
-            return None
+            return None, None
         async with self._reader(topic, partition) as (reader, tp):
             end = (await reader.end_offsets([tp]))[tp] if before is None else before
-            back = 1
+            back, last_key = 1, None
             while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
                 reader.seek(tp, max(end - back, 0))
                 records: list[Any] = []
@@ -437,11 +448,14 @@ class StreamWorker:
                     if not more:  # a broker that does not answer in time: retried
                         raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {end - back}")
                     records += more
-                found = [r for r in records if r.key in (_CHECKPOINT, None) and r.offset < end]  # (None: old logs)
+                before_end = [r for r in records if r.offset < end]
+                if back == 1 and before_end:
+                    last_key = before_end[-1].key
+                found = [r for r in before_end if r.key in (_CHECKPOINT, None)]  # (None: old logs)
                 if found:
-                    return orjson.loads(found[-1].value)
+                    return orjson.loads(found[-1].value), last_key
                 back *= 4
-            return None
+            return None, last_key
 
     async def _end_offset(self, topic: str, partition: int) -> int:
         """The partition's end offset: the high-water mark of a fetch of its last batch (the development broker's
@@ -488,8 +502,9 @@ class StreamWorker:
                      "previous owner: they are not written again", partition, len(found))
         return found, end
 
-    async def checkpoint(self, partitions: list[int] | None = None) -> None:
-        """Store the outputs, then the checkpoints and the group offsets of ``partitions`` (default: all)."""
+    async def checkpoint(self, partitions: list[int] | None = None, release: bool = False) -> None:
+        """Store the outputs, then the checkpoints and the group offsets of ``partitions`` (default: all); with
+        ``release`` (the worker gives them up), then a release record for each that no one else has claimed."""
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
@@ -527,6 +542,8 @@ class StreamWorker:
                 offsets[TopicPartition(self._topic_of(kind), partition)] = OffsetAndMetadata(offset, "")
         if committed:
             await self._send_outputs()  # the commit markers (sent with the next flush)
+        if release:
+            await self._release(chosen)
         if offsets:
             await self._commit(self._consumer, offsets)
         if self.stage is not None and partitions is None:
@@ -598,6 +615,16 @@ class StreamWorker:
             log.warning("partition %d was claimed by another worker (generation %s) while this worker still held it "
                         "(stalled past its session?): given up without committing its last checkpoint", p, found[p])
             self._drop(p)
+
+    async def _release(self, partitions: list[int]) -> None:
+        """Say that this worker has written all it will of ``partitions``: once every output is acknowledged, a
+        :data:`_RELEASE` record in each partition of the checkpoint topic that it still owns (a claim since its last
+        check gave the partition up already), unless the partition is still in its own hand-over hold (then the
+        next owner holds too, for a predecessor of this worker that may still write)."""
+        await self._flush()
+        for partition in partitions:
+            if partition in self.partitioned.units and partition not in self._held:
+                await self._store_checkpoint(self.settings.checkpoint_topic, b"{}", partition, _RELEASE)
 
     async def _release_held(self) -> None:
         """End the hand-over holds that are due: leave out of the outbox the records that a previous owner wrote to
@@ -719,7 +746,7 @@ class StreamWorker:
         async with self._busy:
             if not assigned or self.stage is not None:
                 return
-            found = await self._last_record(self.settings.regroup_checkpoint_topic, 0)
+            found, _ = await self._last_record(self.settings.regroup_checkpoint_topic, 0)
             checkpoint = None if found is None else StageCheckpoint.from_json(found)
             data = None
             if checkpoint is not None and checkpoint.snapshot is not None:
@@ -737,10 +764,11 @@ class StreamWorker:
                     self._stage_consumer.seek(tp, checkpoint.start)
             log.info("took the regroup stage")
 
-    async def checkpoint_now(self) -> None:
-        """A checkpoint between two batches (e.g. before planned maintenance)."""
+    async def checkpoint_now(self, release: bool = False) -> None:
+        """A checkpoint between two batches (e.g. before planned maintenance); with ``release``, the last one before
+        the worker stops (see :meth:`checkpoint`)."""
         async with self._busy:
-            await self.checkpoint()
+            await self.checkpoint(release=release)
 
     def readiness(self, stale_after: float = 30.0) -> tuple[bool, str]:
         """``(ready, reason)`` for ``/readyz``: the worker holds an assignment and has caught up with it.
@@ -787,7 +815,7 @@ class StreamWorker:
                 return
             log.info("revoking partitions %s (waited %.2fs for the batch in hand)", units, time.monotonic() - asked)
             try:
-                await self.checkpoint(units)
+                await self.checkpoint(units, release=True)
             finally:  # a unit kept after it was given up would be stale when it comes back
                 for partition in units:
                     self._drop(partition)
@@ -805,7 +833,7 @@ class StreamWorker:
                 generation = os.urandom(4).hex()
                 claimed = await self._store_checkpoint(self.settings.checkpoint_topic,
                                                        orjson.dumps({"claim": generation}), partition, _CLAIM)
-                checkpoint = await self._load_checkpoint(partition, before=claimed)
+                checkpoint, released = await self._load_checkpoint(partition, before=claimed)
                 windows = None
                 if checkpoint is not None and checkpoint.windows is not None:
                     data = await self._read_snapshot(checkpoint.windows, self.settings.checkpoint_topic, partition)
@@ -829,10 +857,15 @@ class StreamWorker:
                     first = Checkpoint(partition, output_end=self._output_end[output])
                     await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(first.to_json()),
                                                  partition)
-                if self.settings.handover_hold > 0:
+                if self.settings.handover_hold > 0 and checkpoint is not None and not released:
+                    # a previous owner that did not say it was done may still write (a worker it was not its
+                    # last act for is dead or stalled): the hand-over hold
                     if read_to is None:
                         read_to = await self._end_offset(self.topics.request_metrics, output)
                     self._held[partition] = (time.monotonic() + self.settings.handover_hold, read_to)
+                    self.handover_holds += 1
+                    log.info("partition %d: its previous owner did not release it: hand-over hold of %gs",
+                             partition, self.settings.handover_hold)
                 for tp in tps:
                     start = starts.get(self.topics.type_of(tp.topic))
                     if start is not None:
@@ -935,7 +968,7 @@ class StreamWorker:
                         last_checkpoint = time.monotonic()
         finally:
             with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
-                await asyncio.wait_for(self.checkpoint_now(), _SHUTDOWN_TIMEOUT)
+                await asyncio.wait_for(self.checkpoint_now(release=True), _SHUTDOWN_TIMEOUT)
             for client in (self._consumer, self._stage_consumer, self._fence_reader, self._producer):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
