@@ -24,7 +24,7 @@ from stream_eval.simulate import SimulationConfig, simulate_lines
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 DEEP = (b'{"type":"ranking","request_id":"deep","ts":1767225600,"items":["a"],"x":' + b"[" * 10_000 + b"]" * 10_000
         + b"}")
-DEEP_OBJECTS = b'{"x":' * 50_000 + b"1" + b"}" * 50_000
+DEEP_OBJECTS = b'{"x":' * 20_000 + b"1" + b"}" * 20_000
 HUGE_TS = b'{"type":"ranking","request_id":"huge","ts":1e300,"items":["a","b"]}'
 HUGE_FEEDBACK = b'{"type":"feedback","request_id":"huge","item":"a","ts":1e300}'
 FAR_TS = b'{"type":"ranking","request_id":"far","ts":99999999999,"items":["a"]}'
@@ -33,9 +33,12 @@ ISO_FAR = b'{"type":"judgment","experiment":"e","query_id":"q","verdict":"good",
 WATERMARK_FAR = b'{"type":"watermark","ts":1e300}'
 TWICE = b'{"type":"feedback","request_id":"twice","item":"a","item":"b","ts":1767225600}'  # msgspec kept "b"
 NOT_UTF8 = b'{"type":"ranking","request_id":"bytes","ts":1767225600,"items":["a"],"note":"\xff"}'  # skipped unread
-POISON = [DEEP, DEEP_OBJECTS, HUGE_TS, HUGE_FEEDBACK, FAR_TS, OLD_TS, ISO_FAR, TWICE, NOT_UTF8, WATERMARK_FAR]
+#: A plain ranking but for its 300 KB request id: its request-metrics record (the id as key and in the value) would
+#: pass Kafka's 1 MiB a message; the compiled reader would read it.
+LONG_ID = b'{"type":"ranking","request_id":"' + b"r" * 300_000 + b'","ts":1767225600,"items":["a"]}'
+POISON = [DEEP, DEEP_OBJECTS, HUGE_TS, HUGE_FEEDBACK, FAR_TS, OLD_TS, ISO_FAR, TWICE, NOT_UTF8, LONG_ID, WATERMARK_FAR]
 CODES = ["too_deep", "too_deep", "ts_out_of_range", "ts_out_of_range", "ts_out_of_range", "ts_out_of_range",
-         "ts_out_of_range", "duplicate_key", "bad_utf8", "ts_out_of_range"]
+         "ts_out_of_range", "duplicate_key", "bad_utf8", "too_large", "ts_out_of_range"]
 
 
 def _code(event: Any) -> str | None:
@@ -157,11 +160,13 @@ def test_replay_cli_reports_poison_and_goes_on(tmp_path: Path) -> None:
 
 
 def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path) -> None:
-    """Deeply nested JSON, times out of range and a producer clock an hour ahead, on every input topic: the worker
-    dead-letters each with its code, never stops, and its numbers are those of the good lines."""
+    """Deeply nested JSON, times out of range, messages too large (one of 2 MB) and a producer clock an hour ahead,
+    on every input topic: the worker dead-letters each with its code (a large one cut to ``MAX_EVENT_BYTES``, with
+    its size in a header), never stops, and its numbers are those of the good lines."""
     from support import read_topic
     from test_stream import _running, _stop, _until
 
+    from stream_eval.events.scan import MAX_EVENT_BYTES
     from stream_eval.stream.kafka import topics
     from stream_eval.stream.produce import send_lines
     from stream_eval.stream.worker import StreamWorker, WorkerSettings
@@ -169,8 +174,9 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
     future = time.time() + 3600
     poison = [*POISON[:-1],
               b'{"type":"ranking","request_id":"soon","ts":%r,"items":["a"]}' % future,
-              b'{"type":"feedback","request_id":"r1","item":"a","ts":%r}' % future]
-    codes = sorted([*CODES[:-1], "future_ts", "future_ts"])
+              b'{"type":"feedback","request_id":"r1","item":"a","ts":%r}' % future,
+              b'{"type":"feedback","request_id":"big","item":"a","x":"' + b"y" * 2_000_000 + b'"}']
+    codes = sorted([*CODES[:-1], "future_ts", "future_ts", "too_large"])
     lines = list(GOOD)
     rng = random.Random(3)
     for line in poison:
@@ -189,9 +195,11 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
         await _stop(running)
         invalid = want["events"]["invalid"] + len(poison)
         dead = await read_topic(broker, topics(prefix).dead_letters, invalid)
-        by_code = sorted(dict(r.headers)["code"].decode() for r in dead if r.value.strip() in
-                         {p.strip() for p in poison})
-        assert by_code == codes
+        cut = {line[:MAX_EVENT_BYTES]: str(len(line)).encode() for line in poison if len(line) > MAX_EVENT_BYTES}
+        whole = {p.strip() for p in poison}
+        by_code = sorted(dict(r.headers)["code"].decode() for r in dead if r.value.strip() in whole
+                         or (r.value in cut and cut[r.value] == dict(r.headers)["truncated"]))
+        assert len(cut) == 2 and by_code == codes
         assert len(dead) == invalid
 
     got: dict[str, Any] = {}

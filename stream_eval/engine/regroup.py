@@ -53,6 +53,34 @@ from stream_eval.engine.times import time_to_json
 Floats = npt.NDArray[np.float64]
 #: Rows of A/B unit contributions per regroup record (~150 KB of JSON: far below Kafka's 1 MB default).
 UNIT_ROWS = 1000
+#: Characters of ids (request, experiment, arm, unit) per regroup record of unit contributions: fewer rows when
+#: the ids are long (up to 4 bytes a character: 256 KiB of them at most, with Kafka's limit 1 MiB a message).
+UNIT_ID_CHARS = 64 << 10
+
+
+def row_ranges(columns: list[list[str]]) -> list[tuple[int, int]]:
+    """Ranges of rows of the string ``columns`` (of equal length), in order, of at most :data:`UNIT_ROWS` rows and
+    :data:`UNIT_ID_CHARS` characters each (a row longer than that alone).
+
+    >>> row_ranges([["a"] * 2500])
+    [(0, 1000), (1000, 2000), (2000, 2500)]
+    >>> row_ranges([["x" * 40_000, "y", "z" * 40_000], ["e"] * 3])
+    [(0, 2), (2, 3)]
+    """
+    n = len(columns[0]) if columns else 0
+    if sum(sum(map(len, column)) for column in columns) <= UNIT_ID_CHARS:  # most batches: rows are the bound
+        return [(a, min(a + UNIT_ROWS, n)) for a in range(0, n, UNIT_ROWS)]
+    out: list[tuple[int, int]] = []
+    start, chars = 0, 0
+    for i, row in enumerate(zip(*columns, strict=True)):
+        size = sum(map(len, row))
+        if i > start and (chars + size > UNIT_ID_CHARS or i - start == UNIT_ROWS):
+            out.append((start, i))
+            start, chars = i, 0
+        chars += size
+    if start < n:
+        out.append((start, n))
+    return out
 
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
@@ -114,17 +142,15 @@ class RegroupSink:
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
         """Finalised requests' share of their A/B units (``engine/ab.py``), as columns: one record per
-        :data:`UNIT_ROWS` requests (NaN is written as null)."""
-        for a in range(0, len(ids), UNIT_ROWS):
-            b = a + UNIT_ROWS
+        :data:`UNIT_ROWS` requests, fewer when their ids are long (:func:`row_ranges`; NaN is written as null)."""
+        for a, b in row_ranges([ids, experiments, arms, units]):
             self._append(b"", {"k": "U", "t": keys[a:b].tolist(), "id": ids[a:b], "e": experiments[a:b],
                                "a": arms[a:b], "u": units[a:b], "v": values[a:b].tolist()})
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
         """Scored one-request sessions' share of their A/B units, as columns (as :meth:`unit_requests`)."""
-        for a in range(0, len(ids), UNIT_ROWS):
-            b = a + UNIT_ROWS
+        for a, b in row_ranges([ids, experiments, arms, units]):
             self._append(b"", {"k": "V", "t": keys[a:b].tolist(), "id": ids[a:b], "e": experiments[a:b],
                                "a": arms[a:b], "u": units[a:b], "y": weighted_auc[a:b].tolist(),
                                "w": weight[a:b].tolist()})

@@ -425,8 +425,14 @@ def _scan(b: Bytes, lines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Int
 
 
 #: What :func:`screen_lines` says of a line: nothing against it; bytes that are not UTF-8; a key of its object
-#: twice (byte for byte); a key with an escape, or many keys (the caller compares the decoded keys).
-CLEAN, NOT_UTF8, REPEATED_KEY, ASK = range(4)
+#: twice (byte for byte); a key with an escape, or many keys (the caller compares the decoded keys); more bytes
+#: than :data:`MAX_EVENT_BYTES` (not read further).
+CLEAN, NOT_UTF8, REPEATED_KEY, ASK, TOO_LARGE = range(5)
+#: The most bytes an event (a line, a message) may have. Whatever a worker writes of one event (its
+#: request-metrics record, with the request id as key and again in the value; its regroup records; a dead letter)
+#: then stays far below Kafka's default limit of 1 MiB a message, which a larger event could pass and crash the
+#: worker on every restart.
+MAX_EVENT_BYTES = 256 << 10
 #: Keys of one object compared here; a line with more is an ``ASK``.
 _MAX_KEYS = 32
 
@@ -441,7 +447,8 @@ def screen_lines(b: Bytes) -> Ints:
 def screen_spans(b: Bytes, starts: Ints, ends: Ints) -> Ints:  # pragma: no cover  # compiled
     """What msgspec does not check in each message ``b[starts[k]:ends[k]]``: whether its bytes are UTF-8
     (:data:`NOT_UTF8` when not, wherever they are: msgspec skips the values of unknown fields unread), then whether
-    the top-level object has a key twice (:data:`REPEATED_KEY`; msgspec keeps the last value). :data:`ASK` when a
+    the top-level object has a key twice (:data:`REPEATED_KEY`; msgspec keeps the last value); before both, whether
+    it is longer than :data:`MAX_EVENT_BYTES` (:data:`TOO_LARGE`). :data:`ASK` when a
     key has an escape (``"it\\u0065m"`` is ``"item"``) or there are many: the caller compares the keys decoded.
 
     One pass over the bytes, strings skipped by their quotes; it assumes nothing of the JSON (it only tells of
@@ -450,7 +457,10 @@ def screen_spans(b: Bytes, starts: Ints, ends: Ints) -> Ints:  # pragma: no cove
     key_starts = np.empty(_MAX_KEYS, np.int64)
     key_ends = np.empty(_MAX_KEYS, np.int64)
     for k in range(starts.shape[0]):
-        out[k] = _screen(b, starts[k], ends[k], key_starts, key_ends)
+        if ends[k] - starts[k] > MAX_EVENT_BYTES:
+            out[k] = TOO_LARGE
+        else:
+            out[k] = _screen(b, starts[k], ends[k], key_starts, key_ends)
     return out
 
 

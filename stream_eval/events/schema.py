@@ -521,7 +521,11 @@ def _repeated_key(line: bytes) -> str | None:
 def screened(line: bytes, verdict: int) -> tuple[str, str] | None:
     """The code and reason of a line (or message) that :func:`scan.screen_lines` gave ``verdict``: ``bad_utf8``,
     ``duplicate_key`` (certain for :data:`scan.REPEATED_KEY`, looked for in the decoded keys for :data:`scan.ASK`),
-    or ``None`` when nothing is against it. Both come before msgspec's reasons, in every decoder."""
+    or ``None`` when nothing is against it; before both, ``too_large``. They come before msgspec's reasons, in every
+    decoder."""
+    if verdict == scan.TOO_LARGE:
+        return "too_large", (f"{len(line):,} bytes: more than the {scan.MAX_EVENT_BYTES:,} an event may have (a "
+                             "worker could not write its outputs to Kafka)")
     if verdict == scan.NOT_UTF8:
         try:
             bytes(line).decode()
@@ -800,6 +804,7 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
     kinds, kind_starts, kind_ends, grades, click, codes = checker.scan_kinds
     raw = np.frombuffer(chunk, dtype=np.uint8)
     lines, fast, fields, values = scan.scan_lines(raw, kinds, kind_starts, kind_ends, grades, click)
+    fast[lines[:, 1] - lines[:, 0] > scan.MAX_EVENT_BYTES] = 0  # too large: screened (and rejected) below
     columns = fields.T  # a view: each key's bounds are rows
     _check_numbers(chunk, fast, columns, values, checker)
     ranked = np.flatnonzero(fast == scan.RANKING)

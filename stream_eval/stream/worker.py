@@ -51,6 +51,7 @@ from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_messages
+from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid
 from stream_eval.stream.backoff import BrokerHealth, is_broker_error
 from stream_eval.stream.kafka import (
@@ -312,7 +313,11 @@ class StreamWorker:
             headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
                        ("kind", invalid.kind.encode()), ("topic", topic.encode()),
                        ("partition", str(partition).encode()), ("offset", str(offset).encode())]
-            await self._send_record(self.topics.dead_letters, None, (None, invalid.raw, None), headers)
+            raw = invalid.raw
+            if len(raw) > MAX_EVENT_BYTES:  # (too_large): its start, and its size; the whole is at its offset
+                headers.append(("truncated", str(len(raw)).encode()))
+                raw = raw[:MAX_EVENT_BYTES]
+            await self._send_record(self.topics.dead_letters, None, (None, raw, None), headers)
 
     async def _send_batches(
         self, topic: str, records: Sequence[tuple[bytes | None, bytes, int | None]], partition: int | None = None
