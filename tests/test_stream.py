@@ -299,3 +299,28 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         await _stop(running_b)
 
     _run(main)
+
+
+def test_readiness_says_behind_while_the_worker_catches_up_then_ready(broker: str, tmp_path: Path) -> None:
+    """``/readyz``'s answer on a real worker (its ``readiness()``): with a log already produced and 50 messages a
+    fetch, the worker is behind for many batches (``... messages behind``, not ready), and ready once it has read
+    every partition to its end."""
+    lines = _log(2000, seed=23, short=True)
+    expected, _ = _replay(lines, tmp_path, SHORT)
+    prefix = "ready."
+    worker = StreamWorker(WorkerSettings([broker], prefix=prefix, group="ready", partitions=PARTITIONS,
+                                         max_records=50), SHORT)
+    seen: list[tuple[bool, str]] = []
+    worker.between_batches = lambda: seen.append(worker.readiness())  # (the HTTP server calls it from its thread)
+
+    async def main() -> None:
+        await send_lines(lines, [broker], topics(prefix), partitions=PARTITIONS)
+        running = await _running(worker)
+        await _until(lambda: _done(expected, worker), 120, "the worker to read the whole log")
+        await _until(lambda: worker.readiness()[0], 30, "the worker to say it is ready")
+        await _stop(running)
+
+    _run(main)
+    behind = [reason for ready, reason in seen if not ready and reason.endswith("messages behind")]
+    assert len(behind) >= 5, seen[:20]
+    assert not any(ready for ready, _ in seen[:len(seen) // 4])  # the first quarter of the batches: catching up
