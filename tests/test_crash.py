@@ -73,10 +73,11 @@ SEED = 41
 SPEED = 2.0
 #: Labels of the series in SPEC §5: everything else a worker adds is summed over.
 SPEC_LABELS = frozenset({"experiment", "arm", "metric", "window", "source", "verdict", "type", "status", "kind",
-                         "label", "le"})
+                         "label", "le", "code"})
 #: Counters and gauges that add up over workers: (name, compared exactly) (False: 1e-9 relative).
 SUMMED = {"stream_eval_requests_total": True, "stream_eval_metric_sum_total": False,
           "stream_eval_metric_count_total": True, "stream_eval_gsb_total": True, "stream_eval_events_total": True,
+          "stream_eval_invalid_events_total": True,
           "stream_eval_label_overflow_total": True, "stream_eval_overflow_total": True,
           "stream_eval_window_sum": False, "stream_eval_window_count": True}
 #: Series that only the regroup stage's worker exports: taken from it, never summed; compared bit for bit.
@@ -102,9 +103,11 @@ def _cli(*args: str) -> list[str]:
 def _key(name: str, labels: dict[str, str]) -> Key:
     """The series' identity: its name and SPEC labels. Invalid events are counted by the type of the topic they
     came from on a worker (a broken line goes to the rankings topic) and by their own in replay: compared as one
-    total, as the report's ``events.invalid``."""
+    total, as the report's ``events.invalid``, and by reason code over all types."""
     if name == "stream_eval_events_total" and labels.get("status") == "invalid":
         labels = {"status": "invalid"}
+    elif name == "stream_eval_invalid_events_total":
+        labels = {"code": labels["code"]}
     return name, tuple(sorted((k, v) for k, v in labels.items() if k in SPEC_LABELS))
 
 

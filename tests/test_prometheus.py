@@ -112,6 +112,13 @@ def test_finalised_sums_and_counts_give_the_replay_report(tmp_path: Path, empty:
     assert sum(v for (name, _), v in _samples(registry).items() if name == "stream_eval_events_total") == sum(
         engine.counts.values()
     )
+    # the invalid events by reason code add up, type by type, to the invalid events
+    by_code: dict[str, float] = defaultdict(float)
+    for (name, labels), v in _samples(registry).items():
+        if name == "stream_eval_invalid_events_total":
+            by_code[dict(labels)["type"]] += v
+    invalid = {kind: n for (kind, status), n in engine.counts.items() if status == "invalid" and n}
+    assert invalid and by_code == invalid
     for row in report["gsb"]:
         for verdict in ("good", "same", "bad"):
             labels = {"experiment": row["experiment"], "source": row["source"], "verdict": verdict}

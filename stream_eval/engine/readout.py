@@ -55,7 +55,8 @@ class Readout:
     * ``gsb[experiment, source, verdict, *extra]``; ``gsb_score[experiment, source, window]`` (``"total"`` and the
       rolling windows' labels); ``gsb_p_value[experiment, source]``;
     * ``ab``: :class:`AbReadout`;
-    * ``events[type, status, *extra]``; ``label_overflow[label,]``; ``state_overflow[kind, *extra]``;
+    * ``events[type, status, *extra]``; ``invalid[type, code, *extra]`` (the invalid events by reason);
+      ``label_overflow[label,]``; ``state_overflow[kind, *extra]``;
     * ``delays[extra]`` -> (cumulative buckets ``(upper bound text, count)``, sum of delays);
     * ``watermark``: NaN until event time is finite; ``taken``: ``time.monotonic()`` when read.
     """
@@ -69,6 +70,7 @@ class Readout:
     gsb_p_value: Mapping[Labels, float] = field(default_factory=dict)
     ab: AbReadout = field(default_factory=AbReadout)
     events: Mapping[Labels, float] = field(default_factory=dict)
+    invalid: Mapping[Labels, float] = field(default_factory=dict)
     label_overflow: Mapping[Labels, float] = field(default_factory=dict)
     state_overflow: Mapping[Labels, float] = field(default_factory=dict)
     delays: Mapping[Labels, tuple[list[tuple[str, float]], float]] = field(default_factory=dict)
@@ -105,6 +107,7 @@ class Reader:
         metric_count: dict[Labels, float] = {}
         gsb: dict[Labels, float] = {}
         events: dict[Labels, float] = {}
+        invalid: dict[Labels, float] = {}
         state_overflow: dict[Labels, float] = {}
         delays: dict[Labels, tuple[list[tuple[str, float]], float]] = {}
         window: dict[Labels, tuple[float, float]] = {}  # summed over the shares
@@ -129,6 +132,9 @@ class Reader:
             for (kind, status), n in share.counts.items():
                 if kind != OVERFLOW:
                     events[kind, status, *extra] = float(n)
+            for reason, n in share.invalid_reasons.items():  # "kind: code"
+                kind, _, code = reason.partition(": ")
+                invalid[kind, code, *extra] = float(n)
             # state beyond its bounds (README, "Bounded state"): every kind, zero included
             state_overflow[("session", *extra)] = float(share.sessions.overflow)
             state_overflow[("query", *extra)] = float(share.gsb.overflow)
@@ -156,7 +162,7 @@ class Reader:
             gsb_score[given] = counts.score
         return Readout(
             requests=requests, metric_sum=metric_sum, metric_count=metric_count, window=window, gsb=gsb,
-            gsb_score=gsb_score, gsb_p_value=gsb_p_value, ab=self._read_ab(engine), events=events,
+            gsb_score=gsb_score, gsb_p_value=gsb_p_value, ab=self._read_ab(engine), events=events, invalid=invalid,
             label_overflow={(label,): float(n) for label, n in engine.labels.overflow.items()},
             state_overflow=state_overflow, delays=delays,
             watermark=engine.watermark if math.isfinite(engine.watermark) else math.nan, taken=taken,

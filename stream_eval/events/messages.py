@@ -69,8 +69,10 @@ def decode_message(
     except DECODE_ERRORS as error:
         try:
             event = _LINE_DECODER.decode(value)  # a watermark, or a message whose type disagrees
-        except DECODE_ERRORS:
+        except DECODE_ERRORS as as_line:
             code, reason = _reason_of(error)
+            if code == "unknown_type":  # it names another type: what is wrong with it as such, as in a file
+                code, reason = _reason_of(as_line)
             return Invalid(kind, code, reason, where, bytes(value))
         if type(event) is not Watermark:
             other = type_name(event)

@@ -19,7 +19,8 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
   ``stream_eval_gsb_p_value{experiment,source}``. The A/B units live on the worker that runs the regroup stage
   (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
-* ``stream_eval_events_total{type,status}``, ``stream_eval_feedback_delay_seconds`` (histogram),
+* ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
+  by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
   into ``__other__`` (SPEC §5: overflow is counted); ``stream_eval_overflow_total{kind}``: requests or feedback
   beyond a bound on state (``session``, ``query``, ``unit``, ``waiting_feedback``; README, "Bounded state").
@@ -234,6 +235,8 @@ class EngineCollector(Collector):
                           "out).", ["experiment", "source"], s.gsb_p_value)
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status", *extra],
                             s.events)
+        yield self._counter("stream_eval_invalid_events", "Invalid input events by type and reason code (the "
+                            "dead letters' code header).", ["type", "code", *extra], s.invalid)
         yield self._counter("stream_eval_label_overflow", "Event label values folded into __other__.", ["label"],
                             s.label_overflow)
         yield self._counter("stream_eval_overflow", "Requests or feedback beyond a bound on state (kind: session = "
