@@ -248,6 +248,8 @@ def _growth(out: Path, rows: list[dict[str, Any]], warm: float) -> list[str]:
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}, **SETTINGS}
+    if args.max_units:
+        env["STREAM_EVAL_MAX_UNITS"] = str(args.max_units)
     command = [sys.executable, "-m", "stream_eval.cli"]
     rows: list[dict[str, Any]] = []
     out = Path(args.out_dir)
@@ -282,11 +284,13 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 rss, fds, threads = _proc(worker.pid)
                 events, requests = progress(text)
+                units = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                            if line.startswith("stream_eval_ab_units{"))
                 probed = _last_probe(probe)
                 rows.append({"t": round(tick - start, 1), "rss_mb": rss, "fds": fds, "threads": threads,
                              "tasks": probed.get("tasks", math.nan), "heap_mb": probed.get("heap_used_mb", math.nan),
                              "scrape_s": seconds, "scrape_bytes": len(text),
-                             "events": events, "requests": requests})
+                             "events": events, "requests": requests, "units": units})
                 time.sleep(max(0.0, args.scrape_every - (time.monotonic() - tick)))
         finally:
             stop_process(traffic)
@@ -317,6 +321,7 @@ def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
 
     rss_warm, rss_end = med(first, "rss_mb"), med(final, "rss_mb")
     growth = rss_end / rss_warm - 1.0
+    result["passed"] = growth <= TARGET_RSS_GROWTH and all(flat(key) == "flat" for key in ("fds", "threads", "tasks"))
     rate = (after[-1]["events"] - after[0]["events"]) / (after[-1]["t"] - after[0]["t"])
     lines = [
         f"# Soak: {args['minutes']:g} min at {args['rate']:,.0f} events/s, scrapes every {args['scrape_every']:g} s",
@@ -339,6 +344,8 @@ def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
         f"{100 * (med(final, 'heap_mb') / med(first, 'heap_mb') - 1):+.1f} % |",
         f"| scrape time, ms | {1000 * med(first, 'scrape_s'):.1f} | {1000 * med(final, 'scrape_s'):.1f} | "
         f"max {1000 * max(r['scrape_s'] for r in after):.0f} |",
+        f"| A/B units (all arms) | {med(first, 'units'):,.0f} | {med(final, 'units'):,.0f} | "
+        f"max_units {args.get('max_units') or 'default'} per experiment |",
         f"| /metrics size, KB | {med(first, 'scrape_bytes') / 1024:.0f} | {med(final, 'scrape_bytes') / 1024:.0f} | |",
         "",
         f"Events counted after warm-up: {rate:,.0f}/s for {args['rate']:,.0f}/s produced; requests finalised: "
@@ -366,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=3000.0, help="events per second of simulated traffic")
     p.add_argument("--scrape-every", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=5.0, help="minutes left out before comparing (default 5)")
+    p.add_argument("--max-units", type=int, default=0, metavar="N",
+                   help="the worker's max_units (default: the config's): with N reached in the warm-up, the A/B "
+                        "units stop growing and what still grows is not by design")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--trace-every", type=float, default=0.0, metavar="MIN",
                    help="diagnosis: a tracemalloc snapshot and object counts of the worker every MIN minutes")
@@ -382,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "soak.md").write_text(report)
     (out / "soak.json").write_text(json.dumps(result))
     print(report)
-    return 0
+    return 0 if result["passed"] else 1  # (RSS beyond its target, or file descriptors, threads or tasks grew)
 
 
 if __name__ == "__main__":
