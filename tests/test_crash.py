@@ -571,7 +571,7 @@ def test_kill_the_only_worker_at_random_moments(cluster: Cluster, kills: int) ->
         # a killed owner never released its partitions: its successor held those that had a checkpoint (all of
         # them unless the kill came inside the assignment callback); the first worker had no one to wait for
         holds = [w.holds() for w in cluster.workers]
-        assert holds[0] == 0 and all(0 <= n <= 4 for n in holds) and (kills == 0 or sum(holds) >= kills), holds
+        assert holds[0] == 0 and (kills == 0 or sum(holds) >= kills), holds
 
 
 def test_kill_during_a_rebalance_and_the_stage_owner(cluster: Cluster) -> None:

@@ -69,11 +69,17 @@ class Checkpoint:
     output_end: int | None = None
     #: The worker's: where the full windows share that ``share``'s windows delta builds on is stored.
     windows: tuple[int, int] | None = None
+    #: The ownership (generation) that stored it.
+    owner: str | None = None
+    #: The worker's: request ids that a previous owner wrote to request-metrics before ``output_end`` and that
+    #: are still open here (not to be written again when they are finalised).
+    written: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "start": self.start, "processed": self.processed,
                 "watermark": time_to_json(self.watermark), "share": self.share, "regroup_seq": self.regroup_seq,
-                "output_end": self.output_end, "windows": None if self.windows is None else list(self.windows)}
+                "output_end": self.output_end, "windows": None if self.windows is None else list(self.windows),
+                "owner": self.owner, "written": self.written}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
@@ -83,7 +89,8 @@ class Checkpoint:
                    {k: int(v) for k, v in data["processed"].items()}, float(data["watermark"]),
                    data.get("share"), int(data.get("regroup_seq", 0)),
                    None if output_end is None else int(output_end),
-                   None if windows is None else (int(windows[0]), int(windows[1])))
+                   None if windows is None else (int(windows[0]), int(windows[1])), data.get("owner"),
+                   [str(request_id) for request_id in data.get("written", ())])
 
 
 class Source:
@@ -267,7 +274,8 @@ class PartitionedEngine:
         """Partition ``partition``'s checkpoint, share included (its windows as a change since the last full
         windows share, :meth:`windows_share`, when the unit has stored one; else in full)."""
         unit = self.units[partition]
-        checkpoint = Checkpoint(partition, watermark=max(unit.join.watermark, unit.resume_watermark))
+        checkpoint = Checkpoint(partition, watermark=max(unit.join.watermark, unit.resume_watermark),
+                                owner=unit.generation)
         if unit.flushed:
             checkpoint.watermark = math.inf
         restored = unit.restored

@@ -409,15 +409,19 @@ class StreamWorker:
     # -- checkpoints --------------------------------------------------------------------------------
     async def _load_checkpoint(self, partition: int, before: int) -> tuple[Checkpoint | None, bool]:
         """The partition's last checkpoint before offset ``before``, and whether its owner then released the
-        partition (a :data:`_RELEASE` record is the last one before ``before``)."""
-        found, last_key = await self._last_record(self.settings.checkpoint_topic, partition, before)
-        return (None if found is None else Checkpoint.from_json(found)), last_key == _RELEASE
+        partition: the last record before ``before`` is a :data:`_RELEASE` of the ownership that stored that
+        checkpoint (a release of an owner that was replaced before it wrote it says nothing of the one after)."""
+        found, last = await self._last_record(self.settings.checkpoint_topic, partition, before)
+        checkpoint = None if found is None else Checkpoint.from_json(found)
+        released = (checkpoint is not None and checkpoint.owner is not None and last is not None
+                    and last.key == _RELEASE and orjson.loads(last.value).get("release") == checkpoint.owner)
+        return checkpoint, released
 
-    async def _last_record(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, bytes | None]:
+    async def _last_record(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, Any]:
         """The last checkpoint record of a checkpoint topic's partition (before offset ``before``, default: the
         end), decoded (one record per produce batch, so the end offset is exact even with the development broker's
-        ListOffsets bug), and the key of the very last record there; retried while the broker is away."""
-        found: tuple[Any, bytes | None] = await self.health.call(
+        ListOffsets bug), and the very last record there (a consumer record); retried while the broker is away."""
+        found: tuple[Any, Any] = await self.health.call(
             "checkpoint", lambda: self._read_last_record(topic, partition, before))
         return found
 
@@ -438,12 +442,12 @@ class StreamWorker:
             await asyncio.sleep(0)
             await reader.stop()
 
-    async def _read_last_record(self, topic: str, partition: int, before: int | None) -> tuple[Any, bytes | None]:
+    async def _read_last_record(self, topic: str, partition: int, before: int | None) -> tuple[Any, Any]:
         if before == 0:
             return None, None
         async with self._reader(topic, partition) as (reader, tp):
             end = (await reader.end_offsets([tp]))[tp] if before is None else before
-            back, last_key = 1, None
+            back, last = 1, None
             while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
                 reader.seek(tp, max(end - back, 0))
                 records: list[Any] = []
@@ -455,12 +459,12 @@ class StreamWorker:
                     records += more
                 before_end = [r for r in records if r.offset < end]
                 if back == 1 and before_end:
-                    last_key = before_end[-1].key
+                    last = before_end[-1]
                 found = [r for r in before_end if r.key in (_CHECKPOINT, None)]  # (None: old logs)
                 if found:
-                    return orjson.loads(found[-1].value), last_key
+                    return orjson.loads(found[-1].value), last
                 back *= 4
-            return None, last_key
+            return None, last
 
     async def _end_offset(self, topic: str, partition: int) -> int:
         """The partition's end offset: the high-water mark of a fetch of its last batch (the development broker's
@@ -530,6 +534,7 @@ class StreamWorker:
                 await self._store_windows(partition)
             checkpoint = self.partitioned.checkpoint(partition)
             checkpoint.output_end = self._output_end.get(self._output_partition(partition))
+            checkpoint.written = sorted(self._written.get(partition, ()))  # (a next owner will not read them)
             at = await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(checkpoint.to_json()),
                                               partition)
             stored[partition] = at, checkpoint
@@ -628,8 +633,10 @@ class StreamWorker:
         next owner holds too, for a predecessor of this worker that may still write)."""
         await self._flush()
         for partition in partitions:
-            if partition in self.partitioned.units and partition not in self._held:
-                await self._store_checkpoint(self.settings.checkpoint_topic, b"{}", partition, _RELEASE)
+            unit = self.partitioned.units.get(partition)
+            if unit is not None and partition not in self._held:
+                await self._store_checkpoint(self.settings.checkpoint_topic,
+                                             orjson.dumps({"release": unit.generation}), partition, _RELEASE)
 
     async def _release_held(self) -> None:
         """End the hand-over holds that are due: leave out of the outbox the records that a previous owner wrote to
@@ -849,6 +856,8 @@ class StreamWorker:
                     # what a predecessor killed after its checkpoint wrote: not written again
                     self._written[partition], read_to = await self._written_since(output, checkpoint.output_end)
                     self._output_end[output] = max(read_to, self._output_end.get(output, 0))
+                if checkpoint is not None and checkpoint.written:  # written before its output_end, still open
+                    self._written.setdefault(partition, set()).update(checkpoint.written)
                 log.info("partition %d: claimed at offset %d; %s", partition, claimed,
                          "no checkpoint before it" if checkpoint is None else
                          f"restoring the checkpoint (start {checkpoint.start}, processed {checkpoint.processed})")
@@ -859,7 +868,7 @@ class StreamWorker:
                     # a first checkpoint at once, saying where request-metrics ended before any record of ours
                     read_to = await self._end_offset(self.topics.request_metrics, output)
                     self._output_end[output] = max(read_to, self._output_end.get(output, 0))
-                    first = Checkpoint(partition, output_end=self._output_end[output])
+                    first = Checkpoint(partition, output_end=self._output_end[output], owner=generation)
                     await self._store_checkpoint(self.settings.checkpoint_topic, orjson.dumps(first.to_json()),
                                                  partition)
                 if self.settings.handover_hold > 0 and checkpoint is not None and not released:
