@@ -200,3 +200,24 @@ def test_parquet_equals_jsonl_on_generated_rows(rows: list[dict[str, Any]], tmp_
     from_jsonl, from_parquet = reports(rows, tmp_path, Config(attribution_window=600.0), batch=7)
     assert from_parquet == from_jsonl
     assert not math.isnan(from_jsonl["events"]["invalid"])
+
+
+def test_rows_too_large_are_invalid_as_their_json_lines_are(tmp_path: Path) -> None:
+    """A row whose JSON line would pass 256 KiB (a long request id in feedback and in a plain ranking, long items,
+    long subtopics) is ``too_large`` in Parquet as in JSON Lines; rows just under it are read as usual."""
+    from stream_eval.events.scan import MAX_EVENT_BYTES
+
+    big, small = "r" * (MAX_EVENT_BYTES + 10), "s" * (MAX_EVENT_BYTES - 2000)
+    rows: list[dict[str, Any]] = [
+        {"type": "ranking", "request_id": "ok", "ts": T0, "items": ["a", "b"]},
+        {"type": "feedback", "request_id": big, "item": "a", "ts": T0 + 1},
+        {"type": "ranking", "request_id": big, "ts": T0 + 2, "items": ["a"]},
+        {"type": "ranking", "request_id": "long-items", "ts": T0 + 3,
+         "items": [f"{i:06d}" + "x" * 3000 for i in range(90)]},
+        {"type": "ranking", "request_id": "long-subtopics", "ts": T0 + 4, "items": ["a"], "subtopics": [[big[:-20]]]},
+        {"type": "ranking", "request_id": small, "ts": T0 + 5, "items": ["a"]},
+        {"type": "feedback", "request_id": "ok", "item": "a", "ts": T0 + 6},
+    ]
+    from_jsonl, from_parquet = reports(rows, tmp_path)
+    assert from_parquet == from_jsonl
+    assert from_jsonl["events"]["invalid"] == 4 and from_jsonl["overall"]["requests"] == 2

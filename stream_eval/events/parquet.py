@@ -158,7 +158,7 @@ def decode_batch(fields: Mapping[str, Any], n: int, config: Config, source: str 
     check = validator(config)
     ts_ok = (ts >= check.min_ts) & (ts <= check.max_ts)  # NaN (null, text): not here
     rid_ok = _valid(fields.get("request_id"), n) & (_lengths(fields.get("request_id"), n) > 0)
-    ok = ts_ok & rid_ok
+    ok = ts_ok & rid_ok & ~_maybe_too_large(fields, n)
     feedback = np.flatnonzero((kind == _FEEDBACK) & ok & _plain_feedback(fields, n, check.graded_kinds,
                                                                           check.default_grades))
     ranked = np.flatnonzero((kind == _RANKING) & ok & _plain_ranking_rows(fields, n))
@@ -228,6 +228,27 @@ def _valid(array: Any, n: int) -> Bools:
     if array is None:
         return np.zeros(n, dtype=np.bool_)
     return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _maybe_too_large(fields: Mapping[str, Any], n: int) -> Bools:
+    """Rows whose text (every text field, and the text in lists: items, teams, subtopics) is more than half of
+    ``scan.MAX_EVENT_BYTES``: they go the slow way, whose JSON line :func:`decode_line` measures, so that a row is
+    ``too_large`` exactly when its line in a JSON Lines log would be."""
+    total = np.zeros(n, dtype=np.int64)
+    for array in fields.values():
+        if array is None:
+            continue
+        rows = np.arange(n, dtype=np.int64)  # the row of each value of ``values``
+        values = array
+        while pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+            parents = np.asarray(pc.list_parent_indices(values).to_numpy(zero_copy_only=False), dtype=np.int64)
+            rows, values = rows[parents], pc.list_flatten(values)
+        kind = values.type
+        if len(values) and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+                            or pa.types.is_large_binary(kind)):
+            lengths = pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False)
+            total += np.bincount(rows, weights=lengths, minlength=n).astype(np.int64)
+    return total > scan.MAX_EVENT_BYTES // 2
 
 
 def _lengths(array: Any, n: int) -> Ints:
