@@ -81,6 +81,28 @@ def log_options(log_format: str, loglevel: str, security: KafkaSecurity | None =
 
 
 
+#: glibc's ``mallopt`` parameter ``M_MMAP_THRESHOLD`` (malloc.h), and the value the worker sets: 128 KiB.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 << 10
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Have glibc serve every allocation of ``threshold`` bytes or more with a mapping of its own, returned to the
+    OS when freed (``mallopt(M_MMAP_THRESHOLD)``); ``False`` (nothing done) where the C library has no ``mallopt``.
+
+    glibc starts at 128 KiB but raises the threshold to the size of each mapped block freed, up to 32 MiB; a worker
+    frees such blocks all the time (fetched batches of up to megabytes, the A/B snapshot and windows shares), so
+    they soon come from the heap, between small long-lived objects, and the heap's pages stay with the process
+    long after the state has stopped growing. A fixed threshold turns that adjustment off.
+    """
+    import ctypes
+
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
 def release_free_heap() -> bool:
     """Give the free pages of the C heap back to the OS: glibc's ``malloc_trim(0)``; ``False`` (nothing done) where
     the C library has none.
@@ -175,6 +197,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     from stream_eval.export.prometheus import EngineCollector, serve_metrics
     from stream_eval.stream.produce import run_interruptible
 
+    fix_mmap_threshold()  # (before the worker allocates anything large)
     logging_options = log_options(log_format, loglevel, settings.security)
     if log_format == "json":  # from the first line on, before faust sets logging up with the same options
         logging.config.dictConfig(copy.deepcopy(logging_options["logging_config"]))  # dictConfig consumes it
