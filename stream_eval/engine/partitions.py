@@ -441,15 +441,17 @@ class PartitionedEngine:
             reached = [s.watermark for unit in self.units.values() for kind, s in unit.sources.items()
                        if kind in JOINED and math.isfinite(s.watermark)]
             if reached:
-                for unit in self.units.values():
-                    unit.engine.close(min(reached), sessions=False)
-                self.engine.close(min(reached), sessions=False)
+                self._close_windows(min(reached))
         if overall > self.watermark or overall == math.inf:
             self.watermark = overall
-            for unit in self.units.values():
-                unit.engine.close(overall, sessions=False)  # the windows
-            self.engine.close(overall, sessions=False)
+            self._close_windows(overall)
         return self.watermark
+
+    def _close_windows(self, watermark: float) -> None:
+        """Move every engine's windows to the all-partition event time ``watermark`` (sessions close on the stage)."""
+        for unit in self.units.values():
+            unit.engine.close(watermark, sessions=False)
+        self.engine.close(watermark, sessions=False)
 
     def _run_stage(self) -> None:
         """Without an external stage: the regroup records go to a stage on ``engine`` at once."""

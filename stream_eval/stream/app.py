@@ -95,12 +95,15 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     they soon come from the heap, between small long-lived objects, and the heap's pages stay with the process
     long after the state has stopped growing. A fixed threshold turns that adjustment off.
     """
+    mallopt = _libc("mallopt")
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
+def _libc(name: str) -> Any:
+    """The C library's function ``name``, or ``None`` where it has none (not glibc)."""
     import ctypes
 
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+    return getattr(ctypes.CDLL(None), name, None)
 
 
 def release_free_heap() -> bool:
@@ -111,9 +114,7 @@ def release_free_heap() -> bool:
     arrays that grew), and glibc returns them only from the top of the heap: without this, RSS creeps up long after
     the state has stopped growing (bench/soak.py measures both). Called every ``RELEASE_HEAP_EVERY`` seconds.
     """
-    import ctypes
-
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    trim = _libc("malloc_trim")
     if trim is None:
         return False
     trim(0)

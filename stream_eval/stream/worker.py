@@ -651,9 +651,15 @@ class StreamWorker:
             del self._held[partition]
             if not found:
                 continue
-            held = {entry[0].decode() for entry in self._outbox if entry[3] == partition}
-            self._outbox = [entry for entry in self._outbox if entry[3] != partition or entry[0].decode() not in found]
-            self._written.setdefault(partition, set()).update(found - held)  # finalised later: skipped then
+            kept, finalised = [], set()
+            for entry in self._outbox:
+                request_id = entry[0].decode() if entry[3] == partition else None
+                if request_id in found:
+                    finalised.add(request_id)
+                else:
+                    kept.append(entry)
+            self._outbox = kept
+            self._written.setdefault(partition, set()).update(found - finalised)  # finalised later: skipped then
             log.info("request-metrics partition %d: %d records written by a previous owner during the hand-over: "
                      "not written again", self._output_partition(partition), len(found))
 
