@@ -18,6 +18,9 @@ topics from the start):
    ``--without-web``), timed from its first event to its last.
 3. A raw aiokafka consumer that only decodes (child process: ``getmany`` + ``orjson.loads`` per message),
    timed from its first batch to its last.
+4. ``stream-eval replay`` of the same log, as a file: its CPU seconds (``wait4``) less those of a replay of the
+   log's first line alone (imports, numba's cache), against the worker's CPU seconds (``/proc/<pid>/stat``) over
+   its measured interval: events per CPU-second of each, and their ratio.
 
 Then latency: a fresh prefix, the worker started and fed live simulated traffic (event time = now) at a fixed
 ``--rate`` (5,000 events/s, ``send_lines(..., rate=)``); once it is caught up, probes are sent one at a time:
@@ -69,7 +72,8 @@ from run import ROOT, code_hash, fmt_range, machine_info, summarise_collapsed, s
 from stream_eval.stream.broker import stop_process  # noqa: E402
 
 TARGET_EVENTS_PER_S = 30_000
-TARGET_RATIO = 4.5
+TARGET_RATIO = 5.0
+TARGET_CPU_RATIO = 0.5
 TARGET_P99_S = 1.0
 TARGET_BYTES_PER_REQUEST = 1024
 PARTITIONS = 4
@@ -131,6 +135,12 @@ def stage_state(text: str) -> tuple[float, ...]:
              "stream_eval_ab_units"}
     return tuple(value for name, labels, value in samples(text, names)
                  if labels.get("metric") == "AUC" or not name.startswith("stream_eval_metric"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def probe_sum(text: str) -> float:
@@ -339,6 +349,8 @@ class StreamBench:
 
         config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=200.0)
         lines = list(simulate_lines(config))
+        self.log_path = Path(self.args.out_dir) / "stream-log.jsonl"
+        self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
         kinds = Counter(json.loads(line)["type"] for line in lines)
         started = time.perf_counter()
         counts = asyncio.run(send_lines(lines, [self.bootstrap], topics(prefix), flush=True, partitions=PARTITIONS))
@@ -369,6 +381,8 @@ class StreamBench:
         env = {**os.environ, "STREAM_EVAL_AB": "true" if ab else "false"}
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env)
         first: tuple[float, float] | None = None
+        first_cpu = 0.0
+        cpu_at: dict[float, float] = {}  # poll time -> the worker's CPU seconds then (not under py-spy)
         done = None
         last = (0.0, 0.0)
         counted: float | None = None  # when every event and request was counted
@@ -387,9 +401,12 @@ class StreamBench:
                     continue
                 last = progress(text)
                 now = time.perf_counter()
+                if profile is None:
+                    cpu_at[now] = cpu_seconds(proc.pid)
                 timeline.append((round(now - start, 3), last[0], last[1]))
                 if first is None and last[0] > 0:
                     first = (now, last[0])
+                    first_cpu = cpu_at.get(now, 0.0)
                 if counted is None and last[0] >= events and last[1] >= requests:
                     counted = now
                 state = stage_state(text)
@@ -410,9 +427,33 @@ class StreamBench:
         if done <= first[0]:
             raise RuntimeError("the worker counted everything before the second poll: produce more (--requests)")
         seconds = done - first[0]
+        cpu = cpu_at.get(done, math.nan) - first_cpu
         return {"rate": (events - first[1]) / seconds, "seconds": seconds, "startup": first[0] - start,
+                "cpu": cpu, "per_cpu": (events - first[1]) / cpu if cpu > 0 else math.nan,
                 "wall": done - start, "events": last[0], "requests": last[1],
                 "timeline": timeline}
+
+    def run_replay(self) -> dict[str, Any]:
+        """``stream-eval replay`` of the produced log: CPU seconds of the child, less those of a replay of its first
+        line alone (start-up: imports, numba's cache), so that events per CPU-second compare with the worker's."""
+
+        def cpu_of(path: Path) -> tuple[float, float]:
+            started = time.perf_counter()
+            proc = subprocess.Popen([*stream_eval_cmd(), "replay", str(path), "--format", "json"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            if status != 0:
+                raise RuntimeError(f"replay of {path} failed: status {status}")
+            return usage.ru_utime + usage.ru_stime, time.perf_counter() - started
+
+        one = self.log_path.with_suffix(".first.jsonl")
+        one.write_bytes(self.log_path.read_bytes().split(b"\n", 1)[0] + b"\n")
+        cpu_of(one)  # a first run may compile numba's loops into its cache: not measured
+        startup, startup_wall = cpu_of(one)
+        cpu, wall = cpu_of(self.log_path)
+        events = self.results["data"]["events"]
+        return {"cpu": cpu - startup, "wall": wall - startup_wall, "per_cpu": events / (cpu - startup),
+                "rate": events / (wall - startup_wall)}
 
     def run_child(self, kind: str, prefix: str, group: str, total: int) -> dict[str, Any]:
         proc = subprocess.run(child_cmd(kind, self.bootstrap, prefix, group, total), capture_output=True,
@@ -429,11 +470,14 @@ class StreamBench:
         data = self.produce(prefix)
         self.results["data"] = data
         messages = data["events"] + data["watermarks"]
-        runs: dict[str, list[dict[str, Any]]] = {"worker": [], "worker-ab-off": [], "faust": [], "raw": []}
+        runs: dict[str, list[dict[str, Any]]] = {"worker": [], "worker-ab-off": [], "faust": [], "raw": [],
+                                                 "replay": []}
         for i in range(self.args.repeat):
+            runs["replay"].append(self.run_replay())
+            log(f"run {i + 1}: replay {runs['replay'][-1]['per_cpu']:,.0f} events per CPU-second")
             runs["worker"].append(self.run_worker(prefix, f"worker{i}", data["events"], data["requests"]))
-            log(f"run {i + 1}: worker {runs['worker'][-1]['rate']:,.0f} events/s "
-                f"(startup {runs['worker'][-1]['startup']:.1f} s)")
+            log(f"run {i + 1}: worker {runs['worker'][-1]['rate']:,.0f} events/s, "
+                f"{runs['worker'][-1]['per_cpu']:,.0f} per CPU-second (startup {runs['worker'][-1]['startup']:.1f} s)")
             runs["worker-ab-off"].append(self.run_worker(prefix, f"worker-off{i}", data["events"], data["requests"],
                                                          ab=False))
             log(f"run {i + 1}: worker, A/B off {runs['worker-ab-off'][-1]['rate']:,.0f} events/s")
@@ -443,6 +487,8 @@ class StreamBench:
             log(f"run {i + 1}: raw aiokafka {runs['raw'][-1]['rate']:,.0f} events/s")
         self.results["throughput"] = runs
         self.results["ratio"] = [w["rate"] / f["rate"] for w, f in zip(runs["worker"], runs["faust"], strict=True)]
+        self.results["cpu_ratio"] = [w["per_cpu"] / r["per_cpu"] for w, r in zip(runs["worker"], runs["replay"],
+                                                                                  strict=True)]
         if self.args.profile:
             if not shutil.which("py-spy"):
                 log("py-spy not found: no profile")
@@ -625,26 +671,35 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"{len(runs['worker'])} runs, interleaved worker, faust, aiokafka, with a fresh consumer group each."
         )
         out.append("")
-        out.append("| Consumer (one process) | events/s | time, s (from first event) | startup + group join, s |")
-        out.append("|---|---|---|---|")
+        out.append("| Consumer (one process) | events/s | time, s (from first event) | startup + group join, s "
+                   "| events per CPU-second |")
+        out.append("|---|---|---|---|---|")
         labels = {"worker": "`stream-eval worker` (to every request finalised, every session scored and every "
                             "request applied to its A/B unit)",
                   "worker-ab-off": "`stream-eval worker` with `STREAM_EVAL_AB=false` (no A/B units; to every "
                                    "session scored)",
                   "faust": "faust naive agent: per event `orjson.loads` + dict update (floor)",
-                  "raw": "raw aiokafka `getmany` + `orjson.loads` only (ceiling)"}
+                  "raw": "raw aiokafka `getmany` + `orjson.loads` only (ceiling)",
+                  "replay": "`stream-eval replay` of the same log (start-up, a one-line replay's, left out)"}
         for name, label in labels.items():
-            rs = runs[name]
-            startup = summary([r["startup"] if "startup" in r else r["first"] for r in rs])
-            out.append(f"| {label} | **{fmt_range(summary([r['rate'] for r in rs]))}** | "
-                       f"{fmt_range(summary([r['seconds'] for r in rs]), lambda x: f'{x:.1f}')} | "
-                       f"{fmt_range(startup, lambda x: f'{x:.1f}')} |")
+            rs = runs.get(name, [])
+            if not rs:
+                continue
+            startup = fmt_range(summary([r.get("startup", r.get("first", 0.0)) for r in rs]), lambda x: f"{x:.1f}") \
+                if name != "replay" else "–"
+            seconds = fmt_range(summary([r.get("seconds", r.get("wall", 0.0)) for r in rs]), lambda x: f"{x:.1f}")
+            per_cpu = fmt_range(summary([r["per_cpu"] for r in rs])) if all("per_cpu" in r for r in rs) else "–"
+            out.append(f"| {label} | **{fmt_range(summary([r['rate'] for r in rs]))}** | {seconds} | {startup} "
+                       f"| {per_cpu} |")
         out.append("")
         rate = summary([r["rate"] for r in runs["worker"]])
         ratio = summary(results["ratio"])
         raw = statistics.median(r["rate"] for r in runs["raw"])
         out.append(f"Worker ÷ naive faust, run by run: {fmt_range(ratio, lambda x: f'{x:.2f}×')}; worker ÷ raw "
                    f"aiokafka: {rate['median'] / raw:.2f}×.")
+        if results.get("cpu_ratio"):
+            out.append(f"Worker's events per CPU-second ÷ replay's, run by run: "
+                       f"{fmt_range(summary(results['cpu_ratio']), lambda x: f'{x:.2f}×')}.")
         if runs.get("worker-ab-off"):
             cost = ab_cost(results)
             out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): "
@@ -653,6 +708,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", rate["median"]
                      >= TARGET_EVENTS_PER_S))
         rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", ratio["median"] >= TARGET_RATIO))
+        if results.get("cpu_ratio"):
+            rows.append(("worker's events per CPU-second ÷ replay's", f"≥ {TARGET_CPU_RATIO}×",
+                         summary(results["cpu_ratio"])["median"] >= TARGET_CPU_RATIO))
         if runs.get("worker-ab-off"):
             rows.append(("cost of the A/B units (events/s)", "≤ 10 %", ab_cost(results)["median"] <= 0.10))
     if "latency" in results:
@@ -701,6 +759,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         if "throughput" in results:
             measured += [fmt_range(summary([r["rate"] for r in results["throughput"]["worker"]])) + " events/s",
                          fmt_range(summary(results["ratio"]), lambda x: f"{x:.2f}×")]
+            if results.get("cpu_ratio"):
+                measured.append(fmt_range(summary(results["cpu_ratio"]), lambda x: f"{x:.2f}×"))
             if results["throughput"].get("worker-ab-off"):
                 measured.append(fmt_range(ab_cost(results), lambda x: f"{100 * x:.1f} %"))
         if "latency" in results:
