@@ -9,6 +9,8 @@ and garbage inserted anywhere in a log must leave the report of the good lines a
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from functools import cache
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.replay import replay
-from stream_eval.events.messages import decode_message, decode_messages
+from stream_eval.events.messages import decode_message, decode_message_chunk, decode_messages
 from stream_eval.events.schema import (
     CompactRanking,
     Invalid,
@@ -208,6 +210,30 @@ def test_the_worker_decoder_never_raises_and_gives_every_bad_message_a_reason(va
     for event, value in zip(events, values, strict=True):
         if value is not None and codes([decode_line(value, config)])[0] in {"bad_utf8", "duplicate_key"}:
             assert type(event) is Invalid and event.code == decode_line(value, config).code  # type: ignore[union-attr]
+
+
+def _without_ts(value: bytes) -> bytes:
+    """A message with its ``ts`` left out (the Kafka timestamp stands in for it), when it has a simple one."""
+    return re.sub(rb',\s*"ts"\s*:\s*[-0-9.eE+]+', b"", value, count=1)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(st.one_of(mutated(), st.sampled_from(range(len(SEEDS))).map(good),
+                          st.sampled_from(range(len(SEEDS))).map(good).map(_without_ts), st.none(),
+                          st.sampled_from([b"", b"  ", b'{"type": "feedback",\n "request_id": "r", "item": "a"}'])),
+                min_size=1, max_size=40),
+       st.sampled_from(["ranking", "feedback", "judgment"]), st.sampled_from([math.inf, T0 + 1.0, T0 - 1e6]))
+def test_the_worker_reads_a_batch_as_lines_with_the_events_of_its_messages(
+        values: list[bytes | None], kind: str, not_after: float) -> None:
+    """The worker's batch read by the compiled line reader (feedback in columns) holds the events that decoding each
+    message gives: same types, fields, reasons, places and bytes, Kafka timestamps and future times included."""
+    config = CONFIGS[0]
+    where = [f"p@{k}" for k in range(len(values))]
+    stamps = [T0 + 0.5 + k for k in range(len(values))]
+    chunk = decode_message_chunk(values, kind, config, stamps, where, not_after)
+    expected = decode_messages(values, kind, config, stamps, where, not_after)
+    assert len(chunk) == len(values)
+    assert comparable(chunk.as_list()) == comparable(expected)
 
 
 #: Bytes that UTF-8 never has.

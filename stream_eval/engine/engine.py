@@ -172,48 +172,53 @@ class Engine:
         """
         join = self.join if join is None else join
         chunk = events if isinstance(events, Chunk) else Chunk.of(events if isinstance(events, list) else list(events))
-        if event_time and not (Watermark in map(type, chunk.events)  # (one C-level scan in the usual chunk)
-                               and any(type(e) is Watermark and e.end for e in chunk.events)):
-            self._process_chunk(chunk, join)
-        else:
+        if not event_time or not (Watermark in map(type, chunk.events)  # (one C-level scan in the usual chunk)
+                                  and any(type(e) is Watermark and e.end for e in chunk.events)):
+            self._process_chunk(chunk, join, event_time)
+        else:  # the end of a partition on event time: the join is flushed where it comes
             listed = chunk.as_list()
-            types = list(map(type, listed))
-            if not _JOINED.issuperset(types):
-                self._process_mixed(listed, types, join, event_time)
-            else:
-                join.add(listed)  # type: ignore[arg-type]  # rankings and feedback here
+            self._process_mixed(listed, list(map(type, listed)), join, event_time)
         if event_time:
             self.advance(join.watermark, join)
         for plugin in self._roles.values():
             plugin.advanced(join, self._muted)
 
-    def _process_chunk(self, chunk: Chunk, join: Join) -> None:
-        """:meth:`process` on event time, without the end of a partition: judgments and invalid events are taken
-        first (as :meth:`_process_mixed` does), then the join gets the rest (feedback read as columns stays so)."""
+    def _process_chunk(self, chunk: Chunk, join: Join, event_time: bool = True) -> None:
+        """:meth:`process` without the end of a partition: judgments and invalid events are taken first (as
+        :meth:`_process_mixed` does), then the join gets the rest (feedback read as columns stays so). On event
+        time, each event's lateness is judged by the largest time before it; otherwise by the join's watermark,
+        which the caller moves (watermark events count nothing then)."""
         if not len(chunk):
             return
         objects: list[Any] = chunk.events
         objects_at = chunk.events_at
         types = list(map(type, objects))
-        ts = np.empty(len(chunk))
-        ts[chunk.feedback_at] = chunk.feedback.ts
+        ts = np.empty(len(chunk) if event_time else 0)
+        if event_time:
+            ts[chunk.feedback_at] = chunk.feedback.ts
         if _JOINED.issuperset(types):
-            ts[objects_at] = list(map(_TS, objects))
+            if event_time:
+                ts[objects_at] = list(map(_TS, objects))
         else:
             for event, kind in zip(objects, types, strict=True):
                 if kind is Judgment:
                     self.judgment(event)
                 elif kind is Invalid:
                     self.invalid(event)
-            ts[objects_at] = [-math.inf if kind is Invalid else e.ts for e, kind in zip(objects, types, strict=True)]
+            if event_time:
+                ts[objects_at] = [-math.inf if kind is Invalid else e.ts
+                                  for e, kind in zip(objects, types, strict=True)]
             joined = [k for k, kind in enumerate(types) if kind in _JOINED]
             objects, objects_at = [objects[k] for k in joined], objects_at[joined]
-        before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
-        watermark = max(join.watermark, float(ts.max()))
         plain = chunk.plain
         if plain is not None and types.count(CompactRanking) + types.count(Ranking) != len(plain):  # not all read
             plain.fill_items()
             plain = None
+        if not event_time:
+            join.add_columns(objects, objects_at, chunk.feedback, chunk.feedback_at, None, plain)
+            return
+        before = np.maximum.accumulate(np.concatenate(([join.watermark], ts[:-1])))
+        watermark = max(join.watermark, float(ts.max()))
         join.add_columns(objects, objects_at, chunk.feedback, chunk.feedback_at, before, plain)
         join.watermark = watermark
 

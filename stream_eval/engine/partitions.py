@@ -42,7 +42,7 @@ from stream_eval.engine.regroup import RegroupSink, SessionStage
 from stream_eval.engine.times import time_to_json
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import Join
-from stream_eval.events.schema import CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
+from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 
 Event = Ranking | Feedback | Judgment | Watermark | Invalid
 #: Rankings, full or compact (the join takes both).
@@ -128,23 +128,28 @@ class Requests:
         self.ids: list[str] = []
         self.head = 0
 
-    def add(self, offsets: Sequence[int], events: Sequence[Event], join: Join) -> None:
+    def add(self, offsets: Sequence[int], events: Sequence[Event] | Chunk, join: Join) -> None:
         """Record the first ranking or feedback of each request in a batch, as ``join`` (before it takes the
         batch) tells: a ranking is first unless its request is open or finalised; feedback is first unless
         feedback is waiting for the request, was applied to it, or it is finalised (late feedback is not needed)."""
-        picked = [(offset, event) for offset, event in zip(offsets, events, strict=True)
-                  if type(event) in _RANKINGS or type(event) is Feedback]
+        if isinstance(events, Chunk):
+            picked, rids, is_feedback = _requests_of_chunk(offsets, events)
+        else:
+            chosen = [(offset, event) for offset, event in zip(offsets, events, strict=True)
+                      if type(event) in _RANKINGS or type(event) is Feedback]
+            picked = [offset for offset, _ in chosen]
+            rids = [event.request_id for _, event in chosen]  # type: ignore[union-attr]  # rankings and feedback
+            is_feedback = [type(event) is Feedback for _, event in chosen]
         if not picked:
             return
-        rids = [event.request_id for _, event in picked]  # type: ignore[union-attr]  # rankings and feedback
         held, fed, waiting = join.status(rids)
         new: set[str] = set()
-        for (offset, event), rid, is_held, is_fed, is_waiting in zip(
-            picked, rids, held.tolist(), fed.tolist(), waiting.tolist(), strict=True
+        for offset, rid, feedback, is_held, is_fed, is_waiting in zip(
+            picked, rids, is_feedback, held.tolist(), fed.tolist(), waiting.tolist(), strict=True
         ):
             if rid in new:
                 continue
-            if type(event) is Feedback:
+            if feedback:
                 if is_waiting or is_fed:
                     continue
             elif is_held:
@@ -170,6 +175,21 @@ class Requests:
             head = 0
         self.head = head
         return self.offsets[head] if head < len(ids) else None
+
+
+def _requests_of_chunk(offsets: Sequence[int], chunk: Chunk) -> tuple[list[int], list[str], list[bool]]:
+    """The offset, request id and whether it is feedback of each ranking and feedback of ``chunk`` (a batch whose
+    event ``k`` is at ``offsets[k]``), in order."""
+    kept = [(at, event) for at, event in zip(chunk.events_at.tolist(), chunk.events, strict=True)
+            if type(event) in _RANKINGS or type(event) is Feedback]
+    columns = chunk.feedback
+    text = columns.text.tobytes() if len(columns) else b""
+    places = [at for at, _ in kept] + chunk.feedback_at.tolist()
+    rids = [event.request_id for _, event in kept] + [  # type: ignore[union-attr]  # rankings and feedback
+        text[a:b].decode() for a, b in zip(columns.rid_start.tolist(), columns.rid_end.tolist(), strict=True)]
+    is_feedback = [type(event) is Feedback for _, event in kept] + [True] * len(columns)
+    order = sorted(range(len(places)), key=places.__getitem__)
+    return ([offsets[places[k]] for k in order], [rids[k] for k in order], [is_feedback[k] for k in order])
 
 
 class Unit:
@@ -328,13 +348,19 @@ class PartitionedEngine:
         return total
 
     # -- input --------------------------------------------------------------------------------------
-    def feed(self, kind: str, partition: int, offsets: list[int], events: list[Event]) -> list[Invalid]:
-        """Messages of one topic-partition in offset order; returns the invalid ones counted now."""
+    def feed(self, kind: str, partition: int, offsets: list[int], events: list[Event] | Chunk) -> list[Invalid]:
+        """Messages of one topic-partition in offset order (``events``: one per offset, or a :class:`Chunk` of
+        them); returns the invalid ones counted now."""
         unit = self.units[partition]
         if not offsets:
             return []
         source = unit.sources[kind]
         source.heard = self.clock()
+        if isinstance(events, Chunk):
+            if unit.rebuilding or (source.received is not None and offsets[0] < source.received):
+                return self.feed(kind, partition, offsets, events.as_list())  # type: ignore[arg-type]  # (rare: cut)
+            source.received = offsets[-1] + 1
+            return self._feed(unit, kind, offsets, events)
         if source.received is not None and offsets[0] < source.received:
             # Delivered again (a fetch from before a rebalance, or a re-read): each offset counts once.
             skip = bisect_left(offsets, source.received)
@@ -364,33 +390,43 @@ class PartitionedEngine:
         return invalid
 
     def _feed(
-        self, unit: Unit, kind: str, offsets: list[int], events: list[Event], muted: bool = False
+        self, unit: Unit, kind: str, offsets: list[int], events: list[Event] | Chunk, muted: bool = False
     ) -> list[Invalid]:
         source = unit.sources[kind]
         source.next_offset = offsets[-1] + 1
         watermark = source.watermark
-        plain: list[Event] = events
+        plain: list[Event] | Chunk = events
         invalid: list[Invalid] = []
         marks = False
-        for event in events:
+        chunk = events if isinstance(events, Chunk) else None
+        objects: list[Any] = events.events if isinstance(events, Chunk) else events
+        places: Sequence[int] = range(len(objects)) if chunk is None else chunk.events_at.tolist()
+        last_end = last_event = -1  # the places of the last end of the partition, and of the last event
+        for at, event in zip(places, objects, strict=True):
             event_type = type(event)
             if event_type is Invalid:
-                invalid.append(event)  # type: ignore[arg-type]  # dispatched on type
+                invalid.append(event)
                 continue
             if event_type is Watermark:
                 marks = True
-                if event.end:  # type: ignore[union-attr]  # dispatched on type
-                    source.ended = True
+                if event.end:
+                    last_end = at
                     continue
             else:
-                source.ended = False
-                unit.flushed = False
-            ts: float | None = event.ts  # type: ignore[union-attr, assignment]  # validated
+                last_event = at
+            ts: float | None = event.ts  # validated
             if ts is not None and ts > watermark:
                 watermark = ts
+        if chunk is not None and len(chunk.feedback):
+            last_event = max(last_event, int(chunk.feedback_at[-1]))
+            watermark = max(watermark, float(chunk.feedback.ts.max()))
+        if last_event >= 0:
+            unit.flushed = False
+        if last_end > last_event or last_event >= 0:
+            source.ended = last_end > last_event  # an end stands until an event comes after it
         source.watermark = watermark
-        if marks:
-            plain = [e for e in events if type(e) is not Watermark]
+        if marks and chunk is None:
+            plain = [e for e in objects if type(e) is not Watermark]
         if kind in unit.requests:
             unit.requests[kind].add(offsets, events, unit.join)
         engine = unit.engine

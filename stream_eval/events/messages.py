@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -25,6 +26,8 @@ from stream_eval.events import scan
 from stream_eval.events.schema import (
     _LINE_DECODER,
     DECODE_ERRORS,
+    Chunk,
+    CompactRanking,
     Event,
     EventError,
     Feedback,
@@ -39,6 +42,7 @@ from stream_eval.events.schema import (
     type_name,
     validator,
 )
+from stream_eval.events.schema import decode_chunk_columns as _decode_lines
 
 _TOPIC_TYPES: dict[str, type[Ranking] | type[Feedback] | type[Judgment]] = {
     "ranking": Ranking,
@@ -99,12 +103,71 @@ def decode_messages(
                   joined if present is values else None)
     if not_after < math.inf:
         for index, event in enumerate(out):
-            ts = getattr(event, "ts", None)
-            if ts is not None and type(event) is not Invalid and ts > not_after:
-                out[index] = Invalid(type_name(event), "future_ts",
-                                     f"ts: {ts!r} is more than max_clock_skew={config.max_clock_skew:g}s ahead of "
-                                     "the worker's clock", where[index], bytes(values[index] or b""))
+            out[index] = _not_future(event, not_after, config, where[index], values[index])
     return out
+
+
+def _not_future(event: Event | Invalid, not_after: float, config: Config, where: str, value: bytes | None,
+                ) -> Event | Invalid:
+    """``event``, or an Invalid (``future_ts``) when its time is after ``not_after``."""
+    ts = getattr(event, "ts", None)
+    if ts is None or type(event) is Invalid or ts <= not_after:
+        return event
+    return Invalid(type_name(event), "future_ts", f"ts: {ts!r} is more than max_clock_skew="
+                   f"{config.max_clock_skew:g}s ahead of the worker's clock", where, bytes(value or b""))
+
+
+#: The event types a topic's messages may decode to (a watermark may come on any topic).
+_ACCEPTED: dict[str, tuple[type, ...]] = {
+    "ranking": (CompactRanking, Ranking, Watermark),
+    "feedback": (Feedback, Watermark),
+    "judgment": (Judgment, Watermark),
+}
+
+
+def decode_message_chunk(
+    values: Sequence[bytes | None], kind: str, config: Config, default_ts: Sequence[float], where: Sequence[str],
+    not_after: float = math.inf,
+) -> Chunk:
+    """:func:`decode_messages` as a :class:`Chunk`: the same events, with the plainest feedback read into columns and
+    the plainest rankings made compact by the compiled line reader, as replay reads a file.
+
+    The messages are read as the lines of one chunk when each is one line (no message empty, none holding a line
+    break); every event that the line reader did not give as a valid event of the topic's type (an invalid line,
+    another type, a missing ``ts``, a time after ``not_after``) is decoded again as a message, by
+    :func:`decode_message`, so its reason, its Kafka timestamp and its place are a message's. Anything else (rare:
+    feedback on another topic, feedback from the future, a batch not one message a line) is decoded by
+    :func:`decode_messages`.
+    """
+    def whole() -> Chunk:
+        return Chunk.of(decode_messages(values, kind, config, default_ts, where, not_after))
+
+    if not values or None in values:
+        return whole()
+    joined = b"\n".join(values)  # type: ignore[arg-type]  # no None
+    if joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
+        return whole()
+    chunk = _decode_lines(joined, config)
+    feedback = chunk.feedback
+    if len(chunk) != len(values) or (len(feedback) and (kind != "feedback" or float(feedback.ts.max()) > not_after)):
+        return whole()  # a message of white space only (no line), or feedback the columns cannot keep
+    accepted = _ACCEPTED[kind]
+    events: list[Any] = chunk.events
+    events_at = chunk.events_at.tolist()
+    replaced = False
+    for k, event in enumerate(events):
+        if type(event) in accepted and (getattr(event, "ts", None) or -math.inf) <= not_after:
+            continue
+        i = events_at[k]
+        if not replaced:
+            events = chunk.events = list(events)  # (not the plain rankings' own list)
+            replaced = True
+        events[k] = _not_future(decode_message(values[i], kind, config, default_ts[i], where[i]), not_after,
+                                config, where[i], values[i])
+    if replaced and chunk.plain is not None:
+        chunk.plain.fill_items()  # the objects no longer line up with the rankings read in place
+        chunk.plain = None
+    return chunk
 
 
 #: Runs of at most this many messages with a bad one among them are decoded message by message.

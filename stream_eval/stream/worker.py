@@ -50,7 +50,7 @@ from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.windows import RollingWindows
-from stream_eval.events.messages import decode_messages
+from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid
 from stream_eval.stream.backoff import BrokerHealth, is_broker_error
@@ -905,7 +905,7 @@ class StreamWorker:
                 offsets = [r.offset for r in records]
                 if self.partitioned.units[tp.partition].sources[kind].received is None:
                     log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
-                events = decode_messages([r.value for r in records], kind, config, _Timestamps(records),
+                events = decode_message_chunk([r.value for r in records], kind, config, _Timestamps(records),
                                          _Where(f"{tp.topic}/{tp.partition}@", offsets),
                                          not_after=self.wall_clock() + config.max_clock_skew)
                 invalid = self.partitioned.feed(kind, tp.partition, offsets, events)
