@@ -52,7 +52,7 @@ from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoin
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.scan import MAX_EVENT_BYTES
-from stream_eval.events.schema import Invalid
+from stream_eval.events.schema import Invalid, Watermark
 from stream_eval.stream.backoff import BrokerHealth, is_broker_error
 from stream_eval.stream.kafka import (
     DEFAULT_PARTITIONS,
@@ -206,6 +206,34 @@ def _quiet_client_debug_logs() -> None:
     client = logging.getLogger("aiokafka")
     if client.level == logging.NOTSET:
         client.setLevel(logging.INFO)
+
+
+def warm_up(config: Config) -> None:
+    """Run a few simulated requests through the path a batch takes (decode, join, finalise, the regroup stage), so
+    that numba loads its compiled loops from the cache now, before the worker joins its group, not while a first
+    batch keeps the group waiting (a few seconds)."""
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    lines = list(simulate_lines(SimulationConfig(requests=40, seed=1, judgments=False)))
+    engine = Engine(config)
+    engine.labels = LabelBounds(config.max_label_values)
+    RollingWindows(engine)
+    FeedbackDelays(engine)
+
+    def finalised(partition: int, batch: FinalisedBatch) -> None:
+        for record in batch.records():
+            orjson.dumps(record)
+
+    partitioned = PartitionedEngine(engine, on_finalised=finalised)  # (runs the regroup stage itself)
+    partitioned.assign(0)
+    for kind in ("ranking", "feedback"):
+        values = [line for line in lines if f'"type": "{kind}"'.encode() in line or f'"type":"{kind}"'.encode() in line]
+        if values:
+            chunk = decode_message_chunk(values, kind, config, [0.0] * len(values), [""] * len(values))
+            partitioned.feed(kind, 0, list(range(len(values))), chunk)
+    partitioned.feed("ranking", 0, [len(lines)], [Watermark(end=True)])
+    partitioned.feed("feedback", 0, [len(lines)], [Watermark(end=True)])
+    partitioned.tick()
 
 
 class StreamWorker:
@@ -936,6 +964,10 @@ class StreamWorker:
 
         settings = self.settings
         _quiet_client_debug_logs()
+        try:
+            warm_up(self.config)
+        except Exception as error:  # (only a speed-up: a configuration it does not fit must not stop the worker)
+            log.info("warm-up of the compiled loops skipped: %s: %s", type(error).__name__, error)
         await self.health.call("startup", self._prepare_topics)  # waits, with backoff, for a broker to answer
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
