@@ -439,9 +439,7 @@ class Engine:
             if regroup is None:
                 self.gsb.query_metrics(arms, queries, serve, picked)
             else:
-                for (experiment, arm), query, ts, value in zip(arms, queries, serve.tolist(), picked.tolist(),
-                                                               strict=True):
-                    regroup.query_metric(experiment, arm, query, ts, value)
+                regroup.query_metrics(arms, queries, serve.tolist(), picked.tolist())
         self._unit_contributions(finalised, states, group, values, interleaved)
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]

@@ -56,24 +56,30 @@ UNIT_ROWS = 1000
 #: Characters of ids (request, experiment, arm, unit) per regroup record of unit contributions: fewer rows when
 #: the ids are long (up to 4 bytes a character: 256 KiB of them at most, with Kafka's limit 1 MiB a message).
 UNIT_ID_CHARS = 64 << 10
+#: Characters counted per number a row carries (a session part's scores) when records are cut to size.
+NUMBER_CHARS = 24
 
 
-def row_ranges(columns: list[list[str]]) -> list[tuple[int, int]]:
+def row_ranges(columns: list[list[str]], extra: list[int] | None = None) -> list[tuple[int, int]]:
     """Ranges of rows of the string ``columns`` (of equal length), in order, of at most :data:`UNIT_ROWS` rows and
-    :data:`UNIT_ID_CHARS` characters each (a row longer than that alone).
+    :data:`UNIT_ID_CHARS` characters each (a row longer than that alone); ``extra``: more characters per row (the
+    numbers a row carries, as :data:`NUMBER_CHARS` each).
 
     >>> row_ranges([["a"] * 2500])
     [(0, 1000), (1000, 2000), (2000, 2500)]
     >>> row_ranges([["x" * 40_000, "y", "z" * 40_000], ["e"] * 3])
     [(0, 2), (2, 3)]
+    >>> row_ranges([["a"] * 3], [40_000, 40_000, 10])
+    [(0, 1), (1, 3)]
     """
     n = len(columns[0]) if columns else 0
-    if sum(sum(map(len, column)) for column in columns) <= UNIT_ID_CHARS:  # most batches: rows are the bound
+    total = sum(sum(map(len, column)) for column in columns) + (sum(extra) if extra else 0)
+    if total <= UNIT_ID_CHARS:  # most batches: rows are the bound
         return [(a, min(a + UNIT_ROWS, n)) for a in range(0, n, UNIT_ROWS)]
     out: list[tuple[int, int]] = []
     start, chars = 0, 0
     for i, row in enumerate(zip(*columns, strict=True)):
-        size = sum(map(len, row))
+        size = sum(map(len, row)) + (extra[i] if extra else 0)
         if i > start and (chars + size > UNIT_ID_CHARS or i - start == UNIT_ROWS):
             out.append((start, i))
             start, chars = i, 0
@@ -101,11 +107,29 @@ class RegroupSink:
         self.partition = partition
         self.token: str | None = None  # this ownership of the partition (set by begin)
         self._seq = 0
+        # Session parts and query metrics given since the last record, written as columns ("S", "Q") before the
+        # next record of another kind: one record per many requests, applied at once by the stage.
+        self._parts: dict[str, list[Any]] = {key: [] for key in _PART_COLUMNS}
+        self._queries: dict[str, list[Any]] = {key: [] for key in _QUERY_COLUMNS}
 
     @property
     def seq(self) -> int:
         """The number of the last data record appended (what a checkpoint of the partition stores)."""
+        self._flush()
         return self._seq
+
+    def _flush(self) -> None:
+        """Write the session parts and query metrics given so far as columnar records (in that order)."""
+        parts, queries = self._parts, self._queries
+        if parts["id"]:
+            self._parts = {key: [] for key in _PART_COLUMNS}
+            sizes = [NUMBER_CHARS * len(scores) for scores in parts["s"]]
+            for a, b in row_ranges([parts["id"], parts["e"], parts["a"]], sizes):
+                self._append(b"", {"k": "S", **{key: column[a:b] for key, column in parts.items()}})
+        if queries["q"]:
+            self._queries = {key: [] for key in _QUERY_COLUMNS}
+            for a, b in row_ranges([queries["q"], queries["e"], queries["a"]]):
+                self._append(b"", {"k": "Q", **{key: column[a:b] for key, column in queries.items()}})
 
     def begin(self, token: str, committed: int) -> None:
         """A new owner (ownership ``token``) takes the partition from a checkpoint that stored :attr:`seq` =
@@ -116,15 +140,20 @@ class RegroupSink:
             raise ValueError("begin the ownership before appending records")
         self.token, self._seq = token, committed
         self._arms.clear()  # announcements after the checkpoint are discarded by the rewind: made again
+        self._parts = {key: [] for key in _PART_COLUMNS}
+        self._queries = {key: [] for key in _QUERY_COLUMNS}
         self.records.append((b"", orjson.dumps({"k": "r", "P": self.partition, "x": token, "n": committed})))
 
     def commit(self, seq: int) -> None:
         """The checkpoint holding ``seq`` is stored: the stage may count the records numbered up to it."""
         if self.partition is None:
             raise ValueError("a sink of no partition has nothing to commit")
+        self._flush()
         self.records.append((b"", orjson.dumps({"k": "c", "P": self.partition, "x": self.token, "n": seq})))
 
     def _append(self, key: bytes, record: dict[str, Any]) -> None:
+        if record["k"] not in _COLUMNAR:
+            self._flush()  # (the parts and metrics given before this record come before it)
         if self.partition is not None:
             self._seq += 1
             record["P"] = self.partition
@@ -133,11 +162,17 @@ class RegroupSink:
         self.records.append((key, orjson.dumps(record)))
 
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
+        """A finalised request of a named session: its session id, labels, serve time, served items' scores, the
+        1-based positions of the relevant ones, and its unit (written with the next record, as columns)."""
         a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
-        record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "t": state.ts,
-                  "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i),
-                  "u": unit_of(state)}
-        self._append(str(state.session_id).encode(), record)
+        parts = self._parts
+        parts["id"].append(state.session_id)
+        parts["e"].append(experiment)
+        parts["a"].append(arm)
+        parts["t"].append(state.ts)
+        parts["s"].append(impressions.scores[a:b].tolist())
+        parts["r"].append(impressions.relevant_positions(i))
+        parts["u"].append(unit_of(state))
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
@@ -155,9 +190,16 @@ class RegroupSink:
                                "a": arms[a:b], "u": units[a:b], "y": weighted_auc[a:b].tolist(),
                                "w": weight[a:b].tolist()})
 
-    def query_metric(self, experiment: str, arm: str, query_id: str, ts: float, value: float) -> None:
-        record = {"k": "q", "e": experiment, "a": arm, "q": query_id, "t": ts, "v": value}
-        self._append(query_id.encode(), record)
+    def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], ts: list[float],
+                      values: list[float]) -> None:
+        """Finalised requests' ``gsb_metric`` for their queries: (experiment, arm), query id, serve time, value
+        (written with the next record, as columns)."""
+        columns = self._queries
+        columns["e"] += [experiment for experiment, _ in groups]
+        columns["a"] += [arm for _, arm in groups]
+        columns["q"] += queries
+        columns["t"] += ts
+        columns["v"] += values
 
     def judgment(self, experiment: str, verdict: str) -> None:
         self._append(experiment.encode(), {"k": "j", "e": experiment, "v": verdict})
@@ -175,8 +217,18 @@ class RegroupSink:
         self._append(b"", {"k": "w", "u": unit, "t": time_to_json(watermark)})
 
     def take(self) -> list[tuple[bytes, bytes]]:
+        self._flush()
         records, self.records = self.records, []
         return records
+
+
+#: The columns of a record of session parts ("S"): session id, experiment, arm, serve time, the served items'
+#: scores, the 1-based positions of the relevant ones, the unit; and of query metrics ("Q"): experiment, arm,
+#: query id, serve time, the ``gsb_metric`` value. (Logs written before 2026-11-26 hold them one per record, "s"
+#: and "q", with the same keys.)
+_PART_COLUMNS = ("id", "e", "a", "t", "s", "r", "u")
+_QUERY_COLUMNS = ("e", "a", "q", "t", "v")
+_COLUMNAR = frozenset({"S", "Q"})
 
 
 class _Part:
@@ -247,7 +299,8 @@ class SessionStage:
         # Session parts received but not added: (deadline, offset, record). They are added in deadline order
         # once every partition is past their deadline, as one engine finalises them in replay: whether a
         # request starts a new session depends on the order (see Sessions.add).
-        self._waiting: list[tuple[float, int, dict[str, Any]]] = []
+        # (For a columnar record, one entry per row: (deadline, offset, row, record); row -1: a record of one part.)
+        self._waiting: list[tuple[float, int, int, dict[str, Any]]] = []
         self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
@@ -333,7 +386,7 @@ class SessionStage:
             elif key in buckets:
                 break
             heapq.heappop(needed)
-        first = [offset for _, offset, _ in self._waiting]
+        first = [offset for _, offset, _, _ in self._waiting]
         first += [min(offset for _, offset, _ in held.records) for held in self._held.values() if held.records]
         if needed:
             first.append(needed[0][0])
@@ -411,11 +464,24 @@ class SessionStage:
             if not frozen:
                 self._add_units(record)
             return
+        if kind == "S":
+            waiting, horizon = self._waiting, self._horizon
+            for row, ts in enumerate(record["t"]):
+                heapq.heappush(waiting, (float(ts) + horizon, offset, row, record))
+            return
         if kind == "s":
-            heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, record))
+            heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, -1, record))
             return
         with self._quiet(at):
-            if kind == "q":
+            if kind == "Q":
+                gsb = engine.gsb
+                serve = np.array(record["t"], dtype=np.float64)
+                for bucket in np.unique(np.floor_divide(serve, gsb.window)).astype(np.int64).tolist():
+                    if bucket not in gsb.open_buckets():
+                        heapq.heappush(self._needed, (offset, "q", bucket))
+                values = np.array([math.nan if v is None else v for v in record["v"]], dtype=np.float64)
+                gsb.query_metrics(list(zip(record["e"], record["a"], strict=True)), record["q"], serve, values)
+            elif kind == "q":
                 bucket = engine.gsb.bucket_of(record["t"])
                 if bucket not in engine.gsb.open_buckets():
                     heapq.heappush(self._needed, (offset, "q", bucket))
@@ -464,16 +530,17 @@ class SessionStage:
         waiting = self._waiting
         parts: list[tuple[int, dict[str, Any]]] = []
         while waiting and waiting[0][0] <= watermark:
-            _, offset, record = heapq.heappop(waiting)
-            parts.append((offset, record))
+            _, offset, row, record = heapq.heappop(waiting)
+            parts.append((offset, record if row < 0 else {key: record[key][row] for key in _PART_COLUMNS}))
         if not parts:
             return
         engine = self.engine
         states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]))
                   for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
-        rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
-        rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)
+        relevant = [r["r"] for _, r in parts]
+        rel_req = np.repeat(np.arange(len(parts)), list(map(len, relevant)))
+        rel_pos = np.array([p for positions in relevant for p in positions], dtype=np.int64)
         impressions = Impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
         # (under the quiet context of the watermark record that released them: named parts count nothing)
         engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
