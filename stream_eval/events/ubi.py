@@ -45,8 +45,7 @@ from stream_eval.events.schema import (
     Event,
     EventError,
     Invalid,
-    Ranking,
-    decode_line,
+    decode_chunk_compact,
     parse_time,
     screened,
 )
@@ -406,7 +405,7 @@ class _Event(NamedTuple):
     where: str
 
 
-def lookup(record: Mapping[str, Any], path: str) -> Any:
+def lookup(record: dict[str, Any], path: str) -> Any:
     """The value at a dotted ``path`` of a record (``None`` when absent): a key that holds the whole path first,
     then nested objects (Parquet maps, read as lists of pairs, too).
 
@@ -415,16 +414,31 @@ def lookup(record: Mapping[str, Any], path: str) -> Any:
     >>> lookup({"query_attributes.arm": "b"}, "query_attributes.arm")
     'b'
     """
-    if path in record:
-        return record[path]
-    node: Any = record
-    for part in path.split("."):
-        if isinstance(node, list) and all(isinstance(pair, tuple) and len(pair) == 2 for pair in node):
-            node = dict(node)
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
+    return _Path(path)(record)
+
+
+class _Path:
+    """:func:`lookup` of one path, split once."""
+
+    __slots__ = ("path", "parts")
+
+    def __init__(self, path: str) -> None:
+        self.path, self.parts = path, tuple(path.split("."))
+
+    def __call__(self, record: dict[str, Any]) -> Any:
+        value = record.get(self.path)
+        if value is not None or len(self.parts) == 1:
+            return value
+        node: Any = record
+        for part in self.parts:
+            if type(node) is not dict:
+                if type(node) is not list or not all(type(pair) is tuple and len(pair) == 2 for pair in node):
+                    return None
+                node = dict(node)
+            node = node.get(part)
+            if node is None:
+                return None
+        return node
 
 
 def _label(value: Any) -> str | None:
@@ -464,6 +478,9 @@ class UbiConverter:
         self.hold = horizon if settings.hold is None else settings.hold
         self.keep = 2 * horizon  # how long a query's hits are kept to check its events, after it is released
         self.counts = counts or UbiCounts()
+        self._experiment, self._arm, self._unit, self._session, self._dwell = (
+            _Path(path) for path in (settings.experiment_field, settings.arm_field, settings.unit_field,
+                                     settings.session_field, settings.dwell_field))
         self._heap: list[tuple[float, int, int, _Query | _Event]] = []
         self._seq = 0
         # queries read (their hits, to check events) and the first session named by an event of each query, both in
@@ -508,8 +525,15 @@ class UbiConverter:
                 last[k] = max(last[k], pending.ts)
                 heapq.heappush(self._heap, (pending.ts, k, self._seq, pending))
                 self._seq += 1
-            clock = min(t for t, on in zip(last, alive, strict=True) if on) if any(alive) else math.inf
-            yield from self._release(clock - self.hold)
+            if alive[0] and alive[1]:
+                clock = last[0] if last[0] < last[1] else last[1]
+            elif alive[0] or alive[1]:
+                clock = last[0] if alive[0] else last[1]
+            else:
+                break
+            heap = self._heap
+            if heap and heap[0][0] <= clock - self.hold:  # (a record that makes no event: released next time)
+                yield from self._release(clock - self.hold)
         yield from self._release(math.inf)
 
     def _release(self, until: float) -> Iterator[UbiLine | Invalid]:
@@ -524,7 +548,7 @@ class UbiConverter:
             _forget(self._session_times, self._sessions, until - self.keep)
 
     # -- reading a record --------------------------------------------------------------------------------------------
-    def _time(self, record: Mapping[str, Any]) -> float:
+    def _time(self, record: dict[str, Any]) -> float:
         value = record.get("timestamp")
         try:
             if value is None:
@@ -538,7 +562,7 @@ class UbiConverter:
         return ts
 
     @staticmethod
-    def _request_id(record: Mapping[str, Any]) -> str:
+    def _request_id(record: dict[str, Any]) -> str:
         value = record.get("query_id")
         if not isinstance(value, str) or not value:
             raise EventError("missing_query_id", "query_id: missing" if value is None else
@@ -556,10 +580,10 @@ class UbiConverter:
                              "integers)")
         text = record.get("user_query")
         query_id = (normalise_query(text) if settings.normalise_query else text) if isinstance(text, str) else None
-        experiment, arm = (_label(lookup(record, name)) for name in (settings.experiment_field, settings.arm_field))
+        experiment, arm = _label(self._experiment(record)), _label(self._arm(record))
         query = _Query(request_id, ts, hits, {}, query_id or None,  # type: ignore[arg-type]  # no None in hits
-                       _label(lookup(record, settings.session_field)), experiment or "default", arm or "default",
-                       _label(lookup(record, settings.unit_field)), _id(record.get("object_id_field")), where)
+                       _label(self._session(record)), experiment or "default", arm or "default",
+                       _label(self._unit(record)), _id(record.get("object_id_field")), where)
         if request_id not in self._queries:
             self._queries[request_id] = query
             self._query_times.append((ts, request_id))
@@ -574,7 +598,7 @@ class UbiConverter:
             raise EventError("missing_action", "action_name: missing" if action is None else
                              f"action_name: {action!r} is not a text")
         request_id = record.get("query_id")
-        session = _label(lookup(record, self.settings.session_field))
+        session = _label(self._session(record))
         kind = self.actions.get(action)
         if kind is None:
             self.counts.ignore(action)
@@ -587,17 +611,21 @@ class UbiConverter:
         request_id = self._request_id(record)
         ts = self._time(record)
         self._note_session(request_id, session, ts)
-        thing = lookup(record, "event_attributes.object")
-        raw_item = thing.get("object_id") if isinstance(thing, Mapping) else None
+        attributes = record.get("event_attributes")
+        if type(attributes) is not dict:
+            attributes = {}
+        thing = attributes.get("object")
+        raw_item = thing.get("object_id") if type(thing) is dict else None
         item = _id(raw_item)
         if raw_item is not None and item is None:
             raise EventError("bad_object",
                              f"event_attributes.object.object_id: {raw_item!r} is not a text or an integer")
-        raw_ordinal = lookup(record, "event_attributes.position.ordinal")
+        position = attributes.get("position")
+        raw_ordinal = position.get("ordinal") if type(position) is dict else None
         ordinal = _ordinal(raw_ordinal)
         if raw_ordinal is not None and ordinal is None:
             raise EventError("bad_ordinal", f"event_attributes.position.ordinal: {raw_ordinal!r} is not an integer")
-        raw_dwell = lookup(record, self.settings.dwell_field)
+        raw_dwell = self._dwell(record)
         dwell = None
         if raw_dwell is not None:
             if isinstance(raw_dwell, bool) or not isinstance(raw_dwell, int | float) or not (
@@ -605,7 +633,7 @@ class UbiConverter:
                 raise EventError("bad_dwell", f"{self.settings.dwell_field}: {raw_dwell!r} is not a number of seconds "
                                  ">= 0")
             dwell = float(raw_dwell)
-        id_field = _id(thing.get("object_id_field")) if isinstance(thing, Mapping) else None
+        id_field = _id(thing.get("object_id_field")) if type(thing) is dict else None
         return _Event(request_id, ts, kind, item, ordinal, dwell, id_field, where)
 
     def _note_session(self, request_id: Any, session: str | None, ts: float | None) -> None:
@@ -700,6 +728,14 @@ def _epoch_seconds(value: Any) -> float:
     >>> _epoch_seconds("2026-01-01T00:00:00.250+0000"), _epoch_seconds(1767225600250)
     (1767225600.25, 1767225600.25)
     """
+    if type(value) is str:  # the usual: ISO-8601 with an offset
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if moment.tzinfo is not None:
+                return moment.timestamp()
     if isinstance(value, datetime):
         return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
     if isinstance(value, bool):
@@ -719,20 +755,35 @@ def _epoch_seconds(value: Any) -> float:
 
 def decoded(items: Iterable[UbiLine | Invalid], config: Config,
             batch: int = BATCH) -> Iterator[list[CompactRanking | Event | Invalid]]:
-    """The events of converted lines, decoded and validated by the standard decoder (rankings compact, as the join
-    keeps them), in batches for the engine; rejected records as they came."""
-    out: list[CompactRanking | Event | Invalid] = []
+    """The events of converted lines, decoded and validated by the standard decoder
+    (:func:`~stream_eval.events.schema.decode_chunk_compact`, a batch of lines at a time: rankings compact, as the
+    join keeps them; a line rejected there is invalid where its UBI record is), in batches for the engine; rejected
+    records as they came."""
+    out: list[Any] = []
+    lines: list[bytes] = []
+    places: list[int] = []
+    wheres: list[str] = []
     for item in items:
-        if type(item) is Invalid:
-            out.append(item)
-        else:
-            event = decode_line(item.line, config, item.where)  # type: ignore[union-attr]  # a UbiLine
-            out.append(CompactRanking.of(event) if type(event) is Ranking else event)
+        if type(item) is UbiLine:
+            places.append(len(out))
+            wheres.append(item.where)
+            lines.append(item.line)
+        out.append(item)
         if len(out) >= batch:
-            yield out
-            out = []
+            yield _decoded_batch(out, lines, places, wheres, config)
+            out, lines, places, wheres = [], [], [], []
     if out:
-        yield out
+        yield _decoded_batch(out, lines, places, wheres, config)
+
+
+def _decoded_batch(out: list[Any], lines: list[bytes], places: list[int], wheres: list[str],
+                   config: Config) -> list[CompactRanking | Event | Invalid]:
+    if lines:
+        for place, where, event in zip(places, wheres, decode_chunk_compact(b"\n".join(lines), config), strict=True):
+            if type(event) is Invalid:
+                event.where = where
+            out[place] = event
+    return out
 
 
 def ubi_lines(converter: UbiConverter, queries: str, events: str,
