@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import math
+import os
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -102,6 +104,9 @@ def _check_ubi_inputs(command: str, files: list[str], columns: str | None) -> No
     if len(files) != 2:
         raise ConfigError(f"{command} --input-format ubi: give two inputs, the exports of ubi_queries and of "
                           f"ubi_events (QUERIES EVENTS), not {len(files)}")
+    missing = [path for path in files if path != "-" and not os.path.isfile(path)]
+    if missing:
+        raise FileNotFoundError(errno.ENOENT, "no such file", missing[0])
     if files == ["-", "-"]:
         raise ConfigError(f"{command} --input-format ubi: only one of the two inputs can be stdin ('-')")
     if columns:

@@ -8,6 +8,7 @@ codes; and ``produce --input-format ubi`` gives a worker the replay's numbers.
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import subprocess
@@ -289,6 +290,8 @@ def test_search_hits_bulk_bodies_responses_and_epoch_milliseconds_equal_plain_re
                                                         "max_score": 1.0, "hits": hits}}
     (tmp_path / "response.json").write_text(json.dumps(response, indent=2))
     assert ubi_replayed(tmp_path / "response.json", log[1])[0] == reference
+    (tmp_path / "queries.jsonl.gz").write_bytes(gzip.compress(log[0].read_bytes()))
+    assert ubi_replayed(tmp_path / "queries.jsonl.gz", log[1])[0] == reference
     # epoch milliseconds, as the plugin wrote before UBI 1.0 (numbers, or text of digits)
     millis = [{**q, "timestamp": round(datetime.fromisoformat(q["timestamp"]).timestamp() * 1000)} for q in queries]
     for n, query in enumerate(millis[::3]):
@@ -411,6 +414,15 @@ def test_ordinal_checks_and_settings_from_the_config(tmp_path: Path) -> None:
     assert result.returncode == 2 and "unknown setting(s) colour" in result.stderr
     result = cli("replay", "--input-format", "ubi", queries)
     assert result.returncode == 2 and "give two inputs" in result.stderr
+
+
+def test_unreadable_inputs_are_clear_errors(log: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
+    result = cli("replay", "--input-format", "ubi", tmp_path / "none.jsonl", log[1])
+    assert result.returncode == 2 and f"{tmp_path / 'none.jsonl'}: no such file" in result.stderr
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
+    result = cli("replay", "--input-format", "ubi", tmp_path / "broken.parquet", log[1], "--format", "json")
+    assert result.returncode == 1 and f"error: {tmp_path / 'broken.parquet'}: " in result.stderr
+    assert json.loads(result.stdout)["ubi"]["events"] == len(log[3])  # the other input was read
 
 
 def test_cli_replays_the_example_and_prints_mrr_and_ndcg() -> None:

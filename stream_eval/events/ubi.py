@@ -357,7 +357,13 @@ def _parquet_records(path: str, damaged: list[str] | None,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    file = pq.ParquetFile(path)
+    try:
+        file = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        if damaged is None or isinstance(error, FileNotFoundError):
+            raise
+        damaged.append(f"{path}: {str(error).rstrip('.')}; nothing was read")
+        return
     size, total = os.path.getsize(path), max(file.metadata.num_rows, 1)
     rows = 0
     batches = file.iter_batches(batch_size=BATCH)
