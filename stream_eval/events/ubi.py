@@ -643,9 +643,11 @@ class UbiConverter:
         return _Event(request_id, ts, kind, item, ordinal, dwell, id_field, where)
 
     def _note_session(self, request_id: Any, session: str | None, ts: float | None) -> None:
-        if session is not None and isinstance(request_id, str) and request_id not in self._sessions:
+        """Keep the session an event names for its query's ranking (the first one read; none from an event without
+        a valid time, which says nothing of when it was)."""
+        if session is not None and ts is not None and isinstance(request_id, str) and request_id not in self._sessions:
             self._sessions[request_id] = session
-            self._session_times.append((-math.inf if ts is None else ts, request_id))
+            self._session_times.append((ts, request_id))
 
     # -- making events -----------------------------------------------------------------------------------------------
     def _ranking(self, query: _Query) -> UbiLine:
