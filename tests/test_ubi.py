@@ -290,6 +290,10 @@ def test_search_hits_bulk_bodies_responses_and_epoch_milliseconds_equal_plain_re
                                                         "max_score": 1.0, "hits": hits}}
     (tmp_path / "response.json").write_text(json.dumps(response, indent=2))
     assert ubi_replayed(tmp_path / "response.json", log[1])[0] == reference
+    (tmp_path / "array.json").write_text(json.dumps(queries, indent=1))  # an array, indented
+    assert ubi_replayed(tmp_path / "array.json", log[1])[0] == reference
+    (tmp_path / "arrays.jsonl").write_text(json.dumps(queries[:50]) + "\n" + json.dumps(queries[50:]) + "\n")
+    assert ubi_replayed(tmp_path / "arrays.jsonl", log[1])[0] == reference
     (tmp_path / "queries.jsonl.gz").write_bytes(gzip.compress(log[0].read_bytes()))
     assert ubi_replayed(tmp_path / "queries.jsonl.gz", log[1])[0] == reference
     # epoch milliseconds, as the plugin wrote before UBI 1.0 (numbers, or text of digits)

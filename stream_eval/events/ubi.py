@@ -2,8 +2,8 @@
 
 UBI (specification 1.x, https://github.com/o19s/ubi) logs searches in the index ``ubi_queries`` and what users
 did next in ``ubi_events``. This module turns exports of the two into this project's JSON event lines, which then
-take the standard path (:func:`~stream_eval.events.schema.decode_line`, the engine, or the Kafka topics), so that a
-UBI log is accepted, rejected and counted exactly as the same events written by hand:
+take the standard path (the decoder of :mod:`~stream_eval.events.schema`, the engine, or the Kafka topics), so that
+a UBI log is accepted, rejected and counted exactly as the same events written by hand:
 
 - a query is a ranking: ``request_id`` = ``query_id``, ``items`` = ``query_response_hit_ids`` in order, ``ts`` =
   ``timestamp``, ``query_id`` = ``user_query`` (normalised: :func:`normalise_query`), ``unit_id`` = ``client_id``,
@@ -63,7 +63,7 @@ REASONS = {
     "bad_utf8": "bytes that are not UTF-8",
     "duplicate_key": "a key twice in the record's object",
     "too_large": "a record of more than 256 KiB",
-    "bad_record": "JSON that is not an object",
+    "bad_record": "JSON that is neither an object nor an array of objects",
     "missing_query_id": "no query_id (a text of at least one character)",
     "missing_ts": "no timestamp",
     "bad_ts": "a timestamp that is neither ISO-8601 with a UTC offset nor epoch milliseconds",
@@ -252,9 +252,9 @@ def read_records(path: str, damaged: list[str] | None = None,
                  read: Callable[[int], None] | None = None) -> Iterator[Record]:
     """The UBI records of an export: JSON Lines (gzip recognised; ``-`` = stdin) of records, of search hits
     (``{"_source": {...}}``, as ``_search``, scroll and dump tools write them) or of ``_bulk`` bodies (the action
-    lines are skipped); one JSON document (a ``_search`` response, or an array of records); or Parquet (a name
-    ending ``.parquet``; one column per field, nested fields as structs or maps). ``read(n)``: told the bytes read
-    so far. With ``damaged``, a file that breaks ends there, the reason added to it (as in replay)."""
+    lines are skipped); one indented JSON document, read whole (a ``_search`` response, or an array of records); or
+    Parquet (a name ending ``.parquet``; one column per field, nested fields as structs or maps). ``read(n)``: told
+    the bytes read so far. With ``damaged``, a file that breaks ends there, the reason added to it (as in replay)."""
     if path.lower().endswith(".parquet"):
         yield from _parquet_records(path, damaged, read)
         return
@@ -286,13 +286,16 @@ def read_records(path: str, damaged: list[str] | None = None,
 
 
 def _one_document(chunk: bytes) -> bool:
-    """Whether a file that starts with ``chunk`` is one JSON document over several lines (its first line is not
-    JSON by itself, and it opens an object or array)."""
-    text = chunk.lstrip()
-    if text[:1] not in (b"{", b"["):
+    """Whether a file that starts with ``chunk`` is one JSON document over several lines: its first line opens an
+    object and holds nothing else (as indented JSON does), or opens an array and is not JSON by itself. (A JSON
+    Lines file whose first line is broken stays JSON Lines: it is not read whole.)"""
+    line = chunk.lstrip().split(b"\n", 1)[0].strip()
+    if line == b"{":
+        return True
+    if line[:1] != b"[":
         return False
     try:
-        orjson.loads(text.split(b"\n", 1)[0])
+        orjson.loads(line)
     except orjson.JSONDecodeError:
         return True
     return False
@@ -321,8 +324,12 @@ def _line_records(chunk: bytes, first_line: int, source: str) -> Iterator[Record
 
 
 def _unwrapped(value: Any, where: str) -> Iterator[tuple[str, dict[str, Any] | _Problem]]:
-    """The records of one JSON value: itself, its ``_source``, a ``_search`` response's hits; nothing for a
-    ``_bulk`` action line."""
+    """The records of one JSON value: itself, its ``_source``, a ``_search`` response's hits, an array's elements;
+    nothing for a ``_bulk`` action line."""
+    if isinstance(value, list):
+        for n, element in enumerate(value, 1):
+            yield from _unwrapped(element, f"{where} record {n}")
+        return
     if not isinstance(value, dict):
         yield where, _Problem("bad_record", f"a JSON {type(value).__name__}, not an object")
         return
@@ -341,11 +348,6 @@ def _unwrapped(value: Any, where: str) -> Iterator[tuple[str, dict[str, Any] | _
 
 
 def _document_records(document: Any, source: str) -> Iterator[Record]:
-    if isinstance(document, list):
-        for n, value in enumerate(document, 1):
-            for where, record in _unwrapped(value, f"{source}: record {n}"):
-                yield where, record, b""
-        return
     for where, record in _unwrapped(document, source):
         yield where, record, b""
 
