@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     replay = commands.add_parser("replay", help="evaluate JSON Lines or Parquet logs offline and print the report")
     replay.add_argument("files", nargs="+", metavar="FILE",
-                        help="JSON Lines files ('-' = stdin, .gz ok) or Parquet files (*.parquet)")
+                        help="JSON Lines files ('-' = stdin, .gz ok) or Parquet files (*.parquet); with "
+                             "--input-format ubi: QUERIES EVENTS")
+    _add_input_format(replay)
     replay.add_argument("--format", choices=["json", "table"], help="default: table on a terminal, else json")
     replay.add_argument("--per-request", metavar="OUT.jsonl",
                         help="write the metrics of each request: JSON Lines, or Parquet when the name ends .parquet")
@@ -131,7 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--log", metavar="FILE", help="append the broker's own output to this file")
     broker.add_argument("--verbose", action="store_true", help="show the broker's own output on the terminal")
     produce = commands.add_parser("produce", help="replay JSON Lines logs into the Kafka topics, keeping event times")
-    produce.add_argument("files", nargs="+", metavar="FILE", help="JSON Lines files ('-' = stdin, .gz ok)")
+    produce.add_argument("files", nargs="+", metavar="FILE",
+                         help="JSON Lines files ('-' = stdin, .gz ok); with --input-format ubi: QUERIES EVENTS")
+    _add_input_format(produce)
+    produce.add_argument("--config", metavar="FILE",
+                         help="TOML settings: with --input-format ubi its [ubi] table, attribution_window, "
+                              "allowed_lateness, min_ts, max_ts; and its [kafka] table")
     produce.add_argument("--speed", type=_speed, default=None, metavar="X|max",
                          help="X times real time by event ts (1 = real time); max = as fast as possible (default)")
     produce.add_argument("--no-flush", action="store_true",
@@ -167,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     for kafka_command in (produce, worker):
         _add_kafka(kafka_command)
     return parser
+
+
+def _add_input_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input-format", choices=["events", "ubi"], default="events",
+                        help="events (default): this project's event logs; ubi: two exports of OpenSearch User "
+                             "Behavior Insights, the ubi_queries and ubi_events indexes (JSON Lines, search hits or "
+                             "Parquet; README, 'OpenSearch UBI')")
 
 
 def _add_kafka(parser: argparse.ArgumentParser) -> None:
@@ -293,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.stream.broker import run_broker
 
             return run_broker(args.port, args.host, log=args.log, echo=args.verbose)
+        if args.command == "produce" and args.input_format == "ubi":
+            from stream_eval.commands import produce_ubi_command
+
+            return produce_ubi_command(args, security_from_args(args))
         if args.command == "produce":
             from stream_eval.stream.produce import produce_command
 

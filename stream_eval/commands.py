@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
+import math
+import os
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import IO, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from stream_eval.config import Config
-from stream_eval.engine.engine import FinalisedBatch
-from stream_eval.engine.replay import ProgressBar, is_parquet, replay, total_size
+from stream_eval.config import Config, ConfigError
+from stream_eval.engine.engine import Engine, FinalisedBatch
+from stream_eval.engine.replay import Progress, ProgressBar, is_parquet, replay, total_size
 from stream_eval.export.report import PerRequestWriter, to_json, to_table
+
+if TYPE_CHECKING:
+    from stream_eval.events.ubi import UbiCounts, UbiSettings
+    from stream_eval.stream.kafka import KafkaSecurity
 
 _T = TypeVar("_T")
 
 
 def replay_command(args: argparse.Namespace, config: Config) -> int:
+    ubi = None
+    if getattr(args, "input_format", "events") == "ubi":
+        from stream_eval.events.ubi import ubi_config, ubi_settings
+
+        _check_ubi_inputs("replay", args.files, getattr(args, "columns", None))
+        ubi = ubi_settings(args.config)
+        config = ubi_config(config, ubi)
     if any(is_parquet(path) for path in [*args.files, args.per_request or ""]) and (
             importlib.util.find_spec("pyarrow") is None):
         print("stream-eval replay: Parquet needs pyarrow; install it with: "
@@ -48,12 +62,20 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
             def trace(look: dict[str, object]) -> None:
                 trace_file.write(orjson.dumps(look) + b"\n")
 
-        engine = replay(args.files, config, _each(writer, html_data.on_finalised if html_data else None), progress,
-                        _each(trace, html_data.on_look if html_data else None),
-                        attach=html_data.attach if html_data else None, columns=_columns(args))
+        on_finalised = _each(writer, html_data.on_finalised if html_data else None)
+        on_look = _each(trace, html_data.on_look if html_data else None)
+        attach = html_data.attach if html_data else None
+        counts = None
+        if ubi is not None:
+            engine, counts = _replay_ubi(args.files, config, ubi, on_finalised, progress, on_look, attach)
+        else:
+            engine = replay(args.files, config, on_finalised, progress, on_look, attach=attach, columns=_columns(args))
         if progress is not None:
             progress.close()
     report = engine.report()
+    if counts is not None:
+        report["ubi"] = counts.summary()
+        print(f"stream-eval: {counts.describe()}", file=sys.stderr)
     examples = [f"{e.where or '?'}: {e.kind}: {e.reason}" for e in engine.invalid_examples]
     for line in examples[:5]:
         print(f"stream-eval: invalid {line}", file=sys.stderr)
@@ -75,6 +97,77 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     for problem in engine.unreadable:  # the report covers what was read; the exit status says it is not all
         print(f"stream-eval: error: {problem}", file=sys.stderr)
     return 1 if engine.unreadable else 0
+
+
+def _check_ubi_inputs(command: str, files: list[str], columns: str | None) -> None:
+    """``--input-format ubi`` takes two inputs, the queries and the events, and no ``--columns``."""
+    if len(files) != 2:
+        raise ConfigError(f"{command} --input-format ubi: give two inputs, the exports of ubi_queries and of "
+                          f"ubi_events (QUERIES EVENTS), not {len(files)}")
+    missing = [path for path in files if path != "-" and not os.path.isfile(path)]
+    if missing:
+        raise FileNotFoundError(errno.ENOENT, "no such file", missing[0])
+    if files == ["-", "-"]:
+        raise ConfigError(f"{command} --input-format ubi: only one of the two inputs can be stdin ('-')")
+    if columns:
+        raise ConfigError(f"{command} --input-format ubi: --columns maps the columns of event logs; UBI fields are "
+                          "mapped in the [ubi] table of --config")
+
+
+def _replay_ubi(paths: list[str], config: Config, settings: UbiSettings,
+                on_finalised: Callable[[FinalisedBatch], None] | None, progress: Progress | None,
+                on_look: Callable[[dict[str, Any]], None] | None,
+                attach: Callable[[Engine], object] | None) -> tuple[Engine, UbiCounts]:
+    """:func:`~stream_eval.engine.replay.replay` of two UBI exports: their records converted to event lines
+    (:mod:`stream_eval.events.ubi`), decoded and counted as a log's lines are."""
+    from stream_eval.events.ubi import UbiConverter, decoded, read_records
+
+    engine = Engine(config, on_finalised)
+    if attach is not None:
+        attach(engine)
+    if on_look is not None:
+        engine.ledger.on_look = lambda ts: on_look({"ts": ts, "ab": engine.ab(), "srm": engine.srm(),
+                                                    "gsb": engine.gsb_rows()})
+    converter = UbiConverter(config, settings)
+    read = [0, 0]  # bytes read of each input, for progress
+
+    def reading(k: int) -> Callable[[int], None]:
+        return lambda n: read.__setitem__(k, n)
+
+    records = [read_records(path, engine.unreadable, reading(k)) for k, path in enumerate(paths)]
+    events = 0
+    for batch in decoded(converter.convert(*records), config):
+        engine.process(batch)
+        events += len(batch)
+        if progress is not None:
+            progress(sum(read), events)
+    engine.flush()
+    if on_look is not None:
+        engine.ledger.on_look = None
+        last = max(engine.watermark, engine.ledger.last_key)
+        on_look({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
+                 "gsb": engine.gsb_rows()})
+    return engine, converter.counts
+
+
+def produce_ubi_command(args: argparse.Namespace, security: KafkaSecurity) -> int:
+    """``stream-eval produce --input-format ubi QUERIES EVENTS``: the converted events into the input topics."""
+    from stream_eval.config import load_config
+    from stream_eval.events.ubi import UbiConverter, ubi_config, ubi_lines, ubi_settings
+    from stream_eval.stream.produce import produce_command
+
+    _check_ubi_inputs("produce", args.files, None)
+    settings = ubi_settings(args.config)
+    config = ubi_config(load_config(args.config), settings)
+    converter = UbiConverter(config, settings)
+    damaged: list[str] = []
+    status = produce_command(args.files, args.broker, args.topic_prefix, args.speed, not args.no_flush,
+                             args.partitions, lines=ubi_lines(converter, args.files[0], args.files[1], damaged),
+                             broker_timeout=args.broker_timeout, security=security)
+    print(f"stream-eval: {converter.counts.describe()}", file=sys.stderr)
+    for problem in damaged:
+        print(f"stream-eval: error: {problem}", file=sys.stderr)
+    return status or (1 if damaged else 0)
 
 
 def _columns(args: argparse.Namespace) -> dict[str, str] | None:

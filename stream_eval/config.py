@@ -421,8 +421,9 @@ def load_config(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--config {path}: {exc}") from exc
         document = document.get("stream_eval", document)
-        # the [kafka] table holds the connection settings (stream/kafka.py reads it), not evaluation settings
-        values.update(_read({k: v for k, v in document.items() if k != "kafka"}, f"--config {path}"))
+        # the [kafka] table holds the connection settings (stream/kafka.py reads it), [ubi] how UBI logs become
+        # events (events/ubi.py reads it): neither is an evaluation setting
+        values.update(_read({k: v for k, v in document.items() if k not in ("kafka", "ubi")}, f"--config {path}"))
     env = os.environ if environ is None else environ
     from_env = {k[len(ENV_PREFIX):].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     from_env = {k: v for k, v in from_env.items() if k in READERS}
