@@ -3,6 +3,7 @@
     python bench/stream.py            # 60k requests (~300k events), 3 runs each; ~5 min on 2 cores
     python bench/stream.py --quick    # 20k requests (~100k events), 50 latency probes; ~3 min
     python bench/stream.py --profile  # adds a py-spy profile of one worker run
+    python bench/stream.py --baseline ../old  # also the worker of another source tree (a git worktree), run by run
 
 A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
 items per ranking, ~4 feedback events per request) is produced once, with end-of-stream watermarks, to the
@@ -365,7 +366,7 @@ class StreamBench:
 
     # -- 1. the worker ------------------------------------------------------------------------------
     def run_worker(self, prefix: str, group: str, events: int, requests: int,
-                   profile: Path | None = None, ab: bool = True) -> dict[str, Any]:
+                   profile: Path | None = None, ab: bool = True, source: str | None = None) -> dict[str, Any]:
         """One worker run (``ab``: A/B units on, the default), done once every event and request is counted and the
         regroup stage has scored every session (and applied every request to its A/B unit): at the poll that showed
         the stage's series' last change."""
@@ -379,7 +380,10 @@ class StreamBench:
         start = time.perf_counter()
         errors = tempfile.TemporaryFile()
         env = {**os.environ, "STREAM_EVAL_AB": "true" if ab else "false"}
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env)
+        if source is not None:  # another source tree (--baseline): its package first on the path
+            env["PYTHONPATH"] = source
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env,
+                                cwd=source)
         first: tuple[float, float] | None = None
         first_cpu = 0.0
         cpu_at: dict[float, float] = {}  # poll time -> the worker's CPU seconds then (not under py-spy)
@@ -478,6 +482,11 @@ class StreamBench:
             runs["worker"].append(self.run_worker(prefix, f"worker{i}", data["events"], data["requests"]))
             log(f"run {i + 1}: worker {runs['worker'][-1]['rate']:,.0f} events/s, "
                 f"{runs['worker'][-1]['per_cpu']:,.0f} per CPU-second (startup {runs['worker'][-1]['startup']:.1f} s)")
+            if self.args.baseline:
+                runs.setdefault("baseline", []).append(self.run_worker(
+                    prefix, f"baseline{i}", data["events"], data["requests"], source=self.args.baseline))
+                log(f"run {i + 1}: baseline worker {runs['baseline'][-1]['rate']:,.0f} events/s, "
+                    f"{runs['baseline'][-1]['per_cpu']:,.0f} per CPU-second")
             runs["worker-ab-off"].append(self.run_worker(prefix, f"worker-off{i}", data["events"], data["requests"],
                                                          ab=False))
             log(f"run {i + 1}: worker, A/B off {runs['worker-ab-off'][-1]['rate']:,.0f} events/s")
@@ -680,7 +689,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                                    "session scored)",
                   "faust": "faust naive agent: per event `orjson.loads` + dict update (floor)",
                   "raw": "raw aiokafka `getmany` + `orjson.loads` only (ceiling)",
-                  "replay": "`stream-eval replay` of the same log (start-up, a one-line replay's, left out)"}
+                  "replay": "`stream-eval replay` of the same log (start-up, a one-line replay's, left out)",
+                  "baseline": f"`stream-eval worker` of the baseline tree (`--baseline`, at {args.baseline_commit})"}
         for name, label in labels.items():
             rs = runs.get(name, [])
             if not rs:
@@ -700,6 +710,11 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         if results.get("cpu_ratio"):
             out.append(f"Worker's events per CPU-second ÷ replay's, run by run: "
                        f"{fmt_range(summary(results['cpu_ratio']), lambda x: f'{x:.2f}×')}.")
+        if runs.get("baseline"):
+            per_cpu = [w["per_cpu"] / b["per_cpu"] for w, b in zip(runs["worker"], runs["baseline"], strict=True)]
+            out.append(f"Worker ÷ the baseline worker, run by run: events/s "
+                       f"{fmt_range(summary([w['rate'] / b['rate'] for w, b in zip(runs['worker'], runs['baseline'], strict=True)]), lambda x: f'{x:.2f}×')}"  # noqa: E501
+                       f", events per CPU-second {fmt_range(summary(per_cpu), lambda x: f'{x:.2f}×')}.")
         if runs.get("worker-ab-off"):
             cost = ab_cost(results)
             out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): "
@@ -796,6 +811,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-requests", type=int, help="open requests (default 100,000; 30,000 with --quick)")
     p.add_argument("--only", help="comma-separated subset of: throughput,latency,memory")
     p.add_argument("--profile", action="store_true", help="also one worker run under py-spy")
+    p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its worker runs too, "
+                                      "between the others, as the same-run baseline")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -804,6 +821,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.probes = args.probes or (50 if args.quick else 200)
     args.memory_requests = args.memory_requests or (30_000 if args.quick else 100_000)
     args.only = set(args.only.split(",")) if args.only else {"throughput", "latency", "memory"}
+    args.baseline_commit = None
+    if args.baseline:
+        args.baseline = str(Path(args.baseline).resolve())
+        found = subprocess.run(["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True,
+                               text=True)
+        args.baseline_commit = found.stdout.strip() or "unknown"
     return args
 
 
