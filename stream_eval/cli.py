@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--unit", choices=["session", "user"], default="session",
                           help="randomisation unit: each session (default), or users of several sessions, whose "
                                "rankings carry unit_id")
+    simulate.add_argument("--behaviour", action="store_true",
+                          help="clicks carry dwell times and some requests serve nothing (for the behaviour measures)")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
     simulate.add_argument("--broker", metavar="URL",
                           help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")
