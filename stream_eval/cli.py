@@ -34,6 +34,10 @@ SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--attribution-window", {"help": "how long after serve time feedback counts (default 30m)"}),
     ("--allowed-lateness", {"help": "how far out of event-time order events may arrive (default 60s)"}),
     ("--session-gap", {"help": "a named session closes after this much idle event time (default 30m)"}),
+    ("--sat-dwell", {"help": "dwell from which a click is satisfied, SatClick and Reformulation (default 30s)"}),
+    ("--sat-kinds", {"help": "feedback kinds that are satisfying whatever the dwell, comma-separated, e.g. "
+                             "purchase (a kind of [kinds]; default none)"}),
+    ("--reformulation-gap", {"help": "the next request of a session within this is a reformulation (default 60s)"}),
     ("--alpha", {"help": "alpha of alpha-nDCG (default 0.5)"}),
     ("--gsb-metric", {"help": "metric compared per query for GSB source 'metric' (default nDCG@10)"}),
     ("--gsb-epsilon", {"help": "smallest difference that is not 'same' (default 0)"}),

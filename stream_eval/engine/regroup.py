@@ -137,6 +137,8 @@ class RegroupSink:
         record = {"k": "s", "id": state.session_id, "e": experiment, "a": arm, "t": state.ts,
                   "s": impressions.scores[a:b].tolist(), "r": impressions.relevant_positions(i),
                   "u": unit_of(state)}
+        if impressions.satisfied is not None:  # session measures run: the query and a satisfied click
+            record["q"], record["c"] = state.query_id, bool(impressions.satisfied[i])
         self._append(str(state.session_id).encode(), record)
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
@@ -182,9 +184,10 @@ class RegroupSink:
 class _Part:
     """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read)."""
 
-    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id")
+    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id", "query_id")
 
-    def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None) -> None:
+    def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None,
+                 query_id: str | None = None) -> None:
         self.session_id = session_id
         self.ts = ts
         self.n = len(scores)
@@ -193,6 +196,7 @@ class _Part:
         self.unit_id = unit
         self.teams: list[str] | None = [] if unit is None else None
         self.request_id = session_id
+        self.query_id = query_id
 
 
 class _Held:
@@ -469,12 +473,13 @@ class SessionStage:
         if not parts:
             return
         engine = self.engine
-        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]))
+        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]), r.get("q"))
                   for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         rel_req = np.array([i for i, (_, r) in enumerate(parts) for _ in r["r"]], dtype=np.int64)
         rel_pos = np.array([p for _, r in parts for p in r["r"]], dtype=np.int64)
-        impressions = Impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
+        satisfied = np.array([bool(r.get("c")) for _, r in parts]) if engine.sessions.behaviour else None
+        impressions = Impressions(states, rel_req, rel_pos, None, satisfied)  # type: ignore[arg-type]  # duck-typed
         # (under the quiet context of the watermark record that released them: named parts count nothing)
         engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
         # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts
