@@ -277,3 +277,32 @@ def test_simulated_behaviour_replays_the_same_from_a_file(tmp_path: Path) -> Non
         assert _same(report["overall"]["metrics"][name], value), name
     assert 0 < report["overall"]["metrics"]["ZeroResult"] < 0.05
     assert 0.05 < report["overall"]["metrics"]["Reformulation"] < 0.5
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"sat_dwell": -1.0}, "sat_dwell"),
+    ({"sat_dwell": math.inf}, "sat_dwell"),
+    ({"reformulation_gap": math.nan}, "reformulation_gap"),
+    ({"sat_kinds": ("purchase",)}, "sat_kinds: 'purchase'"),  # not a kind of [kinds]
+    ({"sat_kinds": ("label",)}, "sat_kinds"),  # editorial, not behaviour
+    ({"metrics": ("Reformulation",)}, "a measure valued per request"),
+    ({"metrics": ("nDCG@10", "Reformulation"), "gsb_metric": "Reformulation"}, "gsb_metric"),
+])
+def test_bad_behaviour_settings_are_config_errors(settings: dict[str, Any], message: str) -> None:
+    from stream_eval.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        Config(**settings)
+
+
+def test_behaviour_settings_from_a_file_and_flags(tmp_path: Path) -> None:
+    from stream_eval.config import load_config
+
+    path = tmp_path / "settings.toml"
+    path.write_text('metrics = ["nDCG@10", "behaviour"]\nsat_dwell = "45s"\nsat_kinds = ["purchase"]\n'
+                    'reformulation_gap = "2m"\n[kinds]\npurchase = 3\n')
+    config = load_config(str(path), environ={})
+    assert (config.sat_dwell, config.sat_kinds, config.reformulation_gap) == (45.0, ("purchase",), 120.0)
+    assert config.to_json()["sat_kinds"] == ["purchase"] and "Reformulation" in config.to_json()["metrics"]
+    flags = load_config(str(path), overrides={"sat_dwell": "10", "sat_kinds": "purchase,click"}, environ={})
+    assert (flags.sat_dwell, flags.sat_kinds) == (10.0, ("purchase", "click"))
