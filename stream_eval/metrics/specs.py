@@ -265,6 +265,19 @@ def parse(name: str) -> MetricSpec:
     return MetricSpec(family, k, params)
 
 
+def lower_is_better(name: str) -> bool:
+    """Whether a fall of the measure (per-request or mean name) is an improvement; ``False`` for names that are no
+    measure of the registry (``GAUC``).
+
+    >>> lower_is_better("Abandoned"), lower_is_better("MRR"), lower_is_better("GAUC")
+    (True, False, False)
+    """
+    try:
+        return parse(name).definition.lower_is_better
+    except MetricNameError:
+        return False
+
+
 def split_names(text: str) -> list[str]:
     """Measure names from a comma-separated list whose names may hold commas in parentheses.
 
