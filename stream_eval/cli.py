@@ -24,7 +24,9 @@ _N = TypeVar("_N", int, float)
 SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--metrics", {"help": "measures to compute, comma-separated, e.g. 'nDCG@10,nDCG(gain=linear)@10,P(rel=2)@5,"
                            "RR,RBP(p=0.8)' (README); a family without @k runs at every cutoff (default: RR,AP,P,R,"
-                           "DCG,nDCG,ERR,alpha-nDCG)"}),
+                           "DCG,nDCG,ERR,alpha-nDCG); 'behaviour' adds CTR, Clicks, Abandoned, ZeroResult, "
+                           "TimeToFirstClick, SatClick, QueriesPerSession and Reformulation: "
+                           "--metrics default,behaviour"}),
     ("--cutoffs", {"help": "cutoffs k of the @k measures named without one, comma-separated (default 10)"}),
     ("--gain", {"choices": ["exp", "linear"], "help": "DCG gain: exp = 2^g - 1 (default) or linear = g"}),
     ("--max-grade", {"help": "highest grade, for ERR (default 4)"}),

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +71,16 @@ class FinalisedBatch:
         for (rid, experiment, arm, query, session), row in zip(self.ids(), self.values.tolist(), strict=True):
             yield {"request_id": rid, "experiment": experiment, "arm": arm, "query_id": query, "session_id": session,
                    "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)}}
+
+
+class SessionRows(NamedTuple):
+    """Closed sessions' session measures (:meth:`Engine._session_rows`): the sessions (indexes into the scored
+    sessions), a row of values per session, how many per-request values each sums, and the sums of their squares."""
+
+    sessions: Ints
+    values: Floats
+    counts: Floats
+    squares: Floats
 
 
 class GroupStats:
@@ -541,16 +551,11 @@ class Engine:
         if local or not self._muted:
             self._unit_sessions(scored, counted, local)
             if rows is not None:
-                self._unit_session_rows(scored, *rows, local)
+                self._unit_session_rows(scored, rows, local)
         if self._muted:
             return
         if rows is not None:
-            session_of, values = rows
-            group = scored.group[session_of]
-            for g in np.unique(group).tolist():
-                moments = Moments(len(self.specs))
-                moments.update_many(values[group == g])
-                self.groups[g].moments += moments
+            self._count_session_rows(scored, rows)
         for g in np.unique(scored.group).tolist():
             mine = scored.group == g
             stats = self.groups[g]
@@ -558,42 +563,53 @@ class Engine:
             stats.single_class += int((mine & ~both).sum())
             stats.gauc.update_many(scored.auc[mine & counted].reshape(-1, 1), scored.weight[mine & counted])
 
-    def _session_rows(self, scored: ScoredSessions) -> tuple[Ints, Floats]:
-        """The session measures of closed sessions as rows of values (NaN in every other column): one row per
-        request of a session, its ``Reformulation`` (the session's reformulated requests first), and the session's
-        ``QueriesPerSession`` on its first row; and the session of each row. Sessions counted with their request
-        (``ScoredSessions.requests`` 0) have none."""
-        requests, reformulated = scored.requests, scored.reformulations
-        session_of = np.repeat(np.arange(requests.shape[0]), requests)
-        starts = np.cumsum(requests) - requests
-        nth = np.arange(session_of.shape[0]) - starts[session_of]  # the row's place in its session
-        values = np.full((session_of.shape[0], len(self.specs)), np.nan)
+    def _session_rows(self, scored: ScoredSessions) -> SessionRows:
+        """The session measures of closed sessions, one row per session (sessions counted with their request,
+        ``ScoredSessions.requests`` 0, have none): its ``QueriesPerSession`` (one value) and its ``Reformulation``
+        (the sum of its requests' values, standing for that many values), NaN in every other column."""
+        chosen = np.flatnonzero(scored.requests > 0)
+        requests = scored.requests[chosen].astype(np.float64)
+        reformulated = scored.reformulations[chosen].astype(np.float64)
+        shape = (chosen.shape[0], len(self.specs))
+        values, counts, squares = np.full(shape, np.nan), np.zeros(shape), np.zeros(shape)
         for j in self._session_columns:
             if self.specs[j].family == "QueriesPerSession":
-                first = nth == 0
-                values[first, j] = requests[session_of[first]]
-            else:
-                values[:, j] = nth < reformulated[session_of]
-        return session_of, values
+                values[:, j], counts[:, j], squares[:, j] = requests, 1.0, requests * requests
+            else:  # each request's value is 0 or 1: its square is itself
+                values[:, j], counts[:, j], squares[:, j] = reformulated, requests, reformulated
+        return SessionRows(chosen, values, counts, squares)
 
-    def _unit_session_rows(self, scored: ScoredSessions, session_of: Ints, values: Floats, local: bool) -> None:
-        """The A/B units' share of the session measures: each row of :meth:`_session_rows` is a contribution of the
-        session's unit at its close point (sessions of no split left out)."""
+    def _count_session_rows(self, scored: ScoredSessions, rows: SessionRows) -> None:
+        """Add the session measures of closed sessions to their groups' moments (values of unit weight)."""
+        group = scored.group[rows.sessions]
+        columns = self._session_columns
+        for g in np.unique(group).tolist():
+            mine = group == g
+            moments = self.groups[g].moments
+            counts = rows.counts[mine][:, columns].sum(axis=0)
+            moments.count[columns] += counts.astype(np.int64)
+            moments.weight[columns] += counts
+            moments.weight_sq[columns] += counts
+            moments.total[columns] += rows.values[mine][:, columns].sum(axis=0)
+            moments.total_sq[columns] += rows.squares[mine][:, columns].sum(axis=0)
+
+    def _unit_session_rows(self, scored: ScoredSessions, rows: SessionRows, local: bool) -> None:
+        """The A/B units' share of the session measures: each session's row of :meth:`_session_rows` is a
+        contribution of its unit at its close point (sessions of no split left out)."""
         if not self.config.ab:
             return
+        if not local:  # (a partition's engine hands named sessions to the regroup stage; those of one go with
+            # their request: it has no rows, and a regroup record could not say what each value stands for)
+            raise ValueError("session measures of a partition's engine: they are scored on the regroup stage")
         units = scored.units
-        chosen = [k for k, s in enumerate(session_of.tolist()) if units[s] is not None]
-        if not chosen:
+        sessions = [s for s in rows.sessions.tolist() if units[s] is not None]
+        if not sessions:
             return
-        index = np.array(chosen, dtype=np.int64)
-        sessions = session_of[index].tolist()
-        labels = [self.group_keys[g] for g in scored.group[session_of[index]].tolist()]
-        args = (scored.keys[session_of[index]], [f"~{scored.ids[s]}" for s in sessions], [e for e, _ in labels],
-                [a for _, a in labels], [units[s] for s in sessions], values[index])
-        if local:
-            self.ledger.add_requests(*args)
-        else:
-            self.regroup.unit_requests(*args)  # type: ignore[union-attr]  # set when not local
+        keep = np.array([units[s] is not None for s in rows.sessions.tolist()], dtype=np.bool_)
+        labels = [self.group_keys[g] for g in scored.group[sessions].tolist()]
+        self.ledger.add_requests(scored.keys[sessions], [f"~{scored.ids[s]}" for s in sessions],
+                                 [e for e, _ in labels], [a for _, a in labels],
+                                 [units[s] for s in sessions], rows.values[keep], rows.counts[keep])
 
     def _unit_sessions(self, scored: ScoredSessions, counted: npt.NDArray[np.bool_], local: bool) -> None:
         """Sessions with both classes whose first request was in an arm of a split (unit not None)."""

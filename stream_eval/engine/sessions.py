@@ -302,7 +302,7 @@ class Sessions:
                 satisfied.append(np.zeros(len(requests), dtype=np.bool_) if impressions.satisfied is None
                                  else impressions.satisfied[index])
                 listed = impressions.queries
-                queries += [None] * len(requests) if listed is None else [listed[i] for i in requests]
+                queries += [None] * len(requests) if listed is None else list(map(listed.__getitem__, requests))
         # The items in session order, as the scoring needs them: the parts (a request's ~20 items each) are
         # sorted by session, stably.
         owner = np.array(part_owners, dtype=np.int64)
@@ -328,19 +328,31 @@ def _reformulations(owner: Ints, times: Floats, queries: list[str | None], satis
     """The reformulated requests of each session (module docstring), from its requests' serve times, query ids and
     satisfaction (``owner``: the session of each request, in any order).
 
-    >>> _reformulations(np.array([0, 0, 0, 1, 1]), np.array([10.0, 30.0, 200.0, 5.0, 6.0]),
-    ...                 ["a", "b", "c", None, None], np.array([False, False, False, True, False]), 60.0, 2).tolist()
-    [1, 0]
+    >>> _reformulations(np.array([0, 0, 0, 1, 1, 2, 2, 2]), np.array([10.0, 30.0, 200.0, 5.0, 6.0, 1.0, 1.0, 2.0]),
+    ...                 ["a", "b", "c", None, None, "b", "a", "a"], np.zeros(8, dtype=np.bool_), 60.0, 3).tolist()
+    [1, 1, 2]
     """
     if not owner.shape[0]:
         return np.zeros(n_sessions, dtype=np.int64)
-    names = sorted({q for q in queries if q is not None})
-    code_of = {name: code for code, name in enumerate(names)}
-    codes = np.fromiter((-1 if q is None else code_of[q] for q in queries), dtype=np.int64, count=len(queries))
-    order = np.lexsort((satisfied, codes, times, owner))
-    owner, times, codes, satisfied = owner[order], times[order], codes[order], satisfied[order]
-    follows = ((owner[1:] == owner[:-1]) & (times[1:] - times[:-1] <= gap)
-               & ((codes[1:] != codes[:-1]) | (codes[1:] < 0) | (codes[:-1] < 0)) & ~satisfied[:-1])
+    order = np.lexsort((times, owner))
+    tied = np.flatnonzero((owner[order][1:] == owner[order][:-1]) & (times[order][1:] == times[order][:-1]))
+    if tied.shape[0]:  # requests of a session served at the same time (rare): by query id, none first, then satisfied
+        order = order.copy()
+        start = int(tied[0])
+        for k, at in enumerate(tied.tolist()):
+            if k + 1 < tied.shape[0] and tied[k + 1] == at + 1:
+                continue  # the run of ties goes on
+            run = order[start : at + 2].tolist()
+            run.sort(key=lambda i: (queries[i] is not None, queries[i] or "", bool(satisfied[i])))
+            order[start : at + 2] = run
+            start = int(tied[k + 1]) if k + 1 < tied.shape[0] else 0
+    owner, times, satisfied = owner[order], times[order], satisfied[order]
+    listed = list(map(queries.__getitem__, order.tolist()))
+    query = np.empty(order.shape[0], dtype=object)
+    query[:] = listed
+    absent = ~present(listed)
+    other = (query[1:] != query[:-1]) | absent[1:] | absent[:-1]  # a request without query_id: a query of its own
+    follows = (owner[1:] == owner[:-1]) & (times[1:] - times[:-1] <= gap) & other & ~satisfied[:-1]
     return np.bincount(owner[:-1][follows], minlength=n_sessions).astype(np.int64)
 
 

@@ -324,7 +324,9 @@ class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
 
 #: The arrays of Join indexed by slot - base.
 _COLUMNS = ("_serve", "_final", "_applied", "_graded", "_row", "_id_first", "_id_last", "_text_first", "_text_last",
-            "_unshown_count", "_first_click", "_satisfied")
+            "_unshown_count")
+#: The columns the behaviour measures add, when one runs (Join.behaviour).
+_BEHAVIOUR_COLUMNS = ("_first_click", "_satisfied")
 
 
 class _Arena:
@@ -381,6 +383,7 @@ class Join:
         # behaviour measures (README, "Behaviour measures"): each request's first click and whether it was satisfied
         # are kept only when a behaviour or session measure runs
         self.behaviour = any(spec.definition.scope != "relevance" for spec in config.specs)
+        self._columns = _COLUMNS + _BEHAVIOUR_COLUMNS if self.behaviour else _COLUMNS  # the slot columns
         self._click = int(kind_codes(["click"])[0])
         self._sat_kinds = kind_codes(list(config.sat_kinds))
         self._sat_dwell = config.sat_dwell
@@ -401,8 +404,11 @@ class Join:
         self._text_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._text_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._unshown_count = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # codes given to items not served
-        self._first_click = np.full(FIRST_CAPACITY, math.inf)  # ts of the first click on a served item (behaviour)
-        self._satisfied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # a satisfied click or kind (behaviour)
+        # behaviour (only when it runs: else never read, and of no size): the time of the first click on a served
+        # item, and whether a served item got a satisfied click or a satisfying kind
+        size = FIRST_CAPACITY if self.behaviour else 0
+        self._first_click = np.full(size, math.inf)
+        self._satisfied = np.zeros(size, dtype=np.bool_)
         # request id -> its latest slot (open, or finalised and not yet dropped): an open-addressing table of
         # (slot, hash) pairs over the ids' bytes in ``_ids``, slot ``s``'s at ``[_id_first, _id_last)[s - base]``
         self._id_table = compiled.empty_table(0)
@@ -436,7 +442,7 @@ class Join:
             return
         while capacity < size:
             capacity += capacity // 2 + 1
-        for name in _COLUMNS:
+        for name in self._columns:
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)
             new[: self.size] = old[: self.size]
@@ -613,8 +619,9 @@ class Join:
             self._graded[span] = False
             self._row[span] = NO_ROW
             self._unshown_count[span] = 0
-            self._first_click[span] = math.inf
-            self._satisfied[span] = False
+            if self.behaviour:
+                self._first_click[span] = math.inf
+                self._satisfied[span] = False
             self._rankings += new_rankings
             if plain is None:
                 texts = [r.items if type(r.items) is str else "" for r in new_rankings]
@@ -846,7 +853,9 @@ class Join:
         request's first click on a served item and whether a served item got a click with dwell >= ``sat_dwell`` or
         feedback of a kind in ``sat_kinds``. A request whose value moves is changed for the live windows."""
         click = served & (kind == self._click)
-        satisfying = served & ((click & (dwell >= self._sat_dwell)) | np.isin(kind, self._sat_kinds))
+        satisfying = click & (dwell >= self._sat_dwell)
+        if self._sat_kinds.shape[0]:
+            satisfying |= served & np.isin(kind, self._sat_kinds)
         moved: list[Ints] = []
         if click.any():
             at = index[click]
@@ -942,16 +951,15 @@ class Join:
                                      _grade_bits(row_grade[simple]))
             # the best grade of each (request, item)
             req = request_of[row_slot - low]
-            if self.behaviour:  # the clicked served items, each once
-                clicked = (row_kind == self._click) & (row_field > 0)
-                if clicked.any():
-                    click_req, click_pos = _distinct_pairs(req[clicked], row_field[clicked])
             order = pair_order(req, row_field, stable=False)  # any order within a (request, item): the best is kept
             req, row_field, row_grade = req[order], row_field[order], row_grade[order]
             starts = np.ones(req.shape[0], dtype=np.bool_)
             starts[1:] = (np.diff(req) != 0) | (np.diff(row_field) != 0)
             first = np.flatnonzero(starts)
             best = np.maximum.reduceat(row_grade, first) if first.shape[0] else row_grade
+            if self.behaviour and first.shape[0]:  # the clicked served items, each once, in the same order
+                clicked = np.logical_or.reduceat(row_kind[order] == self._click, first) & (row_field[first] > 0)
+                click_req, click_pos = req[first][clicked], row_field[first][clicked]
             req, row_field = req[first], row_field[first]
             # served items keep grade 0 (judged non-relevant: Judged@k, the RBP residual); unserved ones need not
             shown, unshown = row_field > 0, (best > 0.0) & (row_field < 0)
@@ -963,7 +971,8 @@ class Join:
         rankings: list[CompactRanking] = [self._rankings[i] for i in index.tolist()]  # open slots: set
         return Finalised(rankings, self._serve[index], shown_req, shown_pos, shown_grade, unshown_req, unshown_grade,
                          slots, self._row[index].copy(), self._graded[index], click_req, click_pos,
-                         self._first_click[index], self._satisfied[index])
+                         self._first_click[index] if self.behaviour else np.full(index.shape[0], math.inf),
+                         self._satisfied[index] if self.behaviour else np.zeros(index.shape[0], dtype=np.bool_))
 
     # -- what other parts read ------------------------------------------------------------------------
     def open_slots(self) -> Ints:
@@ -1029,7 +1038,7 @@ class Join:
             arena.cut(offset)
             first -= offset
             last -= offset
-        for name in _COLUMNS:
+        for name in self._columns:
             column = getattr(self, name)
             column[: self.size - dropped] = column[dropped : self.size].copy()
         del self._rankings[:dropped]
@@ -1071,19 +1080,6 @@ class Join:
         if self.changed is not None:
             self.changed.clear()
         return finalised
-
-
-def _distinct_pairs(major: Ints, minor: Ints) -> tuple[Ints, Ints]:
-    """The distinct ``(major, minor)`` pairs, sorted.
-
-    >>> [a.tolist() for a in _distinct_pairs(np.array([1, 0, 1, 1]), np.array([3, 2, 1, 3]))]
-    [[0, 1, 1], [2, 1, 3]]
-    """
-    order = pair_order(major, minor)
-    major, minor = major[order], minor[order]
-    first = np.ones(major.shape[0], dtype=np.bool_)
-    first[1:] = (np.diff(major) != 0) | (np.diff(minor) != 0)
-    return major[first], minor[first]
 
 
 def _keep_lightly(rankings: list[CompactRanking]) -> None:
