@@ -15,7 +15,6 @@ events/s of each, and the cost of turning the measures on, from the medians.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import generate as gen  # noqa: E402  (bench/ is not a package)
+from run import machine_info  # noqa: E402
 
 MODES = {"off": "default", "on": "default,behaviour"}
 
@@ -46,17 +46,6 @@ def with_dwell(source: Path, target: Path) -> int:
             lines += 1
     os.replace(tmp, target)
     return lines
-
-
-def machine() -> str:
-    """The CPU's model name (Linux), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def replay_once(path: Path, metrics: str) -> tuple[float, float, float]:
@@ -97,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault((name, mode), []).append(result)
                 print(f"run {rep + 1} {name:<16} behaviour {mode:<3} {events / result[0]:>9,.0f} events/s "
                       f"(wall {result[0]:.1f} s, cpu {result[1]:.1f} s, peak RSS {result[2]:.0f} MB)", file=sys.stderr)
-    print(f"\n{datetime.date.today().isoformat()}, {machine()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}; {args.requests:,} requests, {events:,} events; "
-          f"median (min-max) of {args.repeat} interleaved runs\n")
+    info = machine_info()
+    print(f"\n{info['date']}, {info['cpu']}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"stream_eval at {info['commit']}; {args.requests:,} requests, {events:,} events; median (min-max) of "
+          f"{args.repeat} interleaved runs; load average {info['loadavg_start'][0]:.1f} at the start\n")
     print("| file | behaviour measures | events/s | CPU s | peak RSS MB |\n|---|---|---|---|---|")
     medians: dict[tuple[str, str], float] = {}
     for (name, mode), results in runs.items():
