@@ -24,7 +24,9 @@ _N = TypeVar("_N", int, float)
 SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--metrics", {"help": "measures to compute, comma-separated, e.g. 'nDCG@10,nDCG(gain=linear)@10,P(rel=2)@5,"
                            "RR,RBP(p=0.8)' (README); a family without @k runs at every cutoff (default: RR,AP,P,R,"
-                           "DCG,nDCG,ERR,alpha-nDCG)"}),
+                           "DCG,nDCG,ERR,alpha-nDCG); 'behaviour' adds CTR, Clicks, Abandoned, ZeroResult, "
+                           "TimeToFirstClick, SatClick, QueriesPerSession and Reformulation: "
+                           "--metrics default,behaviour"}),
     ("--cutoffs", {"help": "cutoffs k of the @k measures named without one, comma-separated (default 10)"}),
     ("--gain", {"choices": ["exp", "linear"], "help": "DCG gain: exp = 2^g - 1 (default) or linear = g"}),
     ("--max-grade", {"help": "highest grade, for ERR (default 4)"}),
@@ -34,6 +36,10 @@ SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--attribution-window", {"help": "how long after serve time feedback counts (default 30m)"}),
     ("--allowed-lateness", {"help": "how far out of event-time order events may arrive (default 60s)"}),
     ("--session-gap", {"help": "a named session closes after this much idle event time (default 30m)"}),
+    ("--sat-dwell", {"help": "dwell from which a click is satisfied, SatClick and Reformulation (default 30s)"}),
+    ("--sat-kinds", {"help": "feedback kinds that are satisfying whatever the dwell, comma-separated, e.g. "
+                             "purchase (a kind of [kinds]; default none)"}),
+    ("--reformulation-gap", {"help": "the next request of a session within this is a reformulation (default 60s)"}),
     ("--alpha", {"help": "alpha of alpha-nDCG (default 0.5)"}),
     ("--gsb-metric", {"help": "metric compared per query for GSB source 'metric' (default nDCG@10)"}),
     ("--gsb-epsilon", {"help": "smallest difference that is not 'same' (default 0)"}),
@@ -116,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--unit", choices=["session", "user"], default="session",
                           help="randomisation unit: each session (default), or users of several sessions, whose "
                                "rankings carry unit_id")
+    simulate.add_argument("--behaviour", action="store_true",
+                          help="clicks carry dwell times and some requests serve nothing (for the behaviour measures)")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
     simulate.add_argument("--broker", metavar="URL",
                           help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")

@@ -108,6 +108,12 @@ class Config:
     min_ts: float = MIN_TS
     max_ts: float = MAX_TS
     max_clock_skew: float = 300.0
+    #: behaviour measures (README, "Behaviour measures"): a click is satisfied from this dwell on (seconds) ...
+    sat_dwell: float = 30.0
+    #: ... and feedback of these kinds on a served item is satisfying whatever its dwell (``purchase``)
+    sat_kinds: tuple[str, ...] = ()
+    #: a request of a session is reformulated when the session's next request, another query, follows within this
+    reformulation_gap: float = 60.0
     #: the measures that run, as named (``--metrics``; empty: :data:`DEFAULT_METRICS` at every cutoff)
     metrics: tuple[str, ...] = ()
     #: ``metrics`` parsed, once: the per-request measures in report order
@@ -150,14 +156,17 @@ class Config:
             # first measure that runs
             k = 10 if 10 in self.cutoffs else self.cutoffs[0]
             default = MetricSpec("nDCG", k)
-            object.__setattr__(self, "gsb_metric", (default if default in specs else specs[0]).name)
+            per_request = [s for s in specs if not (s.needs_subtopics or s.per_session)]
+            if not per_request:
+                raise ConfigError("metrics: need a measure valued per request (not only session measures)")
+            object.__setattr__(self, "gsb_metric", (default if default in specs else per_request[0]).name)
         try:
             gsb_metric = parse(self.gsb_metric)
         except MetricNameError as exc:
             raise ConfigError(f"gsb_metric: {exc}") from None
-        if gsb_metric not in specs or gsb_metric.needs_subtopics:
-            raise ConfigError(f"gsb_metric: {self.gsb_metric!r} is not a computed measure (one of "
-                              f"{', '.join(s.name for s in specs if not s.needs_subtopics)})")
+        if gsb_metric not in specs or gsb_metric.needs_subtopics or gsb_metric.per_session:
+            raise ConfigError(f"gsb_metric: {self.gsb_metric!r} is not a computed per-request measure (one of "
+                              f"{', '.join(s.name for s in specs if not (s.needs_subtopics or s.per_session))})")
         if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
             raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
@@ -167,6 +176,13 @@ class Config:
         for kind, grade in self.kinds:
             if grade < 0:
                 raise ConfigError(f"kinds.{kind}: grade must be >= 0, got {grade}")
+        for name in ("sat_dwell", "reformulation_gap"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise ConfigError(f"{name}: must be a finite duration >= 0, got {getattr(self, name)}")
+        unknown = [kind for kind in self.sat_kinds if kind not in self.kind_grades]
+        if unknown:
+            raise ConfigError(f"sat_kinds: {', '.join(map(repr, unknown))} is not click or a kind of [kinds] "
+                              f"(known: {', '.join(sorted(self.kind_grades))})")
 
     @property
     def kind_grades(self) -> dict[str, float]:
@@ -215,6 +231,9 @@ class Config:
             "min_ts": self.min_ts,
             "max_ts": self.max_ts,
             "kinds": dict(self.kinds),
+            "sat_dwell": self.sat_dwell,
+            "sat_kinds": list(self.sat_kinds),
+            "reformulation_gap": self.reformulation_gap,
             "experiments": _experiments_json(self.experiments, self.splits),
             "metrics": [spec.name for spec in self.specs],
         }
@@ -321,6 +340,14 @@ def _kinds(value: object) -> tuple[tuple[str, float], ...]:
     return tuple((str(k), _number(f"kinds.{k}")(v)) for k, v in value.items())
 
 
+def _names(name: str) -> Any:
+    def read(value: object) -> tuple[str, ...]:
+        items = value if isinstance(value, list | tuple) else str(value).split(",")
+        return tuple(str(item).strip() for item in items if str(item).strip())
+
+    return read
+
+
 def _experiments(value: object) -> tuple[tuple[tuple[str, ArmPair], ...],
                                          tuple[tuple[str, tuple[tuple[str, float], ...]], ...]]:
     """``[experiments.NAME]`` tables: ``control`` and ``treatment`` (both or neither), ``split`` (optional)."""
@@ -385,6 +412,9 @@ READERS: dict[str, Any] = {
     "min_ts": _moment("min_ts"),
     "max_ts": _moment("max_ts"),
     "max_clock_skew": _duration("max_clock_skew"),
+    "sat_dwell": _duration("sat_dwell"),
+    "sat_kinds": _names("sat_kinds"),
+    "reformulation_gap": _duration("reformulation_gap"),
 }
 ENV_PREFIX = "STREAM_EVAL_"
 

@@ -35,6 +35,13 @@ The world:
   their query, ``good`` / ``bad`` more likely the larger the quality difference of treatment vs control.
   Control and treatment are the first two arms, ordered by name as the evaluator does by default (SPEC §3).
 
+Behaviour (``behaviour=True``; off by default, so that every existing output stays byte for byte): each click
+carries a ``dwell`` drawn from the click model (exponential, mean :data:`DWELL_SHORT` seconds for an irrelevant item
+up to :data:`DWELL_LONG` for the most relevant, along the same ERR satisfaction probability as the clicks), and
+:data:`ZERO_RESULT_RATE` of the requests serve an empty list. A session's next request follows at once with
+another query, so a request without a click of at least ``sat_dwell`` (30 s) counts as reformulated: the better
+ranker has more satisfied clicks and fewer abandoned and reformulated requests (README, "Behaviour measures").
+
 Faults for robustness tests: ``late_fraction`` (feedback beyond the 30 min attribution window),
 ``duplicate_fraction`` (feedback sent twice), ``orphan_fraction`` (extra feedback for request ids
 ``r{requests + k}`` that never get a ranking), ``invalid_fraction`` (malformed lines, only in
@@ -111,6 +118,15 @@ CASCADE_STOP_AFTER_CLICK = 0.2
 CLICK_FLOOR = 0.12
 """Click probability of an examined irrelevant (grade 0) item: snippets attract some wrong clicks."""
 
+DWELL_SHORT = 8.0
+"""Mean dwell (seconds) after a click on an irrelevant (grade 0) item, with ``behaviour``."""
+
+DWELL_LONG = 90.0
+"""Mean dwell (seconds) after a click on an item of the highest grade, with ``behaviour``."""
+
+ZERO_RESULT_RATE = 0.02
+"""Share of requests that serve an empty list, with ``behaviour``."""
+
 N_SUBTOPICS = 6
 """Number of subtopics per query when ``subtopics`` is on (``t1 .. t6``)."""
 
@@ -130,6 +146,7 @@ _STREAM_INVALID = 5
 _STREAM_EXTRAS = 6
 _STREAM_SUBTOPICS = 7
 _STREAM_UNITS = 8
+_STREAM_BEHAVIOUR = 9
 
 UNITS = ("session", "user")
 """Values of ``SimulationConfig.unit``: what the arm is assigned per (``user`` also fills ``unit_id``)."""
@@ -176,6 +193,8 @@ class SimulationConfig:
         unit: The randomisation unit, one of :data:`UNITS`: ``"session"`` (default: the arm per session, no
             ``unit_id``) or ``"user"`` (the arm per returning user, rankings carry ``unit_id``).
         sessions_per_user: With ``unit="user"``: mean number of sessions per user (>= 1).
+        behaviour: Clicks carry a ``dwell`` from the click model and :data:`ZERO_RESULT_RATE` of the requests serve
+            nothing (module docstring); off: the output is the same as before the option existed.
     """
 
     requests: int = 1000
@@ -203,6 +222,7 @@ class SimulationConfig:
     endless: bool = False
     unit: str = "session"
     sessions_per_user: float = 4.0
+    behaviour: bool = False
 
     def __post_init__(self) -> None:
         """Reject configurations the generator cannot honour.
@@ -436,6 +456,7 @@ class _Generator:
         self.session = -1
         self.session_arm = 0
         self.units = _rng(config, _STREAM_UNITS)
+        self.behave = _rng(config, _STREAM_BEHAVIOUR)
         self.users = 0
         self.session_user = 0
         self.user_arm: IntArray = np.empty(0, dtype=np.int64)
@@ -558,7 +579,9 @@ class _Generator:
         queries = np.minimum(queries, cfg.queries - 1)
         lengths = np.rint(cfg.items_per_request * rng.uniform(0.75, 1.25, size=m)).astype(np.int64)
         lengths = np.clip(lengths, 1, n_c)
-        width = int(lengths.max())
+        if cfg.behaviour:
+            lengths[self.behave.random(m) < ZERO_RESULT_RATE] = 0
+        width = max(int(lengths.max()), 1)
 
         grades_int = world.grades[queries].astype(np.int64)
         grades = grades_int.astype(np.float64)
@@ -605,6 +628,11 @@ class _Generator:
         c_rows, c_pos = np.nonzero(clicks)
         c_items = shown[c_rows, c_pos]
         c_delay = click_delay[c_rows, c_pos]
+        c_dwell = np.full(c_rows.size, np.nan)
+        if cfg.behaviour:  # dwell after a click: longer on more relevant items
+            satisfaction = (2.0 ** shown_grades[c_rows, c_pos] - 1.0) / 2.0**cfg.max_grade
+            mean = DWELL_SHORT + (DWELL_LONG - DWELL_SHORT) * satisfaction
+            c_dwell = np.round(self.behave.exponential(mean), 1)
 
         # Editorial labels for shown and unshown judged items.
         labelled = np.flatnonzero(rng.random(m) < cfg.label_rate)
@@ -637,6 +665,7 @@ class _Generator:
         f_item = np.concatenate([c_items, l_items]).astype(np.int64)
         f_grade = np.concatenate([np.full(c_rows.size, -1, dtype=np.int64), grades_int[l_req, l_items]])
         f_ts = serve_raw[f_req] + np.concatenate([c_delay, l_delay])
+        f_dwell = np.concatenate([c_dwell, np.full(l_req.size, np.nan)])
         n_f = f_req.size
 
         faults = self.faults
@@ -648,6 +677,7 @@ class _Generator:
             f_req = np.concatenate([f_req, f_req[dup]])
             f_item = np.concatenate([f_item, f_item[dup]])
             f_grade = np.concatenate([f_grade, f_grade[dup]])
+            f_dwell = np.concatenate([f_dwell, f_dwell[dup]])
             f_ts = np.concatenate([f_ts, f_ts[dup] + faults.uniform(0.05, 2.0, dup.size)])
         f_ts = _round_ms(f_ts)
 
@@ -698,11 +728,14 @@ class _Generator:
             events.append(event)
 
         f_names = world.flat_names(queries[f_req], f_item)
-        for r, item, grade, ts in zip(f_req.tolist(), f_names, f_grade.tolist(), f_ts.tolist(), strict=True):
+        for r, item, grade, ts, dwell in zip(f_req.tolist(), f_names, f_grade.tolist(), f_ts.tolist(),
+                                             f_dwell.tolist(), strict=True):
             if grade < 0:
-                events.append(
-                    {"type": "feedback", "request_id": request_ids[r], "item": item, "kind": "click", "ts": ts}
-                )
+                click: Event = {"type": "feedback", "request_id": request_ids[r], "item": item, "kind": "click",
+                                "ts": ts}
+                if dwell == dwell:
+                    click["dwell"] = dwell
+                events.append(click)
             else:
                 events.append(
                     {

@@ -47,7 +47,7 @@ GOOD_AND_BAD: list[tuple[str, bool]] = [
     (label("r1", "c", 3, 20), True),  # 20 s after serve: late only with a 10 s window
     (ranking("r2", 30, ["a", "e", "f"], arm="A", session_id="s1", query_id="q2"), True),
     (click("r2", "a", 32), True),
-    (ev(type="ranking", request_id="bad", ts=T0 + 40, items=[]), False),  # empty items
+    (ev(type="ranking", request_id="bad", ts=T0 + 40, items=["a", "a"]), False),  # an item twice
     (ranking("r3", 50, ["x", "y", "z"], arm="B", session_id="s2", query_id="q1"), True),
     (label("r3", "y", 2, 55), True),
     (label("r3", "w", 3, 58), True),  # judged, not shown

@@ -45,7 +45,8 @@ def _samples(ab: dict[str, tuple[float, float, float, float]], units: tuple[floa
             ({"experiment": "exp1", "arm": arm, "metric": metric, "window": window}, value)
             for window in ("1h", "5m")
             for arm, base in (("control", 0.70), ("treatment", 0.74))
-            for metric, value in (("MRR", base + 0.1), ("nDCG@10", base), ("ERR@10", base / 8), ("GAUC", base))
+            for metric, value in (("MRR", base + 0.1), ("nDCG@10", base), ("ERR@10", base / 8), ("GAUC", base),
+                                  ("SatClick", base - 0.2), ("Abandoned", 0.05))
         ],
         "stream_eval_window_count": [({"experiment": "exp1", "arm": arm, "metric": "MRR", "window": "5m"}, 1900.0)
                                      for arm in ("control", "treatment")],
@@ -77,6 +78,7 @@ def test_decide_from_the_confidence_sequence() -> None:
     assert decide(0.0, 0.1) == "inconclusive"  # touching 0 is not excluding it
     assert decide(math.nan, math.nan) == "inconclusive"
     assert decide(-math.inf, math.inf) == "inconclusive"
+    assert decide(-0.2, -0.001, "Abandoned") == "better" and decide(0.001, 0.2, "TimeToFirstClick") == "worse"
 
 
 def test_snapshot_reads_the_ab_section() -> None:
@@ -132,7 +134,8 @@ def test_view_text_shows_arms_units_srm_gsb_and_truth() -> None:
     text = view.text()
     assert text.splitlines()[0] == HEADER + " · 00:30 elapsed"
     assert "true values exp1 / control: MRR 0.8000  nDCG@10 0.7200  ERR@10 0.0900  GAUC 0.7500" in text
-    assert "5m     exp1 / control                    0.8000    0.7000    0.0875    0.7000      1,900" in text
+    assert ("5m     exp1 / control                    0.8000    0.7000    0.0875    0.7000    0.5000    0.0500"
+            "      1,900") in text
     assert "exp1 / treatment" in text and "finalised requests: exp1/control 2,000, exp1/treatment 2,100" in text
     assert "A/B exp1: treatment vs control · units control 612  treatment 622 · SRM p 0.7700 ok" in text
     assert "  nDCG@10     +0.0200   [-0.0100, +0.0500]       0.3000   inconclusive     +0.0400" in text

@@ -360,7 +360,8 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
         return {"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "value": value}
 
     nan = " ".join(["NaN"] * 6)
-    bounds = {"MRR": ("0.01", "0.05"), "nDCG@10": ("-0.05", "-0.01"), "ERR@10": ("-0.01", "0.02"), "GAUC": (nan, nan)}
+    bounds = {"MRR": ("0.01", "0.05"), "nDCG@10": ("-0.05", "-0.01"), "ERR@10": ("-0.01", "0.02"), "GAUC": (nan, nan),
+              "Abandoned": ("-0.05", "-0.01"), "TimeToFirstClick": ("0.5", "2")}  # lower is better: fell, rose
     inputs = [series(f"stream_eval_ab_cs_{side}", f"{value}x5" if value != nan else value, experiment="exp",
                      metric=metric, instance="w1")
               for metric, (lower, upper) in bounds.items() for side, value in (("lower", lower), ("upper", upper))]
@@ -385,7 +386,8 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
     checks = [
         (_target("Decisions: treatment vs control, every metric", "A"),
          [sample(1, experiment="exp", metric="MRR"), sample(-1, experiment="exp", metric="nDCG@10"),
-          sample(0, experiment="exp", metric="ERR@10"), sample(0, experiment="exp", metric="GAUC")]),
+          sample(0, experiment="exp", metric="ERR@10"), sample(0, experiment="exp", metric="GAUC"),
+          sample(1, experiment="exp", metric="Abandoned"), sample(-1, experiment="exp", metric="TimeToFirstClick")]),
         # (3 + 1) * 5 / (4 + 4) * 5; the treatment counted nothing yet: no value rather than NaN
         (_target("MRR per arm", "C"), [sample(0.5, experiment="exp", arm="control")]),
         (_target("MRR per arm", "A"), [sample(0.75, experiment="exp", arm="control")]),  # (1 + 2) / (2 + 2)

@@ -201,3 +201,16 @@ def test_the_screenshot_shows_the_charts(pages: dict[str, tuple[Path, dict[str, 
     assert any(row["decision"] == "better" for row in report["ab"])
     green = (np.abs(pixels - np.array([0x1A, 0x7F, 0x37])).max(axis=2) < 12).sum()
     assert green > 500, "no 'better' badge or green bar in the screenshot"
+
+
+def test_a_page_with_the_behaviour_measures(tmp_path: Path) -> None:
+    """Behaviour measures have charts like any per-request measure; session measures are in the A/B rows."""
+    from stream_eval.simulate import SimulationConfig, write_jsonl
+
+    log = tmp_path / "behaviour.jsonl"
+    write_jsonl(SimulationConfig(requests=3000, seed=5, unit="user", behaviour=True), str(log))
+    page, report = _replay_html(log, tmp_path, "--metrics", "nDCG@10,behaviour", "--look-every", "15s")
+    text = page.read_text()
+    assert {row["metric"] for row in report["ab"]} >= {"SatClick", "Abandoned", "Reformulation", "QueriesPerSession"}
+    for name in ("CTR@10", "TimeToFirstClick", "Reformulation"):
+        assert name in text

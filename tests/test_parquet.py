@@ -31,7 +31,7 @@ SCHEMA = pa.schema([
     ("scores", pa.list_(pa.float64())), ("query_id", pa.string()), ("session_id", pa.string()),
     ("experiment", pa.string()), ("arm", pa.string()), ("unit_id", pa.string()), ("teams", pa.list_(pa.string())),
     ("subtopics", pa.list_(pa.list_(pa.string()))), ("item", pa.string()), ("kind", pa.string()),
-    ("grade", pa.float64()), ("verdict", pa.string()),
+    ("grade", pa.float64()), ("verdict", pa.string()), ("dwell", pa.float64()),
 ])
 
 
@@ -66,7 +66,8 @@ def reports(rows: list[dict[str, Any]], tmp: Path, config: Config | None = None,
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Simulated traffic with interleaving and judgments, unit ids, and bad rows of several kinds."""
     path = tmp_path_factory.mktemp("sim") / "log.jsonl"
-    write_jsonl(SimulationConfig(requests=3000, seed=3, interleaving=True, judgments=True, unit="user"), str(path))
+    write_jsonl(SimulationConfig(requests=3000, seed=3, interleaving=True, judgments=True, unit="user", behaviour=True),
+                str(path))
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     bad = [
         {"type": "feedback", "request_id": "", "item": "x", "ts": T0},  # empty request id
@@ -75,7 +76,8 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         {"type": "feedback", "request_id": "r1", "item": "x", "kind": "purchase", "ts": T0},  # unknown kind
         {"type": "ranking", "request_id": "rx", "items": ["a", "a"], "ts": T0},  # repeated item
         {"type": "ranking", "request_id": "ry", "items": ["a", "b"], "scores": [1.0], "ts": T0},  # lengths
-        {"type": "ranking", "request_id": "rz", "items": [], "ts": T0},  # no items
+        {"type": "ranking", "request_id": "rz", "items": [], "ts": T0},  # no items: a zero-result request, valid
+        {"type": "feedback", "request_id": "r1", "item": "x", "dwell": -1.0, "ts": T0},  # negative dwell
         {"type": "ranking", "request_id": "rt", "items": ["a"], "ts": 1.0},  # ts out of range
         {"type": "ranking", "request_id": "rn", "items": ["a"]},  # no ts
         {"type": "click", "request_id": "r1", "item": "x", "ts": T0},  # unknown type
@@ -90,6 +92,15 @@ def test_parquet_report_equals_jsonl_report(simulated: list[dict[str, Any]], tmp
     from_jsonl, from_parquet = reports(simulated, tmp_path)
     assert from_parquet == from_jsonl
     assert from_jsonl["events"]["invalid"] == 10
+    assert from_jsonl["events"]["judgment"] > 0 and from_jsonl["gsb"]
+
+
+def test_parquet_behaviour_equals_jsonl(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Dwell (a float column), zero-result rankings (an empty list) and the behaviour measures."""
+    from_jsonl, from_parquet = reports(simulated, tmp_path, Config(metrics=("nDCG@10", "behaviour")))
+    assert from_parquet == from_jsonl
+    metrics = from_jsonl["overall"]["metrics"]
+    assert 0 < metrics["SatClick"] < 1 and 0 < metrics["ZeroResult"] < 1 and 0 < metrics["Reformulation"] < 1
     assert from_jsonl["events"]["judgment"] > 0 and from_jsonl["gsb"]
 
 

@@ -78,10 +78,15 @@ class Collect:
             self.records[record["request_id"]] = record
 
 
-def _lines(requests: int, seed: int) -> list[bytes]:
+def _lines(requests: int, seed: int, behaviour: bool = False) -> list[bytes]:
     sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
-                           late_fraction=0.03, duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02)
+                           late_fraction=0.03, duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02,
+                           behaviour=behaviour)
     return list(simulate_lines(sim))
+
+
+#: The measures with the behaviour and session measures (README, "Behaviour measures").
+BEHAVIOUR = ("default", "behaviour")
 
 
 def _replay(lines: list[bytes], tmp_path: Any, config: Config) -> tuple[Engine, Collect]:
@@ -96,10 +101,10 @@ def _comparable(report: dict[str, Any]) -> Any:
     return approx({key: report[key] for key in ("events", "overall", "groups", "gsb", "ab")})
 
 
-@pytest.mark.parametrize("batch", [1, 7, 500])
-def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int) -> None:
-    config = Config()
-    lines = _lines(1500, seed=3)
+@pytest.mark.parametrize(("batch", "behaviour"), [(1, False), (7, False), (500, False), (7, True)])
+def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int, behaviour: bool) -> None:
+    config = Config(metrics=BEHAVIOUR) if behaviour else Config()
+    lines = _lines(1500, seed=3, behaviour=behaviour)
     expected, expected_records = _replay(lines, tmp_path, config)
     sent, _ = _route(lines)
     collect = Collect()
@@ -154,16 +159,20 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     assert overall.requests == expected.overall().requests
 
 
-@pytest.mark.parametrize("snapshots", [False, True], ids=["from-the-start", "from-a-snapshot"])
-def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any, snapshots: bool) -> None:
+@pytest.mark.parametrize(("snapshots", "behaviour"), [(False, False), (True, False), (True, True)],
+                         ids=["from-the-start", "from-a-snapshot", "from-a-snapshot-behaviour"])
+def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any, snapshots: bool,
+                                                                              behaviour: bool) -> None:
     """Named sessions and query GSB go through the regroup log; its stage moves to another engine mid-stream.
 
     Without a snapshot the new owner rebuilds the A/B units from the log's start; with one (taken at a third of
-    the stream, then again at a half), from the snapshot and the records after the offset it covers."""
-    config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0)
+    the stream, then again at a half), from the snapshot and the records after the offset it covers. With the
+    session measures, the session parts carry their query and whether they had a satisfied click."""
+    config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
+                    metrics=BEHAVIOUR if behaviour else ())
     sim = SimulationConfig(requests=4000, seed=9, judgments=True, interleaving=True, label_rate=0.3,
                            duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
-                           shuffle_window=3.0)
+                           shuffle_window=3.0, behaviour=behaviour)
     lines = list(simulate_lines(sim))
     expected, _ = _replay(lines, tmp_path, config)
     sent, _ = _route(lines)

@@ -32,6 +32,7 @@ from stream_eval.events.schema import (
     item_list,
     parse_time,
     score_list,
+    validate,
 )
 
 CONFIG = Config()
@@ -175,10 +176,33 @@ def test_ranking_missing_items() -> None:
     assert "items" in bad.reason
 
 
-def test_ranking_empty_items() -> None:
-    bad = invalid(ranking(items=[]))
-    assert (bad.kind, bad.code) == ("ranking", "bad_items")
-    assert "items" in bad.reason
+def test_ranking_empty_items_is_a_zero_result_request() -> None:
+    event = decode_line(ranking(items=[], scores=[]), CONFIG)
+    assert event == Ranking("r1", [], ts=100.0, scores=[])
+    compact = CompactRanking.of(event)  # type: ignore[arg-type]  # a Ranking
+    assert (compact.items, compact.n, compact.scores) == ([], 0, None)  # never the compact text of one empty item
+    assert item_list(compact.items) == []
+
+
+@pytest.mark.parametrize(("dwell", "code"), [(-1, "bad_dwell"), ("5", "bad_dwell"), (True, "bad_dwell"),
+                                             ([1], "bad_dwell"), (float("inf"), "bad_dwell")])
+def test_feedback_dwell_must_be_finite_seconds(dwell: object, code: str) -> None:
+    if dwell == float("inf"):  # (no JSON: an event made in Python, as the worker's tests make them)
+        event = Feedback("r1", "a", dwell=float("inf"), ts=101.0)
+        with pytest.raises(EventError) as error:
+            validate(event, CONFIG)
+        assert error.value.code == code
+        return
+    bad = invalid(feedback(dwell=dwell))
+    assert (bad.kind, bad.code) == ("feedback", code)
+
+
+def test_feedback_dwell_is_read() -> None:
+    assert decode_line(feedback(dwell=12.5), CONFIG) == Feedback("r1", "a", grade=1.0, ts=101.0, dwell=12.5)
+    assert decode_line(feedback(dwell=None), CONFIG) == Feedback("r1", "a", grade=1.0, ts=101.0)
+    event = Feedback("r1", "a", dwell=3, ts=101.0)  # type: ignore[arg-type]  # an int, as Python code may give
+    validate(event, CONFIG)
+    assert event.dwell == 3.0 and type(event.dwell) is float
 
 
 @pytest.mark.parametrize("items", [["a", "b", "a"], ["x", "x"]])
@@ -419,7 +443,7 @@ GOOD = [
     line(type="watermark", end=True),
 ]
 BAD_VALID_JSON = [  # decodable JSON that fails validation after decoding (the fast path handles these)
-    ranking(items=[]),
+    ranking(items=["a", "b", "a"]),
     ranking(items=["a", "a"]),
     ranking(scores=[1]),
     ranking(ts="2026-01-01T00:00:00"),
@@ -741,6 +765,21 @@ FEEDBACK_EDGE = [  # feedback lines the compiled reader must read exactly as msg
     b'["type","feedback"]',
     b"{}",
     b"\x0c{" + FB + b',"ts":2}',
+    b"{" + FB + b',"ts":2,"dwell":31.5}',
+    b"{" + FB + b',"ts":2,"dwell":0}',
+    b"{" + FB + b',"ts":2,"dwell":-0}',
+    b"{" + FB + b',"ts":2,"dwell":-0.0}',
+    b"{" + FB + b',"ts":2,"dwell":-1.5}',
+    b"{" + FB + b',"ts":2,"dwell":null}',
+    b"{" + FB + b',"ts":2,"dwell":"30"}',
+    b"{" + FB + b',"ts":2,"dwell":true}',
+    b"{" + FB + b',"ts":2,"dwell":[30]}',
+    b"{" + FB + b',"ts":2,"dwell":3e1}',
+    b"{" + FB + b',"ts":2,"dwell":30.000000000000000000001}',
+    b"{" + FB + b',"ts":2,"dwell":1' + b"0" * 400 + b'.5}',
+    b"{" + FB + b',"ts":2,"dwell":12345678901234567890}',
+    b"{" + FB + b',"ts":2,"dwell":5,"dwell":6}',
+    b"{" + FB + b',"ts":2,"kind":"label","grade":2,"dwell":40}',
 ]
 RK = b'"type":"ranking","request_id":"r9","ts":5,"items":["a","b"]'
 RANKING_EDGE = [  # rankings the compiled reader must make compact exactly as msgspec and Validator.compact, or leave
@@ -787,6 +826,10 @@ RANKING_EDGE = [  # rankings the compiled reader must make compact exactly as ms
     b'{"type":"rankings","request_id":"r9","ts":5,"items":["a"]}',
     b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"]',
     b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"]} {}',
+    b'{"type":"ranking","request_id":"r9","ts":5,"items":[],"scores":[]}',
+    b'{"type":"ranking","request_id":"r9","ts":5,"items":[],"scores":[1]}',
+    b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"],"dwell":5}',
+    b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"],"dwell":[5]}',
 ]
 KINDS_CONFIG = Config(kinds=(("purchase", 3.0),))
 
@@ -812,7 +855,9 @@ def comparable(events: list[Any]) -> list[Any]:
 
 def test_plain_feedback_is_read_into_columns() -> None:
     """The forms a log usually has do not go through msgspec (they are in the columns, not the objects)."""
-    plain = [*FEEDBACK_EDGE[:7], FEEDBACK_EDGE[8], *FEEDBACK_EDGE[16:20], FEEDBACK_EDGE[48]]
+    dwell = FEEDBACK_EDGE[-15:]  # with a dwell: numbers in the plain form, a long decimal, null
+    plain = [*FEEDBACK_EDGE[:7], FEEDBACK_EDGE[8], *FEEDBACK_EDGE[16:20], FEEDBACK_EDGE[48],
+             *(dwell[k] for k in (0, 1, 2, 3, 5, 10, 14))]
     chunk = b"\n".join([ranking(), *plain])
     decoded = decode_chunk_columns(chunk, CONFIG)
     assert len(decoded.feedback) == len(plain) and decoded.feedback_at.tolist() == list(range(1, len(plain) + 1))
@@ -831,21 +876,23 @@ def test_plain_rankings_do_not_go_through_msgspec(monkeypatch: pytest.MonkeyPatc
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,25})?", fullmatch=True), st.sampled_from([b"ts", b"grade"]))
+@given(st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,25})?", fullmatch=True),
+       st.sampled_from([b"ts", b"grade", b"dwell"]))
 def test_numbers_read_in_columns_are_exact(text: str, key: bytes) -> None:
-    """A time or grade read into columns is the double nearest its decimal text, as ``float`` has it; every
-    number without an exponent is read there, but integers of more than 15 digits and negative grades."""
+    """A time, grade or dwell read into columns is the double nearest its decimal text, as ``float`` has it; every
+    number without an exponent is read there, but integers of more than 15 digits and negative grades and dwells."""
     number = text.encode()
-    line = b"{" + FB + b',"ts":' + number + b"}" if key == b"ts" else b"{" + FB + b',"ts":1,"grade":' + number + b"}"
+    line = (b"{" + FB + b',"ts":' + number + b"}" if key == b"ts"
+            else b"{" + FB + b',"ts":1,"' + key + b'":' + number + b"}")
     decoded = decode_chunk_columns(line, CONFIG)
     long_integer = "." not in text and sum(c.isdigit() for c in text) > 15
     if len(decoded.feedback):
-        value = (decoded.feedback.ts if key == b"ts" else decoded.feedback.grade)[0]
+        value = getattr(decoded.feedback, key.decode())[0]
         assert str(value) == str(msgspec.json.decode(number, type=float)) and not long_integer
         assert decoded.as_list() == decode_chunk_compact(line, CONFIG)
     else:
         out_of_range = key == b"ts" and not CONFIG.min_ts <= float(text) <= CONFIG.max_ts  # invalid: ts_out_of_range
-        assert long_integer or out_of_range or (key == b"grade" and (float(text) < 0 or text.startswith("-")))
+        assert long_integer or out_of_range or (key != b"ts" and (float(text) < 0 or text.startswith("-")))
 
 
 @settings(max_examples=300, deadline=None)

@@ -27,9 +27,12 @@ PARTITIONS = 4
 #: Short horizons, so that requests finalise and sessions and GSB buckets close while the stream runs (the
 #: 60 s of event time of 3,000 simulated requests): rebalances then move state that is partly finalised.
 SHORT = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0)
+#: SHORT with the behaviour and session measures too (README, "Behaviour measures").
+SHORT_BEHAVIOUR = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
+                         metrics=("default", "behaviour"))
 
 
-def _log(requests: int, seed: int, short: bool = False) -> list[bytes]:
+def _log(requests: int, seed: int, short: bool = False, behaviour: bool = False) -> list[bytes]:
     """Graded labels (shown and unshown items), clicks, late, duplicate, orphan, out-of-order and invalid events.
 
     Out of order by less than ``allowed_lateness``: further than that, replay (whose event time is the largest
@@ -41,7 +44,7 @@ def _log(requests: int, seed: int, short: bool = False) -> list[bytes]:
     sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
                            late_fraction=0.0 if short else 0.03, duplicate_fraction=0.05, orphan_fraction=0.03,
                            invalid_fraction=0.02, shuffle_window=3.0 if short else 20.0,
-                           max_delay=15.0 if short else 120.0)
+                           max_delay=15.0 if short else 120.0, behaviour=behaviour)
     return list(simulate_lines(sim))
 
 
@@ -139,10 +142,11 @@ def _run(main: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("short", [False, True], ids=["default-horizons", "short-horizons"])
+@pytest.mark.parametrize("short", [False, True], ids=["default-horizons", "short-horizons-behaviour"])
 def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool) -> None:
-    config = SHORT if short else Config()
-    lines = _log(5000, seed=11, short=short)
+    """With short horizons, the behaviour and session measures too, on traffic with dwell and zero results."""
+    config = SHORT_BEHAVIOUR if short else Config()
+    lines = _log(5000, seed=11, short=short, behaviour=short)
     expected, expected_records = _replay(lines, tmp_path, config)
     prefix = f"parity-{short}."
     settings = WorkerSettings([broker], prefix=prefix, group=f"parity-{short}", partitions=PARTITIONS)

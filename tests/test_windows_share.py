@@ -89,15 +89,18 @@ def _assert_same_windows(a: RollingWindows, b: RollingWindows) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_a_restored_owner_has_the_windows_the_dead_owner_would_have_had(seed: int) -> None:
+    """Seeds 4 and 5 with the behaviour and session measures (their sessions' columns follow GAUC's)."""
     rng = random.Random(seed)
-    sim = replace(SIMULATION, seed=seed, subtopics=seed % 3 == 2)
+    behaviour = seed >= 4
+    sim = replace(SIMULATION, seed=seed, subtopics=seed % 3 == 2, behaviour=behaviour)
+    config = replace(CONFIG, metrics=("default", "behaviour")) if behaviour else CONFIG
     pieces = _pieces(list(simulate_lines(sim)), rng)
     cut = rng.randrange(len(pieces) // 3, len(pieces) * 3 // 4)
-    a = Engine(CONFIG)
+    a = Engine(config)
     wa = RollingWindows(a, width=WIDTH)
     full: dict[str, Any] | None = None
     for piece in pieces[:cut]:  # checkpoints: a delta now and then, a full share more rarely
-        _feed(a, piece)
+        _feed(a, piece, config)
         if full is None or rng.random() < 0.03:
             full = _json(wa.share(full=True))
         elif rng.random() < 0.3:
@@ -110,17 +113,19 @@ def test_a_restored_owner_has_the_windows_the_dead_owner_would_have_had(seed: in
     expected = _content(wa.share(full=True))
     assert expected["buckets"] and any(k[0] == "sessions" for k in expected)  # something to lose
     assert any(k[0] == "final" for k in expected) and any(k[0] == "verdicts" for k in expected)
+    if behaviour:  # the sessions' cells: GAUC, QueriesPerSession and Reformulation, the last two counted
+        assert any(k[0] == "sessions" and len(v[0]) == 3 and v[0][1] and v[0][2] for k, v in expected.items())
     if seed % 4:
         assert full["watermark"] < delta["watermark"]  # type: ignore[index]  # the delta is needed
 
     # B: the engine's counted state as A's (restored by the caller: here B reads what A read, without windows),
     # groups numbered otherwise; its windows from the shares only
-    b = Engine(CONFIG)
+    b = Engine(config)
     for key in reversed(a.group_keys):
         b.group_of(*key)
     assert b.group_keys != a.group_keys
     for piece in pieces[:cut]:
-        _feed(b, piece)
+        _feed(b, piece, config)
     wb = RollingWindows(b, width=WIDTH)
     wb.restore(full, delta)
     assert wb.open_rows == 0
@@ -129,8 +134,8 @@ def test_a_restored_owner_has_the_windows_the_dead_owner_would_have_had(seed: in
     assert wb.open_rows == wa.open_rows > 0
     _assert_same_windows(wa, wb)
     for k, piece in enumerate(pieces[cut:]):
-        _feed(a, piece)
-        _feed(b, piece)
+        _feed(a, piece, config)
+        _feed(b, piece, config)
         if k % 3 == 0:
             _assert_same_windows(wa, wb)
     a.flush()

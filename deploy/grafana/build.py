@@ -45,6 +45,8 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from stream_eval.metrics.specs import REGISTRY
+
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "dashboards" / "stream-eval.json"
 
@@ -74,6 +76,32 @@ QUALITY_TAIL = (
     "All three are summed over workers first (sum of sums / sum of counts), so they are exact with any number of "
     "workers. Whether a gap between the arms is real is read in the A/B row."
 )
+
+# The behaviour measures (README, "Behaviour measures"; on with metrics = ["default", "behaviour"]): (mean, per-request
+# name, what it measures, unit, whether it lies in [0, 1]).
+BEHAVIOUR = (
+    ("CTR@10", "CTR@10", "Click-through: the share of requests with a click on one of their top 10 items.",
+     "percentunit", True),
+    ("Abandoned", "Abandoned", "The share of requests that showed results and got no click (lower is better).",
+     "percentunit", True),
+    ("SatClick", "SatClick", "The share of requests with a satisfied click: a click with a dwell of at least sat_dwell "
+     "(30 s) or feedback of a satisfying kind (sat_kinds, e.g. purchase).", "percentunit", True),
+    ("TimeToFirstClick", "TimeToFirstClick", "Seconds from serving a list to its first click, over the requests with "
+     "a click (lower is better).", "s", False),
+    ("ZeroResult", "ZeroResult", "The share of requests that served an empty list (lower is better).", "percentunit",
+     True),
+    ("Reformulation", "Reformulation", "The share of requests of a session followed within reformulation_gap (60 s) "
+     "by another query of the session without a satisfied click (lower is better). Valued when the session closes.",
+     "percentunit", True),
+    ("QueriesPerSession", "QueriesPerSession", "Requests per session, over the sessions that closed.", "none", False),
+)
+BEHAVIOUR_TAIL = (
+    " Per arm; '5m' / '1h' of event time and 'cumulative', summed over workers first. Session measures are counted "
+    "when the session closes, so their windows hold the sessions that closed in them. No data unless the worker runs "
+    "the behaviour measures (metrics = [\"default\", \"behaviour\"])."
+)
+#: Metrics whose fall is an improvement: their decision reads a confidence sequence below 0 as better.
+LOWER_IS_BETTER = "|".join(sorted(name for name, family in REGISTRY.items() if family.lower_is_better))
 
 NEUTRAL, GOOD, BAD, WARN = "text", "green", "red", "orange"
 
@@ -131,13 +159,25 @@ def _stat(panel_id: int, title: str, description: str, *, w: int = 4, h: int = 8
 
 
 def quality_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
+    return _per_arm_panels(ids, [(mean, per_request, what + QUALITY_TAIL, "none", True)
+                                 for mean, per_request, what in QUALITY])
+
+
+def behaviour_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
+    return _per_arm_panels(ids, [(mean, per_request, what + BEHAVIOUR_TAIL, unit, bounded)
+                                 for mean, per_request, what, unit, bounded in BEHAVIOUR], w=8)
+
+
+def _per_arm_panels(ids: Iterator[int], rows: Sequence[tuple[str, str, str, str, bool]],
+                    w: int = 12) -> list[timeseries.Panel]:
+    """A graph per mean: its 5m and 1h windows and its cumulative mean, per arm."""
     panels = []
-    for mean, per_request, what in QUALITY:
+    for mean, per_request, description, unit, bounded in rows:
         window = [f'{EXP_ARM}, metric="{mean}", window="{label}"' for label in ("5m", "1h")]
         finalised = f'{EXP_ARM}, metric="{per_request}"'
+        graph = _graph(next(ids), f"{mean} per arm", description, unit=unit, w=w).decimals(3)
         panels.append(
-            _graph(next(ids), f"{mean} per arm", what + QUALITY_TAIL)
-            .min(0).max(1).decimals(3)
+            (graph.min(0).max(1) if bounded else graph.min(0))
             .with_target(_query("A", _ratio("stream_eval_window_sum", "stream_eval_window_count", window[0]),
                                 "{{arm}} 5m"))
             .with_target(_query("B", _ratio("stream_eval_window_sum", "stream_eval_window_count", window[1]),
@@ -155,8 +195,11 @@ def _ab(series: str, selector: str = EXP_METRIC) -> str:
 
 
 def decisions_panel(panel_id: int) -> table.Panel:
-    decision = (f"({_ab('stream_eval_ab_cs_lower', EXP)} > bool 0)\n"
-                f"  - ({_ab('stream_eval_ab_cs_upper', EXP)} < bool 0)")
+    higher, lower = f'{EXP}, metric!~"{LOWER_IS_BETTER}"', f'{EXP}, metric=~"{LOWER_IS_BETTER}"'
+    decision = (f"({_ab('stream_eval_ab_cs_lower', higher)} > bool 0)\n"
+                f"  - ({_ab('stream_eval_ab_cs_upper', higher)} < bool 0)\n"
+                f"or ({_ab('stream_eval_ab_cs_upper', lower)} < bool 0)\n"
+                f"  - ({_ab('stream_eval_ab_cs_lower', lower)} > bool 0)")
     columns = {  # ref id: (series or expression, column name)
         "A": (decision, "decision"),
         "B": (_ab("stream_eval_ab_delta", EXP), "delta"),
@@ -173,7 +216,8 @@ def decisions_panel(panel_id: int) -> table.Panel:
             "One line per metric of the experiment. 'delta' is treatment minus control. 'cs lower' / 'cs upper' "
             "bound the always-valid confidence sequence: unlike a fixed-sample interval, it stays valid however "
             "often you look, so you may stop as soon as it excludes 0. decision = better when cs lower > 0, worse "
-            "when cs upper < 0, otherwise inconclusive (keep collecting). 'p-value (always valid)' is below "
+            "when cs upper < 0, otherwise inconclusive (keep collecting); the other way round for the measures "
+            f"where lower is better ({LOWER_IS_BETTER.replace('|', ', ')}). 'p-value (always valid)' is below "
             "1 - confidence exactly when the sequence excludes 0. The fixed-sample interval (ci) is shown for "
             "reference only: it is valid at one look planned in advance, not when watched continuously.")
         .datasource(DATASOURCE).span(24).height(7).decimals(4)
@@ -364,6 +408,7 @@ def build() -> dash.Dashboard:
     )
     sections: list[tuple[str, Callable[[Iterator[int]], Sequence[Builder[Panel]]]]] = [
         ("Ranking quality per arm", quality_panels),
+        ("Search behaviour per arm", behaviour_panels),
         ("A/B test of $experiment: treatment - control", lambda ids: [
             decisions_panel(next(ids)), delta_panel(next(ids)), p_value_panel(next(ids)), units_panel(next(ids))]),
         ("Sample ratio", srm_panels),

@@ -208,16 +208,17 @@ class UnitLedger:
 
     # -- input ------------------------------------------------------------------------------------------
     def add_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
-                     units: list[str], values: Floats) -> None:
+                     units: list[str], values: Floats, counts: Floats | None = None) -> None:
         """Finalised requests: finalisation points, request ids, labels, units and their per-request values
-        (NaN = no value); ``values`` has one column per name except GAUC."""
+        (NaN = no value); ``values`` has one column per name except GAUC. ``counts``: how many values each value
+        sums (a closed session's session measures: engine.py); default one where there is a value."""
         if not len(ids) or self.frozen:
             return
         present = ~np.isnan(values)
         y = np.zeros((len(ids), self.width))
         n = np.zeros((len(ids), self.width))
         y[:, :-1] = np.where(present, values, 0.0)
-        n[:, :-1] = present
+        n[:, :-1] = present if counts is None else counts
         self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), ids, experiments, arms, units, y, n))
 
     def add_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],

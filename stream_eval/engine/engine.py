@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -73,6 +73,16 @@ class FinalisedBatch:
                    "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)}}
 
 
+class SessionRows(NamedTuple):
+    """Closed sessions' session measures (:meth:`Engine._session_rows`): the sessions (indexes into the scored
+    sessions), a row of values per session, how many per-request values each sums, and the sums of their squares."""
+
+    sessions: Ints
+    values: Floats
+    counts: Floats
+    squares: Floats
+
+
 class GroupStats:
     """Aggregates of one (experiment, arm): request and session counts, metric and GAUC moments."""
 
@@ -109,6 +119,10 @@ class Engine:
         self.counts = EventCounts()
         self.join = Join(config, self.counts)
         self.specs = request_specs(config)
+        # session measures (QueriesPerSession, Reformulation): columns valued when sessions close (_session_rows)
+        self._session_columns = [j for j, spec in enumerate(self.specs) if spec.per_session]
+        self._record_columns = [j for j, spec in enumerate(self.specs) if not spec.per_session]
+        self._record_specs = tuple(self.specs[j] for j in self._record_columns)
         # alpha-nDCG columns, filled here from the items' subtopics: (column, cutoff, alpha)
         self._alpha_columns = [(j, s.k or 0, float(s.resolve(config)["alpha"]))
                                for j, s in enumerate(self.specs) if s.needs_subtopics]
@@ -369,8 +383,11 @@ class Engine:
         """Per-request values of finalised requests."""
         rankings = finalised.rankings
         n_shown = np.fromiter(map(_N, rankings), dtype=np.int64, count=len(rankings))
+        first_click = finalised.first_click - finalised.serve
+        first_click[np.isinf(first_click)] = np.nan  # no click
         batch = JudgedBatch(n_shown, finalised.shown_req, finalised.shown_pos, finalised.shown_grade,
-                            finalised.unshown_req, finalised.unshown_grade)
+                            finalised.unshown_req, finalised.unshown_grade, finalised.click_req, finalised.click_pos,
+                            first_click, finalised.satisfied)
         result = evaluate_batch(batch, self.config, self.specs)
         values = result.values
         if self._alpha_columns:
@@ -397,6 +414,14 @@ class Engine:
             return
         states: Sequence[Any] = finalised.rankings  # a ranking has the fields of a request read here
         values, batch, empty = self.evaluate_finalised(finalised)
+        plain_values = values
+        if self._session_columns:
+            # a request without session_id is a session of its own, closed with it: its session measures are its
+            # own values (one query, nothing reformulated), counted with it; named sessions' when they close
+            plain_values = values.copy()  # what the live windows and the records get: no session values
+            alone = np.flatnonzero(~present(list(map(_SESSION_ID, states))))
+            for j in self._session_columns:
+                values[alone, j] = 1.0 if self.specs[j].family == "QueriesPerSession" else 0.0
         pairs = list(map(_EXPERIMENT_ARM, states))
         found = list(map(self._raw_groups.get, pairs))
         if None in found:
@@ -413,7 +438,9 @@ class Engine:
                 stats.empty += int(empties[g])
                 stats.moments += moments
         relevant = batch.shown_grade >= self.config.rel_threshold
-        impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown)
+        behaviour = self.sessions.behaviour
+        impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown,
+                                  finalised.satisfied if behaviour else None)
         regroup = self.regroup
         named = None if regroup is None else self._regroup_session_part
         self._add_sessions(self.sessions.add(states, group, impressions, named), local=regroup is None)
@@ -446,10 +473,13 @@ class Engine:
             self.arms_seen.setdefault(experiment, set()).add(arm)
             if regroup is not None:
                 regroup.arm(experiment, arm)
-        for plugin in self._roles.values():
-            plugin.finalised(finalised, group, values)
+        for plugin in self._roles.values():  # (the windows take session measures as sessions close)
+            plugin.finalised(finalised, group, plain_values)
         if self.on_finalised is not None:
-            self.on_finalised(FinalisedBatch(states, self.specs, values))
+            if self._session_columns:
+                self.on_finalised(FinalisedBatch(states, self._record_specs, plain_values[:, self._record_columns]))
+            else:
+                self.on_finalised(FinalisedBatch(states, self.specs, values))
 
     def _unit_contributions(self, finalised: Finalised, states: Sequence[Any], group: Ints, values: Floats,
                             interleaved: npt.NDArray[np.bool_]) -> None:
@@ -520,16 +550,69 @@ class Engine:
             return
         both = ~np.isnan(scored.auc)
         counted = both & (scored.weight > 0)
+        rows = self._session_rows(scored) if self._session_columns and scored.requests.any() else None
         if local or not self._muted:
             self._unit_sessions(scored, counted, local)
+            if rows is not None:
+                self._unit_session_rows(scored, rows, local)
         if self._muted:
             return
+        if rows is not None:
+            self._count_session_rows(scored, rows)
         for g in np.unique(scored.group).tolist():
             mine = scored.group == g
             stats = self.groups[g]
             stats.sessions += int((mine & counted).sum())
             stats.single_class += int((mine & ~both).sum())
             stats.gauc.update_many(scored.auc[mine & counted].reshape(-1, 1), scored.weight[mine & counted])
+
+    def _session_rows(self, scored: ScoredSessions) -> SessionRows:
+        """The session measures of closed sessions, one row per session (sessions counted with their request,
+        ``ScoredSessions.requests`` 0, have none): its ``QueriesPerSession`` (one value) and its ``Reformulation``
+        (the sum of its requests' values, standing for that many values), NaN in every other column."""
+        chosen = np.flatnonzero(scored.requests > 0)
+        requests = scored.requests[chosen].astype(np.float64)
+        reformulated = scored.reformulations[chosen].astype(np.float64)
+        shape = (chosen.shape[0], len(self.specs))
+        values, counts, squares = np.full(shape, np.nan), np.zeros(shape), np.zeros(shape)
+        for j in self._session_columns:
+            if self.specs[j].family == "QueriesPerSession":
+                values[:, j], counts[:, j], squares[:, j] = requests, 1.0, requests * requests
+            else:  # each request's value is 0 or 1: its square is itself
+                values[:, j], counts[:, j], squares[:, j] = reformulated, requests, reformulated
+        return SessionRows(chosen, values, counts, squares)
+
+    def _count_session_rows(self, scored: ScoredSessions, rows: SessionRows) -> None:
+        """Add the session measures of closed sessions to their groups' moments (values of unit weight)."""
+        group = scored.group[rows.sessions]
+        columns = self._session_columns
+        for g in np.unique(group).tolist():
+            mine = group == g
+            moments = self.groups[g].moments
+            counts = rows.counts[mine][:, columns].sum(axis=0)
+            moments.count[columns] += counts.astype(np.int64)
+            moments.weight[columns] += counts
+            moments.weight_sq[columns] += counts
+            moments.total[columns] += rows.values[mine][:, columns].sum(axis=0)
+            moments.total_sq[columns] += rows.squares[mine][:, columns].sum(axis=0)
+
+    def _unit_session_rows(self, scored: ScoredSessions, rows: SessionRows, local: bool) -> None:
+        """The A/B units' share of the session measures: each session's row of :meth:`_session_rows` is a
+        contribution of its unit at its close point (sessions of no split left out)."""
+        if not self.config.ab:
+            return
+        if not local:  # (a partition's engine hands named sessions to the regroup stage; those of one go with
+            # their request: it has no rows, and a regroup record could not say what each value stands for)
+            raise ValueError("session measures of a partition's engine: they are scored on the regroup stage")
+        units = scored.units
+        sessions = [s for s in rows.sessions.tolist() if units[s] is not None]
+        if not sessions:
+            return
+        keep = np.array([units[s] is not None for s in rows.sessions.tolist()], dtype=np.bool_)
+        labels = [self.group_keys[g] for g in scored.group[sessions].tolist()]
+        self.ledger.add_requests(scored.keys[sessions], [f"~{scored.ids[s]}" for s in sessions],
+                                 [e for e, _ in labels], [a for _, a in labels],
+                                 [units[s] for s in sessions], rows.values[keep], rows.counts[keep])
 
     def _unit_sessions(self, scored: ScoredSessions, counted: npt.NDArray[np.bool_], local: bool) -> None:
         """Sessions with both classes whose first request was in an arm of a split (unit not None)."""
@@ -622,6 +705,8 @@ class Engine:
         names = [name for _, name in self._metric_names()] + [GAUC]
         columns = {name: j for j, name in self._metric_names()}
         rows, _ = self.ledger.results(names)
+        # a fall is better for these (Abandoned, TimeToFirstClick, ...): the delta's sign says which arm is better
+        lower = {spec.mean_name for spec in self.specs if spec.definition.lower_is_better}
         out = []
         empty = GroupStats(len(self.specs))
         for row in rows:
@@ -640,7 +725,8 @@ class Engine:
                 "ci_upper": _number(row.ci_upper), "n_control": count(control, row.metric),
                 "n_treatment": count(treatment, row.metric), "units_control": row.units_control,
                 "units_treatment": row.units_treatment, "cs_lower": _number(row.cs_lower),
-                "cs_upper": _number(row.cs_upper), "p_value": _number(row.p_value), "decision": row.decision,
+                "cs_upper": _number(row.cs_upper), "p_value": _number(row.p_value),
+                "decision": _FLIPPED.get(row.decision, row.decision) if row.metric in lower else row.decision,
             })
         return out
 
@@ -650,6 +736,9 @@ class Engine:
         return [{"experiment": r.experiment, "units": r.units, "expected": r.expected, "chi2": _number(r.chi2),
                  "p_value": _number(r.p_value), "sequential_p_value": _number(r.sequential_p_value),
                  "mismatch": r.mismatch} for r in rows]
+
+
+_FLIPPED = {"better": "worse", "worse": "better"}
 
 
 def _decision_of(lower: float | None, upper: float | None) -> str:
@@ -665,6 +754,7 @@ _REQUEST_ID = attrgetter("request_id")
 _TEAMS = attrgetter("teams")
 _QUERY_ID = attrgetter("query_id")
 _SUBTOPICS = attrgetter("subtopics")
+_SESSION_ID = attrgetter("session_id")
 _N = attrgetter("n")
 #: Events that go to the join.
 _JOINED = frozenset((CompactRanking, Ranking, Feedback))

@@ -57,6 +57,9 @@ class GroupTotals(Protocol):
     @property
     def gauc(self) -> Moments: ...
 
+    @property
+    def moments(self) -> Moments: ...
+
 
 class EngineView(Protocol):
     """What a plug-in reads of the engine (it writes none of it)."""

@@ -125,7 +125,7 @@ class RegroupSink:
             self._parts = {key: [] for key in _PART_COLUMNS}
             sizes = [NUMBER_CHARS * len(scores) for scores in parts["s"]]
             for a, b in row_ranges([parts["id"], parts["e"], parts["a"]], sizes):
-                self._append(b"", {"k": "S", **{key: column[a:b] for key, column in parts.items()}})
+                self._append(b"", {"k": "S", **{key: column[a:b] for key, column in parts.items() if column}})
         if queries["q"]:
             self._queries = {key: [] for key in _QUERY_COLUMNS}
             for a, b in row_ranges([queries["q"], queries["e"], queries["a"]]):
@@ -173,6 +173,9 @@ class RegroupSink:
         parts["s"].append(impressions.scores[a:b].tolist())
         parts["r"].append(impressions.relevant_positions(i))
         parts["u"].append(unit_of(state))
+        if impressions.satisfied is not None:  # session measures run: the query and a satisfied click
+            parts["q"].append(state.query_id)
+            parts["c"].append(bool(impressions.satisfied[i]))
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
@@ -223,10 +226,10 @@ class RegroupSink:
 
 
 #: The columns of a record of session parts ("S"): session id, experiment, arm, serve time, the served items'
-#: scores, the 1-based positions of the relevant ones, the unit; and of query metrics ("Q"): experiment, arm,
-#: query id, serve time, the ``gsb_metric`` value. (Logs written before 2026-11-26 hold them one per record, "s"
-#: and "q", with the same keys.)
-_PART_COLUMNS = ("id", "e", "a", "t", "s", "r", "u")
+#: scores, the 1-based positions of the relevant ones, the unit, and when the session measures run the query id
+#: and whether a click satisfied; and of query metrics ("Q"): experiment, arm, query id, serve time, the
+#: ``gsb_metric`` value. (Logs written before 2026-11-26 hold them one per record, "s" and "q", with the same keys.)
+_PART_COLUMNS = ("id", "e", "a", "t", "s", "r", "u", "q", "c")
 _QUERY_COLUMNS = ("e", "a", "q", "t", "v")
 _COLUMNAR = frozenset({"S", "Q"})
 
@@ -234,9 +237,10 @@ _COLUMNAR = frozenset({"S", "Q"})
 class _Part:
     """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read)."""
 
-    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id")
+    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id", "query_id")
 
-    def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None) -> None:
+    def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None,
+                 query_id: str | None = None) -> None:
         self.session_id = session_id
         self.ts = ts
         self.n = len(scores)
@@ -245,6 +249,7 @@ class _Part:
         self.unit_id = unit
         self.teams: list[str] | None = [] if unit is None else None
         self.request_id = session_id
+        self.query_id = query_id
 
 
 class _Held:
@@ -531,17 +536,19 @@ class SessionStage:
         parts: list[tuple[int, dict[str, Any]]] = []
         while waiting and waiting[0][0] <= watermark:
             _, offset, row, record = heapq.heappop(waiting)
-            parts.append((offset, record if row < 0 else {key: record[key][row] for key in _PART_COLUMNS}))
+            parts.append((offset, record if row < 0 else {key: record[key][row] for key in _PART_COLUMNS
+                                                          if key in record}))
         if not parts:
             return
         engine = self.engine
-        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]))
+        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]), r.get("q"))
                   for _, r in parts]
         group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
         relevant = [r["r"] for _, r in parts]
         rel_req = np.repeat(np.arange(len(parts)), list(map(len, relevant)))
         rel_pos = np.array([p for positions in relevant for p in positions], dtype=np.int64)
-        impressions = Impressions(states, rel_req, rel_pos)  # type: ignore[arg-type]  # duck-typed parts
+        satisfied = np.array([bool(r.get("c")) for _, r in parts]) if engine.sessions.behaviour else None
+        impressions = Impressions(states, rel_req, rel_pos, None, satisfied)  # type: ignore[arg-type]  # duck-typed
         # (under the quiet context of the watermark record that released them: named parts count nothing)
         engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
         # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts

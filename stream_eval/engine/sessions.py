@@ -1,4 +1,4 @@
-"""Sessions for AUC/GAUC: the served items of finalised requests, grouped by ``session_id``.
+"""Sessions for AUC/GAUC and the session measures: the served items of finalised requests, grouped by ``session_id``.
 
 A request without ``session_id`` is a session of its own and is scored as soon as it is finalised. The
 requests of a named session wait until event time passes the last request's finalisation point plus
@@ -8,6 +8,13 @@ At most ``max_open_sessions`` named sessions are open: a request that would open
 session of its own (its session id as its id) and counted in :attr:`Sessions.overflow`. Sessions whose close point
 its finalisation point has passed are not open, whenever :meth:`Sessions.close` last ran, so the bound holds the
 same in replay and on the regroup stage, which add requests in the same order.
+
+The session measures (README, "Behaviour measures"), when one runs, are scored with the AUC: ``QueriesPerSession``,
+the requests of the session, and ``Reformulation``, per request of the session: 1 when the session's next request
+(in the order of serve time) follows within ``reformulation_gap``, is another query (a request without
+``query_id`` is a query of its own) and the request had no satisfied click (``SatClick``), else 0. Requests with
+the same serve time are taken in the order of their query id, then satisfied last, so that the values do not depend
+on the order in which the parts of a session arrive.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ _TS = attrgetter("ts")
 _SESSION_ID = attrgetter("session_id")
 _REQUEST_ID = attrgetter("request_id")
 _SCORES_OF = attrgetter("scores")
+_QUERY_ID = attrgetter("query_id")
 _ENCODER = msgspec.json.Encoder()
 NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
 
@@ -46,13 +54,14 @@ class Impressions:
     """The served items of a batch of requests, flattened: request ``i`` owns ``starts[i]:starts[i+1]``.
 
     ``scores`` are the model scores, or minus the position where a ranking has none (higher position,
-    higher score); ``labels`` mark relevant items.
+    higher score); ``labels`` mark relevant items. With ``satisfied`` (the session measures run), each request's
+    serve time (``times``), query id (``queries``) and whether it had a satisfied click (``satisfied``) too.
     """
 
-    __slots__ = ("starts", "scores", "labels")
+    __slots__ = ("starts", "scores", "labels", "times", "queries", "satisfied")
 
     def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints,
-                 n_shown: Ints | None = None) -> None:
+                 n_shown: Ints | None = None, satisfied: Bools | None = None) -> None:
         if n_shown is None:
             n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
         starts = _starts(n_shown)
@@ -75,6 +84,12 @@ class Impressions:
         labels = np.zeros(total, dtype=np.bool_)
         labels[starts[rel_req] + rel_pos - 1] = True
         self.starts, self.scores, self.labels = starts, scores, labels
+        self.satisfied = satisfied
+        self.times: Floats | None = None
+        self.queries: list[str | None] | None = None
+        if satisfied is not None:
+            self.times = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states))
+            self.queries = list(map(_QUERY_ID, states))
 
     def relevant_positions(self, i: int) -> list[int]:
         """1-based positions of the relevant items of request ``i``."""
@@ -88,14 +103,19 @@ _SCORE_AT_ONCE = 16_384
 
 class ScoredSessions:
     """Closed sessions: the group of each, its AUC (NaN if single-class) and its GAUC weight; for the A/B
-    units (``engine/ab.py``), each one's close point (``keys``), id and unit."""
+    units (``engine/ab.py``), each one's close point (``keys``), id and unit. For the session measures: each one's
+    requests (``requests``; 0 for a session of a request without ``session_id``, whose values the engine counts with
+    the request) and how many of them were reformulated (``reformulations``)."""
 
-    __slots__ = ("group", "auc", "weight", "keys", "ids", "units")
+    __slots__ = ("group", "auc", "weight", "keys", "ids", "units", "requests", "reformulations")
 
     def __init__(self, group: Ints, auc: Floats, weight: Floats, keys: Floats, ids: list[str],
-                 units: list[str | None]) -> None:
+                 units: list[str | None], requests: Ints | None = None, reformulations: Ints | None = None) -> None:
         self.group, self.auc, self.weight = group, auc, weight
         self.keys, self.ids, self.units = keys, ids, units  # units: None for sessions of no split (interleaved)
+        none = np.zeros(group.shape[0], dtype=np.int64)
+        self.requests = none if requests is None else requests
+        self.reformulations = none if reformulations is None else reformulations
 
 
 def unit_of(state: Any) -> str | None:
@@ -127,6 +147,8 @@ class Sessions:
     def __init__(self, config: Config) -> None:
         self.gap = config.session_gap
         self.weight = config.gauc_weight
+        self.behaviour = any(spec.per_session for spec in config.specs)  # session measures run
+        self.reformulation_gap = config.reformulation_gap
         self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
         self.open: dict[str, _Session] = {}
         self.limit = config.max_open_sessions
@@ -136,10 +158,12 @@ class Sessions:
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
     def _score(self, starts: Ints, scores: Floats, labels: Bools, group: Ints, keys: Floats, ids: list[str],
-               units: list[str | None]) -> ScoredSessions:
+               units: list[str | None], requests: Ints | None = None,
+               reformulations: Ints | None = None) -> ScoredSessions:
         """Score sessions whose items are grouped: session ``s`` owns ``starts[s]:starts[s + 1]``."""
         auc, positives, negatives = grouped_session_auc(starts, scores, labels)
-        return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight), keys, ids, units)
+        return ScoredSessions(group, auc, gauc_weights(positives, negatives, self.weight), keys, ids, units,
+                              requests, reformulations)
 
     def add(
         self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions, named: NamedPart | None = None
@@ -191,14 +215,17 @@ class Sessions:
         mine = states if own.all() else list(compress(states, own.tolist()))
         keys = np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine)) + self.horizon
         ids, units = list(map(_REQUEST_ID, mine)), list(map(unit_of, mine))
+        requests = None
         if alone:  # a session of its own under its session id
             ids = [rid if sid is None else sid for rid, sid in zip(ids, compress(sids, own.tolist()), strict=True)]
+            if self.behaviour:  # (those without a session id are counted with the request: see ScoredSessions)
+                requests = present(list(compress(sids, own.tolist()))).astype(np.int64)
         if own.all():
-            return self._score(starts, impressions.scores, impressions.labels, group, keys, ids, units)
+            return self._score(starts, impressions.scores, impressions.labels, group, keys, ids, units, requests)
         n_shown = np.diff(starts)
         keep = np.repeat(own, n_shown)
         return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own],
-                           keys, ids, units)
+                           keys, ids, units, requests)
 
     def _keep_closing(self, closing: list[tuple[float, str]]) -> None:
         """Add the deadlines given, in order, to those waiting (and empty ``closing``)."""
@@ -244,7 +271,8 @@ class Sessions:
             return np.concatenate([getattr(s, name) for s in slices])
 
         return ScoredSessions(joined("group"), joined("auc"), joined("weight"), joined("keys"),
-                              [i for s in slices for i in s.ids], [u for s in slices for u in s.units])
+                              [i for s in slices for i in s.ids], [u for s in slices for u in s.units],
+                              joined("requests"), joined("reformulations"))
 
     def _score_sessions(self, sessions: list[_Session]) -> ScoredSessions:
         # Gather the parts batch by batch: one vectorised take per batch of impressions.
@@ -258,6 +286,9 @@ class Sessions:
                 entry[2].append(k)
         part_owners: list[int] = []  # the session of each part, batch by batch
         length_parts, score_parts, label_parts = [], [], []
+        times: list[Floats] = []  # the session measures': each part's serve time, query and satisfaction
+        queries: list[str | None] = []
+        satisfied: list[Bools] = []
         for impressions, requests, owners in by_batch.values():
             index = np.array(requests, dtype=np.int64)
             first, lengths = impressions.starts[index], impressions.starts[index + 1] - impressions.starts[index]
@@ -266,6 +297,12 @@ class Sessions:
             label_parts.append(impressions.labels[offsets])
             part_owners += owners
             length_parts.append(lengths)
+            if self.behaviour:
+                times.append(impressions.times[index] if impressions.times is not None else np.zeros(len(requests)))
+                satisfied.append(np.zeros(len(requests), dtype=np.bool_) if impressions.satisfied is None
+                                 else impressions.satisfied[index])
+                listed = impressions.queries
+                queries += [None] * len(requests) if listed is None else list(map(listed.__getitem__, requests))
         # The items in session order, as the scoring needs them: the parts (a request's ~20 items each) are
         # sorted by session, stably.
         owner = np.array(part_owners, dtype=np.int64)
@@ -276,8 +313,47 @@ class Sessions:
         group = np.array([s.group for s in sessions], dtype=np.int64)
         sizes = np.bincount(owner, weights=lengths, minlength=len(sessions)).astype(np.int64)
         keys = np.array([s.deadline for s in sessions], dtype=np.float64)
+        n_requests = reformulated = None
+        if self.behaviour:
+            n_requests = np.bincount(owner, minlength=len(sessions)).astype(np.int64)
+            reformulated = _reformulations(owner, np.concatenate(times), queries, np.concatenate(satisfied),
+                                           self.reformulation_gap, len(sessions))
         return self._score(_starts(sizes), np.concatenate(score_parts)[items], np.concatenate(label_parts)[items],
-                           group, keys, [s.sid for s in sessions], [s.unit for s in sessions])
+                           group, keys, [s.sid for s in sessions], [s.unit for s in sessions], n_requests,
+                           reformulated)
+
+
+def _reformulations(owner: Ints, times: Floats, queries: list[str | None], satisfied: Bools, gap: float,
+                    n_sessions: int) -> Ints:
+    """The reformulated requests of each session (module docstring), from its requests' serve times, query ids and
+    satisfaction (``owner``: the session of each request, in any order).
+
+    >>> _reformulations(np.array([0, 0, 0, 1, 1, 2, 2, 2]), np.array([10.0, 30.0, 200.0, 5.0, 6.0, 1.0, 1.0, 2.0]),
+    ...                 ["a", "b", "c", None, None, "b", "a", "a"], np.zeros(8, dtype=np.bool_), 60.0, 3).tolist()
+    [1, 1, 2]
+    """
+    if not owner.shape[0]:
+        return np.zeros(n_sessions, dtype=np.int64)
+    order = np.lexsort((times, owner))
+    tied = np.flatnonzero((owner[order][1:] == owner[order][:-1]) & (times[order][1:] == times[order][:-1]))
+    if tied.shape[0]:  # requests of a session served at the same time (rare): by query id, none first, then satisfied
+        order = order.copy()
+        start = int(tied[0])
+        for k, at in enumerate(tied.tolist()):
+            if k + 1 < tied.shape[0] and tied[k + 1] == at + 1:
+                continue  # the run of ties goes on
+            run = order[start : at + 2].tolist()
+            run.sort(key=lambda i: (queries[i] is not None, queries[i] or "", bool(satisfied[i])))
+            order[start : at + 2] = run
+            start = int(tied[k + 1]) if k + 1 < tied.shape[0] else 0
+    owner, times, satisfied = owner[order], times[order], satisfied[order]
+    listed = list(map(queries.__getitem__, order.tolist()))
+    query = np.empty(order.shape[0], dtype=object)
+    query[:] = listed
+    absent = ~present(listed)
+    other = (query[1:] != query[:-1]) | absent[1:] | absent[:-1]  # a request without query_id: a query of its own
+    follows = (owner[1:] == owner[:-1]) & (times[1:] - times[:-1] <= gap) & other & ~satisfied[:-1]
+    return np.bincount(owner[:-1][follows], minlength=n_sessions).astype(np.int64)
 
 
 def _starts(sizes: Ints) -> Ints:

@@ -32,7 +32,9 @@ closed in the last ``W`` seconds of event time (so it lags the request metrics b
 allowed_lateness``, plus ``session_gap`` for named sessions). They are taken, cheaply and exactly once, as the
 change of the engine's own totals (``GroupStats.gauc``, ``GsbTracker.totals``) while the watermark stays in one
 bucket: no second computation of AUCs or verdicts. GAUC's sum and count are the weighted sum of AUCs and the
-sum of the session weights, so that ``sum / count`` is the GAUC and sums over workers stay exact.
+sum of the session weights, so that ``sum / count`` is the GAUC and sums over workers stay exact. The session
+measures (``QueriesPerSession``, ``Reformulation``) are held the same way, as columns after GAUC's: a window holds
+the sessions that closed in it (a request without ``session_id`` closes its session of one when it is finalised).
 
 Partitions: a partition's join that is dropped (rebalance) must leave the windows: call :meth:`RollingWindows.drop`
 with it. While the engine is muted (rebuilding a partition), nothing is added; the rebuilt open requests stay in
@@ -60,7 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
-from stream_eval.engine.plugins import EngineView
+from stream_eval.engine.plugins import EngineView, GroupTotals
 from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.times import array_to_json as _array
 from stream_eval.events.join import NO_ROW, UNGRADED, Finalised, Join
@@ -84,10 +86,11 @@ _FLOAT_FIELDS = ("weight", "weight_sq", "total", "total_sq")
 
 
 def _has_row(requests: Finalised) -> npt.NDArray[np.bool_]:
-    """Whether each open request needs a row of its own (it has grades or subtopics), not the shared ungraded one."""
-    subtopics = np.fromiter((r.subtopics is not None for r in requests.rankings), dtype=np.bool_,
-                            count=len(requests))
-    return requests.graded | subtopics
+    """Whether each open request needs a row of its own (it has grades, subtopics or no item: a zero-result request
+    has other values), not the shared ungraded one."""
+    special = np.fromiter((r.subtopics is not None or not r.n for r in requests.rankings), dtype=np.bool_,
+                          count=len(requests))
+    return requests.graded | special
 
 
 def _pack(moments: Sequence[Moments], size: int, unit: bool) -> dict[str, Any]:
@@ -153,6 +156,9 @@ class RollingWindows:
         self.labels = tuple(format_duration(w) for w in lengths)
         self._spans = tuple(max(1, math.ceil(w / self.width - 1e-9)) for w in lengths)
         self.size = len(engine.specs)
+        # the sessions' columns: GAUC's (0), then each session measure's
+        self._session_columns = [j for j, spec in enumerate(engine.specs) if spec.per_session]
+        self._session_size = 1 + len(self._session_columns)
         self.watermark = -math.inf
         self._current: int | None = None  # bucket of the watermark
         self._floor = -(2**62)  # buckets below are dropped for good
@@ -160,7 +166,7 @@ class RollingWindows:
         self._final: Cells = {}  # bucket -> group -> final values of the finalised requests
         self._sessions: Cells = {}  # bucket -> group -> session AUCs scored
         self._verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}  # bucket -> (experiment, source)
-        self._gauc_seen = {g: stats.gauc.copy() for g, stats in enumerate(engine.groups)}  # group -> at last settle
+        self._gauc_seen = {g: self._session_totals(stats) for g, stats in enumerate(engine.groups)}  # at last settle
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
         self._share_id: str | None = None  # of the last full share (taken or restored)
         self._changed: set[int] = set()  # buckets of _final, _sessions or _verdicts changed since
@@ -263,8 +269,9 @@ class RollingWindows:
         columns = [
             (j, spec.mean_name)
             for j, spec in enumerate(engine.specs)
-            if not spec.needs_subtopics or self.with_subtopics or engine.with_subtopics
+            if (not spec.needs_subtopics or self.with_subtopics or engine.with_subtopics) and not spec.per_session
         ]
+        session_names = [engine.specs[j].mean_name for j in self._session_columns]
         pending = self._pending_sessions()
         out: WindowSums = {}
         if not math.isfinite(watermark):
@@ -273,7 +280,7 @@ class RollingWindows:
         for label, span in zip(self.labels, self._spans, strict=True):
             first = current - span + 1
             values = [Moments(self.size) for _ in engine.group_keys]
-            sessions = [Moments(1) for _ in engine.group_keys]
+            sessions = [Moments(self._session_size) for _ in engine.group_keys]
             for store in (self._cells, self._final):
                 for b, cells in store.items():
                     if b >= first:
@@ -291,6 +298,8 @@ class RollingWindows:
                 for j, name in columns:
                     out[experiment, arm, name, label] = (float(moments.total[j]), float(moments.weight[j]))
                 out[experiment, arm, GAUC, label] = (float(sessions[g].total[0]), float(sessions[g].weight[0]))
+                for k, name in enumerate(session_names, start=1):
+                    out[experiment, arm, name, label] = (float(sessions[g].total[k]), float(sessions[g].weight[k]))
         return out
 
     def verdicts(self, watermark: float | None = None) -> WindowVerdicts:
@@ -358,10 +367,11 @@ class RollingWindows:
             "final": {"bucket": [b for b, _, _ in final], "group": [g for _, g, _ in final],
                       **_pack([m for _, _, m in final], self.size, unit=True)},
             "sessions": {"bucket": [b for b, _, _ in sessions], "group": [g for _, g, _ in sessions],
-                         **_pack([m for _, _, m in sessions], 1, unit=False)},
+                         **_pack([m for _, _, m in sessions], self._session_size, unit=False)},
             "verdicts": [[b, experiment, source, c.good, c.same, c.bad]
                          for b in buckets for (experiment, source), c in sorted(self._verdicts.get(b, {}).items())],
-            "gauc_seen": {"group": [g for g, _ in seen], **_pack([m for _, m in seen], 1, unit=False)},
+            "gauc_seen": {"group": [g for g, _ in seen], **_pack([m for _, m in seen], self._session_size,
+                                                                 unit=False)},
             "gsb_seen": [[experiment, source, c.good, c.same, c.bad]
                          for (experiment, source), c in sorted(self._gsb_seen.items())],
         }
@@ -406,7 +416,7 @@ class RollingWindows:
                 for store in (final, sessions, verdicts):
                     store.pop(b, None)
             for store, part, size, unit in ((final, share["final"], self.size, True),
-                                            (sessions, share["sessions"], 1, False)):
+                                            (sessions, share["sessions"], self._session_size, False)):
                 for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, size, unit), strict=True):
                     store.setdefault(b, {})[groups[g]] = moments
             for b, experiment, source, good, same, bad in share["verdicts"]:
@@ -424,7 +434,8 @@ class RollingWindows:
         groups = [self.engine.group_of(experiment, arm) for experiment, arm in last["groups"]]
         seen = last["gauc_seen"]
         self._gauc_seen = {groups[g]: moments
-                           for g, moments in zip(seen["group"], _unpack(seen, 1, unit=False), strict=True)}
+                           for g, moments in zip(seen["group"], _unpack(seen, self._session_size, unit=False),
+                                                 strict=True)}
         self._gsb_seen = {(experiment, source): GsbCounts(good, same, bad)
                           for experiment, source, good, same, bad in last["gsb_seen"]}
 
@@ -540,16 +551,30 @@ class RollingWindows:
         self._rows = new
         self._free.extend(range(new - 1, old - 1, -1))
 
+    def _session_totals(self, stats: GroupTotals) -> Moments:
+        """A group's totals of what closing sessions count: GAUC's moments, then the session measures' columns."""
+        if not self._session_columns:
+            return stats.gauc.copy()
+        out = Moments(self._session_size)
+        columns, moments = self._session_columns, stats.moments
+        for name in ("count", "weight", "weight_sq", "total", "total_sq"):
+            mine = getattr(out, name)
+            mine[0] = getattr(stats.gauc, name)[0]
+            mine[1:] = getattr(moments, name)[columns]
+        return out
+
     def _pending_sessions(self) -> dict[int, Moments]:
-        """Sessions scored since the last settle, per group (the engine's GAUC moments minus those seen)."""
+        """Sessions scored since the last settle, per group (the engine's GAUC and session measures' moments minus
+        those seen)."""
         out: dict[int, Moments] = {}
         for g, stats in enumerate(self.engine.groups):
             seen = self._gauc_seen.get(g)
+            now = self._session_totals(stats)
             if seen is None:
-                if stats.gauc.count.any():
-                    out[g] = stats.gauc.copy()
-            elif stats.gauc != seen:
-                out[g] = stats.gauc - seen
+                if now.count.any():
+                    out[g] = now
+            elif now != seen:
+                out[g] = now - seen
         return out
 
     def _pending_verdicts(self) -> dict[tuple[str, str], GsbCounts]:
@@ -580,5 +605,5 @@ class RollingWindows:
                 gsb_cells = self._verdicts.setdefault(self._current, {})
                 for key, counts in verdicts.items():
                     gsb_cells[key] = gsb_cells.get(key, GsbCounts()) + counts
-        self._gauc_seen = {g: stats.gauc.copy() for g, stats in enumerate(self.engine.groups)}
+        self._gauc_seen = {g: self._session_totals(stats) for g, stats in enumerate(self.engine.groups)}
         self._gsb_seen = self.engine.gsb.totals(self.engine.arms_of)

@@ -61,6 +61,7 @@ from stream_eval.events.schema import (
     FeedbackColumns,
     PlainRankings,
     Ranking,
+    kind_codes,
     label,
 )
 from stream_eval.metrics.kernels import pair_order
@@ -213,14 +214,19 @@ class Finalised:
     ``shown_*`` are the served items with a grade, 0 included (``shown_req`` indexes ``rankings``, ``shown_pos``
     is 1-based); ``unshown_*`` the judged items with a grade > 0 that were not served. The rows come
     sorted by request, then position (shown) or first feedback (unshown).
+
+    For the behaviour measures (left empty when none runs): ``click_req``, ``click_pos`` the clicked served items,
+    each once, sorted by request and position; ``first_click`` the time of each request's first click on a served
+    item (+inf: none); ``satisfied`` whether a served item got a click with dwell >= ``sat_dwell`` or feedback of a
+    kind in ``sat_kinds``.
     """
 
     __slots__ = ("rankings", "serve", "shown_req", "shown_pos", "shown_grade", "unshown_req", "unshown_grade",
-                 "slots", "rows", "graded")
+                 "slots", "rows", "graded", "click_req", "click_pos", "first_click", "satisfied")
 
     def __init__(self, rankings: list[CompactRanking], serve: Floats, shown_req: Ints, shown_pos: Ints,
                  shown_grade: Floats, unshown_req: Ints, unshown_grade: Floats, slots: Ints, rows: Ints,
-                 graded: Bools) -> None:
+                 graded: Bools, click_req: Ints, click_pos: Ints, first_click: Floats, satisfied: Bools) -> None:
         self.rankings = rankings
         self.serve = serve
         self.shown_req = shown_req
@@ -231,6 +237,8 @@ class Finalised:
         self.slots = slots  # the join's slot of each request
         self.rows = rows  # the live windows' row of each when it was taken (see Join.set_rows)
         self.graded = graded  # whether feedback that can change a value was applied (grade > 0, or a served item)
+        self.click_req, self.click_pos = click_req, click_pos
+        self.first_click, self.satisfied = first_click, satisfied
 
     def __len__(self) -> int:
         return len(self.rankings)
@@ -241,8 +249,9 @@ class Finalised:
         new_of = np.full(len(self), -1, dtype=np.int64)
         new_of[index] = np.arange(index.shape[0])
         shown, unshown = new_of[self.shown_req] >= 0, new_of[self.unshown_req] >= 0
+        clicked = new_of[self.click_req] >= 0
         return self._part(index, [self.rankings[i] for i in picked], shown, new_of[self.shown_req[shown]], unshown,
-                          new_of[self.unshown_req[unshown]])
+                          new_of[self.unshown_req[unshown]], clicked, new_of[self.click_req[clicked]])
 
     def split(self, size: int) -> list[Finalised]:
         """In parts of at most ``size`` requests, in order."""
@@ -250,20 +259,23 @@ class Finalised:
             return [self]
         cuts = list(range(0, len(self), size)) + [len(self)]
         shown, unshown = np.searchsorted(self.shown_req, cuts), np.searchsorted(self.unshown_req, cuts)
+        clicked = np.searchsorted(self.click_req, cuts)
         parts = []
         for k in range(len(cuts) - 1):
             a, b = cuts[k], cuts[k + 1]
             s, u = slice(shown[k], shown[k + 1]), slice(unshown[k], unshown[k + 1])
+            c = slice(clicked[k], clicked[k + 1])
             parts.append(self._part(slice(a, b), self.rankings[a:b], s, self.shown_req[s] - a, u,
-                                    self.unshown_req[u] - a))
+                                    self.unshown_req[u] - a, c, self.click_req[c] - a))
         return parts
 
     def _part(self, requests: slice | Ints, rankings: list[CompactRanking], shown: slice | Bools, shown_req: Ints,
-              unshown: slice | Bools, unshown_req: Ints) -> Finalised:
-        """Some of these requests (``requests``), with their rows (``shown``, ``unshown``) renumbered."""
+              unshown: slice | Bools, unshown_req: Ints, clicked: slice | Bools, click_req: Ints) -> Finalised:
+        """Some of these requests (``requests``), with their rows (``shown``, ``unshown``, ``clicked``) renumbered."""
         return Finalised(rankings, self.serve[requests], shown_req, self.shown_pos[shown], self.shown_grade[shown],
                          unshown_req, self.unshown_grade[unshown], self.slots[requests], self.rows[requests],
-                         self.graded[requests])
+                         self.graded[requests], click_req, self.click_pos[clicked], self.first_click[requests],
+                         self.satisfied[requests])
 
     def shown_grades(self) -> list[dict[int, float]]:
         """Each request's best grade per judged served position (0: judged non-relevant)."""
@@ -284,7 +296,7 @@ class Finalised:
 def _empty_finalised() -> Finalised:
     no_ints = np.empty(0, dtype=np.int64)
     return Finalised([], np.empty(0), no_ints, no_ints, np.empty(0), no_ints, np.empty(0), no_ints, no_ints,
-                     np.empty(0, dtype=np.bool_))
+                     np.empty(0, dtype=np.bool_), no_ints, no_ints, np.empty(0), np.empty(0, dtype=np.bool_))
 
 
 class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
@@ -313,6 +325,8 @@ class _DueSlots(DueBySecond[tuple[Ints, Floats]]):
 #: The arrays of Join indexed by slot - base.
 _COLUMNS = ("_serve", "_final", "_applied", "_graded", "_row", "_id_first", "_id_last", "_text_first", "_text_last",
             "_unshown_count")
+#: The columns the behaviour measures add, when one runs (Join.behaviour).
+_BEHAVIOUR_COLUMNS = ("_first_click", "_satisfied")
 
 
 class _Arena:
@@ -366,6 +380,13 @@ class Join:
         self.changed: set[int] | None = None
         self._seq = count()
         self.delays: list[float] | None = None  # feedback ts - serve ts of applied feedback, when recorded
+        # behaviour measures (README, "Behaviour measures"): each request's first click and whether it was satisfied
+        # are kept only when a behaviour or session measure runs
+        self.behaviour = any(spec.definition.scope != "relevance" for spec in config.specs)
+        self._columns = _COLUMNS + _BEHAVIOUR_COLUMNS if self.behaviour else _COLUMNS  # the slot columns
+        self._click = int(kind_codes(["click"])[0])
+        self._sat_kinds = kind_codes(list(config.sat_kinds))
+        self._sat_dwell = config.sat_dwell
         self._start(0)
 
     def _start(self, base: int) -> None:
@@ -383,6 +404,11 @@ class Join:
         self._text_first = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._text_last = np.zeros(FIRST_CAPACITY, dtype=np.int64)
         self._unshown_count = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # codes given to items not served
+        # behaviour (only when it runs: else never read, and of no size): the time of the first click on a served
+        # item, and whether a served item got a satisfied click or a satisfying kind
+        size = FIRST_CAPACITY if self.behaviour else 0
+        self._first_click = np.full(size, math.inf)
+        self._satisfied = np.zeros(size, dtype=np.bool_)
         # request id -> its latest slot (open, or finalised and not yet dropped): an open-addressing table of
         # (slot, hash) pairs over the ids' bytes in ``_ids``, slot ``s``'s at ``[_id_first, _id_last)[s - base]``
         self._id_table = compiled.empty_table(0)
@@ -416,7 +442,7 @@ class Join:
             return
         while capacity < size:
             capacity += capacity // 2 + 1
-        for name in _COLUMNS:
+        for name in self._columns:
             old = getattr(self, name)
             new = np.zeros(capacity, dtype=old.dtype)
             new[: self.size] = old[: self.size]
@@ -593,6 +619,9 @@ class Join:
             self._graded[span] = False
             self._row[span] = NO_ROW
             self._unshown_count[span] = 0
+            if self.behaviour:
+                self._first_click[span] = math.inf
+                self._satisfied[span] = False
             self._rankings += new_rankings
             if plain is None:
                 texts = [r.items if type(r.items) is str else "" for r in new_rankings]
@@ -770,6 +799,8 @@ class Join:
                 listed: list[str] = self._rankings[int(index[k])].items  # type: ignore[union-attr, assignment]
                 item = feedback.item(k)
                 position[k] = listed.index(item) + 1 if item in listed else 0
+        if self.behaviour:
+            self._behave(index, kind, ts, feedback.dwell, position > 0)
         field = position
         not_served = np.flatnonzero(position == 0)
         if not_served.shape[0]:
@@ -815,6 +846,31 @@ class Join:
             cuts = np.flatnonzero(np.diff(block[order])) + 1
             for part in np.split(order, cuts):
                 self._rows.setdefault(int(block[part[0]]), []).append(tuple(c[part] for c in row))  # type: ignore[arg-type]
+
+    def _behave(self, index: Ints, kind: Ints, ts: Floats, dwell: Floats, served: Bools) -> None:
+        """What the behaviour measures keep of feedback that counts (neither late nor an orphan; duplicates too, as
+        what they keep, a minimum time and a flag, is the same however often an event comes): the time of each
+        request's first click on a served item and whether a served item got a click with dwell >= ``sat_dwell`` or
+        feedback of a kind in ``sat_kinds``. A request whose value moves is changed for the live windows."""
+        click = served & (kind == self._click)
+        satisfying = click & (dwell >= self._sat_dwell)
+        if self._sat_kinds.shape[0]:
+            satisfying |= served & np.isin(kind, self._sat_kinds)
+        moved: list[Ints] = []
+        if click.any():
+            at = index[click]
+            before = self._first_click[at]
+            np.minimum.at(self._first_click, at, ts[click])
+            moved.append(at[self._first_click[at] < before])
+        if satisfying.any():
+            at = index[satisfying]
+            moved.append(at[~self._satisfied[at]])
+            self._satisfied[at] = True
+        changed = np.concatenate(moved) if moved else index[:0]
+        if changed.shape[0]:
+            self._graded[changed] = True
+            if self.changed is not None:
+                self.changed.update((changed + self.base).tolist())
 
     # -- event time -----------------------------------------------------------------------------------
     def advance(self, watermark: float) -> Finalised:
@@ -870,6 +926,7 @@ class Join:
         request_of = np.full((int(blocks[-1]) + 1) * BLOCK - low, -1, dtype=np.int64)
         request_of[slots - low] = np.arange(slots.shape[0], dtype=np.int64)
         parts: list[tuple[Ints, Ints, Ints, Floats]] = []
+        click_req = click_pos = np.empty(0, dtype=np.int64)
         for block in blocks.tolist():
             stored = self._rows.get(block)
             if stored is None:
@@ -900,6 +957,9 @@ class Join:
             starts[1:] = (np.diff(req) != 0) | (np.diff(row_field) != 0)
             first = np.flatnonzero(starts)
             best = np.maximum.reduceat(row_grade, first) if first.shape[0] else row_grade
+            if self.behaviour and first.shape[0]:  # the clicked served items, each once, in the same order
+                clicked = np.logical_or.reduceat(row_kind[order] == self._click, first) & (row_field[first] > 0)
+                click_req, click_pos = req[first][clicked], row_field[first][clicked]
             req, row_field = req[first], row_field[first]
             # served items keep grade 0 (judged non-relevant: Judged@k, the RBP residual); unserved ones need not
             shown, unshown = row_field > 0, (best > 0.0) & (row_field < 0)
@@ -910,7 +970,9 @@ class Join:
             shown_grade = unshown_grade = np.empty(0)
         rankings: list[CompactRanking] = [self._rankings[i] for i in index.tolist()]  # open slots: set
         return Finalised(rankings, self._serve[index], shown_req, shown_pos, shown_grade, unshown_req, unshown_grade,
-                         slots, self._row[index].copy(), self._graded[index])
+                         slots, self._row[index].copy(), self._graded[index], click_req, click_pos,
+                         self._first_click[index] if self.behaviour else np.full(index.shape[0], math.inf),
+                         self._satisfied[index] if self.behaviour else np.zeros(index.shape[0], dtype=np.bool_))
 
     # -- what other parts read ------------------------------------------------------------------------
     def open_slots(self) -> Ints:
@@ -976,7 +1038,7 @@ class Join:
             arena.cut(offset)
             first -= offset
             last -= offset
-        for name in _COLUMNS:
+        for name in self._columns:
             column = getattr(self, name)
             column[: self.size - dropped] = column[dropped : self.size].copy()
         del self._rankings[:dropped]

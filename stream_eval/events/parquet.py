@@ -53,7 +53,7 @@ Bools = npt.NDArray[np.bool_]
 
 #: The fields a column can hold (SPEC §1, all event types).
 FIELDS = ("type", "request_id", "ts", "items", "scores", "query_id", "session_id", "experiment", "arm", "unit_id",
-          "teams", "subtopics", "item", "kind", "grade", "verdict", "end")
+          "teams", "subtopics", "item", "kind", "grade", "verdict", "end", "dwell")
 #: Rows read at a time. 64k rows is ~2 MB of the benchmark's columns, like the JSON reader's chunks.
 BATCH_ROWS = 65_536
 _NO_BYTES = np.zeros(0, dtype=np.uint8)
@@ -150,7 +150,7 @@ def decode_batch(fields: Mapping[str, Any], n: int, config: Config, source: str 
     fields = dict(fields)
     bad_text = np.zeros(n, dtype=np.bool_)
     for field, array in fields.items():
-        if field not in ("ts", "grade", "end", "items", "scores", "teams", "subtopics"):
+        if field not in ("ts", "grade", "end", "items", "scores", "teams", "subtopics", "dwell"):
             fields[field], bad = _text(array)
             bad_text |= bad
     kind = np.where(bad_text, 0, _row_kinds(fields, n))
@@ -332,8 +332,9 @@ def _kinds(fields: Mapping[str, Any], n: int, known: set[str], default_grades: M
 
 
 def _plain_feedback(fields: Mapping[str, Any], n: int, known: set[str], default_grades: Mapping[str, float]) -> Bools:
-    """Which rows, if feedback, are read by the fast path: an item, a kind of the config, and a grade of at least 0
-    (or none, for a kind with a default grade). (Request id and time are checked by the caller.)"""
+    """Which rows, if feedback, are read by the fast path: an item, a kind of the config, a grade of at least 0
+    (or none, for a kind with a default grade), and no dwell or a finite one of at least 0. (Request id and time are
+    checked by the caller.)"""
     item = fields.get("item")
     if not _is_text(item):
         return np.zeros(n, dtype=np.bool_)
@@ -343,7 +344,10 @@ def _plain_feedback(fields: Mapping[str, Any], n: int, known: set[str], default_
     has_grade = _valid(grade_array, n)
     graded = has_grade & (grade >= 0) & np.isfinite(grade)  # NaN, negative, infinite: the decoder rejects it
     defaulted = ~has_grade & np.isfinite(default)
-    return np.asarray(_valid(item, n) & known_kind & (graded | defaulted), dtype=np.bool_)
+    dwell_array = fields.get("dwell")
+    dwell = _floats(dwell_array, n)
+    dwell_ok = ~_valid(dwell_array, n) | ((dwell >= 0) & np.isfinite(dwell))  # else the decoder says what is wrong
+    return np.asarray(_valid(item, n) & known_kind & (graded | defaulted) & dwell_ok, dtype=np.bool_)
 
 
 def _feedback_columns(fields: Mapping[str, Any], rows: Ints, ts: Floats,
@@ -354,7 +358,7 @@ def _feedback_columns(fields: Mapping[str, Any], rows: Ints, ts: Floats,
         return NO_FEEDBACK
     take = pa.array(rows)
     picked = {field: array.take(take) for field, array in fields.items() if field in ("request_id", "item", "kind",
-                                                                                       "grade")}
+                                                                                       "grade", "dwell")}
     n = rows.shape[0]
     rid = picked["request_id"]
     text, starts, ends = _spans(pc.binary_join_element_wise(rid, picked["item"], _large("")))
@@ -362,7 +366,8 @@ def _feedback_columns(fields: Mapping[str, Any], rows: Ints, ts: Floats,
     codes, default, _ = _kinds(picked, n, set(), default_grades)
     grade = _floats(picked.get("grade"), n)
     grade = np.where(np.isnan(grade), default, grade)
-    return FeedbackColumns(text, starts, rid_end, rid_end.copy(), ends, codes, grade, ts[rows])
+    return FeedbackColumns(text, starts, rid_end, rid_end.copy(), ends, codes, grade, ts[rows],
+                           _floats(picked.get("dwell"), n))
 
 
 def _plain_ranking_rows(fields: Mapping[str, Any], n: int) -> Bools:
@@ -481,7 +486,7 @@ def _slow_row(fields: Mapping[str, Any], k: int, bad_text: bool, config: Config,
     kind = str(row["type"]) if row.get("type") in ("ranking", "feedback", "judgment") else "unknown"
     if bad_text:
         return Invalid(kind, "bad_utf8", "not UTF-8 text", where)
-    for field in ("ts", "grade"):
+    for field in ("ts", "grade", "dwell"):
         value = row.get(field)
         if isinstance(value, float) and not math.isfinite(value):
             return Invalid(kind, f"bad_{field}", f"{field}: not a finite number", where)

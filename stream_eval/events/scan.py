@@ -41,7 +41,7 @@ _POWERS = np.array([10.0**k for k in range(16)])  # exact: 10**15 < 2**53
 _MAX_DIGITS = 15
 #: The keys read, numbered from 1 (0: any other key, whose scalar value is skipped).
 _KEYS = (b"type", b"request_id", b"item", b"kind", b"grade", b"ts", b"items", b"scores", b"query_id", b"session_id",
-         b"experiment", b"arm", b"teams", b"subtopics", b"unit_id")
+         b"experiment", b"arm", b"teams", b"subtopics", b"unit_id", b"dwell")
 _N_KEYS = len(_KEYS)
 _KEY_TEXT = np.frombuffer(b"".join(_KEYS), dtype=np.uint8)
 _KEY_ENDS = np.cumsum([len(k) for k in _KEYS])
@@ -62,7 +62,7 @@ for _number_of_key, _key in enumerate(_KEYS, start=1):
     _KEY_BY_HASH[_key_bucket] = _number_of_key
 _key_hash = nb.njit(cache=True, inline="always")(_bucket)  # the same function, compiled for the line reader
 (_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS, _ITEMS, _SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _TEAMS,
- _SUBTOPICS, _UNIT_ID) = range(1, _N_KEYS + 1)
+ _SUBTOPICS, _UNIT_ID, _DWELL) = range(1, _N_KEYS + 1)
 _FEEDBACK = np.frombuffer(b"feedback", dtype=np.uint8)
 _RANKING = np.frombuffer(b"ranking", dtype=np.uint8)
 #: What a line is, as :func:`scan_lines` tells.
@@ -71,10 +71,10 @@ FEEDBACK, RANKING = 1, 2
 _ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY = range(6)
 #: The columns of :func:`scan_lines`'s ``fields``: start and end of each key's value (a string's inside its
 #: quotes; an array with its brackets; -1 for a ranking's optional value that is absent or null), then the index
-#: of the kind, and whether the time and the grade were read exactly (else parse their text).
+#: of the kind, and whether the time, the grade and the dwell were read exactly (else parse their text).
 COLUMNS = {key.decode(): (2 * k, 2 * k + 1) for k, key in enumerate(_KEYS)}
-KIND_INDEX, TS_EXACT, GRADE_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2
-_WIDTH = 2 * _N_KEYS + 3
+KIND_INDEX, TS_EXACT, GRADE_EXACT, DWELL_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2, 2 * _N_KEYS + 3
+_WIDTH = 2 * _N_KEYS + 4
 #: A line with more keys that are not read here goes to msgspec.
 _MAX_OTHER_KEYS = 16
 
@@ -236,9 +236,10 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
           out: Ints, values: Floats, what: Ints, ascii: Bools, others: Ints) -> int:  # pragma: no cover  # compiled
     """Read the line ``b[s:e]`` if it is a feedback or a ranking in the plain form: returns FEEDBACK or RANKING
     (0: neither). ``out`` gets the bounds of each key's value (see :data:`COLUMNS`), the kind's index and
-    whether the time and the grade are exact; ``values`` the grade and the time. ``what``, ``ascii`` and
-    ``others`` are scratch space: the type of each key's value (_ABSENT...), whether a string value is ASCII,
-    and the bounds of the other keys (a key repeated, known or not, leaves the line to msgspec and its check)."""
+    whether the time, the grade and the dwell are exact; ``values`` the grade, the time and the dwell (NaN: none).
+    ``what``, ``ascii`` and ``others`` are scratch space: the type of each key's value (_ABSENT...), whether a string
+    value is ASCII, and the bounds of the other keys (a key repeated, known or not, leaves the line to msgspec and
+    its check)."""
     what[:] = _ABSENT
     ascii[:] = True
     n_others = 0
@@ -247,8 +248,9 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
         return 0
     i = _skip(b, i + 1, e)
     grade = np.nan
+    dwell = np.nan
     ts = 0.0
-    ts_exact = grade_exact = True
+    ts_exact = grade_exact = dwell_exact = True
     while True:
         if i >= e or b[i] != 34:
             return 0
@@ -293,6 +295,10 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
                 if c == 45 and not (exact and value == 0):
                     return 0  # below 0 (or perhaps): msgspec gives the reason
                 grade, grade_exact = value, exact
+            elif key == _DWELL:
+                if c == 45 and not (exact and value == 0):
+                    return 0  # below 0 (or perhaps): msgspec gives the reason
+                dwell, dwell_exact = value, exact
             elif key == _TS:
                 ts, ts_exact = value, exact
             end = i
@@ -324,11 +330,14 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
     if what[_REQUEST_ID] != _STRING or out[2 * _REQUEST_ID - 1] == out[2 * _REQUEST_ID - 2]:
         return 0  # no request id, or an empty one (msgspec rejects it)
     t0, t1 = out[2 * _TYPE - 2], out[2 * _TYPE - 1]
-    out[TS_EXACT], out[GRADE_EXACT] = ts_exact, grade_exact
+    out[TS_EXACT], out[GRADE_EXACT], out[DWELL_EXACT] = ts_exact, grade_exact, dwell_exact
     values[1] = ts
+    values[2] = dwell
     if equal_bytes(b, t0, t1, _FEEDBACK, 0, _FEEDBACK.shape[0]):
         if what[_ITEM] != _STRING or what[_GRADE] == _STRING or what[_GRADE] == _BOOL or what[_GRADE] == _ARRAY:
             return 0
+        if what[_DWELL] == _STRING or what[_DWELL] == _BOOL or what[_DWELL] == _ARRAY:
+            return 0  # not a number: msgspec gives the reason
         kind = click
         if what[_KIND] != _ABSENT:
             if what[_KIND] != _STRING:
@@ -373,7 +382,7 @@ def scan_lines(b: Bytes, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grade
 
     One row per non-blank line: ``lines`` (start, end, line number from 0, blank lines counted), ``fast``
     (:data:`FEEDBACK`, :data:`RANKING`, or 0 for a line left to msgspec), ``fields`` (:data:`COLUMNS`),
-    ``values`` (grade, ts). ``click`` is the index of the default kind (-1: none). A ranking read here still
+    ``values`` (grade, ts, dwell). ``click`` is the index of the default kind (-1: none). A ranking read here still
     needs its items and scores checked (:func:`~stream_eval.events.compiled.simple_rankings`).
     """
     return _scan(b, _lines(b, np.flatnonzero(b == 10)), kinds, kind_starts, kind_ends, grades, click)
@@ -414,7 +423,7 @@ def _scan(b: Bytes, lines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Int
     rows = lines.shape[0]
     fast = np.zeros(rows, np.int64)
     fields = np.zeros((rows, _WIDTH), np.int64)
-    values = np.zeros((rows, 2), np.float64)
+    values = np.zeros((rows, 3), np.float64)
     what = np.zeros(_N_KEYS + 1, np.int64)
     ascii = np.ones(_N_KEYS + 1, np.bool_)
     others = np.empty(2 * _MAX_OTHER_KEYS, np.int64)

@@ -34,13 +34,15 @@ Bools = npt.NDArray[np.bool_]
 Time = float | str | None
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 Grade = Annotated[float, msgspec.Meta(ge=0)]
+Dwell = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Ranking(msgspec.Struct, tag="ranking", tag_field="type", gc=False):
-    """One served result list (topic ``rankings``). ``ts`` is epoch seconds once validated."""
+    """One served result list (topic ``rankings``). ``ts`` is epoch seconds once validated. An empty ``items`` is
+    a zero-result request: valid, its relevance measures undefined (README, "Behaviour measures")."""
 
     request_id: NonEmpty
-    items: Annotated[list[str], msgspec.Meta(min_length=1)]
+    items: list[str]
     ts: Time = None
     scores: list[float] | None = None
     query_id: str | None = None
@@ -53,13 +55,15 @@ class Ranking(msgspec.Struct, tag="ranking", tag_field="type", gc=False):
 
 
 class Feedback(msgspec.Struct, tag="feedback", tag_field="type", gc=False):
-    """A click or a relevance label for one item of a request (topic ``feedback``)."""
+    """A click or a relevance label for one item of a request (topic ``feedback``). ``dwell``: seconds the user
+    stayed on the item (finite, >= 0), for ``SatClick`` and ``Reformulation``."""
 
     request_id: NonEmpty
     item: str
     kind: str = "click"
     grade: Grade | None = None
     ts: Time = None
+    dwell: Dwell | None = None
 
 
 #: Feedback kinds by code, one numbering for the whole process (codes are never persisted).
@@ -82,16 +86,17 @@ def kind_codes(kinds: list[str]) -> npt.NDArray[np.int64]:
 class FeedbackColumns:
     """Validated feedback events as columns: the request id and the item of each are bounds in ``text``
     (UTF-8), the kind a code of :func:`kind_codes`; the grade is set (a default grade applied) and ``ts`` is
-    epoch seconds."""
+    epoch seconds; ``dwell`` is in seconds, NaN where the event has none."""
 
-    __slots__ = ("text", "rid_start", "rid_end", "item_start", "item_end", "kind", "grade", "ts")
+    __slots__ = ("text", "rid_start", "rid_end", "item_start", "item_end", "kind", "grade", "ts", "dwell")
 
     def __init__(self, text: npt.NDArray[np.uint8], rid_start: Ints, rid_end: Ints, item_start: Ints, item_end: Ints,
-                 kind: Ints, grade: Floats, ts: Floats) -> None:
+                 kind: Ints, grade: Floats, ts: Floats, dwell: Floats | None = None) -> None:
         self.text = text
         self.rid_start, self.rid_end = rid_start, rid_end
         self.item_start, self.item_end = item_start, item_end
         self.kind, self.grade, self.ts = kind, grade, ts
+        self.dwell = np.full(ts.shape[0], np.nan) if dwell is None else dwell
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -103,12 +108,14 @@ class FeedbackColumns:
         text, starts, ends = compiled.utf8_fields([e.request_id for e in events] + [e.item for e in events])
         return cls(text, starts[:n], ends[:n], starts[n:], ends[n:], kind_codes([e.kind for e in events]),
                    np.array([e.grade for e in events], dtype=np.float64),
-                   np.array([e.ts for e in events], dtype=np.float64))
+                   np.array([e.ts for e in events], dtype=np.float64),
+                   np.array([math.nan if e.dwell is None else e.dwell for e in events], dtype=np.float64))
 
     def take(self, index: Ints | slice) -> FeedbackColumns:
         """The events at ``index``, in that order (sharing ``text``)."""
         return FeedbackColumns(self.text, self.rid_start[index], self.rid_end[index], self.item_start[index],
-                               self.item_end[index], self.kind[index], self.grade[index], self.ts[index])
+                               self.item_end[index], self.kind[index], self.grade[index], self.ts[index],
+                               self.dwell[index])
 
     @staticmethod
     def concat(parts: Sequence[FeedbackColumns]) -> FeedbackColumns:
@@ -120,7 +127,7 @@ class FeedbackColumns:
             np.concatenate([p.text for p in parts]),
             *(np.concatenate([getattr(p, name) + shift for p, shift in zip(parts, shifts, strict=True)])
               for name in ("rid_start", "rid_end", "item_start", "item_end")),
-            *(np.concatenate([getattr(p, name) for p in parts]) for name in ("kind", "grade", "ts")))
+            *(np.concatenate([getattr(p, name) for p in parts]) for name in ("kind", "grade", "ts", "dwell")))
 
     def request_id(self, k: int) -> str:
         return self.text[self.rid_start[k] : self.rid_end[k]].tobytes().decode()
@@ -130,8 +137,9 @@ class FeedbackColumns:
 
     def event(self, k: int) -> Feedback:
         """Event ``k`` as a :class:`Feedback`."""
+        dwell = float(self.dwell[k])
         return Feedback(self.request_id(k), self.item(k), KIND_NAMES[int(self.kind[k])], float(self.grade[k]),
-                        float(self.ts[k]))
+                        float(self.ts[k]), None if dwell != dwell else dwell)
 
     def events(self) -> list[Feedback]:
         return [self.event(k) for k in range(len(self))]
@@ -173,9 +181,9 @@ class CompactRanking(msgspec.Struct, gc=False):
 
     ``items`` is either one str, ``SEP + SEP.join(items) + SEP`` when no item contains ``"`` (so an item's
     position is exact: the number of separators before the match of ``SEP + item + SEP``), or the list
-    itself. ``scores`` is the JSON text of a flat array of numbers (decoded when the request is
-    finalised, by the same decoder as :class:`Ranking`), a list of floats, or ``None``. (A Struct, not
-    decoded from JSON: its constructor runs in C.)
+    itself (always for an empty list: zero results). ``scores`` is the JSON text of a flat array of numbers
+    (decoded when the request is finalised, by the same decoder as :class:`Ranking`), a list of floats, or
+    ``None``. (A Struct, not decoded from JSON: its constructor runs in C.)
     """
 
     request_id: str
@@ -195,11 +203,13 @@ class CompactRanking(msgspec.Struct, gc=False):
     def of(cls, event: Ranking) -> CompactRanking:
         """The compact form of a validated :class:`Ranking`."""
         items = event.items
-        text: str | list[str] = SEP + SEP.join(items) + SEP if '"' not in "".join(items) else list(items)
+        # (an empty list, zero results, stays a list: the compact text of no item would read as one empty item)
+        text: str | list[str] = SEP + SEP.join(items) + SEP if items and '"' not in "".join(items) else list(items)
         # Scores as JSON text (~7 bytes a number, not a 24-byte float object each): msgspec writes the
         # shortest text that reads back as the same float, so the values are exact. Copied to a bytes of its own
-        # size: the encoder's result keeps its over-allocated block (20 scores, 172 bytes, held 257).
-        scores = None if event.scores is None else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
+        # size: the encoder's result keeps its over-allocated block (20 scores, 172 bytes, held 257). No item, no
+        # score: the scores of a zero-result request are none.
+        scores = None if not event.scores else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
         return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
                    event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
                    event.unit_id)
@@ -308,7 +318,8 @@ class Validator:
                            names.index("click") if "click" in names else -1, kind_codes(names))
 
     def check(self, event: Ranking | Feedback | Judgment, default_ts: float | None = None) -> None:
-        if type(event) is Feedback and event.grade is None and type(event.ts) is float:  # most events: a click
+        if (type(event) is Feedback and event.grade is None and type(event.ts) is float  # most events: a click
+                and event.dwell is None):
             grade = self.default_grades.get(event.kind)
             if grade is not None and self.min_ts <= event.ts <= self.max_ts:
                 event.grade = grade
@@ -419,6 +430,12 @@ class Validator:
                 raise EventError("bad_length", f"{field}: {len(values)} entries for {n} items")
 
     def feedback(self, event: Feedback) -> None:
+        dwell = event.dwell
+        if dwell is not None and not (type(dwell) is float and 0.0 <= dwell < math.inf):
+            if isinstance(dwell, int) and not isinstance(dwell, bool) and dwell >= 0:
+                event.dwell = float(dwell)
+            else:
+                raise EventError("bad_dwell", f"dwell: {dwell!r} is not a finite number of seconds >= 0")
         if event.grade is None:
             grade = self.default_grades.get(event.kind)
             if grade is None:
@@ -460,7 +477,7 @@ _COMPACT_DECODER = msgspec.json.Decoder(_RawRanking | Feedback | Judgment | Wate
 
 #: Short reason codes for msgspec's type errors, by the field they are about.
 _FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "bad_grade", "ts": "bad_ts",
-                "experiment": "missing_field", "query_id": "missing_field"}
+                "dwell": "bad_dwell", "experiment": "missing_field", "query_id": "missing_field"}
 
 
 #: What decoding bytes can raise: msgspec's errors, UnicodeDecodeError for bytes that are not UTF-8, and
@@ -833,9 +850,9 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
 
 
 def _check_numbers(chunk: bytes, fast: Ints, columns: Ints, values: Floats, checker: Validator) -> None:
-    """Parse the times and grades of the lines read (``values``, in place) and leave a line whose time no real log
-    has, or whose grade is too large for a double (a long decimal), to msgspec and :class:`Validator`, which reject
-    it with the reason."""
+    """Parse the times, grades and dwell times of the lines read (``values``, in place) and leave a line whose time no
+    real log has, or whose grade or dwell is too large for a double (a long decimal), to msgspec and
+    :class:`Validator`, which reject it with the reason."""
     read = np.flatnonzero(fast)
     (t0, t1) = (columns[k] for k in scan.COLUMNS["ts"])
     exact = columns[scan.TS_EXACT]
@@ -845,13 +862,14 @@ def _check_numbers(chunk: bytes, fast: Ints, columns: Ints, values: Floats, chec
     outside = ~((ts >= checker.min_ts) & (ts <= checker.max_ts))
     if outside.any():
         fast[read[outside]] = 0
-    graded = read[columns[scan.GRADE_EXACT][read] == 0]  # feedback with a long decimal grade (rare)
-    if graded.shape[0]:
-        (g0, g1) = (columns[k][graded] for k in scan.COLUMNS["grade"])
-        grades = _parsed(chunk, values[graded, 0], np.zeros_like(graded), g0, g1)
-        values[graded, 0] = grades
-        columns[scan.GRADE_EXACT][graded] = 1
-        fast[graded[~np.isfinite(grades)]] = 0  # msgspec: "Number out of range"
+    for key, column, exact_column in (("grade", 0, scan.GRADE_EXACT), ("dwell", 2, scan.DWELL_EXACT)):
+        inexact = read[columns[exact_column][read] == 0]  # feedback with a long decimal grade or dwell (rare)
+        if inexact.shape[0]:
+            (g0, g1) = (columns[k][inexact] for k in scan.COLUMNS[key])
+            parsed = _parsed(chunk, values[inexact, column], np.zeros_like(inexact), g0, g1)
+            values[inexact, column] = parsed
+            columns[exact_column][inexact] = 1
+            fast[inexact[~np.isfinite(parsed)]] = 0  # msgspec: "Number out of range"
 
 
 def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints) -> Floats:
@@ -868,9 +886,9 @@ def _feedback_columns(raw: npt.NDArray[np.uint8], columns: Ints, values: Floats,
     """The feedback lines read by :func:`scan.scan_lines` (their columns and values) as :class:`FeedbackColumns`."""
     (rid0, rid1), (item0, item1) = (
         (columns[a], columns[b]) for a, b in (scan.COLUMNS[k] for k in ("request_id", "item")))
-    grade, ts = values[:, 0], values[:, 1]  # parsed by _check_numbers
+    grade, ts, dwell = values[:, 0], values[:, 1], values[:, 2]  # parsed by _check_numbers
     return FeedbackColumns(raw, rid0.copy(), rid1.copy(), item0.copy(), item1.copy(), codes[columns[scan.KIND_INDEX]],
-                           grade, ts)
+                           grade, ts, dwell)
 
 
 def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts: Floats,

@@ -190,8 +190,9 @@ class HtmlData:
 
     def __init__(self, config: Config, max_points: int = MAX_POINTS, max_queries: int = MAX_QUERIES) -> None:
         self.config = config
-        # the per-request columns, by the names of their means (MRR, nDCG@10, ...): the engine's, from the config
-        self.names = [spec.mean_name for spec in config.specs]
+        # the per-request columns, by the names of their means (MRR, nDCG@10, ...): the engine's records', from the
+        # config (session measures are valued per session: in the A/B rows, not per request)
+        self.names = [spec.mean_name for spec in config.specs if not spec.per_session]
         self.timeline = Timeline(len(self.names), max_points)
         self.queries = QueryMeans(len(self.names), max_queries)
         self.looks: list[dict[str, Any]] = []

@@ -43,6 +43,11 @@ class JudgedBatch:
     ``shown_*`` arrays describe judged items that were served (1-based ``shown_pos``), grade 0 included (judged
     non-relevant: ``Judged@k`` and the RBP residual tell them from unjudged items); ``unshown_*`` the judged items
     that were not served (only those with grade > 0 matter). ``*_req`` is the request's index in ``0..B-1``.
+
+    What users did, for the behaviour measures (``None``: nothing, no click): ``click_req``, ``click_pos`` the served
+    items clicked, each (request, position) once; ``first_click`` the seconds from serve time to the request's first
+    click (NaN: none); ``satisfied`` whether a click had a long dwell or a satisfying kind was given (README,
+    "Behaviour measures").
     """
 
     n_shown: Ints
@@ -51,6 +56,10 @@ class JudgedBatch:
     shown_grade: Floats
     unshown_req: Ints
     unshown_grade: Floats
+    click_req: Ints | None = None
+    click_pos: Ints | None = None
+    first_click: Floats | None = None
+    satisfied: Bools | None = None
 
     @property
     def size(self) -> int:
@@ -82,7 +91,7 @@ class Prepared:
     ideal gains."""
 
     __slots__ = ("size", "req", "pos", "grade", "n_shown", "_batch", "_judged_req", "_judged_grade",
-                 "_judged_rank", "_relevant", "_n_relevant", "_ideal", "_judged_shown")
+                 "_judged_rank", "_relevant", "_n_relevant", "_ideal", "_judged_shown", "_clicks")
 
     def __init__(self, batch: JudgedBatch) -> None:
         self.size = batch.size
@@ -104,6 +113,7 @@ class Prepared:
         self._n_relevant: dict[float, Ints] = {}
         self._judged_shown: tuple[Ints, Ints] | None = None
         self._ideal: dict[str, Floats] = {}
+        self._clicks: tuple[Ints, Ints] | None = None
 
     def relevant(self, rel: float) -> Bools:
         """Which served entries are relevant at threshold ``rel``."""
@@ -134,6 +144,38 @@ class Prepared:
             order = pair_order(req, pos)
             self._judged_shown = req[order], pos[order]
         return self._judged_shown
+
+
+    # -- what users did -------------------------------------------------------------------------------------------
+    def clicks(self) -> tuple[Ints, Ints]:
+        """Request and position of every clicked served item, each once."""
+        if self._clicks is None:
+            batch = self._batch
+            if batch.click_req is None or batch.click_pos is None:
+                self._clicks = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+            else:
+                self._clicks = batch.click_req, batch.click_pos
+        return self._clicks
+
+    def clicked(self, k: int | None = None) -> Floats:
+        """Clicked served items per request (in the top ``k``; ``None``: anywhere)."""
+        req, pos = self.clicks()
+        return _count_per_request(self, req if k is None else req[pos <= k])
+
+    def shown_nothing(self) -> Bools:
+        """Requests that served an empty list (zero results)."""
+        nothing: Bools = self.n_shown == 0
+        return nothing
+
+    def first_click(self) -> Floats:
+        """Seconds from serve time to each request's first click (NaN: none), a new array."""
+        first = self._batch.first_click
+        return np.full(self.size, np.nan) if first is None else np.array(first, dtype=np.float64)
+
+    def satisfied(self) -> Floats:
+        """1.0 for each request with a satisfied click or a satisfying kind, else 0.0 (a new array)."""
+        satisfied = self._batch.satisfied
+        return np.zeros(self.size) if satisfied is None else np.array(satisfied, dtype=np.float64)
 
 
 def pair_order(major: Ints, minor: Ints, stable: bool = True) -> Ints:
@@ -313,6 +355,46 @@ def rank_biased_residual(prep: Prepared, k: int | None, params: Params) -> Float
     return 1.0 - _sum_per_request(prep, req, (1.0 - p) * p ** (pos - 1.0))
 
 
+# -- behaviour kernels: of the clicks, dwell and feedback kinds; undefined (NaN) where nothing was served ----------
+def _of_shown(prep: Prepared, values: Floats) -> Floats:
+    values[prep.shown_nothing()] = np.nan
+    return values
+
+
+def click_through(prep: Prepared, k: int | None, params: Params) -> Floats:
+    """``CTR@k``: 1 if a served item in the top k was clicked, else 0; its mean is the click-through rate over
+    requests (queries), the share of them with a click in the top k."""
+    return _of_shown(prep, (prep.clicked(_cutoff(k)) > 0).astype(np.float64))
+
+
+def clicks(prep: Prepared, k: int | None, params: Params) -> Floats:
+    """``Clicks``: the served items clicked (each once, however often); ``Clicks@k``: in the top k. Its mean is
+    clicks per query."""
+    return _of_shown(prep, prep.clicked(k))
+
+
+def abandoned(prep: Prepared, k: int | None, params: Params) -> Floats:
+    """``Abandoned``: 1 if results were shown and none was clicked, else 0."""
+    return _of_shown(prep, (prep.clicked() == 0).astype(np.float64))
+
+
+def zero_result(prep: Prepared, k: int | None, params: Params) -> Floats:
+    """``ZeroResult``: 1 for a request that served an empty list, else 0 (defined for every request)."""
+    return prep.shown_nothing().astype(np.float64)
+
+
+def time_to_first_click(prep: Prepared, k: int | None, params: Params) -> Floats:
+    """``TimeToFirstClick``: seconds from serve time to the first click on a served item; undefined without one, so
+    its mean is over the requests with a click."""
+    return _of_shown(prep, prep.first_click())
+
+
+def sat_click(prep: Prepared, k: int | None, params: Params) -> Floats:
+    """``SatClick``: 1 if a served item got a click with dwell >= ``sat_dwell`` or feedback of a kind in
+    ``sat_kinds``, else 0."""
+    return _of_shown(prep, prep.satisfied())
+
+
 #: The signature of every kernel in :data:`stream_eval.metrics.specs.REGISTRY`.
 Kernel = Callable[[Prepared, "int | None", Params], Floats]
 
@@ -341,22 +423,27 @@ def evaluate_batch(batch: JudgedBatch, config: Config, specs: Sequence[MetricSpe
             values[:, j] = kernel(prep, spec.k, params[j])
     n_relevant = prep.n_relevant(config.rel_threshold)
     apply_empty_policy(values, chosen, params, prep, config)
-    return BatchValues(chosen, values, n_relevant == 0, n_relevant)
+    return BatchValues(chosen, values, (n_relevant == 0) & ~prep.shown_nothing(), n_relevant)
 
 
 def apply_empty_policy(values: Floats, specs: Sequence[MetricSpec], params: Sequence[Params], prep: Prepared,
                        config: Config) -> None:
     """Requests with no relevant judged item: ``zero`` sets the measures the registry zeroes to 0, ``skip`` leaves
     them out. A measure with a relevance threshold ``rel`` judges emptiness at its own threshold, others at
-    ``rel_threshold``."""
+    ``rel_threshold``. Relevance measures of a request that served nothing are undefined (NaN), whatever the
+    policy; behaviour measures are not about relevance and keep their values."""
+    nothing = prep.shown_nothing()
     for j, spec in enumerate(specs):
         definition = spec.definition
+        if definition.scope != "relevance":
+            continue
         rel = _rel(params[j]) if definition.relevance else config.rel_threshold
         empty = prep.n_relevant(rel) == 0
         if config.empty == "skip":
             values[empty, j] = np.nan
         elif definition.zeroed and definition.kernel is not None:
             values[empty, j] = 0.0
+        values[nothing, j] = np.nan
 
 
 def evaluate_request(

@@ -84,6 +84,11 @@ class Family:
     ``kernel``: the batch kernel; ``None`` for alpha-nDCG, which needs the items' subtopics (the engine fills it).
     ``zeroed``: set to 0 for empty requests under ``empty = zero`` (SPEC §2). ``oracle``: what the tests check it
     against (``tests/test_measures.py`` fails for a family that no ``@oracle_for`` test covers).
+
+    ``scope``: ``relevance`` (a value of the request's grades; undefined for a request that served nothing),
+    ``behaviour`` (a value of the request's clicks, dwell and feedback kinds: the ``empty`` policy does not apply)
+    or ``session`` (known when the request's session closes, where GAUC is: not in the per-request records).
+    ``lower_is_better``: the A/B decision calls a fall ``better`` (``Abandoned``, ``TimeToFirstClick``, ...).
     """
 
     name: str
@@ -95,6 +100,8 @@ class Family:
     mean: str | None = None  # the mean's own name (SPEC §3: MRR, MAP); otherwise the measure's name
     alias: str | None = None  # another spelling read by parse (ir_measures': Rprec, alpha_nDCG)
     companion: str | None = None  # a family that runs along with this one, with the parameters it takes
+    scope: str = "relevance"
+    lower_is_better: bool = False
 
     @property
     def relevance(self) -> bool:
@@ -102,6 +109,7 @@ class Family:
         return "rel" in self.params
 
 
+_BEHAVIOUR_ORACLE = "a plain loop over the log's events, request by request (tests/test_behaviour.py)"
 _FAMILIES = (
     Family("RR", "none", ("rel",), kernels.reciprocal_rank, True, "pytrec_eval recip_rank", mean="MRR"),
     Family("AP", "none", ("rel",), kernels.average_precision, True, "pytrec_eval map", mean="MAP"),
@@ -120,6 +128,19 @@ _FAMILIES = (
            companion="RBP-Res"),
     Family("RBP-Res", "none", ("p",), kernels.rank_biased_residual, False,
            "ir_measures RBP (cwl_eval) with unjudged and unseen items relevant, minus RBP"),
+    # behaviour: what users did with the list (README, "Behaviour measures"); undefined where nothing was served
+    Family("CTR", "required", (), kernels.click_through, False, _BEHAVIOUR_ORACLE, scope="behaviour"),
+    Family("Clicks", "optional", (), kernels.clicks, False, _BEHAVIOUR_ORACLE, scope="behaviour"),
+    Family("Abandoned", "none", (), kernels.abandoned, False, _BEHAVIOUR_ORACLE, scope="behaviour",
+           lower_is_better=True),
+    Family("ZeroResult", "none", (), kernels.zero_result, False, _BEHAVIOUR_ORACLE, scope="behaviour",
+           lower_is_better=True),
+    Family("TimeToFirstClick", "none", (), kernels.time_to_first_click, False, _BEHAVIOUR_ORACLE,
+           scope="behaviour", lower_is_better=True),
+    Family("SatClick", "none", (), kernels.sat_click, False, _BEHAVIOUR_ORACLE, scope="behaviour"),
+    # per session, scored when the session closes (engine/sessions.py)
+    Family("QueriesPerSession", "none", (), None, False, _BEHAVIOUR_ORACLE, scope="session"),
+    Family("Reformulation", "none", (), None, False, _BEHAVIOUR_ORACLE, scope="session", lower_is_better=True),
 )
 #: Every measure family by name: the one place a measure is defined.
 REGISTRY: dict[str, Family] = {family.name: family for family in _FAMILIES}
@@ -127,6 +148,12 @@ REGISTRY: dict[str, Family] = {family.name: family for family in _FAMILIES}
 ALIASES: dict[str, str] = {a: f.name for f in _FAMILIES for a in (f.mean, f.alias) if a is not None}
 #: What runs when ``metrics`` is not set: today's set, every cutoff family at every cutoff, in this order.
 DEFAULT_METRICS = ("RR", "AP", "P", "R", "DCG", "nDCG", "ERR", "alpha-nDCG")
+#: The behaviour and session measures (``--metrics`` takes ``behaviour`` for all of them): off by default
+#: (README, "Behaviour measures", says why).
+BEHAVIOUR_METRICS = ("CTR", "Clicks", "Abandoned", "ZeroResult", "TimeToFirstClick", "SatClick", "QueriesPerSession",
+                     "Reformulation")
+#: Names that stand for a set of measures in ``metrics``.
+GROUPS: dict[str, tuple[str, ...]] = {"default": DEFAULT_METRICS, "behaviour": BEHAVIOUR_METRICS}
 #: The mean of session AUCs (a per-session measure, not a per-request one).
 GAUC = "GAUC"
 
@@ -191,7 +218,12 @@ class MetricSpec:
     @property
     def needs_subtopics(self) -> bool:
         """alpha-nDCG: computed by the engine from the items' subtopics, reported once a ranking had them."""
-        return self.definition.kernel is None
+        return self.definition.kernel is None and self.definition.scope == "relevance"
+
+    @property
+    def per_session(self) -> bool:
+        """A session measure: valued when the request's session closes, not when the request is finalised."""
+        return self.definition.scope == "session"
 
     def resolve(self, config: Config) -> dict[str, ParamValue]:
         """Every parameter of the family: as the name gives it, else the global setting (or constant)."""
@@ -233,6 +265,19 @@ def parse(name: str) -> MetricSpec:
     return MetricSpec(family, k, params)
 
 
+def lower_is_better(name: str) -> bool:
+    """Whether a fall of the measure (per-request or mean name) is an improvement; ``False`` for names that are no
+    measure of the registry (``GAUC``).
+
+    >>> lower_is_better("Abandoned"), lower_is_better("MRR"), lower_is_better("GAUC")
+    (True, False, False)
+    """
+    try:
+        return parse(name).definition.lower_is_better
+    except MetricNameError:
+        return False
+
+
 def split_names(text: str) -> list[str]:
     """Measure names from a comma-separated list whose names may hold commas in parentheses.
 
@@ -246,13 +291,17 @@ def select(names: Iterable[str | MetricSpec], cutoffs: Iterable[int]) -> tuple[M
     """The measures a run computes, in the order given, each once. A family that takes a cutoff named without one
     (``nDCG``, ``P(rel=2)``) runs at every cutoff of ``cutoffs``.
 
-    A measure with a companion brings it along: ``RBP(p=0.8)`` its residual ``RBP-Res(p=0.8)``.
+    A measure with a companion brings it along: ``RBP(p=0.8)`` its residual ``RBP-Res(p=0.8)``. A name of
+    :data:`GROUPS` stands for its measures: ``default`` (what runs without ``metrics``) and ``behaviour``.
 
     >>> [s.name for s in select(["RR", "nDCG", "P(rel=2)@5", "MRR", "RBP(p=0.5,rel=2)"], (5, 10))]
     ['RR', 'nDCG@5', 'nDCG@10', 'P(rel=2)@5', 'RBP(p=0.5,rel=2)', 'RBP-Res(p=0.5)']
+    >>> [s.name for s in select(["nDCG", "behaviour"], (10,))]  # doctest: +NORMALIZE_WHITESPACE
+    ['nDCG@10', 'CTR@10', 'Clicks', 'Abandoned', 'ZeroResult', 'TimeToFirstClick', 'SatClick', 'QueriesPerSession',
+     'Reformulation']
     """
     chosen: dict[MetricSpec, None] = {}
-    for name in names:
+    for name in [n for given in names for n in (GROUPS.get(given, (given,)) if isinstance(given, str) else (given,))]:
         if isinstance(name, MetricSpec):
             family, k, params = name.family, name.k, name.params
         else:

@@ -47,6 +47,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from stream_eval.metrics.specs import lower_is_better
 from stream_eval.simulate import SimulationConfig
 from stream_eval.stream.broker import Broker, BrokerError, die_with_parent, free_port, port_in_use, stop_process
 from stream_eval.stream.kafka import topics
@@ -56,11 +57,13 @@ DEMO_SETTINGS = {
     "STREAM_EVAL_ALLOWED_LATENESS": "5",
     "STREAM_EVAL_SESSION_GAP": "20",
     "STREAM_EVAL_GSB_WINDOW": "30",
+    "STREAM_EVAL_METRICS": "default,behaviour",  # the ranking measures and the behaviour ones (README)
 }
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-VIEW_METRICS = ("MRR", "nDCG@10", "ERR@10", "GAUC")
+VIEW_METRICS = ("MRR", "nDCG@10", "ERR@10", "GAUC", "SatClick", "Abandoned")
 """The headline means: the columns of the per-arm table and the true values in the header."""
-AB_ORDER = ("MRR", "MAP", "nDCG@10", "ERR@10", "P@10", "R@10", "GAUC")
+AB_ORDER = ("MRR", "MAP", "nDCG@10", "ERR@10", "P@10", "R@10", "GAUC", "SatClick", "Abandoned", "Reformulation",
+            "CTR@10", "TimeToFirstClick")
 """Order of the A/B rows; other means follow by name."""
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -82,10 +85,11 @@ class DemoOptions:
 
 
 def demo_simulation(rate: float, seed: int, start_ts: float = SimulationConfig.start_ts) -> SimulationConfig:
-    """The demo's traffic: two arms, interleaving, judgments, a few faults, randomised per user."""
+    """The demo's traffic: two arms, interleaving, judgments, a few faults, randomised per user; clicks with dwell
+    times and some zero-result requests (the behaviour measures)."""
     return SimulationConfig(endless=True, start_ts=start_ts, rate=rate, max_delay=15.0, seed=seed,
                             interleaving=True, judgments=True, label_rate=0.1, duplicate_fraction=0.02,
-                            late_fraction=0.01, invalid_fraction=0.002, unit="user")
+                            late_fraction=0.01, invalid_fraction=0.002, unit="user", behaviour=True)
 
 
 def _seconds(label: str) -> float:
@@ -116,13 +120,15 @@ def scrape(url: str, timeout: float = 2.0) -> Samples:
 # -- what the view shows: read from the samples, no I/O ---------------------------------------------------
 
 
-def decide(cs_lower: float, cs_upper: float) -> str:
+def decide(cs_lower: float, cs_upper: float, metric: str = "") -> str:
     """``better`` when the confidence sequence of treatment - control lies above 0, ``worse`` below, else
-    ``inconclusive`` (every mean is higher-is-better; a missing bound decides nothing)."""
+    ``inconclusive`` (a missing bound decides nothing); the other way round for a measure whose fall is an
+    improvement (``Abandoned``, ``TimeToFirstClick``, ...)."""
+    flip = lower_is_better(metric)
     if cs_lower > 0:
-        return "better"
+        return "worse" if flip else "better"
     if cs_upper < 0:
-        return "worse"
+        return "better" if flip else "worse"
     return "inconclusive"
 
 
@@ -139,7 +145,7 @@ class AbRow:
 
     @property
     def decision(self) -> str:
-        return decide(self.cs_lower, self.cs_upper)
+        return decide(self.cs_lower, self.cs_upper, self.metric)
 
 
 @dataclass(frozen=True, slots=True)
