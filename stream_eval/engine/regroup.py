@@ -15,19 +15,22 @@ the offset of the first record that an open session or query bucket still needs,
 record counted, the partitions' watermarks and the arms seen; a new owner re-reads muted up to there.
 
 An input partition's records are a transaction log with commit markers, so that a worker killed between two
-checkpoints of a partition counts nothing twice. The partition's sink (``RegroupSink(p)``) numbers its data
-records (``"P": p, "n": 1, 2, ...``) and marks them with its ownership (``"x": token``): the stage drops the data
-records and commits of an ownership that a later rewind replaced (a worker still writing after its partition
-moved). Each owner of the partition first writes a *rewind*
-``{"k": "r", "P": p, "x": token, "n": s}`` (``token``: this ownership; ``s``: the number of the last record
-its restored checkpoint covers, 0 without one); after storing a checkpoint holding :attr:`RegroupSink.seq`,
-the worker writes a *commit* ``{"k": "c", "P": p, "x": token, "n": seq}``. The stage holds the partition's
-data records until a commit of its current ownership applies those numbered up to it, or a rewind applies
-those up to ``s`` (the checkpoint covers them) and discards the rest: the new owner writes them again, as it
-re-finalises what came after its checkpoint. A record takes effect where its commit or rewind is (what a
-rebuild mutes or finds in a snapshot); the stage's checkpoint starts no later than the first record still
-held, nor between a record and the commit that applied it. Records without ``"P"`` (``RegroupSink()``; logs of
-workers before numbered records) take effect at once.
+checkpoints of a partition counts nothing twice (the records are the typed structs of ``engine/records.py``).
+The partition's sink (``RegroupSink(p)``) numbers its data records (``partition`` p, ``seq`` 1, 2, ...) and marks
+them with its ownership (``owner``): the stage drops the data records and commits of an ownership that a later
+rewind replaced (a worker still writing after its partition moved). Each owner of the partition first writes a
+:class:`~stream_eval.engine.records.Rewind` (its ``owner``; ``seq`` s, the number of the last record its restored
+checkpoint covers, 0 without one); after storing a checkpoint holding :attr:`RegroupSink.seq`, the worker writes a
+:class:`~stream_eval.engine.records.Commit` of that number. The stage holds the partition's data records until a
+commit of its current ownership applies those numbered up to it, or a rewind applies those up to s (the checkpoint
+covers them) and discards the rest: the new owner writes them again, as it re-finalises what came after its
+checkpoint. A record takes effect where its commit or rewind is (what a rebuild mutes or finds in a snapshot); the
+stage's checkpoint starts no later than the first record still held, nor between a record and the commit that
+applied it. Records of no partition (``RegroupSink()``; logs of workers before numbered records) take effect at once.
+
+Session parts and query metrics are written as columns (:class:`~stream_eval.engine.records.SessionParts`,
+:class:`~stream_eval.engine.records.QueryMetrics`), one record per many finalised requests, just before the next
+record of another kind: their order against watermarks, commits and other records is the order they were given in.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
-import orjson
 
+from stream_eval.engine import records
 from stream_eval.engine.sessions import Impressions, unit_of
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
@@ -107,10 +111,10 @@ class RegroupSink:
         self.partition = partition
         self.token: str | None = None  # this ownership of the partition (set by begin)
         self._seq = 0
-        # Session parts and query metrics given since the last record, written as columns ("S", "Q") before the
-        # next record of another kind: one record per many requests, applied at once by the stage.
-        self._parts: dict[str, list[Any]] = {key: [] for key in _PART_COLUMNS}
-        self._queries: dict[str, list[Any]] = {key: [] for key in _QUERY_COLUMNS}
+        # Session parts and query metrics given since the last record, written as columns (SessionParts,
+        # QueryMetrics) before the next record of another kind: one record per many requests, applied at once.
+        self._parts = _PartColumns()
+        self._queries = _QueryColumns()
 
     @property
     def seq(self) -> int:
@@ -121,15 +125,21 @@ class RegroupSink:
     def _flush(self) -> None:
         """Write the session parts and query metrics given so far as columnar records (in that order)."""
         parts, queries = self._parts, self._queries
-        if parts["id"]:
-            self._parts = {key: [] for key in _PART_COLUMNS}
-            sizes = [NUMBER_CHARS * len(scores) for scores in parts["s"]]
-            for a, b in row_ranges([parts["id"], parts["e"], parts["a"]], sizes):
-                self._append(b"", {"k": "S", **{key: column[a:b] for key, column in parts.items() if column}})
-        if queries["q"]:
-            self._queries = {key: [] for key in _QUERY_COLUMNS}
-            for a, b in row_ranges([queries["q"], queries["e"], queries["a"]]):
-                self._append(b"", {"k": "Q", **{key: column[a:b] for key, column in queries.items()}})
+        if parts.sessions:
+            self._parts = _PartColumns()
+            sizes = [NUMBER_CHARS * len(scores) for scores in parts.scores]
+            for a, b in row_ranges([parts.sessions, parts.experiments, parts.arms], sizes):
+                self._append(b"", records.SessionParts(
+                    sessions=parts.sessions[a:b], experiments=parts.experiments[a:b], arms=parts.arms[a:b],
+                    served=parts.served[a:b], scores=parts.scores[a:b], relevant=parts.relevant[a:b],
+                    units=parts.units[a:b], queries=parts.queries[a:b] if parts.queries else None,
+                    satisfied=parts.satisfied[a:b] if parts.satisfied else None), flush=False)
+        if queries.queries:
+            self._queries = _QueryColumns()
+            for a, b in row_ranges([queries.queries, queries.experiments, queries.arms]):
+                self._append(b"", records.QueryMetrics(
+                    experiments=queries.experiments[a:b], arms=queries.arms[a:b], queries=queries.queries[a:b],
+                    served=queries.served[a:b], values=queries.values[a:b]), flush=False)
 
     def begin(self, token: str, committed: int) -> None:
         """A new owner (ownership ``token``) takes the partition from a checkpoint that stored :attr:`seq` =
@@ -140,107 +150,130 @@ class RegroupSink:
             raise ValueError("begin the ownership before appending records")
         self.token, self._seq = token, committed
         self._arms.clear()  # announcements after the checkpoint are discarded by the rewind: made again
-        self._parts = {key: [] for key in _PART_COLUMNS}
-        self._queries = {key: [] for key in _QUERY_COLUMNS}
-        self.records.append((b"", orjson.dumps({"k": "r", "P": self.partition, "x": token, "n": committed})))
+        self._parts, self._queries = _PartColumns(), _QueryColumns()
+        self.records.append((b"", records.encode(records.Rewind(partition=self.partition, seq=committed,
+                                                                owner=token))))
 
     def commit(self, seq: int) -> None:
         """The checkpoint holding ``seq`` is stored: the stage may count the records numbered up to it."""
         if self.partition is None:
             raise ValueError("a sink of no partition has nothing to commit")
         self._flush()
-        self.records.append((b"", orjson.dumps({"k": "c", "P": self.partition, "x": self.token, "n": seq})))
+        self.records.append((b"", records.encode(records.Commit(partition=self.partition, seq=seq,
+                                                                owner=self.token))))
 
-    def _append(self, key: bytes, record: dict[str, Any]) -> None:
-        if record["k"] not in _COLUMNAR:
+    def _append(self, key: bytes, record: records.Record, flush: bool = True) -> None:
+        if flush:
             self._flush()  # (the parts and metrics given before this record come before it)
         if self.partition is not None:
             self._seq += 1
-            record["P"] = self.partition
-            record["n"] = self._seq
-            record["x"] = self.token
-        self.records.append((key, orjson.dumps(record)))
+            record.partition, record.seq, record.owner = self.partition, self._seq, self.token
+        self.records.append((key, records.encode(record)))
 
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         """A finalised request of a named session: its session id, labels, serve time, served items' scores, the
         1-based positions of the relevant ones, and its unit (written with the next record, as columns)."""
         a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
         parts = self._parts
-        parts["id"].append(state.session_id)
-        parts["e"].append(experiment)
-        parts["a"].append(arm)
-        parts["t"].append(state.ts)
-        parts["s"].append(impressions.scores[a:b].tolist())
-        parts["r"].append(impressions.relevant_positions(i))
-        parts["u"].append(unit_of(state))
+        parts.sessions.append(state.session_id)  # type: ignore[arg-type]  # a named session's part
+        parts.experiments.append(experiment)
+        parts.arms.append(arm)
+        parts.served.append(state.ts)
+        parts.scores.append(impressions.scores[a:b].tolist())
+        parts.relevant.append(impressions.relevant_positions(i))
+        parts.units.append(unit_of(state))
         if impressions.satisfied is not None:  # session measures run: the query and a satisfied click
-            parts["q"].append(state.query_id)
-            parts["c"].append(bool(impressions.satisfied[i]))
+            parts.queries.append(state.query_id)
+            parts.satisfied.append(bool(impressions.satisfied[i]))
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
         """Finalised requests' share of their A/B units (``engine/ab.py``), as columns: one record per
         :data:`UNIT_ROWS` requests, fewer when their ids are long (:func:`row_ranges`; NaN is written as null)."""
         for a, b in row_ranges([ids, experiments, arms, units]):
-            self._append(b"", {"k": "U", "t": keys[a:b].tolist(), "id": ids[a:b], "e": experiments[a:b],
-                               "a": arms[a:b], "u": units[a:b], "v": values[a:b].tolist()})
+            self._append(b"", records.UnitRequests(keys=keys[a:b].tolist(), ids=ids[a:b], experiments=experiments[a:b],
+                                                   arms=arms[a:b], units=units[a:b], values=values[a:b].tolist()))
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
         """Scored one-request sessions' share of their A/B units, as columns (as :meth:`unit_requests`)."""
         for a, b in row_ranges([ids, experiments, arms, units]):
-            self._append(b"", {"k": "V", "t": keys[a:b].tolist(), "id": ids[a:b], "e": experiments[a:b],
-                               "a": arms[a:b], "u": units[a:b], "y": weighted_auc[a:b].tolist(),
-                               "w": weight[a:b].tolist()})
+            self._append(b"", records.UnitSessions(
+                keys=keys[a:b].tolist(), ids=ids[a:b], experiments=experiments[a:b], arms=arms[a:b],
+                units=units[a:b], weighted_auc=weighted_auc[a:b].tolist(), weight=weight[a:b].tolist()))
 
     def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], ts: list[float],
                       values: list[float]) -> None:
         """Finalised requests' ``gsb_metric`` for their queries: (experiment, arm), query id, serve time, value
         (written with the next record, as columns)."""
         columns = self._queries
-        columns["e"] += [experiment for experiment, _ in groups]
-        columns["a"] += [arm for _, arm in groups]
-        columns["q"] += queries
-        columns["t"] += ts
-        columns["v"] += values
+        columns.experiments += [experiment for experiment, _ in groups]
+        columns.arms += [arm for _, arm in groups]
+        columns.queries += queries
+        columns.served += ts
+        columns.values += values
 
     def judgment(self, experiment: str, verdict: str) -> None:
-        self._append(experiment.encode(), {"k": "j", "e": experiment, "v": verdict})
+        self._append(experiment.encode(), records.Judgment(experiment=experiment, verdict=verdict))
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
-        self._append(experiment.encode(), {"k": "i", "e": experiment, "teams": teams, "r": relevant_positions})
+        self._append(experiment.encode(), records.Interleaved(experiment=experiment, teams=teams,
+                                                              relevant=relevant_positions))
 
     def arm(self, experiment: str, arm: str) -> None:
         if (experiment, arm) not in self._arms:
             self._arms.add((experiment, arm))
-            self._append(experiment.encode(), {"k": "a", "e": experiment, "a": arm})
+            self._append(experiment.encode(), records.ArmSeen(experiment=experiment, arm=arm))
 
-    def watermark(self, unit: int, watermark: float) -> None:
-        """Every request of input partition ``unit`` finalised by ``watermark`` has its records above."""
-        self._append(b"", {"k": "w", "u": unit, "t": time_to_json(watermark)})
+    def watermark(self, partition: int, watermark: float) -> None:
+        """Every request of input partition ``partition`` finalised by ``watermark`` has its records above."""
+        self._append(b"", records.PartitionWatermark(input_partition=partition, time=time_to_json(watermark)))
 
     def take(self) -> list[tuple[bytes, bytes]]:
         self._flush()
-        records, self.records = self.records, []
-        return records
+        taken, self.records = self.records, []
+        return taken
 
 
-#: The columns of a record of session parts ("S"): session id, experiment, arm, serve time, the served items'
-#: scores, the 1-based positions of the relevant ones, the unit, and when the session measures run the query id
-#: and whether a click satisfied; and of query metrics ("Q"): experiment, arm, query id, serve time, the
-#: ``gsb_metric`` value. (Logs written before 2026-11-26 hold them one per record, "s" and "q", with the same keys.)
-_PART_COLUMNS = ("id", "e", "a", "t", "s", "r", "u", "q", "c")
-_QUERY_COLUMNS = ("e", "a", "q", "t", "v")
-_COLUMNAR = frozenset({"S", "Q"})
+class _PartColumns:
+    """Session parts given to a sink, not written yet (the columns of :class:`records.SessionParts`)."""
+
+    __slots__ = ("sessions", "experiments", "arms", "served", "scores", "relevant", "units", "queries", "satisfied")
+
+    def __init__(self) -> None:
+        self.sessions: list[str] = []
+        self.experiments: list[str] = []
+        self.arms: list[str] = []
+        self.served: list[float] = []
+        self.scores: list[list[float]] = []
+        self.relevant: list[list[int]] = []
+        self.units: list[str | None] = []
+        self.queries: list[str | None] = []
+        self.satisfied: list[bool] = []
+
+
+class _QueryColumns:
+    """Query metrics given to a sink, not written yet (the columns of :class:`records.QueryMetrics`)."""
+
+    __slots__ = ("experiments", "arms", "queries", "served", "values")
+
+    def __init__(self) -> None:
+        self.experiments: list[str] = []
+        self.arms: list[str] = []
+        self.queries: list[str] = []
+        self.served: list[float] = []
+        self.values: list[float | None] = []
 
 
 class _Part:
     """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read)."""
 
-    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id", "query_id")
+    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id", "query_id", "experiment",
+                 "arm", "relevant", "satisfied")
 
     def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None,
-                 query_id: str | None = None) -> None:
+                 query_id: str | None = None, experiment: str = "", arm: str = "", relevant: list[int] | None = None,
+                 satisfied: bool = False) -> None:
         self.session_id = session_id
         self.ts = ts
         self.n = len(scores)
@@ -250,6 +283,9 @@ class _Part:
         self.teams: list[str] | None = [] if unit is None else None
         self.request_id = session_id
         self.query_id = query_id
+        self.experiment, self.arm = experiment, arm
+        self.relevant = [] if relevant is None else relevant
+        self.satisfied = satisfied
 
 
 class _Held:
@@ -261,7 +297,7 @@ class _Held:
         self.token: str | None = None  # the partition's current ownership (once ``known``)
         self.known = False
         self.applied = 0  # the number of the last record applied (a record numbered up to it is delivered again)
-        self.records: list[tuple[int, int, dict[str, Any]]] = []  # (number, offset, record) in number order
+        self.records: list[tuple[int, int, records.AnyRecord]] = []  # (number, offset, record) in number order
 
 
 @dataclass
@@ -305,7 +341,7 @@ class SessionStage:
         # once every partition is past their deadline, as one engine finalises them in replay: whether a
         # request starts a new session depends on the order (see Sessions.add).
         # (For a columnar record, one entry per row: (deadline, offset, row, record); row -1: a record of one part.)
-        self._waiting: list[tuple[float, int, int, dict[str, Any]]] = []
+        self._waiting: list[tuple[float, int, int, Any]] = []
         self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
@@ -411,100 +447,106 @@ class SessionStage:
             if self.received is not None and offset < self.received:
                 continue
             self.received = offset + 1
-            record = orjson.loads(value)
-            partition = record.get("P")
+            record = records.decode(value)
+            partition = record.partition
             if partition is None:  # (no partition's transaction: at once)
                 self._apply(record, offset, offset)
                 continue
             held = self._held.get(partition)
             if held is None:
                 held = self._held[partition] = _Held()
-            kind, n = record["k"], record["n"]
-            if kind == "c":
-                if held.known and record["x"] != held.token:
+            kind, n = type(record), record.seq or 0
+            if kind is records.Commit:
+                if held.known and record.owner != held.token:
                     continue  # a commit of an earlier ownership
-                held.token, held.known = record["x"], True
-                self._apply_held(held, n, offset, record["x"])
-            elif kind == "r":
+                held.token, held.known = record.owner, True
+                self._apply_held(held, n, offset, record.owner)
+            elif kind is records.Rewind:
                 self._apply_held(held, n, offset)  # what the new owner's checkpoint covers
                 held.records.clear()  # the rest is written again
-                held.token, held.known, held.applied = record["x"], True, n
+                held.token, held.known, held.applied = record.owner, True, n
             elif n > held.applied:
-                if held.known and record.get("x", held.token) != held.token:
+                if held.known and (record.owner or held.token) != held.token:
                     continue  # written by an ownership that a later one has replaced (a worker still writing)
-                records = held.records
-                if not records or n > records[-1][0]:
-                    records.append((n, offset, record))
+                kept = held.records
+                if not kept or n > kept[-1][0]:
+                    kept.append((n, offset, record))
                 else:  # (out of order: in number order, once)
-                    k = bisect_left(records, n, key=itemgetter(0))
-                    if records[k][0] != n:
-                        records.insert(k, (n, offset, record))
+                    k = bisect_left(kept, n, key=itemgetter(0))
+                    if kept[k][0] != n:
+                        kept.insert(k, (n, offset, record))
 
     def _apply_held(self, held: _Held, n: int, at: int, token: str | None = None) -> None:
         """Apply a partition's held records numbered up to ``n``, at offset ``at`` (a commit or rewind); those of
         another ownership than ``token`` (a commit's) are dropped instead."""
-        records = held.records
+        kept = held.records
         k = 0
-        while k < len(records) and records[k][0] <= n:
+        while k < len(kept) and kept[k][0] <= n:
             k += 1
-        taken = records[:k]
-        del records[:k]
+        taken = kept[:k]
+        del kept[:k]
         if token is not None:
-            taken = [held_record for held_record in taken if held_record[2].get("x", token) == token]
+            taken = [held_record for held_record in taken if (held_record[2].owner or token) == token]
         if taken:
             self._applied.append((min(offset for _, offset, _ in taken), at))
             for _, offset, record in taken:
                 self._apply(record, offset, at)
         held.applied = max(held.applied, n)
 
-    def _apply(self, record: dict[str, Any], offset: int, at: int) -> None:
+    def _apply(self, record: records.AnyRecord, offset: int, at: int) -> None:
         """Apply a record of the log at ``offset``; what is rebuilt (muted, in the snapshot) is decided at ``at``,
         where it took effect (what a rebuild re-reads, by ``offset``)."""
         engine = self.engine
-        kind = record["k"]
+        kind = type(record)
         frozen = at < self.frozen_until  # (in the restored snapshot)
         engine.ledger.frozen = engine.gsb.frozen = frozen
-        if kind == "U" or kind == "V":
+        if kind is records.UnitRequests or kind is records.UnitSessions:
             # A/B units: rebuilt from every record, muted or not (their state is not a counter)
             if not frozen:
-                self._add_units(record)
+                self._add_units(record)  # type: ignore[arg-type]  # dispatched on type
             return
-        if kind == "S":
+        if kind is records.SessionParts:
+            parts: Any = record
             waiting, horizon = self._waiting, self._horizon
-            for row, ts in enumerate(record["t"]):
-                heapq.heappush(waiting, (float(ts) + horizon, offset, row, record))
+            for row, ts in enumerate(parts.served):
+                heapq.heappush(waiting, (float(ts) + horizon, offset, row, parts))
             return
-        if kind == "s":
-            heapq.heappush(self._waiting, (self._serve_ts(record) + self._horizon, offset, -1, record))
+        if kind is records.SessionPart:
+            heapq.heappush(self._waiting, (_part_of(record, -1, self._horizon).ts + self._horizon, offset, -1, record))
             return
         with self._quiet(at):
-            if kind == "Q":
+            if kind is records.QueryMetrics or kind is records.QueryMetric:
+                columnar = kind is records.QueryMetrics
+                metrics: Any = record
                 gsb = engine.gsb
-                serve = np.array(record["t"], dtype=np.float64)
+                serve = np.array(metrics.served if columnar else [metrics.served], dtype=np.float64)
                 for bucket in np.unique(np.floor_divide(serve, gsb.window)).astype(np.int64).tolist():
                     if bucket not in gsb.open_buckets():
                         heapq.heappush(self._needed, (offset, "q", bucket))
-                values = np.array([math.nan if v is None else v for v in record["v"]], dtype=np.float64)
-                gsb.query_metrics(list(zip(record["e"], record["a"], strict=True)), record["q"], serve, values)
-            elif kind == "q":
-                bucket = engine.gsb.bucket_of(record["t"])
-                if bucket not in engine.gsb.open_buckets():
-                    heapq.heappush(self._needed, (offset, "q", bucket))
-                engine.gsb.query_metric(record["e"], record["a"], record["q"], record["t"], record["v"])
-            elif kind == "a":
-                engine.arms_seen.setdefault(record["e"], set()).add(record["a"])
-            elif kind == "j":  # counted once; kept for the sign test even while rebuilding
-                engine.gsb.judgment(record["e"], record["v"], count=at >= self.muted_until)
-            elif kind == "i":
-                engine.teams_seen.setdefault(record["e"], set()).update(record["teams"])
-                engine.gsb.interleaved(record["e"], record["teams"], record["r"], count=at >= self.muted_until)
-            elif kind == "w":
-                unit, time = int(record["u"]), float(record["t"])
-                if unit >= len(self.units):
-                    self.units += [-math.inf] * (unit + 1 - len(self.units))
-                if time <= self.units[unit]:
+                values = np.array(metrics.values if columnar else [metrics.value], dtype=np.float64)  # (None: NaN)
+                if columnar:
+                    gsb.query_metrics(list(zip(metrics.experiments, metrics.arms, strict=True)), metrics.queries,
+                                      serve, values)
+                else:
+                    gsb.query_metrics([(metrics.experiment, metrics.arm)], [metrics.query], serve, values)
+            elif kind is records.ArmSeen:
+                engine.arms_seen.setdefault(record.experiment, set()).add(record.arm)  # type: ignore[union-attr]
+            elif kind is records.Judgment:  # counted once; kept for the sign test even while rebuilding
+                engine.gsb.judgment(record.experiment, record.verdict,  # type: ignore[union-attr]
+                                    count=at >= self.muted_until)
+            elif kind is records.Interleaved:
+                interleaved: Any = record
+                engine.teams_seen.setdefault(interleaved.experiment, set()).update(interleaved.teams)
+                engine.gsb.interleaved(interleaved.experiment, interleaved.teams, interleaved.relevant,
+                                       count=at >= self.muted_until)
+            elif kind is records.PartitionWatermark:
+                mark: Any = record
+                partition, time = int(mark.input_partition), mark.at
+                if partition >= len(self.units):
+                    self.units += [-math.inf] * (partition + 1 - len(self.units))
+                if time <= self.units[partition]:
                     return
-                self.units[unit] = time
+                self.units[partition] = time
                 self._history.append((at, tuple(self.units)))
                 watermark = min(self.units)
                 if watermark > self.watermark or watermark == math.inf:
@@ -512,20 +554,16 @@ class SessionStage:
                     self._add_parts(watermark)
                     engine.close(watermark, windows=False)
 
-    def _add_units(self, record: dict[str, Any]) -> None:
-        """Requests' ("U") or one-request sessions' ("V") shares of their A/B units, to the ledger (released on
-        watermarks, in key order)."""
+    def _add_units(self, record: records.UnitRequests | records.UnitSessions) -> None:
+        """Requests' or one-request sessions' shares of their A/B units, to the ledger (released on watermarks, in
+        key order)."""
         ledger = self.engine.ledger
-        columns = (np.array(record["t"], dtype=np.float64), record["id"], record["e"], record["a"], record["u"])
-        if record["k"] == "U":
-            ledger.add_requests(*columns, np.array(record["v"], dtype=np.float64))
+        columns = (np.array(record.keys, dtype=np.float64), record.ids, record.experiments, record.arms, record.units)
+        if type(record) is records.UnitRequests:
+            ledger.add_requests(*columns, np.array(record.values, dtype=np.float64))
         else:
-            ledger.add_sessions(*columns, np.array(record["y"], dtype=np.float64),
-                                np.array(record["w"], dtype=np.float64))
-
-    def _serve_ts(self, record: dict[str, Any]) -> float:
-        """A session part's serve time (records written before 2026-11-23 carry its finalisation point ``d``)."""
-        return float(record["t"]) if "t" in record else float(record["d"]) - self._horizon
+            ledger.add_sessions(*columns, np.array(record.weighted_auc, dtype=np.float64),  # type: ignore[union-attr]
+                                np.array(record.weight, dtype=np.float64))  # type: ignore[union-attr]
 
     def _quiet(self, offset: int) -> AbstractContextManager[None]:
         return self.engine.muted(self.engine.join) if offset < self.muted_until else nullcontext()
@@ -533,29 +571,41 @@ class SessionStage:
     def _add_parts(self, watermark: float) -> None:
         """Add the waiting session parts due by ``watermark`` (all partitions have finalised up to it)."""
         waiting = self._waiting
-        parts: list[tuple[int, dict[str, Any]]] = []
+        parts: list[tuple[int, _Part]] = []
+        horizon = self._horizon
         while waiting and waiting[0][0] <= watermark:
             _, offset, row, record = heapq.heappop(waiting)
-            parts.append((offset, record if row < 0 else {key: record[key][row] for key in _PART_COLUMNS
-                                                          if key in record}))
+            parts.append((offset, _part_of(record, row, horizon)))
         if not parts:
             return
         engine = self.engine
-        states = [_Part(r["id"], self._serve_ts(r), [float(x) for x in r["s"]], r.get("u", r["id"]), r.get("q"))
-                  for _, r in parts]
-        group = np.array([engine.group_of(r["e"], r["a"]) for _, r in parts], dtype=np.int64)
-        relevant = [r["r"] for _, r in parts]
+        states = [part for _, part in parts]
+        group = np.array([engine.group_of(part.experiment, part.arm) for part in states], dtype=np.int64)
+        relevant = [part.relevant for part in states]
         rel_req = np.repeat(np.arange(len(parts)), list(map(len, relevant)))
         rel_pos = np.array([p for positions in relevant for p in positions], dtype=np.int64)
-        satisfied = np.array([bool(r.get("c")) for _, r in parts]) if engine.sessions.behaviour else None
+        satisfied = np.array([part.satisfied for part in states]) if engine.sessions.behaviour else None
         impressions = Impressions(states, rel_req, rel_pos, None, satisfied)  # type: ignore[arg-type]  # duck-typed
         # (under the quiet context of the watermark record that released them: named parts count nothing)
         engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
         # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts
         # are added in deadline order, which is not the log's order when they come from different partitions).
         open_sessions = engine.sessions.open
-        for offset, record in parts:
-            session = open_sessions.get(record["id"])
+        for offset, part in parts:
+            session = open_sessions.get(part.session_id)
             if session is not None and offset < session.offset:
                 session.offset = offset
-                heapq.heappush(self._needed, (offset, "s", record["id"]))
+                heapq.heappush(self._needed, (offset, "s", part.session_id))
+
+
+def _part_of(record: Any, row: int, horizon: float) -> _Part:
+    """Part ``row`` of a :class:`records.SessionParts`, or (``row`` -1) the part of a :class:`records.SessionPart`
+    (without a serve time, written before 2026-11-23: its finalisation point less the horizon)."""
+    if row < 0:
+        served = record.served if record.served is not None else float(record.finalised) - horizon
+        unit = record.session if record.unit is msgspec.UNSET else record.unit
+        return _Part(record.session, float(served), [float(x) for x in record.scores], unit, record.query,
+                     record.experiment, record.arm, record.relevant, bool(record.satisfied))
+    return _Part(record.sessions[row], float(record.served[row]), record.scores[row], record.units[row],
+                 record.queries[row] if record.queries else None, record.experiments[row], record.arms[row],
+                 record.relevant[row], bool(record.satisfied[row]) if record.satisfied else False)

@@ -1,0 +1,170 @@
+"""The records of the regroup log (``engine/regroup.py``), as typed structs: one class per kind, with field names that
+say what they hold, encoded and decoded here only.
+
+On the wire each record is a JSON object whose ``"k"`` names its kind and whose keys are short (the log carries one
+record per batch of finalised requests); the keys are those of the logs written before these classes, which are read
+as they were. A record of an input partition's transaction (``docs/design.md``, "Crashes") also carries the partition
+(``"P"``), its number in the partition's sequence (``"n"``) and the ownership that wrote it (``"x"``).
+
+>>> record = decode(encode(Judgment(experiment="exp", verdict="good")))
+>>> record
+Judgment(experiment='exp', verdict='good', partition=None, seq=None, owner=None)
+>>> encode(Commit(partition=3, seq=9, owner="t1"))
+b'{"k":"c","P":3,"n":9,"x":"t1"}'
+>>> decode(b'{"k":"w","u":2,"t":"inf"}').at
+inf
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+from msgspec import UNSET, UnsetType, field
+
+
+class Record(msgspec.Struct, tag_field="k", kw_only=True, omit_defaults=True, gc=False):
+    """What every record may carry: the input partition whose transaction it belongs to, its number there and the
+    ownership that wrote it (``None``: a record of no partition's transaction, applied at once)."""
+
+    partition: int | None = field(default=None, name="P")
+    seq: int | None = field(default=None, name="n")
+    owner: str | None = field(default=None, name="x")
+
+
+class Rewind(Record, tag="r"):
+    """A new owner of ``partition`` took it from a checkpoint covering its records numbered up to ``seq``: those are
+    applied, the rest is discarded (the new owner writes them again)."""
+
+
+class Commit(Record, tag="c"):
+    """The checkpoint covering ``partition``'s records numbered up to ``seq`` is stored: they may be counted."""
+
+
+class SessionParts(Record, tag="S"):
+    """Finalised requests of named sessions, as columns: the session, its labels, the serve time, the served items'
+    scores and the 1-based positions of the relevant ones, the A/B unit; with the session measures on, the query id
+    and whether a click satisfied."""
+
+    sessions: list[str] = field(name="id")
+    experiments: list[str] = field(name="e")
+    arms: list[str] = field(name="a")
+    served: list[float] = field(name="t")
+    scores: list[list[float]] = field(name="s")
+    relevant: list[list[int]] = field(name="r")
+    units: list[str | None] = field(name="u")
+    queries: list[str | None] | None = field(default=None, name="q")
+    satisfied: list[bool] | None = field(default=None, name="c")
+
+
+class SessionPart(Record, tag="s"):
+    """One finalised request of a named session (logs written before 2026-11-26; ``finalised``: before 2026-11-23,
+    the finalisation point instead of the serve time; no ``unit``: the session is the unit)."""
+
+    session: str = field(name="id")
+    experiment: str = field(name="e")
+    arm: str = field(name="a")
+    scores: list[float] = field(name="s")
+    relevant: list[int] = field(name="r")
+    served: float | None = field(default=None, name="t")
+    finalised: float | None = field(default=None, name="d")
+    unit: str | None | UnsetType = field(default=UNSET, name="u")
+    query: str | None = field(default=None, name="q")
+    satisfied: bool = field(default=False, name="c")
+
+
+class QueryMetrics(Record, tag="Q"):
+    """Finalised requests' ``gsb_metric`` values for their queries, as columns (``None``: NaN)."""
+
+    experiments: list[str] = field(name="e")
+    arms: list[str] = field(name="a")
+    queries: list[str] = field(name="q")
+    served: list[float] = field(name="t")
+    values: list[float | None] = field(name="v")
+
+
+class QueryMetric(Record, tag="q"):
+    """One request's ``gsb_metric`` value for its query (logs written before 2026-11-26)."""
+
+    experiment: str = field(name="e")
+    arm: str = field(name="a")
+    query: str = field(name="q")
+    served: float = field(name="t")
+    value: float | None = field(name="v")
+
+
+class UnitRequests(Record, tag="U"):
+    """Finalised requests' share of their A/B units, as columns: finalisation point, request id, labels, unit and
+    the per-request values (one list per request; ``None``: no value)."""
+
+    keys: list[float] = field(name="t")
+    ids: list[str] = field(name="id")
+    experiments: list[str] = field(name="e")
+    arms: list[str] = field(name="a")
+    units: list[str] = field(name="u")
+    values: list[list[float | None]] = field(name="v")
+
+
+class UnitSessions(Record, tag="V"):
+    """Scored one-request sessions' share of their A/B units, as columns: close point, session id, labels, unit,
+    weight × AUC and weight."""
+
+    keys: list[float] = field(name="t")
+    ids: list[str] = field(name="id")
+    experiments: list[str] = field(name="e")
+    arms: list[str] = field(name="a")
+    units: list[str] = field(name="u")
+    weighted_auc: list[float | None] = field(name="y")
+    weight: list[float | None] = field(name="w")
+
+
+class Judgment(Record, tag="j"):
+    """A side-by-side verdict for an experiment (counted by the stage)."""
+
+    experiment: str = field(name="e")
+    verdict: str = field(name="v")
+
+
+class Interleaved(Record, tag="i"):
+    """An interleaved request: its experiment, the team of each served item and the relevant positions."""
+
+    experiment: str = field(name="e")
+    teams: list[str]
+    relevant: list[int] = field(name="r")
+
+
+class ArmSeen(Record, tag="a"):
+    """An arm of an experiment was finalised in the partition (announced once per ownership)."""
+
+    experiment: str = field(name="e")
+    arm: str = field(name="a")
+
+
+class PartitionWatermark(Record, tag="w"):
+    """Every request of input partition ``input_partition`` finalised by ``time`` has its records above this one
+    (``time``: epoch seconds, or ``"inf"`` at the end of the partition)."""
+
+    input_partition: int = field(name="u")
+    time: float | str = field(name="t")  # as JSON holds it: a number, or "inf"/"-inf" (engine/times.py)
+
+    @property
+    def at(self) -> float:
+        """``time`` as a float."""
+        return float(self.time)
+
+
+AnyRecord = Union[Rewind, Commit, SessionParts, SessionPart, QueryMetrics, QueryMetric, UnitRequests,  # noqa: UP007
+                  UnitSessions, Judgment, Interleaved, ArmSeen, PartitionWatermark]
+_DECODER = msgspec.json.Decoder(AnyRecord)
+_ENCODER = msgspec.json.Encoder()
+
+
+def encode(record: Record) -> bytes:
+    """The record as JSON."""
+    return _ENCODER.encode(record)
+
+
+def decode(value: bytes) -> AnyRecord:
+    """A record of the regroup log."""
+    record: AnyRecord = _DECODER.decode(value)
+    return record
