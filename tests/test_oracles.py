@@ -27,6 +27,7 @@ from stream_eval.engine.engine import Engine
 from stream_eval.events.schema import Feedback, Invalid, Ranking, finish
 from stream_eval.metrics.auc import auc, gauc_weights, session_auc
 from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch, evaluate_request
+from stream_eval.metrics.specs import DEFAULT_METRICS
 
 TOL = 1e-9
 CUTOFFS = (5, 10, 20)
@@ -96,9 +97,12 @@ def n_relevant(req, threshold):
     return sum(g >= threshold for g in grades)
 
 
-MEASURES = {"map", "recip_rank"} | {f"{m}.{','.join(map(str, CUTOFFS))}" for m in ("ndcg_cut", "P", "recall")}
+MEASURES = {"map", "recip_rank"} | {
+    f"{m}.{','.join(map(str, CUTOFFS))}" for m in ("ndcg_cut", "P", "recall", "map_cut")
+}
 OURS_OF_TREC = {"map": "AP", "recip_rank": "RR"} | {
-    f"{t}_{k}": f"{o}@{k}" for k in CUTOFFS for t, o in (("ndcg_cut", "nDCG"), ("P", "P"), ("recall", "R"))
+    f"{t}_{k}": f"{o}@{k}" for k in CUTOFFS
+    for t, o in (("ndcg_cut", "nDCG"), ("P", "P"), ("recall", "R"), ("map_cut", "AP"))
 }
 BINARY = {name: ours for name, ours in OURS_OF_TREC.items() if not name.startswith("ndcg")}
 
@@ -114,7 +118,7 @@ def test_batch_kernels_match_trec_eval(seed):
     requests = generate_requests(seed)
     qrels, run = to_trec(requests)
     trec = pytrec_eval.RelevanceEvaluator(qrels, MEASURES).evaluate(run)
-    config = Config(gain="linear", cutoffs=CUTOFFS)
+    config = Config(gain="linear", cutoffs=CUTOFFS, metrics=(*DEFAULT_METRICS, *(f"AP@{k}" for k in CUTOFFS)))
     result = evaluate_batch(to_batch(requests), config)
     names = [s.name for s in result.specs]
     compared = 0
@@ -133,7 +137,7 @@ def test_evaluate_request_matches_trec_eval(seed):
     requests = generate_requests(seed, 200)
     qrels, run = to_trec(requests)
     trec = pytrec_eval.RelevanceEvaluator(qrels, MEASURES).evaluate(run)
-    config = Config(gain="linear", cutoffs=CUTOFFS)
+    config = Config(gain="linear", cutoffs=CUTOFFS, metrics=(*DEFAULT_METRICS, *(f"AP@{k}" for k in CUTOFFS)))
     compared = 0
     for req in requests:
         if n_relevant(req, 1) == 0:
