@@ -6,8 +6,8 @@ by docno descending, byte order). Two paths give the values, each measure by one
 * measures of the registry (``map`` is ``AP``, ``P_5`` is ``P@5``, ...) go through
   :class:`~stream_eval.engine.engine.Engine` as events: one ranking per query and one ``label`` per judged document
   (a negative relevance, trec_eval's "in the pool but unjudged", is no label), with trec_eval's conventions as
-  settings: linear gain, empty queries scored 0, relevant from ``-l``. ``-m`` takes any registry name too
-  (``nDCG@10``, ``RBP(p=0.8)``, ``Judged@10``), printed under that name;
+  settings: linear gain, empty queries scored 0, relevant from ``-l`` (:func:`at_level`). ``-m`` takes any
+  registry name too (``nDCG@10``, ``RBP(p=0.8)``, ``Judged@10``), printed under that name;
 * the others (``bpref``, ``infAP``, ``iprec_at_recall``, ``set_F``, ...) need what events do not carry (whether an
   unjudged document is in the qrels, the judged non-relevant documents not retrieved, gain levels): they are
   trec_eval's loops over each query's ranked relevance list (:mod:`stream_eval.metrics.ranked_lists`).
@@ -16,9 +16,6 @@ As trec_eval 9 does, queries of the run without qrels are skipped, and so are qu
 run unless ``-c`` (then they count 0 in every mean, whose divisor is the number of queries of the qrels). The
 output is trec_eval's: ``measure<TAB>qid<TAB>value``, the measures in trec_eval's order whatever the order of
 ``-m``; ``-q`` adds each query's lines; ``--json`` gives the engine's report with a ``trec`` section.
-
-One difference: with ``-l`` above 1, a query whose judged documents are all below the level is empty for the
-engine, so its ``ndcg_cut`` is 0, where trec_eval's (which ignores ``-l``) scores the lower grades.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ from stream_eval.config import Config, ConfigError
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.events.schema import Feedback, Ranking, validate
 from stream_eval.metrics.ranked_lists import LIST_MEASURES, MIN_GEO_MEAN, NONPOOL, UNJUDGED, RankedLists, relstring
-from stream_eval.metrics.specs import MetricNameError, parse
+from stream_eval.metrics.specs import MetricNameError, MetricSpec, parse
 
 #: trec_eval's cutoffs of P, recall, ndcg_cut, map_cut and relative_P.
 CUTOFFS = (5, 10, 15, 20, 30, 100, 200, 500, 1000)
@@ -347,17 +344,31 @@ def run_events(qrels: dict[str, dict[str, int]], rankings: dict[str, list[str]],
                 yield Feedback(request_id=qid, item=docno, kind="label", grade=float(rel), ts=_TS)
 
 
-def trec_config(names: Sequence[str], relevance_level: int, longest: int, base: Config | None = None) -> Config:
+def trec_config(names: Sequence[str], longest: int, base: Config | None = None) -> Config:
     """Settings that give trec_eval's numbers for the registry measures ``names``: their cutoffs, linear gain,
-    empty queries scored 0, ``rel_threshold`` = ``-l``, every document of the longest ranking kept."""
+    empty queries scored 0, every document of the longest ranking kept. ``rel_threshold`` stays 1: a query is empty
+    when no document has a positive grade, where nDCG's ideal is 0, whatever ``-l`` (trec_eval's ``ndcg_cut``
+    ignores it); the measures that take ``-l`` have it in their names (:func:`at_level`)."""
     base = base or Config()
     cutoffs = sorted({k for k in (parse(name).k for name in names) if k is not None})
     names = tuple(dict.fromkeys(names))
     # only the measures asked for run, where the settings can say so (``metrics``); GSB (one arm here) on one of them
     chosen: dict[str, Any] = {"metrics": names, "gsb_metric": names[0]} if names else {"gsb_metric": "RR"}
     return dataclasses.replace(base, cutoffs=tuple(cutoffs) or base.cutoffs, gain="linear", empty="zero",
-                               rel_threshold=float(relevance_level), max_items=max(base.max_items, longest),
-                               ab=False, **chosen)
+                               rel_threshold=1.0, max_items=max(base.max_items, longest), ab=False, **chosen)
+
+
+def at_level(name: str, level: int) -> str:
+    """The registry name ``name`` relevant from ``level`` on (``-l``): with ``rel`` = ``level`` when its family
+    takes ``rel`` and the name gives none.
+
+    >>> at_level("P@5", 2), at_level("P(rel=3)@5", 2), at_level("nDCG@10", 2), at_level("AP", 1)
+    ('P(rel=2)@5', 'P(rel=3)@5', 'nDCG@10', 'AP')
+    """
+    spec = parse(name)
+    if level == 1 or "rel" not in spec.definition.params or "rel" in dict(spec.params):
+        return spec.name
+    return MetricSpec(spec.family, spec.k, (*spec.params, ("rel", float(level)))).name
 
 
 @dataclasses.dataclass
@@ -414,7 +425,8 @@ def evaluate(qrels: dict[str, dict[str, int]], run: Run, measures: list[Measure]
     values: dict[str, list[Any]] = {}
     for m in measures:
         if m.engine is not None:
-            values[m.trec_name] = [engine_values[0][qid][m.engine] for qid in qids]
+            name = at_level(m.engine, relevance_level)
+            values[m.trec_name] = [engine_values[0][qid][name] for qid in qids]
         elif m.measure is not None and m.measure.name == "relstring":
             values[m.trec_name] = relstring(lists, int(m.params[0]))
         elif m.measure is not None and m.measure.lists is not None:
@@ -434,7 +446,7 @@ def _engine_values(qrels: dict[str, dict[str, int]], rankings: dict[str, list[st
     """The registry measures of ``measures`` per query (query -> name -> value), through the engine, and its
     report."""
     longest = max((len(docs) for docs in rankings.values()), default=1)
-    config = trec_config([m.engine for m in measures if m.engine is not None], relevance_level, longest)
+    config = trec_config([at_level(m.engine, relevance_level) for m in measures if m.engine is not None], longest)
     per_query: dict[str, dict[str, float]] = {}
 
     def keep(batch: FinalisedBatch) -> None:

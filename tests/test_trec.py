@@ -112,8 +112,7 @@ def test_every_measure_agrees_with_pytrec_eval(data: tuple[Qrels, RunScores], le
     per_query, summary = ours(*write_files(qrels, run, tmp_path, extra=3), requests, level=level)
     expected = pytrec_eval.RelevanceEvaluator(qrels, set(requests), relevance_level=level).evaluate(run)
     assert set(per_query) == set(expected) == qrels.keys() & run.keys()
-    # with -l above 1, trec_eval's ndcg_cut ignores the level (README): not compared
-    names = [n for n in numeric(list(summary)) if level == 1 or not n.startswith("ndcg_cut")]
+    names = numeric(list(summary))
     assert len(names) > 5
     for name in names:
         oracle = PYTREC_NAME.get(name, name)
@@ -161,16 +160,15 @@ REGISTRY_NAMES = ["nDCG@10", "RBP(p=0.8)", "Judged@10", "P(rel=2)@5", "AP@3", "R
 @given(data=qrels_and_runs(), level=st.sampled_from([1, 2]))
 def test_registry_names_agree_with_ir_measures(data: tuple[Qrels, RunScores], level: int, tmp_path: Path) -> None:
     """``-m nDCG@10 -m 'RBP(p=0.8)' ...``: the registry's measures, printed under their names. ``-l`` is their
-    ``rel`` where the name does not give one. A negative relevance is unjudged here (trec_eval's meaning), a
-    judgment to ir_measures' Judged: its qrels leave them out."""
+    ``rel`` where they take one and the name does not give it (nDCG, like trec_eval's ndcg_cut, has none). A
+    negative relevance is unjudged here (trec_eval's meaning), a judgment to ir_measures' Judged: its qrels leave
+    them out."""
     qrels, run = data
     per_query, summary = ours(*write_files(qrels, run, tmp_path, extra=2), REGISTRY_NAMES, level=level)
     assert list(summary) == ["nDCG@10", "RBP(p=0.8)", "Judged@10", "P(rel=2)@5", "AP@3", "RR", "R-Prec", "R@4"]
     oracle = {"nDCG@10": "nDCG@10", "RBP(p=0.8)": f"RBP(p=0.8,rel={level})", "Judged@10": "Judged@10",
               "P(rel=2)@5": "P(rel=2)@5", "AP@3": f"AP(rel={level})@3", "RR": f"RR(rel={level})",
               "R-Prec": f"Rprec(rel={level})", "R@4": f"R(rel={level})@4"}
-    if level > 1:
-        del oracle["nDCG@10"]  # trec_eval's ndcg_cut ignores the level (README)
     judged_qrels = {q: {d: r for d, r in docs.items() if r >= 0} for q, docs in qrels.items()}
     shown = {q: docs for q, docs in ir_measures_run(run).items() if q in qrels}
     compared = 0
@@ -325,9 +323,9 @@ def test_output_is_trec_eval_byte_for_byte(data: tuple[Qrels, RunScores], option
 
 
 def test_trec_config_keeps_every_document() -> None:
-    config = trec_config(["P@5"], 1, 5000)
+    config = trec_config(["P@5"], 5000)
     assert config.max_items == 5000 and config.gain == "linear" and config.cutoffs == (5,)
-    assert trec_config(["AP"], 2, 10, Config()).rel_threshold == 2
+    assert trec_config(["AP(rel=2)"], 10, Config(rel_threshold=3)).rel_threshold == 1
 
 
 def test_lines_skip_what_trec_eval_does_not_print(tmp_path: Path) -> None:
