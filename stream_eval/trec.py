@@ -161,7 +161,9 @@ def _read_params(measure: TrecMeasure, text: str, request: str) -> tuple[float, 
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
-        raise TrecError(f"-m {request}: parameters are numbers, comma-separated") from None
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise TrecError(f"-m {request}: parameters are finite numbers, comma-separated")
     if measure.params == "cutoffs":
         if not all(v.is_integer() and v >= 1 for v in values):
             raise TrecError(f"-m {request}: cutoffs are positive whole numbers")

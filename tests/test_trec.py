@@ -181,6 +181,24 @@ def test_registry_names_agree_with_ir_measures(data: tuple[Qrels, RunScores], le
     assert compared >= len(per_query) * len(oracle)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=qrels_and_runs(), level=st.sampled_from([1, 2]),
+       coefficients=st.lists(st.sampled_from([-2.0, -1.0, 0.0, 0.5, 3.0]), min_size=4, max_size=4))
+def test_utility_with_coefficients_is_trec_eval_formula_on_pytrec_eval_counts(
+        data: tuple[Qrels, RunScores], level: int, coefficients: list[float], tmp_path: Path) -> None:
+    """pytrec_eval does not read utility's coefficients: its formula (m_utility.c, without -N) on its counts."""
+    qrels, run = data
+    request = f"utility.{','.join(map(str, coefficients))}"
+    per_query, _ = ours(*write_files(qrels, run, tmp_path), [request], level=level)
+    counts = pytrec_eval.RelevanceEvaluator(qrels, {"num_rel_ret", "num_ret", "num_rel"},
+                                            relevance_level=level).evaluate(run)
+    p1, p2, p3, p4 = coefficients
+    for qid, row in counts.items():
+        a, ret, rel = row["num_rel_ret"], row["num_ret"], row["num_rel"]
+        check(per_query[qid][f"utility_{request[8:]}"], p1 * a + p2 * (ret - a) + p3 * (rel - a) + p4 * (a - ret - rel),
+              qid)
+
+
 def test_a_query_judged_only_negative_is_a_query_with_nothing_judged(tmp_path: Path) -> None:
     """trec_eval 9 stops on it (or reads what an earlier query left); here its documents are unjudged."""
     per_query, _ = ours(*write_files({"q1": {"d1": -1, "d2": -2}, "q2": {"d1": 1}},
@@ -210,7 +228,8 @@ def test_measures_parse_as_trec_eval_reads_them() -> None:
                                                                   "num_rel_ret"]
     every = pytrec_eval.RelevanceEvaluator({"q": {"d": 1}}, {"all_trec"}).evaluate({"q": {"d": 1.0}})["q"]
     assert {m.trec_name for m in parse_measures(["all_trec"])} == set(every)  # 95 values
-    for bad in ("P.x", "map.5", "P.0", "ndcg.1=3", "utility.1,2", "prefs", "bpref@5", "alpha-nDCG@10", "Foo"):
+    for bad in ("P.x", "map.5", "P.0", "ndcg.1=3", "utility.1,2", "set_F.nan", "prefs", "bpref@5", "alpha-nDCG@10",
+                "Foo"):
         with pytest.raises(TrecError):
             parse_measures([bad])
     assert set(NICKNAMES["all_trec"]) <= set(TREC_MEASURES)
