@@ -10,7 +10,8 @@ the grades of all its judged documents. Each function here is the loop of trec_e
 one value (or one row of values) per query, so the numbers are trec_eval's to the last bit of its arithmetic.
 
 Gains (``ndcg``, ``ndcg_rel``, ``Rndcg``, ``G``) are trec_eval's defaults: a document's gain is its relevance, 0
-for unjudged documents; ideal lists are the judged grades sorted descending. These ignore ``-l``, as in trec_eval.
+for unjudged documents; ideal lists are the judged grades sorted descending. These ignore ``-l``, as in trec_eval,
+but for ``Rndcg``, 0 for a query with no document relevant at ``-l``.
 """
 
 from __future__ import annotations
