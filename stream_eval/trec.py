@@ -75,7 +75,7 @@ class TrecMeasure:
         return self.summary not in ("geometric", "num_q", "runid")
 
 
-#: trec_eval 9's measures that are computed here, in its order (``te_trec_measures``): the order of its output.
+#: trec_eval 9's measures that are computed here, in the order of its measure table: the order of its output.
 TREC_MEASURES: dict[str, TrecMeasure] = {m.name: m for m in (
     TrecMeasure("runid", summary="runid"),
     TrecMeasure("num_q", summary="num_q"),
@@ -387,7 +387,7 @@ class TrecResult:
 
 def _summary(measure: Measure, values: list[Any], qrels: dict[str, dict[str, int]], num_q: int, complete: bool,
              tag: str) -> Any:
-    """The ``all`` value, as trec_eval's ``calc_avg`` gives it (``None``: not printed)."""
+    """The ``all`` value, as trec_eval averages each measure (``None``: not printed)."""
     kind = measure.summary
     if kind == "runid":
         return tag

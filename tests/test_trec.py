@@ -37,7 +37,7 @@ RunScores = dict[str, dict[str, float]]
 #: Document names whose byte order differs from other orders (case, length): trec_eval's tie-break is by docno.
 DOCS = ["d1", "d10", "d2", "D3", "a", "b", "Zz", "d20", "x-1", "x_1", "caf\u00e9", "10"]
 QIDS = ["q1", "q2", "q10", "301", "Q3"]
-#: trec_eval 9's default output (``-m official``), line by line (its te_trec_measures order).
+#: trec_eval 9's default output (``-m official``), line by line (in the order of its measure table).
 OFFICIAL = ["runid", "num_q", "num_ret", "num_rel", "num_rel_ret", "map", "gm_map", "Rprec", "bpref", "recip_rank",
             *(f"iprec_at_recall_{p / 10:.2f}" for p in range(11)),
             *(f"P_{k}" for k in (5, 10, 15, 20, 30, 100, 200, 500, 1000))]
@@ -130,7 +130,7 @@ def test_every_measure_agrees_with_pytrec_eval(data: tuple[Qrels, RunScores], le
 @given(data=qrels_and_runs())
 def test_complete_counts_queries_missing_from_the_run(data: tuple[Qrels, RunScores], tmp_path: Path) -> None:
     """``-c``: means over every query of the qrels, a missing one 0 (MIN_GEO_MEAN in a geometric mean);
-    ``num_rel`` counts every relevance above 0 of the qrels (trec_eval's m_num_rel.c)."""
+    ``num_rel`` counts every relevance above 0 of the qrels (as trec_eval's num_rel does)."""
     qrels, run = data
     expected = pytrec_eval.RelevanceEvaluator(qrels, {"all_trec"}).evaluate(run)
     _, summary = ours(*write_files(qrels, run, tmp_path), ["all_trec"], complete=True)
@@ -186,7 +186,7 @@ def test_registry_names_agree_with_ir_measures(data: tuple[Qrels, RunScores], le
        coefficients=st.lists(st.sampled_from([-2.0, -1.0, 0.0, 0.5, 3.0]), min_size=4, max_size=4))
 def test_utility_with_coefficients_is_trec_eval_formula_on_pytrec_eval_counts(
         data: tuple[Qrels, RunScores], level: int, coefficients: list[float], tmp_path: Path) -> None:
-    """pytrec_eval does not read utility's coefficients: its formula (m_utility.c, without -N) on its counts."""
+    """pytrec_eval does not read utility's coefficients: trec_eval's formula (without -N) on its counts."""
     qrels, run = data
     request = f"utility.{','.join(map(str, coefficients))}"
     per_query, _ = ours(*write_files(qrels, run, tmp_path), [request], level=level)

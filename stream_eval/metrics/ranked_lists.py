@@ -5,8 +5,8 @@ The engine sees a document as judged (a grade) or not. trec_eval tells three kin
 judged (relevance >= 0), in the qrels with a negative relevance ("in the pool but unjudged", :data:`UNJUDGED`) and
 absent from the qrels (:data:`NONPOOL`); ``bpref`` and ``infAP`` count them differently, and ``bpref`` also counts
 the judged non-relevant documents that were not retrieved. :class:`RankedLists` holds what trec_eval's
-``te_form_res_rels`` gives each measure: per query, the relevance of each retrieved document in rank order, and
-the grades of all its judged documents. Each function here is the loop of trec_eval 9's ``m_<measure>.c`` on it,
+relevance lists give each measure: per query, the relevance of each retrieved document in rank order, and
+the grades of all its judged documents. Each function here is trec_eval 9's loop of its measure on it,
 one value (or one row of values) per query, so the numbers are trec_eval's to the last bit of its arithmetic.
 
 Gains (``ndcg``, ``ndcg_rel``, ``Rndcg``, ``G``) are trec_eval's defaults: a document's gain is its relevance, 0
@@ -27,9 +27,9 @@ import numpy.typing as npt
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 
-#: A retrieved document absent from the qrels (trec_eval's ``RELVALUE_NONPOOL``).
+#: A retrieved document absent from the qrels (trec_eval's "not in the pool", -1).
 NONPOOL = -1
-#: A retrieved document with a negative relevance in the qrels: in the pool, not judged (``RELVALUE_UNJUDGED``).
+#: A retrieved document with a negative relevance in the qrels: in the pool, not judged (-2).
 UNJUDGED = -2
 #: Floor of a query's value before the log of a geometric mean (trec_eval's ``MIN_GEO_MEAN``).
 MIN_GEO_MEAN = 0.00001
@@ -250,7 +250,7 @@ def _ideal(judged: Ints, lo: int, hi: int, p: int) -> float:  # pragma: no cover
 def _gain_measures(starts: Ints, rels: Ints, judged_starts: Ints, judged: Ints, num_rel: Ints,
                    out: Floats) -> None:  # pragma: no cover  # compiled
     """``ndcg``, ``ndcg_rel``, ``Rndcg`` and ``G`` (out[q, 0..3]) with trec_eval's default gains (a document's
-    gain is its relevance, unjudged 0): the loops of m_ndcg.c, m_ndcg_rel.c, m_Rndcg.c and m_G.c, where the ideal
+    gain is its relevance, unjudged 0): trec_eval's loops of these measures, where the ideal
     gain at each step is the next judged grade in descending order."""
     for q in range(starts.shape[0] - 1):
         lo, n = starts[q], starts[q + 1] - starts[q]
