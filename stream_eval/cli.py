@@ -98,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared(replay)
     trec = commands.add_parser("trec", help="evaluate a TREC run against qrels as trec_eval does")
     trec.add_argument("qrels", metavar="QRELS", help="qrels file: qid iter docno rel ('-' = stdin)")
-    trec.add_argument("run", metavar="RUN", help="run file: qid Q0 docno rank score tag")
+    trec.add_argument("run", metavar="RUN", help="run file: qid Q0 docno rank score tag (more fields ignored)")
     trec.add_argument("-m", "--measure", action="append", metavar="MEASURE",
-                      help="a trec_eval measure: map, recip_rank, Rprec, P.5,10 (or P_5), recall.100, ndcg_cut.10, "
-                           "success.10, num_q, runid; official (the default), all_trec; repeatable")
+                      help="a trec_eval measure (map, bpref, P.5,10 or P_5, iprec_at_recall.0.5, set_F.0.5, ...), "
+                           "nickname (official: the default; all_trec, set) or registry name (nDCG@10, "
+                           "'RBP(p=0.8)', Judged@10); repeatable")
     trec.add_argument("-q", "--query", action="store_true", help="also print each query's values")
     trec.add_argument("-c", "--complete", action="store_true",
                       help="queries of the qrels missing from the run count 0 (means over all qrels queries)")

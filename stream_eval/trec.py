@@ -1,19 +1,21 @@
-"""``stream-eval trec QRELS RUN``: a TREC run evaluated as trec_eval evaluates it, by the engine's own kernels.
+"""``stream-eval trec QRELS RUN``: a TREC run evaluated as trec_eval 9 evaluates it, printed as it prints it.
 
-The qrels and the run become events: per query of the run that has qrels, one ranking (its documents in trec_eval's
-order: score descending in single precision, ties by docno descending, byte order) and one ``label`` per judged
-document (its grade the qrels' relevance; a negative relevance, trec_eval's "in the pool but unjudged", is no label).
-They are replayed through :class:`~stream_eval.engine.engine.Engine` with trec_eval's conventions as settings:
-linear gain (its ``ndcg_cut``), empty queries scored 0, relevant from ``-l`` (default 1). Unjudged documents are
-non-relevant. As trec_eval 9 does, queries of the run without qrels are skipped, and so are queries of the qrels
-missing from the run unless ``-c`` (then they count 0 and every mean is over all queries of the qrels).
+Each query of the run that has qrels is ranked as trec_eval ranks it (score descending in single precision, ties
+by docno descending, byte order). Two paths give the values, each measure by one of them (:data:`TREC_MEASURES`):
 
-Measure names are trec_eval's (:data:`TREC_MEASURES`: one table, trec_eval name -> stream_eval name); output is
-trec_eval's three columns (``measure \\t qid \\t value``; ``-q`` per query, ``all`` for the means), or the JSON
-report with a ``trec`` section (``--json``).
+* measures of the registry (``map`` is ``AP``, ``P_5`` is ``P@5``, ...) go through
+  :class:`~stream_eval.engine.engine.Engine` as events: one ranking per query and one ``label`` per judged document
+  (a negative relevance, trec_eval's "in the pool but unjudged", is no label), with trec_eval's conventions as
+  settings: linear gain, empty queries scored 0, relevant from ``-l`` (:func:`at_level`). ``-m`` takes any
+  registry name too (``nDCG@10``, ``RBP(p=0.8)``, ``Judged@10``), printed under that name;
+* the others (``bpref``, ``infAP``, ``iprec_at_recall``, ``set_F``, ...) need what events do not carry (whether an
+  unjudged document is in the qrels, the judged non-relevant documents not retrieved, gain levels): they are
+  trec_eval's loops over each query's ranked relevance list (:mod:`stream_eval.metrics.ranked_lists`).
 
-One difference: with ``-l`` above 1, a query whose judged documents are all below the level is empty here, so its
-nDCG is 0, where trec_eval's ``ndcg_cut`` (which ignores ``-l``) scores the lower grades.
+As trec_eval 9 does, queries of the run without qrels are skipped, and so are queries of the qrels missing from the
+run unless ``-c`` (then they count 0 in every mean, whose divisor is the number of queries of the qrels). The
+output is trec_eval's: ``measure<TAB>qid<TAB>value``, the measures in trec_eval's order whatever the order of
+``-m``; ``-q`` adds each query's lines; ``--json`` gives the engine's report with a ``trec`` section.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -31,29 +33,13 @@ import orjson
 from stream_eval.config import Config, ConfigError
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.events.schema import Feedback, Ranking, validate
+from stream_eval.metrics.ranked_lists import LIST_MEASURES, MIN_GEO_MEAN, NONPOOL, UNJUDGED, RankedLists, relstring
+from stream_eval.metrics.specs import MetricNameError, MetricSpec, parse
 
-#: trec_eval's measures that stream_eval computes: trec_eval's name -> stream_eval's per-request metric (``{k}``:
-#: a measure with cutoffs, ``P_5`` is ``P@5``). Adding a measure of the registry is one line here.
-TREC_MEASURES: dict[str, str] = {
-    "map": "AP",
-    "Rprec": "R-Prec",
-    "recip_rank": "RR",
-    "P": "P@{k}",
-    "recall": "R@{k}",
-    "ndcg_cut": "nDCG@{k}",
-    "success": "Success@{k}",
-}
-#: trec_eval's default cutoffs of each measure with cutoffs.
-TREC_CUTOFFS: dict[str, tuple[int, ...]] = {
-    "P": (5, 10, 15, 20, 30, 100, 200, 500, 1000),
-    "recall": (5, 10, 15, 20, 30, 100, 200, 500, 1000),
-    "ndcg_cut": (5, 10, 15, 20, 30, 100, 200, 500, 1000),
-    "success": (1, 5, 10),
-}
-#: What ``stream-eval trec`` prints without ``-m``: trec_eval's ``official`` set where stream_eval has the measure,
-#: with recall, nDCG and success at common cutoffs (measures not computed by this version are left out).
-DEFAULT_MEASURES = ("runid", "num_q", "map", "Rprec", "recip_rank", "P.5,10,15,20,30,100,200,500,1000",
-                    "recall.100,1000", "ndcg_cut.10,20,100", "success.1,10")
+#: trec_eval's cutoffs of P, recall, ndcg_cut, map_cut and relative_P.
+CUTOFFS = (5, 10, 15, 20, 30, 100, 200, 500, 1000)
+#: trec_eval's recall points of iprec_at_recall and 11pt_avg.
+RECALL_POINTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 #: Event time of the events made from a run (any time a log may hold).
 _TS = 1_000_000_000.0
 
@@ -63,67 +49,219 @@ class TrecError(ConfigError):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TrecMeasure:
+    """One of trec_eval's measures: how it reads parameters, where its values come from, how it sums up.
+
+    ``params``: ``none``; ``cutoffs`` (``P.5,10``: whole numbers, a value each, ``P_5``); ``fractions``
+    (``iprec_at_recall.0.1,0.5``: a value each, ``iprec_at_recall_0.10``); ``floats`` (``set_F.0.5``: one value,
+    named ``set_F_0.5``). ``engine``: the registry's name of the value (``{k}`` the cutoff); ``lists``: the key of
+    :data:`~stream_eval.metrics.ranked_lists.LIST_MEASURES`, ``column`` the column of its result (for cutoffs and
+    fractions, the one of the value). ``summary``: the ``all`` value, the ``mean``, the ``sum``, ``num_rel`` (the
+    sum; with ``-c`` over all queries of the qrels), ``geometric`` (mean of logs, not printed per query), ``none``
+    (printed per query only), ``num_q`` or ``runid`` (printed in the summary only). ``integer``: printed ``%ld``.
+    """
+
+    name: str
+    params: str = "none"
+    default: tuple[float, ...] = ()
+    engine: str | None = None
+    lists: str | None = None
+    column: int = 0
+    summary: str = "mean"
+    integer: bool = False
+
+    @property
+    def per_query(self) -> bool:
+        return self.summary not in ("geometric", "num_q", "runid")
+
+
+#: trec_eval 9's measures that are computed here, in the order of its measure table: the order of its output.
+TREC_MEASURES: dict[str, TrecMeasure] = {m.name: m for m in (
+    TrecMeasure("runid", summary="runid"),
+    TrecMeasure("num_q", summary="num_q"),
+    TrecMeasure("num_ret", lists="counts", column=0, summary="sum", integer=True),
+    TrecMeasure("num_rel", lists="counts", column=1, summary="num_rel", integer=True),
+    TrecMeasure("num_rel_ret", lists="counts", column=2, summary="sum", integer=True),
+    TrecMeasure("map", engine="AP"),
+    TrecMeasure("gm_map", engine="AP", summary="geometric"),
+    TrecMeasure("Rprec", engine="R-Prec"),
+    TrecMeasure("bpref", lists="bpref"),
+    TrecMeasure("recip_rank", engine="RR"),
+    TrecMeasure("iprec_at_recall", "fractions", RECALL_POINTS, lists="iprec_at_recall"),
+    TrecMeasure("P", "cutoffs", CUTOFFS, engine="P@{k}"),
+    TrecMeasure("relstring", "floats", (10,), summary="none"),
+    TrecMeasure("recall", "cutoffs", CUTOFFS, engine="R@{k}"),
+    TrecMeasure("infAP", lists="infAP"),
+    TrecMeasure("gm_bpref", lists="bpref", summary="geometric"),
+    TrecMeasure("Rprec_mult", "fractions", (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0), lists="Rprec_mult"),
+    TrecMeasure("utility", "floats", (1.0, -1.0, 0.0, 0.0), lists="utility"),
+    TrecMeasure("11pt_avg", "floats", RECALL_POINTS, lists="11pt_avg"),
+    TrecMeasure("binG", lists="binG"),
+    TrecMeasure("G", lists="gains", column=3),
+    TrecMeasure("ndcg", lists="gains", column=0),
+    TrecMeasure("ndcg_rel", lists="gains", column=1),
+    TrecMeasure("Rndcg", lists="gains", column=2),
+    TrecMeasure("ndcg_cut", "cutoffs", CUTOFFS, engine="nDCG@{k}"),
+    TrecMeasure("map_cut", "cutoffs", CUTOFFS, engine="AP@{k}"),
+    TrecMeasure("relative_P", "cutoffs", CUTOFFS, lists="relative_P"),
+    TrecMeasure("success", "cutoffs", (1, 5, 10), engine="Success@{k}"),
+    TrecMeasure("set_P", lists="set", column=0),
+    TrecMeasure("set_relative_P", lists="set", column=1),
+    TrecMeasure("set_recall", lists="set", column=2),
+    TrecMeasure("set_map", lists="set", column=3),
+    TrecMeasure("set_F", "floats", (1.0,), lists="set", column=4),
+    TrecMeasure("num_nonrel_judged_ret", lists="counts", column=3, summary="sum", integer=True),
+)}
+#: trec_eval's nicknames (``-m official`` is its default), as it defines them.
+NICKNAMES: dict[str, tuple[str, ...]] = {
+    "official": ("runid", "num_q", "num_ret", "num_rel", "num_rel_ret", "map", "gm_map", "Rprec", "bpref",
+                 "recip_rank", "iprec_at_recall", "P"),
+    "set": ("runid", "num_q", "num_ret", "num_rel", "num_rel_ret", "utility", "set_P", "set_recall",
+            "set_relative_P", "set_map", "set_F"),
+    "all_trec": ("runid", "num_q", "num_ret", "num_rel", "num_rel_ret", "map", "gm_map", "Rprec", "bpref",
+                 "recip_rank", "iprec_at_recall", "P", "relstring", "recall", "infAP", "gm_bpref", "utility",
+                 "11pt_avg", "ndcg", "relative_P", "Rprec_mult", "success", "map_cut", "ndcg_cut", "ndcg_rel",
+                 "Rndcg", "binG", "G", "set_P", "set_recall", "set_relative_P", "set_map", "set_F",
+                 "num_nonrel_judged_ret"),
+}
+#: trec_eval's measures read from other judgment formats (preferences, judgment groups): not computed here.
+OTHER_FORMATS = ("all_prefs", "prefs", "qrels_jg")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Measure:
-    """One measure as trec_eval names it (``P_5``) and as stream_eval does (``P@5``); ``num_q`` and ``runid`` have
-    no stream_eval name."""
+    """One printed value: its name (trec_eval's ``P_5``, ``iprec_at_recall_0.10``, ``set_F_0.5``, or a registry
+    name), the trec_eval measure giving it (``None``: a registry name), the registry name the engine computes it
+    under, and the parameters and column of a list measure."""
 
     trec_name: str
-    name: str | None
+    measure: TrecMeasure | None = None
+    engine: str | None = None
+    params: tuple[float, ...] = ()
+    column: int = 0
+
+    @property
+    def summary(self) -> str:
+        return "mean" if self.measure is None else self.measure.summary
+
+    @property
+    def integer(self) -> bool:
+        return self.measure is not None and self.measure.integer
+
+    @property
+    def per_query(self) -> bool:
+        """Whether trec_eval prints it for each query (with ``-q``)."""
+        return self.measure is None or self.measure.per_query
+
+
+def _read_params(measure: TrecMeasure, text: str, request: str) -> tuple[float, ...]:
+    """The parameters of ``-m NAME.TEXT``: cutoffs and fractions sorted, as trec_eval sorts them."""
+    if measure.params == "none":
+        raise TrecError(f"-m {request}: {measure.name} takes no parameters here")
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise TrecError(f"-m {request}: parameters are finite numbers, comma-separated")
+    if measure.params == "cutoffs":
+        if not all(v.is_integer() and v >= 1 for v in values):
+            raise TrecError(f"-m {request}: cutoffs are positive whole numbers")
+        return tuple(sorted(set(values)))
+    if measure.params == "fractions":
+        return tuple(sorted(set(values)))
+    if measure.name == "utility" and len(values) != 4:
+        raise TrecError(f"-m {request}: utility takes four coefficients")
+    if measure.name == "relstring" and not (values[0].is_integer() and len(values) == 1):
+        raise TrecError(f"-m {request}: relstring takes one length")
+    return tuple(values)
+
+
+def _value_name(name: str, kind: str, value: float) -> str:
+    return f"{name}_{int(value)}" if kind == "cutoffs" else f"{name}_{value:3.2f}"
 
 
 def parse_measures(requests: Iterable[str]) -> list[Measure]:
-    """trec_eval's ``-m`` arguments (``map``, ``P.5,10``, ``P`` for its default cutoffs, ``P_5``; ``official``, and
-    ``all_trec`` for every measure of :data:`TREC_MEASURES`) as measures, in order, each once.
+    """trec_eval's ``-m`` arguments (``map``, ``P.5,10``, ``P`` for its default cutoffs, ``P_5``, ``set_F.0.5``;
+    ``official``, ``set``, ``all_trec``) and registry names (``nDCG@10``) as the values printed: trec_eval's
+    measures in its order, then the registry names in the order given; each once. Parameters given replace the
+    default (the cutoffs given in several ``-m`` add up; for other parameters the first counts, as in trec_eval).
 
-    >>> [m.trec_name for m in parse_measures(["map", "P.5,10", "ndcg_cut_10"])]
-    ['map', 'P_5', 'P_10', 'ndcg_cut_10']
+    >>> [m.trec_name for m in parse_measures(["P.10,5", "map", "ndcg_cut_10", "RBP(p=0.8)", "set_F.0.5"])]
+    ['map', 'P_5', 'P_10', 'ndcg_cut_10', 'set_F_0.5', 'RBP(p=0.8)']
     """
-    out: dict[str, Measure] = {}
+    chosen: dict[str, tuple[tuple[float, ...], str] | None] = {}  # measure -> (parameters, as written) or default
+    registry: dict[str, None] = {}
     for request in requests:
-        if request in ("official", "all_trec"):
-            expanded = DEFAULT_MEASURES if request == "official" else (
-                "runid", "num_q", *(f"{n}.{','.join(map(str, TREC_CUTOFFS[n]))}" if n in TREC_CUTOFFS else n
-                                    for n in TREC_MEASURES))
-            out.update((m.trec_name, m) for m in parse_measures(expanded))
+        if request in NICKNAMES:
+            for name in NICKNAMES[request]:
+                chosen.setdefault(name, None)
             continue
-        name, _, cutoffs = request.partition(".")
-        if not cutoffs and name not in TREC_MEASURES and "_" in name:  # P_5, ndcg_cut_10
-            family, _, cutoff = name.rpartition("_")
-            if family in TREC_CUTOFFS and cutoff.isdigit():
-                name, cutoffs = family, cutoff
-        if name in ("num_q", "runid") and not cutoffs:
-            out[name] = Measure(name, None)
+        if request in OTHER_FORMATS:
+            raise TrecError(f"-m {request}: trec_eval's measures of preference and judgment-group qrels are not "
+                            "computed here")
+        name, dot, text = request.partition(".")
+        measure = TREC_MEASURES.get(name)
+        if measure is None:  # P_5, iprec_at_recall_0.10
+            family, _, text = request.rpartition("_")
+            found = TREC_MEASURES.get(family)
+            if found is not None and found.params in ("cutoffs", "fractions") and text:
+                measure, dot = found, "."
+        if measure is None:
+            registry[_registry_name(request)] = None
             continue
-        template = TREC_MEASURES.get(name)
-        if template is None:
-            known = ", ".join(["num_q", "runid", *TREC_MEASURES])
-            raise TrecError(f"-m {request}: not a trec_eval measure stream_eval computes (known: {known})")
-        if name not in TREC_CUTOFFS:
-            if cutoffs:
-                raise TrecError(f"-m {request}: {name} takes no cutoffs")
-            out[name] = Measure(name, template)
+        if not dot:
+            chosen.setdefault(measure.name, None)
             continue
-        try:
-            ks = [int(k) for k in cutoffs.split(",")] if cutoffs else list(TREC_CUTOFFS[name])
-        except ValueError:
-            raise TrecError(f"-m {request}: cutoffs are whole numbers, comma-separated") from None
-        if any(k < 1 for k in ks):
-            raise TrecError(f"-m {request}: cutoffs must be positive")
-        out.update((f"{name}_{k}", Measure(f"{name}_{k}", template.format(k=k))) for k in ks)
-    return list(out.values())
+        params = _read_params(measure, text, request)
+        before = chosen.get(measure.name)
+        if before is not None and measure.params in ("cutoffs", "fractions"):
+            params = tuple(sorted(set(before[0]) | set(params)))
+        elif before is not None:
+            continue
+        chosen[measure.name] = (params, text)
+    out: list[Measure] = []
+    for measure in TREC_MEASURES.values():
+        if measure.name not in chosen:
+            continue
+        given = chosen[measure.name]
+        params = measure.default if given is None else given[0]
+        if measure.params in ("cutoffs", "fractions"):
+            out += [Measure(_value_name(measure.name, measure.params, value), measure,
+                            None if measure.engine is None else measure.engine.format(k=int(value)), params, column)
+                    for column, value in enumerate(params)]
+        else:
+            name = measure.name if given is None else f"{measure.name}_{given[1]}"
+            out.append(Measure(name, measure, measure.engine, params, measure.column))
+    return out + [Measure(name, None, name) for name in registry]
+
+
+def _registry_name(request: str) -> str:
+    try:
+        spec = parse(request)
+    except MetricNameError as exc:
+        known = ", ".join([*NICKNAMES, *TREC_MEASURES])
+        raise TrecError(f"-m {request}: not a trec_eval measure computed here ({known}), nor a measure of the "
+                        f"registry ({exc})") from None
+    if spec.needs_subtopics:
+        raise TrecError(f"-m {request}: {spec.family} needs the items' subtopics, which qrels do not have")
+    return spec.name
 
 
 @dataclasses.dataclass
 class Run:
-    """A TREC run: per query, its documents and scores in file order; the run's tag (last column)."""
+    """A TREC run: per query, its documents and scores in file order; the run's tag (trec_eval takes the last
+    line's)."""
 
     docs: dict[str, list[tuple[str, float]]]
     tag: str
 
 
-def _rows(lines: Iterable[bytes], source: str, layout: str) -> Iterator[tuple[str, list[str], str, str]]:
+def _rows(lines: Iterable[bytes], source: str, layout: str, more: bool = False,
+          ) -> Iterator[tuple[str, list[str], str, str]]:
     """The non-blank lines of a TREC file of ``layout`` (its column names): ``(where, fields, qid, docno)``, each
-    line checked to have one field per column and the same document at most once per query.
+    line checked to have one field per column (``more``: at least, the rest of the line ignored) and the same
+    document at most once per query.
 
     Raises:
         TrecError: a line with another number of fields or not UTF-8, or a document twice for one query.
@@ -138,13 +276,14 @@ def _rows(lines: Iterable[bytes], source: str, layout: str) -> Iterator[tuple[st
             raise TrecError(f"{where}: not UTF-8 text") from None
         if not fields:
             continue
-        if len(fields) != width:
-            raise TrecError(f"{where}: expected {width} fields ({layout}), got {len(fields)}")
+        if len(fields) < width or (len(fields) > width and not more):
+            expected = f"at least {width}" if more else str(width)
+            raise TrecError(f"{where}: expected {expected} fields ({layout}), got {len(fields)}")
         qid, docno = fields[0], fields[2]
         if (qid, docno) in seen:
             raise TrecError(f"{where}: document {docno!r} appears twice for query {qid!r}")
         seen.add((qid, docno))
-        yield where, fields, qid, docno
+        yield where, fields[:width], qid, docno
 
 
 def read_qrels(lines: Iterable[bytes], source: str = "qrels") -> dict[str, dict[str, int]]:
@@ -163,19 +302,20 @@ def read_qrels(lines: Iterable[bytes], source: str = "qrels") -> dict[str, dict[
 
 
 def read_run(lines: Iterable[bytes], source: str = "run") -> Run:
-    """``qid Q0 docno rank score tag`` lines (the rank column is not used: trec_eval ranks by score).
+    """``qid Q0 docno rank score tag`` lines; fields after the tag are ignored, as trec_eval ignores them (the rank
+    column is not used either: trec_eval ranks by score).
 
     Raises:
-        TrecError: a line without six fields, a score that is not a number, a document twice for one query.
+        TrecError: a line with fewer than six fields, a score that is not a number, a document twice for a query.
     """
     docs: dict[str, list[tuple[str, float]]] = {}
     tag = ""
-    for where, fields, qid, docno in _rows(lines, source, "qid Q0 docno rank score tag"):
+    for where, fields, qid, docno in _rows(lines, source, "qid Q0 docno rank score tag", more=True):
         try:
             docs.setdefault(qid, []).append((docno, float(fields[4])))
         except ValueError:
             raise TrecError(f"{where}: score {fields[4]!r} is not a number") from None
-        tag = tag or fields[5]
+        tag = fields[5]
     return Run(docs, tag)
 
 
@@ -193,13 +333,12 @@ def trec_order(docs: list[tuple[str, float]]) -> list[str]:
     return [docs[k][0] for _, _, k in order]
 
 
-def run_events(qrels: dict[str, dict[str, int]], run: Run, config: Config, max_docs: int | None = None,
+def run_events(qrels: dict[str, dict[str, int]], rankings: dict[str, list[str]], tag: str, config: Config,
                ) -> Iterator[Ranking | Feedback]:
-    """The events of the queries of ``run`` that have qrels, in query order: a ranking (request id = query id) and
-    a ``label`` per judged document of the query (relevance >= 0)."""
-    for qid in sorted(run.docs.keys() & qrels.keys(), key=str.encode):
-        items = trec_order(run.docs[qid])[:max_docs]
-        ranking = Ranking(request_id=qid, items=items, ts=_TS, query_id=qid, experiment="trec", arm=run.tag or "run")
+    """The events of the ranked queries, in the order of ``rankings``: a ranking (request id = query id) and a
+    ``label`` per judged document of the query (relevance >= 0)."""
+    for qid, items in rankings.items():
+        ranking = Ranking(request_id=qid, items=items, ts=_TS, query_id=qid, experiment="trec", arm=tag or "run")
         validate(ranking, config)
         yield ranking
         for docno, rel in qrels[qid].items():
@@ -207,40 +346,109 @@ def run_events(qrels: dict[str, dict[str, int]], run: Run, config: Config, max_d
                 yield Feedback(request_id=qid, item=docno, kind="label", grade=float(rel), ts=_TS)
 
 
-def trec_config(measures: list[Measure], relevance_level: int, longest: int, base: Config | None = None) -> Config:
-    """Settings that give trec_eval's numbers: the cutoffs of ``measures``, linear gain, empty queries scored 0,
-    ``rel_threshold`` = ``-l``, every document of the longest ranking kept."""
+def trec_config(names: Sequence[str], longest: int, base: Config | None = None) -> Config:
+    """Settings that give trec_eval's numbers for the registry measures ``names``: their cutoffs, linear gain,
+    empty queries scored 0, every document of the longest ranking kept. ``rel_threshold`` stays 1: a query is empty
+    when no document has a positive grade, where nDCG's ideal is 0, whatever ``-l`` (trec_eval's ``ndcg_cut``
+    ignores it); the measures that take ``-l`` have it in their names (:func:`at_level`)."""
     base = base or Config()
-    cutoffs = sorted({int(m.name.rpartition("@")[2]) for m in measures if m.name and "@" in m.name})
-    names = tuple(dict.fromkeys(m.name for m in measures if m.name))
+    cutoffs = sorted({k for k in (parse(name).k for name in names) if k is not None})
+    names = tuple(dict.fromkeys(names))
     # only the measures asked for run, where the settings can say so (``metrics``); GSB (one arm here) on one of them
     chosen: dict[str, Any] = {"metrics": names, "gsb_metric": names[0]} if names else {"gsb_metric": "RR"}
     return dataclasses.replace(base, cutoffs=tuple(cutoffs) or base.cutoffs, gain="linear", empty="zero",
-                               rel_threshold=float(relevance_level), max_items=max(base.max_items, longest),
-                               ab=False, **chosen)
+                               rel_threshold=1.0, max_items=max(base.max_items, longest), ab=False, **chosen)
+
+
+def at_level(name: str, level: int) -> str:
+    """The registry name ``name`` relevant from ``level`` on (``-l``): with ``rel`` = ``level`` when its family
+    takes ``rel`` and the name gives none.
+
+    >>> at_level("P@5", 2), at_level("P(rel=3)@5", 2), at_level("nDCG@10", 2), at_level("AP", 1)
+    ('P(rel=2)@5', 'P(rel=3)@5', 'nDCG@10', 'AP')
+    """
+    spec = parse(name)
+    if level == 1 or "rel" not in spec.definition.params or "rel" in dict(spec.params):
+        return spec.name
+    return MetricSpec(spec.family, spec.k, (*spec.params, ("rel", float(level)))).name
 
 
 @dataclasses.dataclass
 class TrecResult:
-    """Per-query values (query -> stream_eval name -> value), the queries averaged over, and the engine's report."""
+    """The queries evaluated (byte order), each printed value's per-query values (by its name, aligned with
+    ``qids``), the ``all`` values, the queries averaged over (``num_q``) and the engine's report."""
 
-    per_query: dict[str, dict[str, float]]
+    qids: list[str]
+    values: dict[str, list[Any]]
+    summary: dict[str, Any]
     num_q: int
     report: dict[str, Any]
 
-    def mean(self, name: str) -> float:
-        """The ``all`` value: the sum over the queries evaluated, divided by ``num_q`` (with ``-c``, queries of the
-        qrels missing from the run count 0)."""
-        if not self.num_q:
-            return math.nan
-        return math.fsum(values[name] for values in self.per_query.values()) / self.num_q
+
+def _summary(measure: Measure, values: list[Any], qrels: dict[str, dict[str, int]], num_q: int, complete: bool,
+             tag: str) -> Any:
+    """The ``all`` value, as trec_eval averages each measure (``None``: not printed)."""
+    kind = measure.summary
+    if kind == "runid":
+        return tag
+    if kind == "num_q":
+        return num_q
+    if kind == "none":
+        return None
+    if kind == "num_rel" and complete:  # trec_eval counts relevance > 0 here, whatever -l
+        return sum(rel > 0 for judged in qrels.values() for rel in judged.values())
+    if kind in ("sum", "num_rel"):
+        return int(_added(values))
+    if kind == "geometric":  # queries missing from the run (-c) count MIN_GEO_MEAN
+        logs = _added(math.log(max(value, MIN_GEO_MEAN)) for value in values)
+        return math.exp((logs + (num_q - len(values)) * math.log(MIN_GEO_MEAN)) / num_q)
+    return _added(values) / num_q
+
+
+def _added(values: Iterable[float]) -> float:
+    """The values added one by one in query order, as trec_eval adds them (the same last bit, so the same
+    rounding to 4 decimals)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
 
 
 def evaluate(qrels: dict[str, dict[str, int]], run: Run, measures: list[Measure], relevance_level: int = 1,
              complete: bool = False, max_docs: int | None = None) -> TrecResult:
-    """Evaluate ``run`` against ``qrels`` through the engine: the values of ``measures`` per query."""
-    longest = max((len(docs) for docs in run.docs.values()), default=1)
-    config = trec_config(measures, relevance_level, min(longest, max_docs or longest))
+    """Evaluate ``run`` against ``qrels``: each value of ``measures``, per query and for ``all``."""
+    qids = sorted(run.docs.keys() & qrels.keys(), key=str.encode)
+    rankings = {qid: trec_order(run.docs[qid])[:max_docs] for qid in qids}
+    engine_values = _engine_values(qrels, rankings, run.tag, measures, relevance_level)
+    lists = RankedLists.build(
+        [[NONPOOL if (rel := qrels[qid].get(doc)) is None else rel if rel >= 0 else UNJUDGED for doc in docs]
+         for qid, docs in rankings.items()], [list(qrels[qid].values()) for qid in qids], relevance_level)
+    computed: dict[tuple[str, tuple[float, ...]], Any] = {}
+    values: dict[str, list[Any]] = {}
+    for m in measures:
+        if m.engine is not None:
+            name = at_level(m.engine, relevance_level)
+            values[m.trec_name] = [engine_values[0][qid][name] for qid in qids]
+        elif m.measure is not None and m.measure.name == "relstring":
+            values[m.trec_name] = relstring(lists, int(m.params[0]))
+        elif m.measure is not None and m.measure.lists is not None:
+            key = (m.measure.lists, m.params)
+            if key not in computed:
+                computed[key] = LIST_MEASURES[m.measure.lists](lists, m.params)
+            values[m.trec_name] = computed[key][:, m.column].tolist()
+        else:
+            values[m.trec_name] = []
+    num_q = len(qrels) if complete else len(qids)
+    summary = {m.trec_name: _summary(m, values[m.trec_name], qrels, num_q, complete, run.tag) for m in measures}
+    return TrecResult(qids, values, summary, num_q, engine_values[1])
+
+
+def _engine_values(qrels: dict[str, dict[str, int]], rankings: dict[str, list[str]], tag: str,
+                   measures: list[Measure], relevance_level: int) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """The registry measures of ``measures`` per query (query -> name -> value), through the engine, and its
+    report."""
+    longest = max((len(docs) for docs in rankings.values()), default=1)
+    config = trec_config([at_level(m.engine, relevance_level) for m in measures if m.engine is not None], longest)
     per_query: dict[str, dict[str, float]] = {}
 
     def keep(batch: FinalisedBatch) -> None:
@@ -250,50 +458,56 @@ def evaluate(qrels: dict[str, dict[str, int]], run: Run, measures: list[Measure]
 
     engine = Engine(config, keep)
     batch: list[Ranking | Feedback] = []
-    for event in run_events(qrels, run, config, max_docs):
+    for event in run_events(qrels, rankings, tag, config):
         batch.append(event)
         if len(batch) >= 8192:
             engine.process(batch)
             batch = []
     engine.process(batch)
     engine.flush()
-    num_q = len(qrels) if complete else len(per_query)
-    return TrecResult(per_query, num_q, engine.report())
+    return per_query, engine.report()
 
 
-def trec_lines(result: TrecResult, measures: list[Measure], run: Run, per_query: bool = False) -> Iterator[str]:
+def _text(measure: Measure, value: Any) -> str:
+    if measure.measure is not None and measure.measure.name == "relstring":
+        return f"'{value}'"
+    if measure.integer:
+        return str(int(value))
+    return f"{value:6.4f}"
+
+
+def trec_lines(result: TrecResult, measures: list[Measure], per_query: bool = False) -> Iterator[str]:
     """trec_eval's output: with ``per_query``, each query's lines (queries in byte order of their ids), then the
-    ``all`` lines, each ``measure<TAB>qid<TAB>value`` (the measure padded to 22 characters, values to 4 decimals,
-    as trec_eval prints them)."""
+    ``all`` lines, each ``measure<TAB>qid<TAB>value`` (the measure padded to 22 characters; values to 4 decimals,
+    counts as integers, as trec_eval prints them)."""
+    printed = [m for m in measures if m.per_query]
     if per_query:
-        for qid in sorted(result.per_query, key=str.encode):
-            values = result.per_query[qid]
-            for m in measures:
-                if m.name is not None:
-                    yield f"{m.trec_name:<22}\t{qid}\t{values[m.name]:6.4f}"
+        for q, qid in enumerate(result.qids):
+            for m in printed:
+                yield f"{m.trec_name:<22}\t{qid}\t{_text(m, result.values[m.trec_name][q])}"
     for m in measures:
-        if m.trec_name == "runid":
-            yield f"{'runid':<22}\tall\t{run.tag}"
-        elif m.trec_name == "num_q":
-            yield f"{'num_q':<22}\tall\t{result.num_q}"
-        elif m.name is not None:
-            yield f"{m.trec_name:<22}\tall\t{result.mean(m.name):6.4f}"
+        value = result.summary[m.trec_name]
+        if value is not None:
+            yield f"{m.trec_name:<22}\tall\t{value if m.summary in ('runid', 'num_q') else _text(m, value)}"
 
 
 def trec_json(result: TrecResult, measures: list[Measure], per_query: bool = False) -> dict[str, Any]:
-    """The engine's report with a ``trec`` section: the ``all`` values and, with ``per_query``, each query's, by
-    trec_eval's names."""
-    named = [m for m in measures if m.name is not None]
-    trec: dict[str, Any] = {"num_q": result.num_q,
-                            "all": {m.trec_name: _number(result.mean(m.name)) for m in named if m.name}}
+    """The engine's report with a ``trec`` section: ``num_q``, ``runid`` if asked for, the other ``all`` values
+    and, with ``per_query``, each query's, by the names trec_eval prints."""
+    special = {"runid", "num_q"}
+    trec: dict[str, Any] = {"num_q": result.num_q}
+    trec |= {m.trec_name: result.summary[m.trec_name] for m in measures if m.trec_name == "runid"}
+    trec["all"] = {m.trec_name: _number(result.summary[m.trec_name]) for m in measures
+                   if m.summary not in special and result.summary[m.trec_name] is not None}
     if per_query:
-        trec["queries"] = {qid: {m.trec_name: _number(result.per_query[qid][m.name]) for m in named if m.name}
-                           for qid in sorted(result.per_query, key=str.encode)}
+        printed = [m for m in measures if m.per_query]
+        trec["queries"] = {qid: {m.trec_name: _number(result.values[m.trec_name][q]) for m in printed}
+                           for q, qid in enumerate(result.qids)}
     return {**result.report, "trec": trec}
 
 
-def _number(value: float) -> float | None:
-    return None if math.isnan(value) else value
+def _number(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _lines(path: str) -> list[bytes]:
@@ -309,7 +523,7 @@ def trec_command(args: argparse.Namespace) -> int:
     run = read_run(_lines(args.run), args.run)
     measures = parse_measures(args.measure or ["official"])
     result = evaluate(qrels, run, measures, args.relevance_level, args.complete, args.max_docs)
-    if not result.num_q:
+    if not result.qids:
         print("stream-eval trec: no query has both results and relevance judgements", file=sys.stderr)
         return 1
     output: IO[bytes] = open(args.output, "wb") if args.output else sys.stdout.buffer
@@ -317,7 +531,7 @@ def trec_command(args: argparse.Namespace) -> int:
         if args.json:
             output.write(orjson.dumps(trec_json(result, measures, args.query), option=orjson.OPT_INDENT_2) + b"\n")
         else:
-            output.write("".join(line + "\n" for line in trec_lines(result, measures, run, args.query)).encode())
+            output.write("".join(line + "\n" for line in trec_lines(result, measures, args.query)).encode())
     finally:
         if args.output:
             output.close()

@@ -27,6 +27,7 @@ from stream_eval.engine.engine import Engine
 from stream_eval.events.schema import Feedback, Invalid, Ranking, finish
 from stream_eval.metrics.auc import auc, gauc_weights, session_auc
 from stream_eval.metrics.kernels import JudgedBatch, evaluate_batch, evaluate_request
+from stream_eval.metrics.specs import DEFAULT_METRICS, parse
 
 TOL = 1e-9
 CUTOFFS = (5, 10, 20)
@@ -96,11 +97,16 @@ def n_relevant(req, threshold):
     return sum(g >= threshold for g in grades)
 
 
-MEASURES = {"map", "recip_rank"} | {f"{m}.{','.join(map(str, CUTOFFS))}" for m in ("ndcg_cut", "P", "recall")}
+MEASURES = {"map", "recip_rank"} | {
+    f"{m}.{','.join(map(str, CUTOFFS))}" for m in ("ndcg_cut", "P", "recall", "map_cut")
+}
 OURS_OF_TREC = {"map": "AP", "recip_rank": "RR"} | {
-    f"{t}_{k}": f"{o}@{k}" for k in CUTOFFS for t, o in (("ndcg_cut", "nDCG"), ("P", "P"), ("recall", "R"))
+    f"{t}_{k}": f"{o}@{k}" for k in CUTOFFS
+    for t, o in (("ndcg_cut", "nDCG"), ("P", "P"), ("recall", "R"), ("map_cut", "AP"))
 }
 BINARY = {name: ours for name, ours in OURS_OF_TREC.items() if not name.startswith("ndcg")}
+#: The default measures and AP@k (trec_eval's map_cut) at every cutoff.
+WITH_AP_AT_K = (*DEFAULT_METRICS, *(f"AP@{k}" for k in CUTOFFS))
 
 
 def compare(ours_row: dict[str, float], trec_row: dict[str, float], names: dict[str, str], qid: str) -> None:
@@ -114,7 +120,7 @@ def test_batch_kernels_match_trec_eval(seed):
     requests = generate_requests(seed)
     qrels, run = to_trec(requests)
     trec = pytrec_eval.RelevanceEvaluator(qrels, MEASURES).evaluate(run)
-    config = Config(gain="linear", cutoffs=CUTOFFS)
+    config = Config(gain="linear", cutoffs=CUTOFFS, metrics=WITH_AP_AT_K)
     result = evaluate_batch(to_batch(requests), config)
     names = [s.name for s in result.specs]
     compared = 0
@@ -133,7 +139,7 @@ def test_evaluate_request_matches_trec_eval(seed):
     requests = generate_requests(seed, 200)
     qrels, run = to_trec(requests)
     trec = pytrec_eval.RelevanceEvaluator(qrels, MEASURES).evaluate(run)
-    config = Config(gain="linear", cutoffs=CUTOFFS)
+    config = Config(gain="linear", cutoffs=CUTOFFS, metrics=WITH_AP_AT_K)
     compared = 0
     for req in requests:
         if n_relevant(req, 1) == 0:
@@ -148,9 +154,10 @@ def test_evaluate_request_matches_trec_eval(seed):
 def test_relevance_level_2_matches_rel_threshold_2(seed):
     requests = generate_requests(seed)
     qrels, run = to_trec(requests)
-    measures = {"map", "recip_rank"} | {f"{m}.{','.join(map(str, CUTOFFS))}" for m in ("P", "recall")}
+    measures = {"map", "recip_rank"} | {f"{m}.{','.join(map(str, CUTOFFS))}" for m in ("P", "recall", "map_cut")}
     trec = pytrec_eval.RelevanceEvaluator(qrels, measures, relevance_level=2).evaluate(run)
-    result = evaluate_batch(to_batch(requests), Config(gain="linear", cutoffs=CUTOFFS, rel_threshold=2.0))
+    config = Config(gain="linear", cutoffs=CUTOFFS, rel_threshold=2.0, metrics=WITH_AP_AT_K)
+    result = evaluate_batch(to_batch(requests), config)
     names = [s.name for s in result.specs]
     compared = 0
     for r, req in enumerate(requests):
@@ -453,7 +460,7 @@ def request_events(requests, rng):
 def test_engine_report_matches_trec_eval_means(seed):
     requests = generate_requests(seed)
     rng = np.random.RandomState(seed)
-    config = Config(gain="linear", cutoffs=CUTOFFS, empty="skip")
+    config = Config(gain="linear", cutoffs=CUTOFFS, empty="skip", metrics=WITH_AP_AT_K)
     events = [finish(e, config) for e in request_events(requests, rng)]
     assert not any(isinstance(e, Invalid) for e in events)
     engine = Engine(config)
@@ -468,7 +475,7 @@ def test_engine_report_matches_trec_eval_means(seed):
     assert overall["requests"] == len(requests)
     assert overall["empty"] == len(requests) - len(scored)
     means = {"MRR": "recip_rank", "MAP": "map"} | {
-        ours: trec_name for trec_name, ours in OURS_OF_TREC.items() if "@" in ours
+        parse(ours).mean_name: trec_name for trec_name, ours in OURS_OF_TREC.items() if "@" in ours
     }
     for ours, trec_name in means.items():
         expected = float(np.mean([trec[q][trec_name] for q in scored]))

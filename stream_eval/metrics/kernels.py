@@ -286,9 +286,10 @@ def r_precision(prep: Prepared, k: int | None, params: Params) -> Floats:
 
 
 def average_precision(prep: Prepared, k: int | None, params: Params) -> Floats:
-    """``AP``: sum of P@i over relevant served positions i, divided by R (unserved relevant items count)."""
+    """``AP``: sum of P@i over relevant served positions i, divided by R (unserved relevant items count);
+    ``AP@k`` only over positions i <= k (trec_eval's ``map_cut``)."""
     rel = _rel(params)
-    relevant = prep.relevant(rel)
+    relevant = prep.relevant(rel) if k is None else prep.relevant(rel) & (prep.pos <= k)
     req = prep.req[relevant]
     nth = _rank_in_segment(req, prep.size) + 1
     return _ratio(_sum_per_request(prep, req, nth / prep.pos[relevant]), prep.n_relevant(rel).astype(np.float64))

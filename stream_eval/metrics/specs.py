@@ -112,7 +112,7 @@ class Family:
 _BEHAVIOUR_ORACLE = "a plain loop over the log's events, request by request (tests/test_behaviour.py)"
 _FAMILIES = (
     Family("RR", "none", ("rel",), kernels.reciprocal_rank, True, "pytrec_eval recip_rank", mean="MRR"),
-    Family("AP", "none", ("rel",), kernels.average_precision, True, "pytrec_eval map", mean="MAP"),
+    Family("AP", "optional", ("rel",), kernels.average_precision, True, "pytrec_eval map and map_cut", mean="MAP"),
     Family("P", "required", ("rel",), kernels.precision, False, "pytrec_eval P"),
     Family("R", "required", ("rel",), kernels.recall, True, "pytrec_eval recall"),
     Family("R-Prec", "none", ("rel",), kernels.r_precision, True, "pytrec_eval Rprec", alias="Rprec"),
