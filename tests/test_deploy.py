@@ -326,6 +326,7 @@ def test_checked_in_dashboard_equals_the_generator_output() -> None:
     assert build.DATASOURCE_UID == _datasource_uid()
 
 
+@pytest.mark.slow
 def test_every_query_parses_as_promql(tmp_path: Path) -> None:
     promtool = _promtool()
     rules = []
@@ -350,6 +351,7 @@ def _target(title: str, ref_id: str) -> str:
     return _substituted(expr, arm=".*", metric=".*")
 
 
+@pytest.mark.slow
 def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
     """A few queries evaluated by promtool on made-up series of two workers: the decision mapping, means as sums
     over workers, the GSB score from the counts, the event-time lag."""

@@ -318,6 +318,7 @@ def generate_sessions(seed: int, n_sessions: int = 600):
     return session[order], scores[order], labels[order]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("block", [None, 7])
 def test_session_auc_matches_sklearn(seed, block, monkeypatch):

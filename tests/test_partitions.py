@@ -94,6 +94,7 @@ def _comparable(report: dict[str, Any]) -> Any:
     return approx({key: report[key] for key in ("events", "overall", "groups", "gsb", "ab")})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 7, 500])
 def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int) -> None:
     config = Config()
@@ -117,6 +118,7 @@ def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int) -
     assert collect.repeated == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stale", [False, True], ids=["from-the-start-offsets", "from-offset-0"])
 def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: bool) -> None:
     """Partition 0 moves from worker A to worker B halfway; B re-reads from A's checkpoint, muted up to it.
@@ -152,6 +154,7 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     assert overall.requests == expected.overall().requests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("snapshots", [False, True], ids=["from-the-start", "from-a-snapshot"])
 def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any, snapshots: bool) -> None:
     """Named sessions and query GSB go through the regroup log; its stage moves to another engine mid-stream.
@@ -306,6 +309,7 @@ def _windows_fed(log: Log, sent: list[tuple[str, int, int, bytes]] | None) -> di
     return out
 
 
+@pytest.mark.slow
 def test_a_log_read_at_once_to_its_end_leaves_the_windows_of_one_read_message_by_message() -> None:
     """A worker started after the whole log was produced reads every partition to its end marker before event
     time could move: the all-partition watermark goes from -inf to +inf in one tick. Its windows must still stand

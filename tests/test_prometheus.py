@@ -397,6 +397,7 @@ def test_feedback_delay_histogram() -> None:
     assert get("stream_eval_feedback_delay_seconds_bucket", {"le": "+Inf"}) == 3.0
 
 
+@pytest.mark.slow
 def test_exposition_passes_promtool(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool is needed (Debian/Ubuntu: apt-get install prometheus)"

@@ -509,6 +509,7 @@ ODD_LINES = [
 ]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(log=logs(max_requests=8, tenths=True), data=st.data())
 def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):

@@ -82,6 +82,7 @@ def ours(qrels_path: Path, run_path: Path, level: int = 1, complete: bool = Fals
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=qrels_and_runs(), level=st.sampled_from([1, 1, 2]))
 def test_agrees_with_pytrec_eval(data: tuple[dict[str, dict[str, int]], dict[str, dict[str, float]]], level: int,
@@ -149,6 +150,7 @@ def small(tmp_path: Path) -> tuple[str, str]:
     return str(qrels_path), str(run_path)
 
 
+@pytest.mark.slow
 def test_cli_prints_trec_eval_lines(small: tuple[str, str]) -> None:
     result = run_cli("trec", *small, "-q", "-m", "num_q", "-m", "map", "-m", "P.2", "-m", "ndcg_cut.10")
     assert result.returncode == 0, result.stderr
@@ -166,6 +168,7 @@ def test_cli_prints_trec_eval_lines(small: tuple[str, str]) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_cli_default_measures_and_json(small: tuple[str, str]) -> None:
     default = run_cli("trec", *small)
     assert default.returncode == 0, default.stderr
