@@ -2,8 +2,8 @@
 
 ``promtool test rules`` runs the unit tests of deploy/prometheus/tests/; the checks here make sure those tests
 cover every alert both firing and not firing and every recording rule, that the alert names are the contract's
-(SPEC §6), and that every severity has a route. Without promtool (or amtool) the tests that need it fail under
-CI (``CI=true``) and skip locally, saying what to install.
+(docs/contract.md §6), and that every severity has a route. Without promtool (or amtool) the tests that need it
+fail under CI (``CI=true``) and skip locally, saying what to install.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ RULES = sorted((PROMETHEUS / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yml"))
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 
-#: SPEC §6: the alert names are part of the product contract.
+#: docs/contract.md §6: the alert names are part of the product contract.
 CONTRACT_ALERTS = {
     "StreamEvalTreatmentWorse", "StreamEvalTreatmentBetter", "StreamEvalSampleRatioMismatch",
     "StreamEvalNoFinalisedRequests", "StreamEvalEventTimeStalled", "StreamEvalInvalidEventsHigh",

@@ -1,4 +1,4 @@
-"""``stream-eval`` end to end, in subprocesses: SPEC §4 (replay, its report, its options) on small logs."""
+"""``stream-eval`` end to end, in subprocesses: docs/contract.md §4 (replay, its report, its options) on small logs."""
 
 from __future__ import annotations
 

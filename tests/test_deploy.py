@@ -154,7 +154,7 @@ def test_prometheus_loads_the_mounted_rules_and_reaches_alertmanager() -> None:
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 
-# Every stream_eval series a dashboard may query (SPEC §5, §6, and export/prometheus.py), and whether the
+# Every stream_eval series a dashboard may query (docs/contract.md §5, §6, and export/prometheus.py), and whether the
 # dashboards must show it. A name not listed here (a typo, a recording rule) fails the test.
 SERIES = {
     "stream_eval_requests_total": True,

@@ -408,7 +408,7 @@ def test_feedback_for_a_remembered_finalised_request_is_late() -> None:
 
 
 def test_duplicate_ranking_while_remembered_is_a_duplicate() -> None:
-    """SPEC §1: a ranking whose request_id was already seen is a duplicate; the first one stands."""
+    """docs/contract.md §1: a ranking whose request_id was already seen is a duplicate; the first one stands."""
     events = [rank("r1", 0, ["a"]), rank("r2", 20), rank("r1", 20, ["z"]), click("r1", "z", 21)]
     for eager in (False, True):
         run = _run(events, eager)

@@ -213,7 +213,7 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
 
 
 def test_an_idle_partition_stops_holding_event_time_back() -> None:
-    """A silent partition holds the watermark back only for idle_timeout seconds of wall clock (SPEC §1)."""
+    """A silent partition holds the watermark back only for idle_timeout seconds of wall clock (docs/contract.md §1)."""
     now = [0.0]
     config = Config(attribution_window=10.0, allowed_lateness=0.0)
     collect = Collect()

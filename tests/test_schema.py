@@ -1,4 +1,4 @@
-"""SPEC §1 events: decoding from JSON Lines and validation, with the reason codes of ``schema.py``."""
+"""docs/contract.md §1 events: decoding from JSON Lines and validation, with the reason codes of ``schema.py``."""
 
 from __future__ import annotations
 

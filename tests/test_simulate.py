@@ -428,7 +428,7 @@ def test_no_faults_by_default() -> None:
 
 
 def _invalid_reason(line: bytes) -> str | None:
-    """Why a line is malformed under SPEC §1, or None if it is a valid event."""
+    """Why a line is malformed under docs/contract.md §1, or None if it is a valid event."""
     try:
         event = orjson.loads(line)
     except orjson.JSONDecodeError:
