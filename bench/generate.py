@@ -1,4 +1,4 @@
-"""Deterministic generator of the benchmark event log (SPEC §1 JSON Lines), numpy + orjson, chunked.
+"""Deterministic generator of the benchmark event log (docs/contract.md §1 JSON Lines), numpy + orjson, chunked.
 
     python bench/generate.py --requests 1000000 --out bench/data/events.jsonl
 
@@ -10,7 +10,7 @@ What it writes, per request (all draws vectorised per chunk of requests, seeded 
   ``session_id`` (sessions of ~3 requests, mildly interleaved), ``experiment`` ``exp1``, ``arm``
   ``control`` / ``treatment`` assigned per session;
 * ~4 ``feedback`` events: Poisson(3.1) clicks on distinct positions (position bias ~1/pos^0.8), 3% of
-  them double-clicked (SPEC duplicates), and for 15% of the requests editorial ``label`` events with
+  them double-clicked (duplicates, docs/contract.md §1), and for 15% of the requests editorial ``label`` events with
   grades 0-4 for 3 shown items and 1-4 for 2 judged-but-unshown items.
 
 Event time: requests arrive as a Poisson process of ``--rate`` requests per second of event time

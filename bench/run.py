@@ -169,7 +169,7 @@ def child_pytrec(path: str) -> dict[str, Any]:
     import orjson
     import pytrec_eval
 
-    gc.disable()  # the dicts are acyclic: a stronger baseline (cf. FINDINGS: GC matters as much as the parser)
+    gc.disable()  # the dicts are acyclic: a stronger baseline (GC matters as much as the parser: docs/benchmarks.md)
     start = time.perf_counter()
     loads = orjson.loads
     run: dict[str, dict[str, float]] = {}

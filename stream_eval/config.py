@@ -24,7 +24,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
-#: The event times a real log can hold (SPEC §1): 2000-01-01 and 2100-01-01, UTC, as epoch seconds.
+#: The event times a real log can hold (docs/contract.md §1): 2000-01-01 and 2100-01-01, UTC, as epoch seconds.
 MIN_TS = 946_684_800.0
 MAX_TS = 4_102_444_800.0
 #: The latest ``max_ts`` allowed: year 9999, whose milliseconds still fit a Kafka record timestamp (int64).

@@ -1,7 +1,7 @@
 """Synthetic search traffic from a click model over items with known true relevance grades.
 
-A pure generator (stdlib and numpy only, no I/O except :func:`write_jsonl`) of the events of SPEC §1. It feeds
-``stream-eval simulate``, the demo, the benchmarks and the examples, and gives the tests a ground truth:
+A pure generator (stdlib and numpy only, no I/O except :func:`write_jsonl`) of the events of docs/contract.md §1.
+It feeds ``stream-eval simulate``, the demo, the benchmarks and the examples, and gives the tests a ground truth:
 :func:`true_grades` returns the relevance every click and label is drawn from, so a better ranker must score
 better, and :func:`true_effects` each arm's expected metrics (it alone runs the replay engine, imported when
 called).
@@ -33,7 +33,7 @@ The world:
   process would).
 * Judgments (``judgments=True``): :data:`JUDGMENT_RATE` of the requests produce a side-by-side verdict for
   their query, ``good`` / ``bad`` more likely the larger the quality difference of treatment vs control.
-  Control and treatment are the first two arms, ordered by name as the evaluator does by default (SPEC §3).
+  Control and treatment are the first two arms, ordered by name as the evaluator does by default (docs/contract.md §3).
 
 Behaviour (``behaviour=True``; off by default, so that every existing output stays byte for byte): each click
 carries a ``dwell`` drawn from the click model (exponential, mean :data:`DWELL_SHORT` seconds for an irrelevant item
@@ -95,7 +95,8 @@ __all__ = [
 ]
 
 ATTRIBUTION_WINDOW = 1800.0
-"""Seconds after serve time within which feedback counts (SPEC §1 default); late feedback lands beyond it."""
+"""Seconds after serve time within which feedback counts (the default of docs/contract.md §1); late feedback lands
+beyond it."""
 
 CHUNK_REQUESTS = 10_000
 """Requests generated per vectorised step."""
@@ -799,9 +800,9 @@ def simulate(config: SimulationConfig) -> Iterator[dict[str, Any]]:
         config: The simulation parameters.
 
     Yields:
-        Events as dicts with ``"type"`` in ``{"ranking", "feedback", "judgment"}`` and the fields of SPEC §1,
-        ordered by event time (except for the bounded disorder of ``shuffle_window``). The sequence is
-        deterministic for a given config. Malformed events (``invalid_fraction``) only appear in
+        Events as dicts with ``"type"`` in ``{"ranking", "feedback", "judgment"}`` and the fields of
+        docs/contract.md §1, ordered by event time (except for the bounded disorder of ``shuffle_window``). The
+        sequence is deterministic for a given config. Malformed events (``invalid_fraction``) only appear in
         :func:`simulate_lines`.
     """
     for batch in _batches(config):
@@ -931,7 +932,7 @@ def true_effects(
     Args:
         config: The simulation whose arms are measured.
         requests: Requests per arm; the run's time grows with it (docs/benchmarks.md).
-        evaluation: The evaluation settings (cutoffs, gain, ...); default: the defaults of SPEC §2-3.
+        evaluation: The evaluation settings (cutoffs, gain, ...); default: the defaults of docs/contract.md §2-3.
 
     Returns:
         ``arm -> {mean name: value}``, the report's means (``MRR``, ``MAP``, ``nDCG@10``, ``ERR@10``, ``GAUC``,

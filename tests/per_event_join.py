@@ -1,10 +1,10 @@
 """The per-event join that the columnar :class:`stream_eval.events.join.Join` replaced, kept as its oracle.
 
-It applies the rules of SPEC §1 one event at a time, with a Python object per request. The columnar join
+It applies the rules of docs/contract.md §1 one event at a time, with a Python object per request. The columnar join
 must give the same counts and the same finalised requests on any stream, any chunking and any schedule of
-``advance`` (``tests/test_join_oracle.py``); this code is simple enough to read against the SPEC.
+``advance`` (``tests/test_join_oracle.py``); this code is simple enough to read against docs/contract.md §1.
 
-Orphans are defined here from SPEC §1, not by the production join's expiry heap: feedback that arrives while
+Orphans are defined here from docs/contract.md §1, not by the production join's expiry heap: feedback that arrives while
 no ranking of its id is open or remembered waits, in arrival order, in one list. It is an *orphan* once event time
 has passed the end of its wait — its own time plus the attribution window and the allowed lateness
 (:meth:`Join.wait_over`) — without its ranking: counted when a ranking of its id arrives after that, when
@@ -175,8 +175,8 @@ class Join:
         return "pending"
 
     def wait_over(self, feedback: Feedback, watermark: float) -> bool:
-        """Whether event time ``watermark`` is past the wait of ``feedback`` for its ranking (SPEC §1: the ranking
-        did not come within the attribution window, plus the allowed lateness every event time gets)."""
+        """Whether event time ``watermark`` is past the wait of ``feedback`` for its ranking (docs/contract.md §1:
+        the ranking did not come within the attribution window, plus the allowed lateness every event time gets)."""
         return watermark >= feedback.ts + self.horizon  # type: ignore[operator]  # ts is float
 
     def _apply(self, state: RequestState, event: Feedback) -> str:

@@ -25,7 +25,7 @@ def approx(value: Any) -> Any:
 def AbstractTimeConfig(**settings: Any) -> Config:  # noqa: N802  # stands in for the Config class
     """A :class:`Config` for tests that model event time with small numbers (``ts`` = 0, 5, 100 s): the range of
     valid event times is widened to any time from 1800 to 5000, since by default a time before 2000-01-01 is
-    invalid (SPEC §1). Tests of that default use :class:`Config` itself."""
+    invalid (docs/contract.md §1). Tests of that default use :class:`Config` itself."""
     return Config(**{"min_ts": -5.4e9, "max_ts": 9.5e10, **settings})
 
 

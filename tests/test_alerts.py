@@ -2,8 +2,8 @@
 
 ``promtool test rules`` runs the unit tests of deploy/prometheus/tests/; the checks here make sure those tests
 cover every alert both firing and not firing and every recording rule, that the alert names are the contract's
-(SPEC §6), and that every severity has a route. Without promtool (or amtool) the tests that need it fail under
-CI (``CI=true``) and skip locally, saying what to install.
+(docs/contract.md §6), and that every severity has a route. Without promtool (or amtool) the tests that need it
+fail under CI (``CI=true``) and skip locally, saying what to install.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from promstack import Alertmanager, alertmanager_config, require_binary
 
@@ -23,7 +24,7 @@ RULES = sorted((PROMETHEUS / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yml"))
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 
-#: SPEC §6: the alert names are part of the product contract.
+#: docs/contract.md §6: the alert names are part of the product contract.
 CONTRACT_ALERTS = {
     "StreamEvalTreatmentWorse", "StreamEvalTreatmentBetter", "StreamEvalSampleRatioMismatch",
     "StreamEvalNoFinalisedRequests", "StreamEvalEventTimeStalled", "StreamEvalInvalidEventsHigh",
@@ -54,12 +55,14 @@ def test_the_rule_files_and_their_tests_exist() -> None:
     assert RULE_TESTS, "no promtool unit tests in deploy/prometheus/tests/"
 
 
+@pytest.mark.slow
 def test_promtool_check_rules() -> None:
     promtool = require_binary("promtool", package="prometheus")
     done = _run(promtool, "check", "rules", *map(str, RULES))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     promtool = require_binary("promtool", package="prometheus")
     done = _run(promtool, "test", "rules", *map(str, RULE_TESTS))
@@ -67,6 +70,7 @@ def test_promtool_unit_tests_pass() -> None:
     assert "FAILED" not in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_promtool_check_config_of_docker_compose_prometheus() -> None:
     config = _load(PROMETHEUS / "prometheus.yml")
     assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
@@ -139,6 +143,7 @@ def test_every_severity_has_a_route_and_every_receiver_exists() -> None:
     assert used <= SEVERITIES
 
 
+@pytest.mark.slow
 def test_alertmanager_config_is_valid(tmp_path: Path) -> None:
     """``amtool check-config`` when amtool is installed; and Alertmanager starts with the shipped config as is
     (placeholder receivers) and as the end-to-end test rewrites it (receivers replaced by a webhook)."""

@@ -100,6 +100,7 @@ def test_cli_does_not_import_faust() -> None:
 ENTRY = "stream_eval.stream.entry"  # the one module `faust -A` loads: it builds the app on import (STYLE)
 
 
+@pytest.mark.slow
 def test_importing_every_module_creates_no_faust_app() -> None:
     out = _run(_LOADED.format(streaming=STREAMING) + """
     created = []
@@ -135,6 +136,7 @@ def test_importing_every_module_creates_no_faust_app() -> None:
     assert out["created"] == [], f"importing stream_eval modules creates faust apps: {out['created']}"
 
 
+@pytest.mark.slow
 def test_the_faust_entry_module_builds_exactly_one_app() -> None:
     out = _run(_LOADED.format(streaming=STREAMING) + f"""
     import faust
@@ -235,6 +237,7 @@ def test_no_import_cycle_in_the_package() -> None:
     assert KNOWN_CYCLES - cycles == set(), "a known cycle is gone: take it off KNOWN_CYCLES"
 
 
+@pytest.mark.slow
 def test_the_engine_and_its_plugins_meet_only_in_engine_plugins() -> None:
     """The engine runs without importing its plug-ins (engine/plugins.py is the interface; it names the windows'
     and the delays' classes for type checking only, as the types its readers get), and the windows and the delay

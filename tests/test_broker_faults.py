@@ -121,6 +121,7 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str, process: sub
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(tmp_path: Path) -> None:
     """`stream-eval worker` with nothing on the port: /metrics up, broker_up 0, startup errors counted; a broker
     started 10 s later on that port; then the log through `produce`, frozen 20 s on the way: replay's numbers."""
@@ -175,6 +176,7 @@ def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(tmp
     assert code == 0, log.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seconds", [60])
 def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker, tmp_path: Path,
                                                                seconds: float) -> None:
@@ -230,6 +232,7 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_produce_gives_up_on_an_unreachable_broker_after_broker_timeout() -> None:
     port = free_port()  # nothing listens there
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""``stream-eval`` end to end, in subprocesses: SPEC §4 (replay, its report, its options) on small logs."""
+"""``stream-eval`` end to end, in subprocesses: docs/contract.md §4 (replay, its report, its options) on small logs."""
 
 from __future__ import annotations
 
@@ -205,6 +205,7 @@ def test_replay_report_shape_and_counts(default_report: dict[str, Any]) -> None:
     assert math.isclose(group(rep, "A")["metrics"]["MRR"], 0.75)
 
 
+@pytest.mark.slow
 def test_bad_lines_are_counted_reported_and_change_no_number(log: Path, clean_log: Path) -> None:
     result = cli("replay", log, "--format", "json")
     assert result.returncode == 0
@@ -237,6 +238,7 @@ def test_table_format(log: Path) -> None:
         json.loads(text)
 
 
+@pytest.mark.slow
 def test_default_format_off_a_terminal_is_json(log: Path) -> None:
     result = cli("replay", log)
     assert result.returncode == 0
@@ -250,6 +252,7 @@ def test_console_script(log: Path) -> None:
     assert cli("--help", script=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_stdin(log: Path, default_report: dict[str, Any]) -> None:
     result = cli("replay", "-", "--format", "json", stdin=log.read_bytes())
     assert result.returncode == 0
@@ -257,18 +260,21 @@ def test_stdin(log: Path, default_report: dict[str, Any]) -> None:
     assert f"stdin:{BAD_LINE_NUMBERS[0]}" in result.stderr.decode()
 
 
+@pytest.mark.slow
 def test_gzip_input_equals_plain(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
     packed = tmp_path / "log.jsonl.gz"
     packed.write_bytes(gzip.compress(log.read_bytes()))
     assert report(packed) == default_report
 
 
+@pytest.mark.slow
 def test_gzip_on_stdin_equals_plain(log: Path, default_report: dict[str, Any]) -> None:
     result = cli("replay", "-", "--format", "json", stdin=gzip.compress(log.read_bytes()))
     assert result.returncode == 0, result.stderr.decode()
     assert json.loads(result.stdout) == default_report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["cut", "corrupt"])
 def test_damaged_gzip_reports_what_was_read_and_fails(tmp_path: Path, damage: str) -> None:
     """A gzip file cut short (a log still being copied) or corrupt in the middle: the events before the damage are
@@ -287,6 +293,7 @@ def test_damaged_gzip_reports_what_was_read_and_fails(tmp_path: Path, damage: st
     assert 0 < read["ranking"] < 3000  # what came before the damage
 
 
+@pytest.mark.slow
 def test_several_files_are_their_concatenation(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
     lines = log.read_text().splitlines()
     first = tmp_path / "part1.jsonl"
@@ -297,6 +304,7 @@ def test_several_files_are_their_concatenation(tmp_path: Path, log: Path, defaul
     assert report(first, second, third) == default_report
 
 
+@pytest.mark.slow
 def test_long_file_read_in_several_chunks(tmp_path: Path) -> None:
     """More than one read chunk (CHUNK_BYTES): line numbers run on across chunks, and the numbers do not depend
     on where the chunks end. r1 is finalised at 1860 s and forgotten one horizon later (join.py), so r1 served
@@ -317,6 +325,7 @@ def test_long_file_read_in_several_chunks(tmp_path: Path) -> None:
     assert rep["overall"]["requests"] == n + 2
 
 
+@pytest.mark.slow
 def test_per_request_output(default_rows: dict[str, dict[str, Any]]) -> None:
     rows = default_rows
     assert set(rows) == {"r1", "r2", "r3", "r4", "r5"}
@@ -332,6 +341,7 @@ def test_per_request_output(default_rows: dict[str, dict[str, Any]]) -> None:
     assert all(row["metrics"].get("alpha-nDCG@10", None) is None for row in rows.values())
 
 
+@pytest.mark.slow
 def test_per_request_nulls_for_skipped_empty_requests(tmp_path: Path, log: Path) -> None:
     rows = per_request(tmp_path, log, "--empty", "skip")
     assert set(rows) == {"r1", "r2", "r3", "r4", "r5"}
@@ -342,6 +352,7 @@ def test_per_request_nulls_for_skipped_empty_requests(tmp_path: Path, log: Path)
 # -- options ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cutoffs(tmp_path: Path, log: Path) -> None:
     rep = report(log, "--cutoffs", "5,10")
     names = set(metrics(rep))
@@ -353,6 +364,7 @@ def test_cutoffs(tmp_path: Path, log: Path) -> None:
     assert {"P@5", "P@10", "nDCG@5"} <= set(rows["r1"]["metrics"])
 
 
+@pytest.mark.slow
 def test_gain(tmp_path: Path, log: Path, default_rows: dict[str, dict[str, Any]],
               default_report: dict[str, Any]) -> None:
     exp_rows = default_rows
@@ -366,6 +378,7 @@ def test_gain(tmp_path: Path, log: Path, default_rows: dict[str, dict[str, Any]]
     assert metrics(linear)["nDCG@10"] != metrics(default_report)["nDCG@10"]
 
 
+@pytest.mark.slow
 def test_max_grade(tmp_path: Path, log: Path, default_rows: dict[str, dict[str, Any]],
                    default_report: dict[str, Any]) -> None:
     def err(max_grade: float) -> float:
@@ -379,6 +392,7 @@ def test_max_grade(tmp_path: Path, log: Path, default_rows: dict[str, dict[str, 
     assert metrics(three)["ERR@10"] > metrics(default_report)["ERR@10"]
 
 
+@pytest.mark.slow
 def test_rel_threshold(log: Path) -> None:
     rep = report(log, "--rel-threshold", "2")
     # relevant now: r1 c@3, r3 y@2; r2, r4 and r5 have no relevant item
@@ -387,6 +401,7 @@ def test_rel_threshold(log: Path) -> None:
     assert rep["config"]["rel_threshold"] == 2
 
 
+@pytest.mark.slow
 def test_empty_policy(log: Path, default_report: dict[str, Any]) -> None:
     zero, skip = default_report, report(log, "--empty", "skip")
     assert math.isclose(metrics(zero)["MRR"], 2.5 / 5)
@@ -399,6 +414,7 @@ def test_empty_policy(log: Path, default_report: dict[str, Any]) -> None:
     assert math.isclose(group(zero, "B")["metrics"]["MRR"], 0.25)
 
 
+@pytest.mark.slow
 def test_gauc_weight(log: Path, default_report: dict[str, Any]) -> None:
     # session AUCs: s1 = 8/12 (3 positives, 7 items), s2 = 1/2 (1 of 3), r5 = 1/2 (1 of 3); s3 one class only
     expected = {
@@ -413,6 +429,7 @@ def test_gauc_weight(log: Path, default_report: dict[str, Any]) -> None:
     assert math.isclose(metrics(report(log, "--gauc-weight", "impressions"))["GAUC"], expected["impressions"])
 
 
+@pytest.mark.slow
 def test_attribution_window(log: Path, default_report: dict[str, Any]) -> None:
     rep = report(log, "--attribution-window", "10s")
     assert rep["events"] == {**EXPECTED_EVENTS, "late": 2}  # r1's label at +20 s is late now
@@ -435,6 +452,7 @@ attribution_window = "10s"
 """
 
 
+@pytest.mark.slow
 def test_config_file_equals_flags(tmp_path: Path, log: Path, default_report: dict[str, Any]) -> None:
     from_flags = report(log, *SETTINGS_FLAGS)
     plain = tmp_path / "plain.toml"
@@ -447,6 +465,7 @@ def test_config_file_equals_flags(tmp_path: Path, log: Path, default_report: dic
     assert from_flags != default_report
 
 
+@pytest.mark.slow
 def test_experiment_arms_from_the_config_file(tmp_path: Path, log: Path) -> None:
     toml = tmp_path / "arms.toml"
     toml.write_text('[experiments.e]\ncontrol = "B"\ntreatment = "A"\n')
@@ -458,6 +477,7 @@ def test_experiment_arms_from_the_config_file(tmp_path: Path, log: Path) -> None
     assert (metric_gsb["good"], metric_gsb["bad"]) == (1, 0)
 
 
+@pytest.mark.slow
 def test_environment_variables(log: Path) -> None:
     rep = report(log, env=clean_env(STREAM_EVAL_GAIN="linear", STREAM_EVAL_EMPTY="skip",
                                     STREAM_EVAL_ATTRIBUTION_WINDOW="10s"))
@@ -466,6 +486,7 @@ def test_environment_variables(log: Path) -> None:
     assert math.isclose(metrics(rep)["MRR"], 2.5 / 4)
 
 
+@pytest.mark.slow
 def test_feedback_kinds_from_the_config_file(tmp_path: Path) -> None:
     path = write(tmp_path / "kinds.jsonl", [
         ranking("r1", 0, ["a", "b"], arm="A"),
@@ -481,6 +502,7 @@ def test_feedback_kinds_from_the_config_file(tmp_path: Path) -> None:
     assert metrics(rep)["MRR"] == 0.5  # grade 3 >= 2: relevant at position 2
 
 
+@pytest.mark.slow
 def test_environment_cutoffs(log: Path) -> None:
     rep = report(log, env=clean_env(STREAM_EVAL_CUTOFFS="5"))
     assert rep["config"]["cutoffs"] == [5]
@@ -488,6 +510,7 @@ def test_environment_cutoffs(log: Path) -> None:
     assert "P@10" not in metrics(rep)
 
 
+@pytest.mark.slow
 def test_precedence_flag_over_env_over_file(tmp_path: Path, log: Path) -> None:
     toml = tmp_path / "settings.toml"
     toml.write_text('cutoffs = [3, 10]\ngain = "linear"\nempty = "skip"\n')
@@ -508,6 +531,7 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path, log: Path) -> None:
 # -- errors ------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, mentions",
     [
@@ -532,12 +556,14 @@ def test_bad_option_value(log: Path, args: list[str], mentions: str) -> None:
     assert result.stdout == b""
 
 
+@pytest.mark.slow
 def test_bad_environment_value(log: Path) -> None:
     result = cli("replay", log, env=clean_env(STREAM_EVAL_GAIN="cubic"))
     assert result.returncode == 2
     assert "gain" in result.stderr.decode() and b"Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_bad_config_file(tmp_path: Path, log: Path) -> None:
     missing = cli("replay", log, "--config", tmp_path / "nope.toml")
     assert missing.returncode == 2 and "nope.toml" in missing.stderr.decode()
@@ -567,6 +593,7 @@ def test_no_files_is_a_usage_error() -> None:
 # -- simulate then replay ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_simulate_then_replay(tmp_path: Path) -> None:
     out = tmp_path / "sim.jsonl"
     result = cli("simulate", "--requests", "200", "-o", out)

@@ -13,7 +13,7 @@ read through :class:`EngineCollector`, which gives the same series as a worker's
 
 What is compared, from the /metrics of every live worker:
 
-* summed over the workers and over every label that is not one of :data:`SPEC_LABELS` (a worker may add labels
+* summed over the workers and over every label that is not one of :data:`CONTRACT_LABELS` (a worker may add labels
   such as a partition or a generation to its counters): ``stream_eval_requests_total``, ``..._metric_sum_total``
   (1e-9 relative) and ``..._metric_count_total`` per experiment, arm and metric (``metric="AUC"``: GAUC's weighted
   sum of session AUCs and its weight), ``..._gsb_total``, ``..._events_total``, the overflow counters, and the
@@ -71,9 +71,9 @@ REQUESTS = 3000
 SEED = 41
 #: ``stream-eval produce --speed``: the log's ~75 s of event time in ~37 s.
 SPEED = 2.0
-#: Labels of the series in SPEC §5: everything else a worker adds is summed over.
-SPEC_LABELS = frozenset({"experiment", "arm", "metric", "window", "source", "verdict", "type", "status", "kind",
-                         "label", "le", "code"})
+#: Labels of the series in docs/contract.md §5: everything else a worker adds is summed over.
+CONTRACT_LABELS = frozenset({"experiment", "arm", "metric", "window", "source", "verdict", "type", "status", "kind",
+                             "label", "le", "code"})
 #: Counters and gauges that add up over workers: (name, compared exactly) (False: 1e-9 relative).
 SUMMED = {"stream_eval_requests_total": True, "stream_eval_metric_sum_total": False,
           "stream_eval_metric_count_total": True, "stream_eval_gsb_total": True, "stream_eval_events_total": True,
@@ -89,7 +89,7 @@ NO_SECURITY_ENV = {k: v for k, v in os.environ.items() if not k.startswith("STRE
 #: Seconds everything must stay unchanged, every live worker ready, before the numbers count as final.
 SETTLE = 10.0
 
-Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, SPEC labels)
+Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, contract labels)
 
 
 class Stalled(AssertionError):
@@ -101,14 +101,14 @@ def _cli(*args: str) -> list[str]:
 
 
 def _key(name: str, labels: dict[str, str]) -> Key:
-    """The series' identity: its name and SPEC labels. Invalid events are counted by the type of the topic they
+    """The series' identity: its name and contract labels. Invalid events are counted by the type of the topic they
     came from on a worker (a broken line goes to the rankings topic) and by their own in replay: compared as one
     total, as the report's ``events.invalid``, and by reason code over all types."""
     if name == "stream_eval_events_total" and labels.get("status") == "invalid":
         labels = {"status": "invalid"}
     elif name == "stream_eval_invalid_events_total":
         labels = {"code": labels["code"]}
-    return name, tuple(sorted((k, v) for k, v in labels.items() if k in SPEC_LABELS))
+    return name, tuple(sorted((k, v) for k, v in labels.items() if k in CONTRACT_LABELS))
 
 
 def _show(key: Key) -> str:
@@ -380,8 +380,8 @@ class Cluster:
     def view(self) -> tuple[dict[Key, float], list[str]]:
         """The live workers' series as one: :data:`SUMMED` added up, :data:`ONE_WORKER` from the worker exporting
         them; and what is wrong with how they are spread (a one-worker series with a value on two workers, or twice
-        on one under labels that are not SPEC's). A NaN next to a value is left out (a worker that gave the regroup
-        stage up may keep a sign test of nothing): noted, not failed."""
+        on one under labels that are not the contract's). A NaN next to a value is left out (a worker that gave the
+        regroup stage up may keep a sign test of nothing): noted, not failed."""
         summed: dict[Key, float] = defaultdict(float)
         found: dict[Key, list[tuple[str, float, dict[str, str]]]] = defaultdict(list)
         for worker in self.live:

@@ -219,6 +219,7 @@ def test_format_clock() -> None:
     assert [format_clock(s) for s in (0, 42.9, 61, 3723)] == ["00:00", "00:42", "01:01", "1:02:03"]
 
 
+@pytest.mark.slow
 def test_true_effects_child_prints_json() -> None:
     """What the demo runs in the background while the broker and the worker start."""
     result = subprocess.run([sys.executable, "-m", "stream_eval.stream.demo", "true-effects", "--rate", "50",
@@ -249,6 +250,7 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.slow
 def test_demo_shows_both_arms_and_stops_cleanly_on_ctrl_c() -> None:
     port, metrics_port = free_port(), free_port()
     demo = subprocess.Popen(

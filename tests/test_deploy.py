@@ -154,7 +154,7 @@ def test_prometheus_loads_the_mounted_rules_and_reaches_alertmanager() -> None:
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 
-# Every stream_eval series a dashboard may query (SPEC §5, §6, and export/prometheus.py), and whether the
+# Every stream_eval series a dashboard may query (docs/contract.md §5, §6, and export/prometheus.py), and whether the
 # dashboards must show it. A name not listed here (a typo, a recording rule) fails the test.
 SERIES = {
     "stream_eval_requests_total": True,
@@ -326,6 +326,7 @@ def test_checked_in_dashboard_equals_the_generator_output() -> None:
     assert build.DATASOURCE_UID == _datasource_uid()
 
 
+@pytest.mark.slow
 def test_every_query_parses_as_promql(tmp_path: Path) -> None:
     promtool = _promtool()
     rules = []
@@ -350,6 +351,7 @@ def _target(title: str, ref_id: str) -> str:
     return _substituted(expr, arm=".*", metric=".*")
 
 
+@pytest.mark.slow
 def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
     """A few queries evaluated by promtool on made-up series of two workers: the decision mapping, means as sums
     over workers, the GSB score from the counts, the event-time lag."""

@@ -44,6 +44,8 @@ from promstack import Alertmanager, Prometheus, Webhook, alertmanager_config, co
 from stream_eval.stream.broker import free_port
 from stream_eval.stream.demo import DEMO_SETTINGS, scrape
 
+pytestmark = pytest.mark.slow  # Prometheus, Alertmanager, and for most tests a broker and a worker
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "rules"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"

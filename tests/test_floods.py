@@ -77,6 +77,7 @@ def _add(sessions: Sessions, requests: list[_Request]) -> Any:
     return sessions.add(requests, np.zeros(len(requests), dtype=np.int64), impressions)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_flood_of_session_ids_keeps_open_sessions_at_the_bound() -> None:
     _add(Sessions(Config(max_open_sessions=1)), [_Request("x", T0), _Request("y", T0)])  # compiled before tracing
     sessions = Sessions(Config(max_open_sessions=CAP))
@@ -125,6 +126,7 @@ def _arms(_: str) -> ArmPair:
     return ArmPair("a", "b")
 
 
+@pytest.mark.slow
 def test_a_flood_of_query_ids_keeps_a_bucket_at_the_bound_in_any_order() -> None:
     n = FLOOD // 2  # 200k requests, 100k distinct queries
     groups, queries, ts, values = _query_rows(n, seed=1)
@@ -187,6 +189,7 @@ def _contributions(ledger: UnitLedger, order: list[int]) -> None:
                             ["a" if k % 2 else "b" for k in ks], [f"u{k}" for k in ks], np.ones((len(ks), 1)))
 
 
+@pytest.mark.slow
 def test_a_flood_of_unit_ids_keeps_each_experiment_at_the_bound() -> None:
     config = Config(max_units=CAP)
     ledgers = []
@@ -218,6 +221,7 @@ def test_a_known_unit_is_still_tracked_at_the_bound_and_a_new_arm_is_not_seen() 
 
 
 # -- feedback waiting for its ranking ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_flood_of_orphan_feedback_keeps_the_waiting_feedback_at_the_bound() -> None:
     config = Config(max_waiting_feedback=CAP)
     Join(config, EventCounts()).add([Feedback("x", "d1", ts=T0), Ranking("x", ["d1"], ts=T0)])  # compiled first
@@ -266,6 +270,7 @@ def test_waiting_feedback_is_not_counted_while_a_join_is_rebuilt() -> None:
 
 
 # -- replay and the workers agree at the bounds -----------------------------------------------------------------
+@pytest.mark.slow
 def test_the_regroup_stage_gives_replays_numbers_at_the_bounds(tmp_path: Any) -> None:
     """Sessions, query buckets and A/B units beyond small bounds: three partitions and the regroup stage count the
     same overflow and give the same report as replay."""

@@ -162,6 +162,7 @@ def codes(events: list[Any]) -> list[str | None]:
     return [e.code if type(e) is Invalid else None for e in events]
 
 
+@pytest.mark.slow
 @settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(st.one_of(mutated(), st.sampled_from(range(len(SEEDS))).map(good)), min_size=1, max_size=8),
        st.sampled_from(CONFIGS))
@@ -186,6 +187,7 @@ def test_every_decoder_gives_each_mutated_line_the_same_event_or_reason(lines: l
 TOPIC = {"ranking": "ranking", "feedback": "feedback", "judgment": "judgment", "watermark": "feedback"}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(st.one_of(mutated(), st.sampled_from(range(len(SEEDS))).map(good), st.none()), min_size=1,
                 max_size=40),
@@ -265,6 +267,7 @@ def _garbage(line: bytes) -> bool:
             and type(decode_line(line, Config())) is Invalid)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(st.tuples(st.integers(0, len(GOOD)), mutated().filter(_garbage)), min_size=1, max_size=10))
@@ -346,6 +349,7 @@ def test_a_grade_too_large_for_a_double_is_invalid_in_every_decoder() -> None:
         ("bad_grade", "Number out of range - at `$.grade`")}
 
 
+@pytest.mark.slow
 def test_the_replay_command_counts_them_by_reason_and_goes_on(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     path.write_bytes(b"\n".join([*GOOD[:40], *DUPLICATES, *GOOD[40:100], *BAD_UTF8, *GOOD[100:]]) + b"\n")

@@ -3,6 +3,7 @@ arm) added request by request, a verdict per bucket and query served by both arm
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
@@ -44,6 +45,7 @@ REQUEST = st.tuples(st.sampled_from(["e1", "e2", "e3"]), st.sampled_from(["c", "
                     st.sampled_from([0.0, 0.1, 0.2, 0.3, 1 / 3, 1.0]))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(REQUEST, max_size=12), max_size=8), st.sampled_from([5.0, 7.5, 100.0]),
        st.sampled_from([0.0, 0.05]), st.lists(st.floats(0, 80), max_size=4))

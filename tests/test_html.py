@@ -161,6 +161,7 @@ def _chromium(page: Path, *options: str) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, timeout=BROWSER_TIMEOUT, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log", ["example", "simulated"])
 def test_every_chart_renders_in_chromium_without_errors(pages: dict[str, tuple[Path, dict[str, Any]]],
                                                          log: str) -> None:
@@ -181,6 +182,7 @@ def test_every_chart_renders_in_chromium_without_errors(pages: dict[str, tuple[P
     assert console == [], "the page logged to the console:\n" + "\n".join(console)
 
 
+@pytest.mark.slow
 def test_the_screenshot_shows_the_charts(pages: dict[str, tuple[Path, dict[str, Any]]], tmp_path: Path) -> None:
     from PIL import Image
 

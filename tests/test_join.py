@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from unittest.mock import patch
 
 import numpy as np
+import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
@@ -359,6 +360,7 @@ def _compare(events: list[Ranking | Feedback]) -> None:
     assert lazy.counts == eager.counts
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(logs(max_ts=2 * HORIZON - 1))
 def test_lazy_finalisation_equals_eager_within_two_horizons(events: list[Ranking | Feedback]) -> None:
@@ -367,6 +369,7 @@ def test_lazy_finalisation_equals_eager_within_two_horizons(events: list[Ranking
 
 
 # no shrinking (it takes seconds): the shrunk counterexamples are written out as the tests further below
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(logs(max_ts=80.0))
 def test_lazy_finalisation_equals_eager(events: list[Ranking | Feedback]) -> None:
@@ -405,7 +408,7 @@ def test_feedback_for_a_remembered_finalised_request_is_late() -> None:
 
 
 def test_duplicate_ranking_while_remembered_is_a_duplicate() -> None:
-    """SPEC §1: a ranking whose request_id was already seen is a duplicate; the first one stands."""
+    """docs/contract.md §1: a ranking whose request_id was already seen is a duplicate; the first one stands."""
     events = [rank("r1", 0, ["a"]), rank("r2", 20), rank("r1", 20, ["z"]), click("r1", "z", 21)]
     for eager in (False, True):
         run = _run(events, eager)
@@ -474,6 +477,7 @@ def _held_bytes(join: Join) -> int:
     return sum(array.nbytes for array in arrays)
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_finished_requests() -> None:
     """In steady state (one request a second, each finalised 15 s later) what the join holds stays the same
     whether 4,000 or 8,000 requests have been finalised: labels on items not served, duplicates and clicks.
@@ -493,6 +497,7 @@ def test_memory_does_not_grow_with_finished_requests() -> None:
 
 
 
+@pytest.mark.slow
 def test_the_join_arrays_are_sized_by_the_requests_held() -> None:
     """The join's columns grow only when no finalised and forgotten slot can be dropped to make room: at an
     uneven rate (0 to 3 requests a second), their capacity stays within one growth step of the requests open

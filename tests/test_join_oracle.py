@@ -7,6 +7,7 @@ from typing import Any
 from unittest.mock import patch
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from per_event_join import Join as PerEventJoin
@@ -105,6 +106,7 @@ def _compare(events: list[Any], cuts: list[int], advances: list[bool], event_tim
     assert sorted(new.delays) == sorted(old.delays)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(streams, st.lists(st.integers(0, 60), max_size=8), st.lists(st.booleans(), min_size=1, max_size=4))
 def test_equals_the_per_event_join_on_event_time(events: list[Any], cuts: list[int], advances: list[bool]) -> None:

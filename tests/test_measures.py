@@ -1,5 +1,5 @@
-"""Measures as values (SPEC §7): the name grammar, the registry, ``metrics`` choosing what runs, and the names used
-as keys everywhere (report, per-request records, A/B rows, the Prometheus ``metric`` label)."""
+"""Measures as values (docs/contract.md §7): the name grammar, the registry, ``metrics`` choosing what runs, and the
+names used as keys everywhere (report, per-request records, A/B rows, the Prometheus ``metric`` label)."""
 
 from __future__ import annotations
 

@@ -186,13 +186,13 @@ def test_empty_requests_policy(empty):
         elif spec.family in ("RR", "AP", "nDCG", "R", "ERR", "P"):
             assert (column == 0.0).all(), spec.name
     if empty == "zero":
-        # grades below the threshold still give a DCG: "zero" only sets the SPEC's list to 0.
+        # grades below the threshold still give a DCG: "zero" only sets the list of docs/contract.md §2 to 0.
         # alpha-nDCG has no list kernel (it needs subtopics): the engine fills it, evaluate_batch leaves NaN.
         kernel_columns = [j for j, spec in enumerate(result.specs) if spec.family != "alpha-nDCG"]
         assert not np.isnan(rows[:, kernel_columns]).any()
 
 
-# -- measures with parameters, and those trec_eval and ir_measures add (SPEC §7) -------------------------------
+# -- measures with parameters, and those trec_eval and ir_measures add (docs/contract.md §7) -------------------
 ORACLE_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ORACLE_CUTOFFS = (1, 3, 5, 10)
 
@@ -325,6 +325,7 @@ def generate_sessions(seed: int, n_sessions: int = 600):
     return session[order], scores[order], labels[order]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("block", [None, 7])
 def test_session_auc_matches_sklearn(seed, block, monkeypatch):

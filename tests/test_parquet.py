@@ -88,6 +88,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.slow
 def test_parquet_report_equals_jsonl_report(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
     from_jsonl, from_parquet = reports(simulated, tmp_path)
     assert from_parquet == from_jsonl
@@ -109,6 +110,7 @@ def test_parquet_in_several_batches_and_skip_policy(simulated: list[dict[str, An
     assert from_parquet == from_jsonl
 
 
+@pytest.mark.slow
 def test_cli_columns_mapping_and_per_request_parquet(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
     renamed = pa.schema([field.with_name({"request_id": "req_id", "items": "doc_ids"}.get(field.name, field.name))
                          for field in SCHEMA])
@@ -130,6 +132,7 @@ def test_cli_columns_mapping_and_per_request_parquet(simulated: list[dict[str, A
         assert {name: row[name] for name in record["metrics"]} == record["metrics"]
 
 
+@pytest.mark.slow
 def test_rows_without_type_column_and_timestamps(tmp_path: Path) -> None:
     """Without a ``type`` column a row with items is a ranking, one with an item feedback; ``ts`` a timestamp."""
     seconds = [T0, T0 + 1, T0 + 2, T0 + 3, T0 + 4]
@@ -154,6 +157,7 @@ def test_rows_without_type_column_and_timestamps(tmp_path: Path) -> None:
     assert replay([str(tmp_path / "events.jsonl")], Config()).report() == report
 
 
+@pytest.mark.slow
 def test_bad_columns_are_errors(tmp_path: Path) -> None:
     with pytest.raises(ColumnError):
         parse_columns("request=req_id")
@@ -166,6 +170,7 @@ def test_bad_columns_are_errors(tmp_path: Path) -> None:
     assert result.returncode == 2 and "nothing says what a row is" in result.stderr
 
 
+@pytest.mark.slow
 def test_damaged_parquet_keeps_what_was_read(tmp_path: Path) -> None:
     rows = [{"type": "ranking", "request_id": f"r{k}", "items": ["a", "b"], "ts": T0 + k} for k in range(200_000)]
     write_parquet(rows, tmp_path / "log.parquet", row_group_size=50_000)  # read a row group at a time
@@ -205,6 +210,7 @@ def event_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=event_rows())
 def test_parquet_equals_jsonl_on_generated_rows(rows: list[dict[str, Any]], tmp_path: Path) -> None:

@@ -101,6 +101,7 @@ def _comparable(report: dict[str, Any]) -> Any:
     return approx({key: report[key] for key in ("events", "overall", "groups", "gsb", "ab")})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch", "behaviour"), [(1, False), (7, False), (500, False), (7, True)])
 def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int, behaviour: bool) -> None:
     config = Config(metrics=BEHAVIOUR) if behaviour else Config()
@@ -124,6 +125,7 @@ def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int, b
     assert collect.repeated == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stale", [False, True], ids=["from-the-start-offsets", "from-offset-0"])
 def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: bool) -> None:
     """Partition 0 moves from worker A to worker B halfway; B re-reads from A's checkpoint, muted up to it.
@@ -159,6 +161,7 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     assert overall.requests == expected.overall().requests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("snapshots", "behaviour"), [(False, False), (True, False), (True, True)],
                          ids=["from-the-start", "from-a-snapshot", "from-a-snapshot-behaviour"])
 def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tmp_path: Any, snapshots: bool,
@@ -221,7 +224,7 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
 
 
 def test_an_idle_partition_stops_holding_event_time_back() -> None:
-    """A silent partition holds the watermark back only for idle_timeout seconds of wall clock (SPEC §1)."""
+    """A silent partition holds the watermark back only for idle_timeout seconds of wall clock (docs/contract.md §1)."""
     now = [0.0]
     config = Config(attribution_window=10.0, allowed_lateness=0.0)
     collect = Collect()
@@ -317,6 +320,7 @@ def _windows_fed(log: Log, sent: list[tuple[str, int, int, bytes]] | None) -> di
     return out
 
 
+@pytest.mark.slow
 def test_a_log_read_at_once_to_its_end_leaves_the_windows_of_one_read_message_by_message() -> None:
     """A worker started after the whole log was produced reads every partition to its end marker before event
     time could move: the all-partition watermark goes from -inf to +inf in one tick. Its windows must still stand

@@ -133,6 +133,7 @@ def _report(lines: list[bytes], path: Path) -> dict[str, Any]:
 GOOD = _log(600, seed=5)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, len(GOOD)), st.sampled_from(POISON)), min_size=1, max_size=12))
 def test_poison_anywhere_leaves_the_good_events_numbers(tmp_path: Path, inserted: list[tuple[int, bytes]]) -> None:
@@ -146,6 +147,7 @@ def test_poison_anywhere_leaves_the_good_events_numbers(tmp_path: Path, inserted
     assert got == want
 
 
+@pytest.mark.slow
 def test_replay_cli_reports_poison_and_goes_on(tmp_path: Path) -> None:
     import subprocess
     import sys

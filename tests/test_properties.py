@@ -330,7 +330,7 @@ def test_normalised_metrics_in_unit_interval(shown, unshown, config):
 )
 def test_alpha_ndcg_in_unit_interval(subtopics, data, k):
     relevant = data.draw(st.lists(st.booleans(), min_size=len(subtopics), max_size=len(subtopics)))
-    value = alpha_ndcg(subtopics, relevant, k, 0.5)  # the SPEC's default alpha
+    value = alpha_ndcg(subtopics, relevant, k, 0.5)  # the default alpha (docs/contract.md §2)
     assert 0.0 <= value <= 1.0
 
 
@@ -509,6 +509,7 @@ ODD_LINES = [
 ]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(log=logs(max_requests=8, tenths=True), data=st.data())
 def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):

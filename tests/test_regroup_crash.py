@@ -314,6 +314,7 @@ def test_a_sink_of_no_partition_writes_records_as_before() -> None:
         sink.begin("t", 0)
 
 
+@pytest.mark.slow
 def test_the_partitions_engines_are_deterministic() -> None:
     """The records a partition's engine writes depend on its events only: what a new owner writes again after
     the checkpoint is what the dead owner wrote (as modelled here, numbering aside)."""
@@ -400,6 +401,7 @@ def test_a_record_counts_where_its_commit_is_and_the_checkpoint_keeps_them_toget
 
 
 # -- the partitions' engines and the stage ------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("every", [1, 40])
 def test_committed_records_give_the_replay_numbers(every: int) -> None:
     """No crash: commit markers after every batch (or every 40 batches); the records in the order written, or
@@ -424,6 +426,7 @@ def _positions(written: Written, partition: int, kind: str) -> list[int]:
     return [k for k, op in enumerate(written.ops[partition]) if op[0] == kind]
 
 
+@pytest.mark.slow
 def test_crashes_before_a_commit_and_right_after_a_checkpoint_count_nothing_twice() -> None:
     written = _written(40)
     baseline = _stage_report(_run(written.config, _written_in_order(written)))
@@ -446,6 +449,7 @@ def test_crashes_before_a_commit_and_right_after_a_checkpoint_count_nothing_twic
     _assert_as_replay(written, engine)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([1, 7, 40]), st.lists(st.lists(st.floats(0.0, 1.0), max_size=3), min_size=PARTITIONS,
                                             max_size=PARTITIONS), st.integers(0, 2**32))
@@ -514,6 +518,7 @@ def _sign_tests_kept(seen: Handovers) -> bool:
 _MODES = {"from-the-start": (True, False), "from-a-snapshot": (True, True), "without-ab": (False, False)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(_MODES))
 def test_the_stage_moves_while_commits_are_pending(mode: str) -> None:
     """Records committed long after they were written (40 batches) and crashes of partition writers; the stage
@@ -537,6 +542,7 @@ def test_the_stage_moves_while_commits_are_pending(mode: str) -> None:
     _assert_as_replay(written, merged, sign_tests=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(list(_MODES)), st.sampled_from([1, 40]),
        st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.lists(st.floats(0.0, 1.0), max_size=3),

@@ -1,4 +1,4 @@
-"""SPEC §1 events: decoding from JSON Lines and validation, with the reason codes of ``schema.py``."""
+"""docs/contract.md §1 events: decoding from JSON Lines and validation, with the reason codes of ``schema.py``."""
 
 from __future__ import annotations
 
@@ -875,6 +875,7 @@ def test_plain_rankings_do_not_go_through_msgspec(monkeypatch: pytest.MonkeyPatc
     assert decoded.as_list() == expected and all(type(e) is CompactRanking for e in decoded.events)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.from_regex(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,25})?", fullmatch=True),
        st.sampled_from([b"ts", b"grade", b"dwell"]))
@@ -895,6 +896,7 @@ def test_numbers_read_in_columns_are_exact(text: str, key: bytes) -> None:
         assert long_integer or out_of_range or (key != b"ts" and (float(text) < 0 or text.startswith("-")))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
                                    st.from_regex(r"-?(0|[1-9][0-9]{0,25})(\.[0-9]{1,25})?([eE][+-]?[0-9]{1,2})?",

@@ -177,6 +177,7 @@ def test_a_wrong_tls_file_is_a_clear_error_exit_2(tmp_path: Path, capsys: pytest
     assert code == 2 and "cannot load the CA file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_faust_entry_module_takes_security_from_the_environment() -> None:
     """``faust -A stream_eval.stream.entry worker`` builds its settings from ``STREAM_EVAL_*``, security included."""
     env = {**os.environ, "STREAM_EVAL_SECURITY_PROTOCOL": "SASL_SSL", "STREAM_EVAL_SASL_USERNAME": "app",
@@ -302,6 +303,7 @@ def _wait(condition: Any, timeout: float, what: str, process: subprocess.Popen[b
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Path, certs: Certificates) -> None:
     """Worker (SCRAM-SHA-512, password file, JSON logs) and produce (SCRAM-SHA-256, password in the environment)
     through TLS with client certificates; /readyz 503 until the worker has caught up, then 200; no secret in
@@ -361,6 +363,7 @@ def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Pat
         assert SECRET not in output and json.dumps(SECRET)[1:-1] not in output
 
 
+@pytest.mark.slow
 def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certificates,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str],

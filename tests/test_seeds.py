@@ -1,4 +1,5 @@
-"""Every worked example of the seed documents (shared/seeds/ beside the checkout), computed by stream_eval's own code.
+"""Every worked example of the seed documents (the blog posts on ranking metrics whose examples define the metrics
+of docs/contract.md §2), computed by stream_eval's own code.
 
 The seeds round their results (0.961, 0.83, 8.37, ...); each test says which tolerance the rounding allows.
 """
@@ -65,7 +66,7 @@ def test_seed004_idcg6_shown_only_is_7_14_by_ratio():
 
 def test_seed001_ndcg6_with_unshown_d7_d8_is_0_785():
     # Seed 001: ideal 3,3,2,2,1,0 is stated but IDCG 8.740 needs the judged-but-unshown D7=3, D8=2
-    # (ideal 3,3,3,2,2,2): that is the SPEC's reading of the example.
+    # (ideal 3,3,3,2,2,2): that is the reading of docs/contract.md §2.
     assert evaluate_request(SHOWN, LINEAR6, unshown=[3, 2])["nDCG@6"] == pytest.approx(0.785, abs=5e-4)
 
 

@@ -195,6 +195,7 @@ def test_feedback_after_its_ranking_and_within_max_delay() -> None:
     assert len(serve) == 3000 and checked > 1000
 
 
+@pytest.mark.slow
 def test_shuffle_window_bounds_the_disorder() -> None:
     window = 30.0
     events = _events(requests=20_000, shuffle_window=window)
@@ -427,7 +428,7 @@ def test_no_faults_by_default() -> None:
 
 
 def _invalid_reason(line: bytes) -> str | None:
-    """Why a line is malformed under SPEC §1, or None if it is a valid event."""
+    """Why a line is malformed under docs/contract.md §1, or None if it is a valid event."""
     try:
         event = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -526,6 +527,7 @@ def test_is_lazy() -> None:
     assert len(first) == 1000
 
 
+@pytest.mark.slow
 def test_hundred_thousand_requests() -> None:
     config = SimulationConfig(requests=100_000)
     counts: collections.Counter[str] = collections.Counter()
@@ -636,6 +638,7 @@ def test_unit_validation(kwargs: dict[str, Any]) -> None:
 # --- the true effect of the arms ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_true_effects_follow_the_arms_quality() -> None:
     config = SimulationConfig(arms=(("a", 0.2), ("b", 0.55), ("c", 0.9)), seed=2)
     truth = true_effects(config, requests=5000)
@@ -656,6 +659,7 @@ def test_true_delta_of_the_default_arms() -> None:
     assert 0.6 < truth["control"]["nDCG@10"] < 0.8
 
 
+@pytest.mark.slow
 def test_estimates_converge_to_the_true_effects(tmp_path: Path) -> None:
     """A two-arm run replayed by `stream-eval replay`'s engine lands near the truth (other draws, same world)."""
     from stream_eval.config import Config

@@ -319,6 +319,7 @@ def test_confidence_sequence_detects_a_real_effect_in_the_right_direction() -> N
     assert ever(c.cs_upper < 0) == 0
 
 
+@pytest.mark.slow
 def test_srm_sequential_false_alarm_rate_under_a_correct_split() -> None:
     """Units assigned 50/50 one by one, a look after every 10 units up to 3,000: the sequential p-value stays
     valid, while Pearson's p-value peeked at the same looks crosses alpha far more often."""
@@ -365,6 +366,7 @@ def sign_tests(counts: Floats) -> tuple[Floats, Floats, Floats]:
     return field("p_value"), field("cs_lower"), field("cs_upper")
 
 
+@pytest.mark.slow
 def test_sign_test_false_alarm_rate_when_good_and_bad_are_even() -> None:
     rng = np.random.default_rng(5)
     experiments, alpha = 300, 0.05
@@ -373,6 +375,7 @@ def test_sign_test_false_alarm_rate_when_good_and_bad_are_even() -> None:
     assert at_most_alpha(ever((lower > 0) | (upper < 0)), experiments, alpha)
 
 
+@pytest.mark.slow
 def test_sign_test_detects_more_good_than_bad() -> None:
     rng = np.random.default_rng(6)
     experiments = 100

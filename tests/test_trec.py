@@ -103,6 +103,7 @@ def check(got: float, expected: float, where: object) -> None:
 EXAMPLES = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(data=qrels_and_runs(), level=st.sampled_from([1, 1, 2]), requests=st.sampled_from([["all_trec"], WITH_PARAMS]))
 def test_every_measure_agrees_with_pytrec_eval(data: tuple[Qrels, RunScores], level: int, requests: list[str],
@@ -126,6 +127,7 @@ def test_every_measure_agrees_with_pytrec_eval(data: tuple[Qrels, RunScores], le
                 check(per_query[qid][name], row[oracle], (qid, name))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=qrels_and_runs())
 def test_complete_counts_queries_missing_from_the_run(data: tuple[Qrels, RunScores], tmp_path: Path) -> None:
@@ -156,6 +158,7 @@ def ir_measures_run(run: RunScores) -> RunScores:
 REGISTRY_NAMES = ["nDCG@10", "RBP(p=0.8)", "Judged@10", "P(rel=2)@5", "AP@3", "RR", "R-Prec", "R@4"]
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(data=qrels_and_runs(), level=st.sampled_from([1, 2]))
 def test_registry_names_agree_with_ir_measures(data: tuple[Qrels, RunScores], level: int, tmp_path: Path) -> None:
@@ -269,6 +272,7 @@ def small(tmp_path: Path) -> tuple[str, str]:
     return str(qrels_path), str(run_path)
 
 
+@pytest.mark.slow
 def test_cli_prints_trec_eval_lines(small: tuple[str, str]) -> None:
     result = run_cli("trec", *small, "-q", "-m", "ndcg_cut.10", "-m", "num_q", "-m", "P.2", "-m", "map",
                      "-m", "num_rel", "-m", "relstring", "-m", "gm_map")
@@ -293,6 +297,7 @@ def test_cli_prints_trec_eval_lines(small: tuple[str, str]) -> None:
     ]
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=qrels_and_runs(), query=st.booleans())
 def test_default_output_is_trec_eval_official(data: tuple[Qrels, RunScores], query: bool, tmp_path: Path) -> None:
@@ -319,6 +324,7 @@ def test_default_output_is_trec_eval_official(data: tuple[Qrels, RunScores], que
     assert summary[0][1] == "tag1"
 
 
+@pytest.mark.slow
 def test_cli_json_and_errors(small: tuple[str, str]) -> None:
     report = json.loads(run_cli("trec", *small, "--json", "-c", "-q", "-m", "map", "-m", "num_ret",
                                 "-m", "gm_map", "-m", "runid").stdout)
@@ -335,6 +341,7 @@ def test_cli_json_and_errors(small: tuple[str, str]) -> None:
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=qrels_and_runs(), options=st.sampled_from([[], ["-q", "-m", "all_trec"], ["-q", "-c", "-m", "all_trec"],
                                                       ["-M", "3", "-q", "-m", "all_trec"]]))
+@pytest.mark.slow
 def test_output_is_trec_eval_byte_for_byte(data: tuple[Qrels, RunScores], options: list[str], tmp_path: Path) -> None:
     paths = [str(p) for p in write_files(*data, tmp_path, extra=2)]
     expected = subprocess.run(["trec_eval", *options, *paths], capture_output=True, text=True, timeout=60)

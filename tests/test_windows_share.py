@@ -87,6 +87,7 @@ def _assert_same_windows(a: RollingWindows, b: RollingWindows) -> None:
         assert b.verdicts(watermark) == a.verdicts(watermark)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_a_restored_owner_has_the_windows_the_dead_owner_would_have_had(seed: int) -> None:
     """Seeds 4 and 5 with the behaviour and session measures (their sessions' columns follow GAUC's)."""
@@ -171,6 +172,7 @@ def test_a_share_round_trips_through_orjson_bit_for_bit() -> None:
     assert restored["final"]["bucket"] and restored["sessions"]["bucket"] and restored["verdicts"]
 
 
+@pytest.mark.slow
 def test_a_delta_is_much_smaller_than_a_full_share_on_a_long_log() -> None:
     """The default windows (5m and 1h in 360 buckets of 10 s) over 70 minutes of traffic."""
     config = Config(attribution_window=60.0, allowed_lateness=10.0, session_gap=60.0, gsb_window=60.0)
@@ -200,6 +202,7 @@ def test_a_delta_is_much_smaller_than_a_full_share_on_a_long_log() -> None:
     assert _content(wb.share(full=True)) == _content(wa.share(full=True))
 
 
+@pytest.mark.slow
 def test_the_new_owner_goes_on_with_deltas_of_the_full_share_it_restored() -> None:
     """B, restored from A's full share and delta, stores deltas of that full share: they hold what A's delta held
     and what B changed since, and drop the buckets of the full share that left the windows."""

@@ -9,8 +9,8 @@ The JSON is checked in, so running Grafana needs nothing from here; ``tests/test
 memory and compares. The SDK is pinned exactly: its versions are ``<build epoch>!<Grafana version>``, so an
 unpinned install picks whichever Grafana version was built last, and each build may encode differently.
 
-Queries read the raw series of SPEC §5 and §6, never recording rules, so the dashboard works without them.
-Means are ratios of sums taken over workers (``sum(..._sum) / sum(..._count)``); the A/B, SRM and GSB p-value
+Queries read the raw series of docs/contract.md §5 and §6, never recording rules, so the dashboard works without
+them. Means are ratios of sums taken over workers (``sum(..._sum) / sum(..._count)``); the A/B, SRM and GSB p-value
 gauges come from one worker of a group and are taken with ``max by (...)``, never summed. Only the variables
 ``$experiment``, ``$arm``, ``$metric`` and ``$__rate_interval`` appear in queries.
 """
@@ -386,7 +386,8 @@ def build() -> dash.Dashboard:
     ids = itertools.count(1)
     board = (
         dash.Dashboard("stream_eval").uid(DASHBOARD_UID).tags(["stream_eval"])
-        .description("Live ranking quality, A/B decisions and pipeline health of stream_eval workers (SPEC §5, §6).")
+        .description("Live ranking quality, A/B decisions and pipeline health of stream_eval workers "
+                     "(docs/contract.md §5, §6).")
         .refresh("30s").time("now-6h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
         .annotation(  # Grafana's own annotations (what it adds to every dashboard), so the list is never empty
             dash.AnnotationQuery().name("Annotations & Alerts").built_in(1).type("dashboard").enable(True).hide(True)

@@ -43,7 +43,7 @@ GroupKey = tuple[str, str]
 _RAW_GROUP_CACHE = 10_000
 
 
-#: The ids of a per-request record (SPEC §4), in the order of its keys (:meth:`FinalisedBatch.ids`).
+#: The ids of a per-request record (docs/contract.md §4), in the order of its keys (:meth:`FinalisedBatch.ids`).
 ID_FIELDS = ("request_id", "experiment", "arm", "query_id", "session_id")
 
 
@@ -66,7 +66,7 @@ class FinalisedBatch:
                    rid if state.session_id is None else state.session_id)
 
     def records(self) -> Iterable[dict[str, Any]]:
-        """One SPEC §4 per-request record per request (NaN becomes ``None``)."""
+        """One docs/contract.md §4 per-request record per request (NaN becomes ``None``)."""
         names = [spec.name for spec in self.specs]
         for (rid, experiment, arm, query, session), row in zip(self.ids(), self.values.tolist(), strict=True):
             yield {"request_id": rid, "experiment": experiment, "arm": arm, "query_id": query, "session_id": session,
@@ -661,7 +661,7 @@ class Engine:
         return total
 
     def report(self) -> dict[str, Any]:
-        """The report of SPEC §4 for everything finalised so far."""
+        """The report of docs/contract.md §4 for everything finalised so far."""
         groups = []
         for (experiment, arm), stats in sorted(zip(self.group_keys, self.groups, strict=True), key=lambda g: g[0]):
             groups.append({"experiment": experiment, "arm": arm, **self._section(stats)})

@@ -1,4 +1,4 @@
-"""GSB tallies from the three sources of SPEC §3.
+"""GSB tallies from the three sources of docs/contract.md §3.
 
 * ``judgment``: each judgment event is a verdict.
 * ``metric``: requests with an explicit ``query_id`` are grouped by (experiment, query, ``gsb_window``

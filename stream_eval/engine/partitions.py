@@ -4,7 +4,7 @@ The rankings, feedback and judgments topics are co-partitioned by key (``request
 of every input topic forms one *unit*: one :class:`~stream_eval.events.join.Join` holds the requests of
 partition ``p``. This module knows nothing of Kafka; the worker feeds it decoded messages with their offsets.
 
-Event time (SPEC §1):
+Event time (docs/contract.md §1):
 
 * Each topic-partition ("source") has a watermark: the largest ``ts`` it has carried, raised further by
   watermark events; ``{"type": "watermark", "end": true}`` ends it (+inf) until it speaks again.

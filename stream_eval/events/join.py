@@ -1,6 +1,6 @@
 """The join of rankings and feedback: a pure state machine on event time, shared by replay and streaming.
 
-Rules (SPEC §1), with the one choice the SPEC leaves open written down:
+Rules (docs/contract.md §1), with the one choice the contract leaves open written down:
 
 * An item's grade for a request is the maximum grade of its feedback.
 * Feedback may arrive before its ranking: it waits in ``pending``.

@@ -1,4 +1,4 @@
-"""Decoding Kafka message values: the topic gives the type (SPEC §1), a ``type`` field must agree.
+"""Decoding Kafka message values: the topic gives the type (docs/contract.md §1), a ``type`` field must agree.
 
 Each message is one JSON object. The fast path decodes a whole fetched batch at once into the topic's
 type; a batch with a bad, watermark or mistyped message is split in halves, each decoded the same way, down to

@@ -1,10 +1,11 @@
 """Parquet input (Apache Arrow): events read from columns, as :func:`~stream_eval.events.schema.decode_chunk_columns`
 gives them from JSON Lines.
 
-A file holds rows of events, one column per field of SPEC §1 (``--columns request_id=req_id,items=doc_ids`` maps
-a field to a column of another name). A ``type`` column says what each row is; without one, a row with ``items``
-is a ranking, else one with ``item`` is feedback, else one with ``verdict`` a judgment. A null cell is an absent
-field. ``ts`` may be a number (epoch seconds), a timestamp (UTC when it has no time zone) or an ISO-8601 string.
+A file holds rows of events, one column per field of docs/contract.md §1 (``--columns
+request_id=req_id,items=doc_ids`` maps a field to a column of another name). A ``type`` column says what each row
+is; without one, a row with ``items`` is a ranking, else one with ``item`` is feedback, else one with ``verdict`` a
+judgment. A null cell is an absent field. ``ts`` may be a number (epoch seconds), a timestamp (UTC when it has no
+time zone) or an ISO-8601 string.
 
 The file is read in record batches. The plainest rows, as in the JSON Lines reader, never become Python objects
 one by one: feedback goes straight from Arrow's string buffers into :class:`~stream_eval.events.schema.FeedbackColumns`,
@@ -51,7 +52,7 @@ Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
-#: The fields a column can hold (SPEC §1, all event types).
+#: The fields a column can hold (docs/contract.md §1, all event types).
 FIELDS = ("type", "request_id", "ts", "items", "scores", "query_id", "session_id", "experiment", "arm", "unit_id",
           "teams", "subtopics", "item", "kind", "grade", "verdict", "end", "dwell")
 #: Rows read at a time. 64k rows is ~2 MB of the benchmark's columns, like the JSON reader's chunks.

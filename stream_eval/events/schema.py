@@ -1,4 +1,4 @@
-"""The event schema of SPEC §1: decoding from JSON bytes and validation, each rejection with a reason.
+"""The event schema of docs/contract.md §1: decoding from JSON bytes and validation, each rejection with a reason.
 
 Decoding uses msgspec Structs (``gc=False``: the garbage collector never scans them), so a line becomes a
 typed event in one C call; the checks msgspec cannot express (unique items, equal lengths, a grade for a
@@ -294,7 +294,7 @@ def parse_time(value: Time, field: str = "ts") -> float:
 
 
 class Validator:
-    """The checks of SPEC §1 that msgspec's types cannot express, for one :class:`Config`.
+    """The checks of docs/contract.md §1 that msgspec's types cannot express, for one :class:`Config`.
 
     ``check`` validates an event in place (``ts`` becomes epoch seconds, a click gets grade 1) or raises
     :class:`EventError`. Built once per config: the hot path does no dict building or attribute chains.
@@ -465,7 +465,7 @@ def validate(event: Ranking | Feedback | Judgment, config: Config, default_ts: f
 
 
 def type_name(event: object) -> str:
-    """The SPEC name of an event's type: ``ranking``, ``feedback``, ``judgment`` or ``watermark``."""
+    """The name of an event's type (docs/contract.md §1): ``ranking``, ``feedback``, ``judgment`` or ``watermark``."""
     return _TYPE_NAMES[type(event)]
 
 

@@ -1,5 +1,5 @@
-"""The per-request output (SPEC §4 ``--per-request``) as a Parquet file: one row per finalised request, with the
-record's ids and one float column per metric (null where the JSON record has ``null``)."""
+"""The per-request output (docs/contract.md §4 ``--per-request``) as a Parquet file: one row per finalised
+request, with the record's ids and one float column per metric (null where the JSON record has ``null``)."""
 
 from __future__ import annotations
 

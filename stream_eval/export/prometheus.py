@@ -1,4 +1,5 @@
-"""Prometheus export (SPEC §5): a collector of readouts of the engine (``engine/readout.py``), and the HTTP endpoint.
+"""Prometheus export (docs/contract.md §5): a collector of readouts of the engine (``engine/readout.py``), and the
+HTTP endpoint.
 
 Every mean comes with its sum and count, so that several workers aggregate exactly in PromQL
 (``sum(..._sum) / sum(..._count)``). Series:
@@ -22,8 +23,8 @@ Every mean comes with its sum and count, so that several workers aggregate exact
 * ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
   by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
-  into ``__other__`` (SPEC §5: overflow is counted); ``stream_eval_overflow_total{kind}``: requests or feedback
-  beyond a bound on state (``session``, ``query``, ``unit``, ``waiting_feedback``; README, "Bounded state").
+  into ``__other__`` (docs/contract.md §5: overflow is counted); ``stream_eval_overflow_total{kind}``: requests or
+  feedback beyond a bound on state (``session``, ``query``, ``unit``, ``waiting_feedback``; README, "Bounded state").
 * ``stream_eval_broker_up`` (1 while the Kafka broker answers the worker) and
   ``stream_eval_broker_errors_total{operation}``: broker errors and stalls met by the worker, per operation
   (``startup``, ``fetch``, ``produce``, ``flush``, ``checkpoint``, ``commit``; ``stream/backoff.py``).
@@ -31,7 +32,7 @@ Every mean comes with its sum and count, so that several workers aggregate exact
 A worker's counters (requests, metric sums and counts, GSB verdicts, events, overflow, the delay histogram) are
 exported per share of its totals, with the labels ``partition`` (input partition, or ``regroup`` for the regroup
 stage's) and ``generation`` (one ownership of it): a share moves between workers with its partition
-(``engine/shares.py``), so each series only grows and ``sum by`` over the SPEC labels is exact.
+(``engine/shares.py``), so each series only grows and ``sum by`` over the labels of docs/contract.md §5 is exact.
 
 Counters never decrease: each is exported as the largest value this collector has exported for its series. (GSB
 interleaving verdicts are resolved against the arms known at scrape time; an arm appearing later could otherwise

@@ -1,4 +1,4 @@
-"""Report writers: the SPEC §4 JSON, a table for people, and the per-request JSON Lines file."""
+"""Report writers: the docs/contract.md §4 JSON, a table for people, and the per-request JSON Lines file."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
 
 
 class PerRequestWriter:
-    """Writes one JSON line per finalised request (SPEC §4 ``--per-request``)."""
+    """Writes one JSON line per finalised request (docs/contract.md §4 ``--per-request``)."""
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream

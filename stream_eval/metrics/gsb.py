@@ -1,6 +1,6 @@
 """GSB (good / same / bad): side-by-side comparison of a treatment against a control.
 
-``score = (good - bad) / (good + same + bad)``. Verdicts come from three sources (SPEC §3): human
+``score = (good - bad) / (good + same + bad)``. Verdicts come from three sources (docs/contract.md §3): human
 ``judgment`` events, the ``metric`` of the two arms on the same query, and ``interleaving`` credit.
 """
 

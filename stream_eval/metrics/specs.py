@@ -5,7 +5,7 @@ A measure is an immutable value with one canonical name, spelled as ir_measures 
 ``RBP(p=0.8)``, ``R-Prec``. The canonical name is the dict key of every per-request value, the JSON key of the
 report, the ``metric`` label in Prometheus and the A/B row's ``metric``. Names are parsed in one place,
 :func:`parse`; a parameter a name does not give takes the global setting (``rel`` <- ``rel_threshold``, ``gain``
-<- ``gain``, ...), so every name of SPEC §2 keeps its meaning.
+<- ``gain``, ...), so every name of docs/contract.md §2 keeps its meaning.
 
 :data:`REGISTRY` holds one :class:`Family` per measure family: its cutoff rule, its parameters, its kernel, whether
 it is zeroed for empty requests and the oracle it is tested against. Adding a measure adds one entry here (and its
@@ -82,8 +82,8 @@ class Family:
 
     ``cutoff``: ``required`` (``P@k``), ``none`` (``RR``) or ``optional`` (``Judged``, whole list without).
     ``kernel``: the batch kernel; ``None`` for alpha-nDCG, which needs the items' subtopics (the engine fills it).
-    ``zeroed``: set to 0 for empty requests under ``empty = zero`` (SPEC §2). ``oracle``: what the tests check it
-    against (``tests/test_measures.py`` fails for a family that no ``@oracle_for`` test covers).
+    ``zeroed``: set to 0 for empty requests under ``empty = zero`` (docs/contract.md §2). ``oracle``: what the tests
+    check it against (``tests/test_measures.py`` fails for a family that no ``@oracle_for`` test covers).
 
     ``scope``: ``relevance`` (a value of the request's grades; undefined for a request that served nothing),
     ``behaviour`` (a value of the request's clicks, dwell and feedback kinds: the ``empty`` policy does not apply)
@@ -97,7 +97,7 @@ class Family:
     kernel: kernels.Kernel | None
     zeroed: bool
     oracle: str
-    mean: str | None = None  # the mean's own name (SPEC §3: MRR, MAP); otherwise the measure's name
+    mean: str | None = None  # the mean's own name (docs/contract.md §3: MRR, MAP); otherwise the measure's name
     alias: str | None = None  # another spelling read by parse (ir_measures': Rprec, alpha_nDCG)
     companion: str | None = None  # a family that runs along with this one, with the parameters it takes
     scope: str = "relevance"

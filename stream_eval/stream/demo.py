@@ -225,7 +225,7 @@ def _ab_order(metric: str) -> tuple[int, str]:
 
 def _arms(samples: Samples, experiment: str, units: dict[str, float]) -> tuple[str, str]:
     """Control and treatment: the A/B series' own ``control``/``treatment`` labels when they have them, else
-    the sorted arms that have units (the evaluator's default, SPEC §3)."""
+    the sorted arms that have units (the evaluator's default, docs/contract.md §3)."""
     for labels, _ in samples.get("stream_eval_ab_delta", []):
         if labels.get("experiment") == experiment and "control" in labels and "treatment" in labels:
             return labels["control"], labels["treatment"]

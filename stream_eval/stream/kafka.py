@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 DEFAULT_BROKER = "kafka://localhost:9092"
-"""The ``--broker`` default of every Kafka command (SPEC §4)."""
+"""The ``--broker`` default of every Kafka command (docs/contract.md §4)."""
 
 DEFAULT_PARTITIONS = 4
 """Partitions of the topics we create (the broker's auto-creation also gives 4)."""
@@ -362,7 +362,7 @@ def client_options(security: KafkaSecurity | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Topics:
-    """Names of the topics of one deployment (SPEC §1, §4)."""
+    """Names of the topics of one deployment (docs/contract.md §1, §4)."""
 
     rankings: str
     feedback: str

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 END_WATERMARK = b'{"type":"watermark","end":true}'
-"""The end-of-stream watermark sent to every partition of every input topic (SPEC §1)."""
+"""The end-of-stream watermark sent to every partition of every input topic (docs/contract.md §1)."""
 
 WATERMARKS = "watermarks"
 """Key of the :func:`send_lines` counter that counts watermark messages (one per partition they went to)."""

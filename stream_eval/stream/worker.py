@@ -1,29 +1,14 @@
 """The data plane of ``stream-eval worker``: batches from Kafka into the same engine that replay uses.
 
-faust's per-message machinery costs ~150 µs a message (FINDINGS.md), five times the whole budget of a
-30,000 events/s worker, so the input topics are read here with aiokafka ``getmany`` in batches and fed to
-:class:`~stream_eval.engine.partitions.PartitionedEngine`; the faust application (``stream/app.py``) runs
-this as one of its services, next to its sensors and its control topic. ``docs/design.md`` has the design.
+faust's per-message machinery costs ~150 µs a message (measured: docs/benchmarks.md, "Platform measurements"),
+several times the whole budget of a worker, so the input topics are read here with aiokafka ``getmany`` in
+batches, each read by the compiled line reader as replay reads a file, and fed to
+:class:`~stream_eval.engine.partitions.PartitionedEngine`; the faust application (``stream/app.py``) runs this as
+one of its services, next to its sensors and its control topic.
 
-Delivery: at-least-once from Kafka, made exact by checkpoints. Every ``checkpoint_interval`` seconds, and
-when partitions are revoked, the worker (1) flushes its producer, so every per-request record and dead
-letter of the work done so far is stored, (2) writes for each partition the checkpoint of
-:meth:`PartitionedEngine.checkpoint` to the ``<prefix><group>.checkpoints`` topic (partition ``p``), and
-(3) commits ``start`` offsets to the consumer group. A new owner reads the last checkpoint of its
-partitions, re-reads from ``start`` muted up to ``processed``, and goes on: nothing is counted twice.
-
-Fencing: a new owner of partition ``p`` first writes a *claim* to partition ``p`` of the checkpoint topic, and
-restores the last checkpoint stored before its claim. A worker that still believes it owns ``p`` (stalled past
-its session, its revocation too slow) reads the checkpoint topic after storing each checkpoint of ``p``: if
-another owner's claim came after its previous check, the new owner did not restore this checkpoint, so the
-worker gives ``p`` up without committing it (the regroup stage would otherwise count it twice).
-
-Hand-over hold: such a worker may still have sent records of ``p`` between its last check and the claim, and they
-may reach ``request-metrics`` after the new owner has read what its predecessor wrote. So for
-``handover_hold`` seconds after its claim the new owner keeps its records of ``p`` (and stores no checkpoint of
-``p``); then it reads ``request-metrics`` again from where it stopped and sends only the records no one wrote.
-A worker that gives ``p`` up cleanly (revocation, shutdown) writes a release record after its last outputs are
-acknowledged; a new owner that finds it just before its claim, or no checkpoint at all, does not hold.
+How delivery is made exact without transactions (checkpoints, shares, records once, commit markers in the regroup
+log, fencing by claims, the hand-over hold, release records) is written once, with its invariants, in
+``docs/design.md``, "Delivery, checkpoints, rebalances" and "Crashes"; the methods below say which part they do.
 """
 
 from __future__ import annotations
