@@ -312,8 +312,8 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool, clicks: int = 
     rss1 = rss()
     result: dict[str, Any] = {"requests": requests - warm, "rss0_mb": rss0 / MIB, "rss1_mb": rss1 / MIB,
                               "rss_per_request": (rss1 - rss0) / (requests - warm)}
-    open_requests = sum(len(unit.join.open) for unit in worker.partitioned.units.values()) \
-        if all(hasattr(unit.join, "open") for unit in worker.partitioned.units.values()) else None
+    open_requests = sum(len(task.join.open) for task in worker.partitioned.tasks.values()) \
+        if all(hasattr(task.join, "open") for task in worker.partitioned.tasks.values()) else None
     result["open"] = open_requests
     totals = worker.totals()
     result["finalised"] = totals.overall().requests

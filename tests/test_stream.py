@@ -189,7 +189,7 @@ def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path
         running_a = await _running(a)
         await _until(lambda: a.events_seen >= half * 0.9, 120, "worker A to read the first half")
         running_b = await _running(b)
-        await _until(lambda: bool(b.partitioned.units), 120, "worker B to get partitions")
+        await _until(lambda: bool(b.partitioned.tasks), 120, "worker B to get partitions")
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(expected, a, b), 120, "the end of every partition on both workers")
         # the live workers' totals: each holds the shares of the partitions it owns (and of the stage, if it runs it)

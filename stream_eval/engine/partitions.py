@@ -1,21 +1,22 @@
 """Event time over partitioned input, and recoverable per-partition state: the streaming side of the engine.
 
 The rankings, feedback and judgments topics are co-partitioned by key (``request_id``), so partition ``p``
-of every input topic forms one *unit*: one :class:`~stream_eval.events.join.Join` holds the requests of
-partition ``p``. This module knows nothing of Kafka; the worker feeds it decoded messages with their offsets.
+of every input topic forms one *task* (:class:`Task`, as Kafka Streams calls a partition's share of the work):
+one :class:`~stream_eval.events.join.Join` holds the requests of partition ``p``. (A *unit* is only ever an A/B
+randomisation unit.) This module knows nothing of Kafka; the worker feeds it decoded messages with their offsets.
 
 Event time (docs/contract.md §1):
 
 * Each topic-partition ("source") has a watermark: the largest ``ts`` it has carried, raised further by
   watermark events; ``{"type": "watermark", "end": true}`` ends it (+inf) until it speaks again.
-* A unit's join advances to the minimum over its rankings and feedback sources, so feedback that lags its
+* A task's join advances to the minimum over its rankings and feedback sources, so feedback that lags its
   ranking in another topic is never late because of the other topic.
 * The engine's sessions and GSB buckets close on the minimum over every rankings and feedback source
   (judgments join nothing and count at once, so a quiet judgments topic holds nothing back).
 * A source silent for ``idle_timeout`` seconds of wall clock stops holding event time back until it speaks.
 
 Recoverable state (at-least-once delivery without double counting): :meth:`PartitionedEngine.checkpoint`
-gives, per unit, the offsets to resume reading from (``start``: the first event of every request still
+gives, per task, the offsets to resume reading from (``start``: the first event of every request still
 open, waiting or remembered, so that re-reading rebuilds the join exactly), the offsets already counted
 (``processed``) and the join's watermark. A new owner of the partition re-reads ``start..processed`` *muted*
 (the state is rebuilt, nothing is counted or finalised twice), advances muted to the old watermark, and goes
@@ -55,8 +56,8 @@ ANNOUNCE_EVERY = 0.2
 
 @dataclass
 class Checkpoint:
-    """Where a unit's state can be rebuilt from: per kind, first offset to read and first offset not counted;
-    what the unit had counted by then (its share, ``engine/shares.py``) and the sequence number of its last
+    """Where a task's state can be rebuilt from: per kind, first offset to read and first offset not counted;
+    what the task had counted by then (its share, ``engine/shares.py``) and the sequence number of its last
     record in the regroup log (``engine/regroup.py``). The worker adds where its outputs stood."""
 
     partition: int
@@ -192,7 +193,7 @@ def _requests_of_chunk(offsets: Sequence[int], chunk: Chunk) -> tuple[list[int],
     return ([offsets[places[k]] for k in order], [rids[k] for k in order], [is_feedback[k] for k in order])
 
 
-class Unit:
+class Task:
     """Partition ``p`` of every input topic: its engine (whose join holds its requests and whose totals are its
     share), sources, needed offsets and rebuild progress."""
 
@@ -249,7 +250,7 @@ class PartitionedEngine:
         self.engine = engine
         self.clock = clock
         self.idle_timeout = engine.config.idle_timeout
-        self.units: dict[int, Unit] = {}
+        self.tasks: dict[int, Task] = {}
         self.watermark = -math.inf
         if on_finalised is None and engine.on_finalised is not None:
             callback = engine.on_finalised
@@ -279,59 +280,59 @@ class PartitionedEngine:
         checkpoint names), as ownership ``generation`` (default: a new random one); returns the offsets to start
         reading from (those known)."""
         engine = self._new_engine(partition)
-        unit = Unit(engine, self.clock(), checkpoint, generation)
+        task = Task(engine, self.clock(), checkpoint, generation)
         if checkpoint is not None and checkpoint.share is not None:
             shares.restore(engine, checkpoint.share, windows)
-        engine.regroup.begin(unit.generation, 0 if checkpoint is None else checkpoint.regroup_seq)  # type: ignore[union-attr]  # set above
-        self.units[partition] = unit
+        engine.regroup.begin(task.generation, 0 if checkpoint is None else checkpoint.regroup_seq)  # type: ignore[union-attr]  # set above
+        self.tasks[partition] = task
         return dict(checkpoint.start) if checkpoint is not None else {}
 
     def drop(self, partition: int) -> None:
         """Forget partition ``partition`` and its share (its checkpoint is stored already, or not wanted)."""
-        del self.units[partition]
+        del self.tasks[partition]
 
     def checkpoint(self, partition: int) -> Checkpoint:
         """Partition ``partition``'s checkpoint, share included (its windows as a change since the last full
-        windows share, :meth:`windows_share`, when the unit has stored one; else in full)."""
-        unit = self.units[partition]
-        checkpoint = Checkpoint(partition, watermark=max(unit.join.watermark, unit.resume_watermark),
-                                owner=unit.generation)
-        if unit.flushed:
+        windows share, :meth:`windows_share`, when the task has stored one; else in full)."""
+        task = self.tasks[partition]
+        checkpoint = Checkpoint(partition, watermark=max(task.join.watermark, task.resume_watermark),
+                                owner=task.generation)
+        if task.flushed:
             checkpoint.watermark = math.inf
-        restored = unit.restored
-        for kind, source in unit.sources.items():
+        restored = task.restored
+        for kind, source in task.sources.items():
             if source.next_offset is None:
                 if restored is not None and kind in restored.processed:  # nothing fed yet: as restored
                     checkpoint.processed[kind], checkpoint.start[kind] = restored.processed[kind], restored.start[kind]
                 continue
-            processed = max(source.next_offset, unit.mute.get(kind, source.next_offset))
-            needed = unit.requests[kind].first(unit.join) if kind in unit.requests else None
+            processed = max(source.next_offset, task.mute.get(kind, source.next_offset))
+            needed = task.requests[kind].first(task.join) if kind in task.requests else None
             checkpoint.processed[kind] = processed
             checkpoint.start[kind] = min(needed, source.next_offset) if needed is not None else source.next_offset
-        checkpoint.share = shares.take(unit.engine, windows=unit.windows is None)
-        checkpoint.windows = unit.windows
-        checkpoint.regroup_seq = unit.engine.regroup.seq  # type: ignore[union-attr]  # set in _new_engine
+        checkpoint.share = shares.take(task.engine, windows=task.windows is None)
+        checkpoint.windows = task.windows
+        checkpoint.regroup_seq = task.engine.regroup.seq  # type: ignore[union-attr]  # set in _new_engine
         return checkpoint
 
     def windows_share(self, partition: int) -> dict[str, Any] | None:
         """The full share of partition ``partition``'s windows (later checkpoints store what changed since);
         the caller stores it and tells where with :meth:`windows_stored`."""
-        windows = self.units[partition].engine.windows
+        windows = self.tasks[partition].engine.windows
         return None if windows is None else windows.share(full=True)
 
     def windows_stored(self, partition: int, where: tuple[int, int]) -> None:
-        self.units[partition].windows = where
+        self.tasks[partition].windows = where
 
-    def engines(self) -> list[tuple[int, Unit]]:
-        """The partitions owned and their units (``unit.engine``: the partition's share of the totals)."""
-        return sorted(self.units.items())
+    def engines(self) -> list[tuple[int, Task]]:
+        """The partitions owned and their tasks (``task.engine``: the partition's share of the totals)."""
+        return sorted(self.tasks.items())
 
     def take_regrouped(self, commit: bool = False) -> list[tuple[bytes, bytes]]:
         """The records the partitions' engines wrote for the regroup log since the last call, as (key, value);
         with ``commit``, each partition's followed by its commit marker (``engine/regroup.py``)."""
         records: list[tuple[bytes, bytes]] = []
-        for _, unit in sorted(self.units.items()):
-            sink = unit.engine.regroup
+        for _, task in sorted(self.tasks.items()):
+            sink = task.engine.regroup
             assert isinstance(sink, RegroupSink)  # the sink _new_engine set
             if commit and sink.records:
                 sink.commit(sink.seq)
@@ -342,8 +343,8 @@ class PartitionedEngine:
         """One engine with the totals of the partitions owned and of ``engine`` (for a report)."""
         total = Engine(self.engine.config)
         total.merge(self.engine)
-        for _, unit in sorted(self.units.items()):
-            total.merge(unit.engine)
+        for _, task in sorted(self.tasks.items()):
+            total.merge(task.engine)
         total.watermark = self.engine.watermark
         return total
 
@@ -351,16 +352,16 @@ class PartitionedEngine:
     def feed(self, kind: str, partition: int, offsets: list[int], events: list[Event] | Chunk) -> list[Invalid]:
         """Messages of one topic-partition in offset order (``events``: one per offset, or a :class:`Chunk` of
         them); returns the invalid ones counted now."""
-        unit = self.units[partition]
+        task = self.tasks[partition]
         if not offsets:
             return []
-        source = unit.sources[kind]
+        source = task.sources[kind]
         source.heard = self.clock()
         if isinstance(events, Chunk):
-            if unit.rebuilding or (source.received is not None and offsets[0] < source.received):
+            if task.rebuilding or (source.received is not None and offsets[0] < source.received):
                 return self.feed(kind, partition, offsets, events.as_list())  # type: ignore[arg-type]  # (rare: cut)
             source.received = offsets[-1] + 1
-            return self._feed(unit, kind, offsets, events)
+            return self._feed(task, kind, offsets, events)
         if source.received is not None and offsets[0] < source.received:
             # Delivered again (a fetch from before a rebalance, or a re-read): each offset counts once.
             skip = bisect_left(offsets, source.received)
@@ -368,31 +369,31 @@ class PartitionedEngine:
             if not offsets:
                 return []
         source.received = offsets[-1] + 1
-        if not unit.rebuilding:
-            return self._feed(unit, kind, offsets, events)
-        muted_until = unit.mute.get(kind)
+        if not task.rebuilding:
+            return self._feed(task, kind, offsets, events)
+        muted_until = task.mute.get(kind)
         cut = 0 if muted_until is None else bisect_left(offsets, muted_until)
         if cut:
-            self._feed(unit, kind, offsets[:cut], events[:cut], muted=True)
+            self._feed(task, kind, offsets[:cut], events[:cut], muted=True)
             if offsets[-1] + 1 >= muted_until:  # type: ignore[operator]  # cut > 0 implies a bound
-                del unit.mute[kind]
+                del task.mute[kind]
         if cut < len(offsets):
-            unit.held.append((kind, offsets[cut:], events[cut:]))
-        if unit.rebuilding:
+            task.held.append((kind, offsets[cut:], events[cut:]))
+        if task.rebuilding:
             return []
-        engine = unit.engine
+        engine = task.engine
         with engine.muted(engine.join):
-            engine.finalise_until(unit.resume_watermark)  # what the previous owner had finalised
-        held, unit.held = unit.held, []
+            engine.finalise_until(task.resume_watermark)  # what the previous owner had finalised
+        held, task.held = task.held, []
         invalid: list[Invalid] = []
         for held_kind, held_offsets, held_events in held:
-            invalid += self._feed(unit, held_kind, held_offsets, held_events)
+            invalid += self._feed(task, held_kind, held_offsets, held_events)
         return invalid
 
     def _feed(
-        self, unit: Unit, kind: str, offsets: list[int], events: list[Event] | Chunk, muted: bool = False
+        self, task: Task, kind: str, offsets: list[int], events: list[Event] | Chunk, muted: bool = False
     ) -> list[Invalid]:
-        source = unit.sources[kind]
+        source = task.sources[kind]
         source.next_offset = offsets[-1] + 1
         watermark = source.watermark
         plain: list[Event] | Chunk = events
@@ -421,15 +422,15 @@ class PartitionedEngine:
             last_event = max(last_event, int(chunk.feedback_at[-1]))
             watermark = max(watermark, float(chunk.feedback.ts.max()))
         if last_event >= 0:
-            unit.flushed = False
+            task.flushed = False
         if last_end > last_event or last_event >= 0:
             source.ended = last_end > last_event  # an end stands until an event comes after it
         source.watermark = watermark
         if marks and chunk is None:
             plain = [e for e in objects if type(e) is not Watermark]
-        if kind in unit.requests:
-            unit.requests[kind].add(offsets, events, unit.join)
-        engine = unit.engine
+        if kind in task.requests:
+            task.requests[kind].add(offsets, events, task.join)
+        engine = task.engine
         if muted:
             with engine.muted(engine.join):
                 engine.process(plain, event_time=False)
@@ -444,37 +445,37 @@ class PartitionedEngine:
         idle = self.idle_timeout
         overall = math.inf
         speaking = False
-        for unit in self.units.values():
+        for task in self.tasks.values():
             for kind in JOINED:  # judgments join nothing: they count at once and never hold event time back
-                t = unit.sources[kind].time(now, idle)
+                t = task.sources[kind].time(now, idle)
                 if t is not None:
                     speaking = True
                     overall = min(overall, t)
         if not speaking:
             overall = self.watermark  # everything idle: event time stands still
-        for partition, unit in self.units.items():
-            if unit.rebuilding:
+        for partition, task in self.tasks.items():
+            if task.rebuilding:
                 continue
-            engine = unit.engine
-            times = [t for t in (unit.sources[k].time(now, idle) for k in JOINED) if t is not None]
+            engine = task.engine
+            times = [t for t in (task.sources[k].time(now, idle) for k in JOINED) if t is not None]
             target = min(times) if times else overall
             if target == math.inf:
-                if not unit.flushed:
+                if not task.flushed:
                     engine.finalise_open()
-                    unit.flushed = True
-            elif target > unit.join.watermark:
+                    task.flushed = True
+            elif target > task.join.watermark:
                 engine.finalise_until(target)
             # the regroup stage closes sessions when every partition is this far
-            finalised = math.inf if unit.flushed else unit.join.watermark
-            if finalised > unit.announced and (finalised == math.inf or now - unit.announced_at >= ANNOUNCE_EVERY):
-                unit.announced, unit.announced_at = finalised, now
+            finalised = math.inf if task.flushed else task.join.watermark
+            if finalised > task.announced and (finalised == math.inf or now - task.announced_at >= ANNOUNCE_EVERY):
+                task.announced, task.announced_at = finalised, now
                 engine.regroup.watermark(partition, finalised)  # type: ignore[union-attr]  # set in _new_engine
         if not self.external_stage:
             self._run_stage()
         if overall == math.inf and self.watermark == -math.inf:
             # every source ended before event time ever moved (a log read to its end at once): the windows first
             # stand where the sources' event time reached, as they would have had the end markers come later
-            reached = [s.watermark for unit in self.units.values() for kind, s in unit.sources.items()
+            reached = [s.watermark for task in self.tasks.values() for kind, s in task.sources.items()
                        if kind in JOINED and math.isfinite(s.watermark)]
             if reached:
                 self._close_windows(min(reached))
@@ -485,14 +486,14 @@ class PartitionedEngine:
 
     def _close_windows(self, watermark: float) -> None:
         """Move every engine's windows to the all-partition event time ``watermark`` (sessions close on the stage)."""
-        for unit in self.units.values():
-            unit.engine.close(watermark, sessions=False)
+        for task in self.tasks.values():
+            task.engine.close(watermark, sessions=False)
         self.engine.close(watermark, sessions=False)
 
     def _run_stage(self) -> None:
         """Without an external stage: the regroup records go to a stage on ``engine`` at once."""
         if self._stage is None:
-            self._stage = SessionStage(self.engine, max(self.units, default=-1) + 1)
+            self._stage = SessionStage(self.engine, max(self.tasks, default=-1) + 1)
         records = [value for _, value in self.take_regrouped(commit=True)]
         if records:
             self._stage.feed(range(self._stage_log, self._stage_log + len(records)), records)

@@ -304,7 +304,8 @@ class _Held:
 class StageCheckpoint:
     start: int = 0
     processed: int = 0
-    units: list[float] = field(default_factory=list)  # the partitions' watermarks just before ``start``
+    #: the input partitions' finalisation watermarks just before ``start`` (JSON key ``units``, as written before)
+    partition_watermarks: list[float] = field(default_factory=list)
     arms: list[tuple[str, str]] = field(default_factory=list)
     # The latest snapshot of the stage-held state (engine/snapshot.py): where its records are in the snapshot
     # topic (first offset, count), and the log offset it covers (every record before it is in the snapshot).
@@ -313,7 +314,7 @@ class StageCheckpoint:
 
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "processed": self.processed,
-                "units": [time_to_json(u) for u in self.units], "arms": self.arms,
+                "units": [time_to_json(u) for u in self.partition_watermarks], "arms": self.arms,
                 "snapshot": None if self.snapshot is None else list(self.snapshot), "snapshot_at": self.snapshot_at}
 
     @classmethod
@@ -327,11 +328,12 @@ class StageCheckpoint:
 class SessionStage:
     """Feeds regrouped records to an engine's sessions and GSB tallies; closes them on the units' watermark."""
 
-    def __init__(self, engine: Engine, units: int, checkpoint: StageCheckpoint | None = None,
+    def __init__(self, engine: Engine, partitions: int, checkpoint: StageCheckpoint | None = None,
                  snapshot: bytes | None = None) -> None:
         """``snapshot``: the data of ``checkpoint.snapshot`` (required when the checkpoint names one)."""
         self.engine = engine
-        self.units = [-math.inf] * units
+        #: each input partition's finalisation watermark (the stage closes sessions on their minimum)
+        self.partition_watermarks = [-math.inf] * partitions
         self.watermark = -math.inf
         self.received: int | None = None
         self.muted_until = -1
@@ -346,7 +348,7 @@ class SessionStage:
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
         self._history: deque[tuple[int, tuple[float, ...]]] = deque()
-        self._base: tuple[float, ...] = tuple(self.units)
+        self._base: tuple[float, ...] = tuple(self.partition_watermarks)
         # Input partitions' records not applied yet, by partition; and (smallest offset of the records applied,
         # offset of the commit or rewind applying them) since the last checkpoint's start: a checkpoint does
         # not start between the two (a rebuild would apply the commit without the records).
@@ -354,9 +356,10 @@ class SessionStage:
         self._applied: deque[tuple[int, int]] = deque()
         if checkpoint is not None:
             self.received = checkpoint.start  # (records before it are never fed again: see feed)
-            self.units = list(checkpoint.units) + [-math.inf] * (units - len(checkpoint.units))
-            self._base = tuple(self.units)
-            self.watermark = min(self.units)
+            self.partition_watermarks = list(checkpoint.partition_watermarks) + [-math.inf] * (
+                partitions - len(checkpoint.partition_watermarks))
+            self._base = tuple(self.partition_watermarks)
+            self.watermark = min(self.partition_watermarks)
             self.muted_until = checkpoint.processed
             for experiment, arm in checkpoint.arms:
                 engine.arms_seen.setdefault(experiment, set()).add(arm)
@@ -542,13 +545,14 @@ class SessionStage:
             elif kind is records.PartitionWatermark:
                 mark: Any = record
                 partition, time = int(mark.input_partition), mark.at
-                if partition >= len(self.units):
-                    self.units += [-math.inf] * (partition + 1 - len(self.units))
-                if time <= self.units[partition]:
+                marks = self.partition_watermarks
+                if partition >= len(marks):
+                    marks += [-math.inf] * (partition + 1 - len(marks))
+                if time <= marks[partition]:
                     return
-                self.units[partition] = time
-                self._history.append((at, tuple(self.units)))
-                watermark = min(self.units)
+                marks[partition] = time
+                self._history.append((at, tuple(self.partition_watermarks)))
+                watermark = min(self.partition_watermarks)
                 if watermark > self.watermark or watermark == math.inf:
                     self.watermark = watermark
                     self._add_parts(watermark)

@@ -239,7 +239,7 @@ class StreamWorker:
         self.stage: SessionStage | None = None  # the regroup stage, on the worker that owns its log
         self.stage_generation = ""  # this worker's ownership of the stage (a label of its share on /metrics)
         self._next_snapshot = 0.0  # when the stage's A/B state is snapshotted next (monotonic seconds)
-        self.units = settings.partitions
+        self.partition_count = settings.partitions  # of the input topics (found at start)
         self._stage_consumer: Any = None
         # each input partition gets an engine of its own, built like self.engine: its totals are its share
         self.partitioned = PartitionedEngine(self.engine, clock, self._finalised)
@@ -283,7 +283,7 @@ class StreamWorker:
     def shares(self) -> list[tuple[str, str, Engine]]:
         """``(partition, generation, engine)`` of each share of the totals this worker holds: one per input
         partition it owns, and ``"regroup"`` for the regroup stage's when it runs it (exported with these labels)."""
-        out = [(str(p), unit.generation, unit.engine) for p, unit in self.partitioned.engines()]
+        out = [(str(p), task.generation, task.engine) for p, task in self.partitioned.engines()]
         if self.stage is not None:
             out.append(("regroup", self.stage_generation, self.engine))
         return out
@@ -530,7 +530,7 @@ class StreamWorker:
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
-        chosen = sorted(self.partitioned.units if partitions is None else partitions)
+        chosen = sorted(self.partitioned.tasks if partitions is None else partitions)
         # claimed by a new owner (this worker stalled past its session)? Then nothing more of it is written
         await self._taken_over(await self._probe(chosen))
         await self._release_held()
@@ -539,11 +539,11 @@ class StreamWorker:
         offsets = {}
         stored: dict[int, tuple[int, Checkpoint]] = {}
         for partition in chosen:
-            unit = self.partitioned.units.get(partition)
-            if unit is None or not any(source.next_offset is not None for source in unit.sources.values()) \
+            task = self.partitioned.tasks.get(partition)
+            if task is None or not any(source.next_offset is not None for source in task.sources.values()) \
                     or partition in self._held:  # a checkpoint says its records are written: not yet
                 continue
-            if unit.windows is None or time.monotonic() >= self._windows_due.get(partition, 0.0):
+            if task.windows is None or time.monotonic() >= self._windows_due.get(partition, 0.0):
                 await self._store_windows(partition)
             checkpoint = self.partitioned.checkpoint(partition)
             checkpoint.output_end = self._output_end.get(self._output_partition(partition))
@@ -555,11 +555,11 @@ class StreamWorker:
         await self._taken_over({partition: at for partition, (at, _) in stored.items()})
         committed = False
         for partition, (_, checkpoint) in stored.items():
-            unit = self.partitioned.units.get(partition)
-            if unit is None:
+            task = self.partitioned.tasks.get(partition)
+            if task is None:
                 continue
             # the stage may now count the partition's regroup records up to here: a successor starts after them
-            unit.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
+            task.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
             committed = True
             for kind, offset in checkpoint.start.items():
                 offsets[TopicPartition(self._topic_of(kind), partition)] = OffsetAndMetadata(offset, "")
@@ -582,7 +582,7 @@ class StreamWorker:
 
     async def _probe(self, partitions: list[int]) -> dict[int, int]:
         """Write a probe to each owned partition of ``partitions`` in the checkpoint topic (at once); their offsets."""
-        chosen = [p for p in partitions if p in self._fences and p in self.partitioned.units]
+        chosen = [p for p in partitions if p in self._fences and p in self.partitioned.tasks]
         if not chosen:
             return {}
         producer, topic = self._producer, self.settings.checkpoint_topic
@@ -601,12 +601,12 @@ class StreamWorker:
         from aiokafka import TopicPartition
 
         fences = self._fences
-        parts = {p: at for p, at in upto.items() if p in self.partitioned.units and fences.get(p, at) < at}
+        parts = {p: at for p, at in upto.items() if p in self.partitioned.tasks and fences.get(p, at) < at}
         if not parts:
             return
         topic = self.settings.checkpoint_topic
         tps = {TopicPartition(topic, p): p for p in parts}
-        generations = {p: self.partitioned.units[p].generation for p in parts}
+        generations = {p: self.partitioned.tasks[p].generation for p in parts}
         reader = self._fence_reader
 
         async def read() -> dict[int, str]:
@@ -646,10 +646,10 @@ class StreamWorker:
         next owner holds too, for a predecessor of this worker that may still write)."""
         await self._flush()
         for partition in partitions:
-            unit = self.partitioned.units.get(partition)
-            if unit is not None and partition not in self._held:
+            task = self.partitioned.tasks.get(partition)
+            if task is not None and partition not in self._held:
                 await self._store_checkpoint(self.settings.checkpoint_topic,
-                                             orjson.dumps({"release": unit.generation}), partition, _RELEASE)
+                                             orjson.dumps({"release": task.generation}), partition, _RELEASE)
 
     async def _release_held(self) -> None:
         """End the hand-over holds that are due: leave out of the outbox the records that a previous owner wrote to
@@ -679,7 +679,7 @@ class StreamWorker:
     def _drop(self, partition: int) -> None:
         """Forget ``partition`` at once: its share, its fence, and outputs not sent yet (its next owner writes them)."""
         with self.lock:
-            if partition in self.partitioned.units:
+            if partition in self.partitioned.tasks:
                 self.partitioned.drop(partition)
         self._outbox = [entry for entry in self._outbox if entry[3] != partition]
         self._dead = [entry for entry in self._dead if entry[2] != partition]
@@ -787,7 +787,7 @@ class StreamWorker:
                 if found is not None and found.get("share") is not None:
                     shares.restore(engine, found["share"])
                 self.engine = self.partitioned.engine = engine
-                self.stage = SessionStage(self.engine, self.units, checkpoint, data)
+                self.stage = SessionStage(self.engine, self.partition_count, checkpoint, data)
                 self.stage_generation = os.urandom(4).hex()
             self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
             if checkpoint is not None:
@@ -819,7 +819,7 @@ class StreamWorker:
             now_ms = time.time() * 1000
             for tp in assigned:
                 where = f"{tp.topic}/{tp.partition}"
-                if tp.partition not in self.partitioned.units:
+                if tp.partition not in self.partitioned.tasks:
                     return False, f"{where}: being assigned"
                 # aiokafka has no synchronous position(): the fetch position sits next to highwater() in its state
                 state = consumer._subscription.subscription.assignment.state_value(tp)
@@ -841,16 +841,17 @@ class StreamWorker:
     async def on_partitions_revoked(self, revoked: Any) -> None:
         asked = time.monotonic()
         async with self._busy:
-            units = sorted({tp.partition for tp in revoked} & set(self.partitioned.units))
-            if not units:
+            revoking = sorted({tp.partition for tp in revoked} & set(self.partitioned.tasks))
+            if not revoking:
                 return
-            log.info("revoking partitions %s (waited %.2fs for the batch in hand)", units, time.monotonic() - asked)
+            log.info("revoking partitions %s (waited %.2fs for the batch in hand)", revoking,
+                     time.monotonic() - asked)
             try:
-                await self.checkpoint(units, release=True)
-            finally:  # a unit kept after it was given up would be stale when it comes back
-                for partition in units:
+                await self.checkpoint(revoking, release=True)
+            finally:  # a task kept after it was given up would be stale when it comes back
+                for partition in revoking:
                     self._drop(partition)
-            log.info("revoked partitions %s in %.2fs", units, time.monotonic() - asked)
+            log.info("revoked partitions %s in %.2fs", revoking, time.monotonic() - asked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         async with self._busy:
@@ -859,7 +860,7 @@ class StreamWorker:
             for tp in assigned:
                 by_unit[tp.partition].append(tp)
             for partition, tps in sorted(by_unit.items()):
-                if partition in self.partitioned.units:
+                if partition in self.partitioned.tasks:
                     continue
                 generation = os.urandom(4).hex()
                 claimed = await self._store_checkpoint(self.settings.checkpoint_topic,
@@ -912,11 +913,11 @@ class StreamWorker:
         config = self.config
         with self.lock:
             for tp, records in batch.items():
-                if not records or tp.partition not in self.partitioned.units:
+                if not records or tp.partition not in self.partitioned.tasks:
                     continue
                 kind = self.topics.type_of(tp.topic)
                 offsets = [r.offset for r in records]
-                if self.partitioned.units[tp.partition].sources[kind].received is None:
+                if self.partitioned.tasks[tp.partition].sources[kind].received is None:
                     log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
                 events = decode_message_chunk([r.value for r in records], kind, config, _Timestamps(records),
                                          _Where(f"{tp.topic}/{tp.partition}@", offsets),
@@ -1009,14 +1010,15 @@ class StreamWorker:
             for client in (self._consumer, self._stage_consumer, self._fence_reader, self._producer):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
-            for partition in list(self.partitioned.units):  # every share went with the final checkpoints
+            for partition in list(self.partitioned.tasks):  # every share went with the final checkpoints
                 self._drop(partition)
             with self.lock:
                 self.stage = None
                 self.engine = self.partitioned.engine = self._stage_engine()
 
     async def _prepare_topics(self) -> None:
-        """Create the topics and count the units: one start-up attempt, bounded by ``_STARTUP_ATTEMPT`` seconds."""
+        """Create the topics and count the input partitions: one start-up attempt, bounded by ``_STARTUP_ATTEMPT``
+        seconds."""
         settings = self.settings
         names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
                  settings.checkpoint_topic, settings.control_topic]
@@ -1027,7 +1029,7 @@ class StreamWorker:
                             timeout=_STARTUP_ATTEMPT, security=settings.security)
         found = await asyncio.wait_for(partitions_for(settings.brokers, self.topics.rankings, settings.security),
                                        _STARTUP_ATTEMPT)
-        self.units = len(found) or settings.partitions
+        self.partition_count = len(found) or settings.partitions
 
     async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
         """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch the
