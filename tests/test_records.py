@@ -1,0 +1,120 @@
+"""The regroup log's records (``engine/records.py``): typed structs that read the logs written before them."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_eval.engine import records
+
+TEXT = st.text(min_size=1, max_size=8)
+FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
+TRANSACTION = st.fixed_dictionaries({}, optional={"partition": st.integers(0, 64), "seq": st.integers(1, 10**9),
+                                                  "owner": st.text(alphabet="0123456789abcdef", min_size=8,
+                                                                   max_size=8)})
+
+
+def columns(n: int, *makers: st.SearchStrategy[object]) -> st.SearchStrategy[list[list[object]]]:
+    return st.tuples(*(st.lists(make, min_size=n, max_size=n) for make in makers)).map(list)
+
+
+@st.composite
+def any_record(draw: st.DrawFn) -> records.Record:
+    common = draw(TRANSACTION)
+    kind = draw(st.sampled_from(["S", "Q", "U", "V", "j", "i", "a", "w", "c", "r"]))
+    n = draw(st.integers(1, 5))
+    if kind == "S":
+        sessions, experiments, arms, units = draw(columns(n, TEXT, TEXT, TEXT, st.none() | TEXT))
+        served = draw(st.lists(FLOAT, min_size=n, max_size=n))
+        scores = draw(st.lists(st.lists(FLOAT, min_size=1, max_size=4), min_size=n, max_size=n))
+        relevant = draw(st.lists(st.lists(st.integers(1, 4), max_size=3), min_size=n, max_size=n))
+        behaviour = draw(st.booleans())
+        return records.SessionParts(
+            sessions=sessions, experiments=experiments, arms=arms, served=served, scores=scores, relevant=relevant,
+            units=units, queries=draw(st.lists(st.none() | TEXT, min_size=n, max_size=n)) if behaviour else None,
+            satisfied=draw(st.lists(st.booleans(), min_size=n, max_size=n)) if behaviour else None, **common)
+    if kind == "Q":
+        experiments, arms, queries = draw(columns(n, TEXT, TEXT, TEXT))
+        return records.QueryMetrics(experiments=experiments, arms=arms, queries=queries,
+                                    served=draw(st.lists(FLOAT, min_size=n, max_size=n)),
+                                    values=draw(st.lists(st.none() | FLOAT, min_size=n, max_size=n)), **common)
+    if kind in "UV":
+        ids, experiments, arms, units = draw(columns(n, TEXT, TEXT, TEXT, TEXT))
+        keys = draw(st.lists(FLOAT, min_size=n, max_size=n))
+        if kind == "U":
+            values = draw(st.lists(st.lists(st.none() | FLOAT, min_size=3, max_size=3), min_size=n, max_size=n))
+            return records.UnitRequests(keys=keys, ids=ids, experiments=experiments, arms=arms, units=units,
+                                        values=values, **common)
+        y, w = draw(columns(n, st.none() | FLOAT, st.none() | FLOAT))
+        return records.UnitSessions(keys=keys, ids=ids, experiments=experiments, arms=arms, units=units,
+                                    weighted_auc=y, weight=w, **common)
+    if kind == "j":
+        return records.Judgment(experiment=draw(TEXT), verdict=draw(st.sampled_from(["good", "same", "bad"])),
+                                **common)
+    if kind == "i":
+        return records.Interleaved(experiment=draw(TEXT), teams=draw(st.lists(TEXT, max_size=4)),
+                                   relevant=draw(st.lists(st.integers(1, 4), max_size=4)), **common)
+    if kind == "a":
+        return records.ArmSeen(experiment=draw(TEXT), arm=draw(TEXT), **common)
+    if kind == "w":
+        time = draw(FLOAT.map(float) | st.sampled_from(["inf", "-inf"]))
+        return records.PartitionWatermark(input_partition=draw(st.integers(0, 64)), time=time, **common)
+    return (records.Commit if kind == "c" else records.Rewind)(**common)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_record())
+def test_every_record_reads_back_as_written(record: records.Record) -> None:
+    assert records.decode(records.encode(record)) == record
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_record())
+def test_the_wire_keys_are_those_of_the_earlier_logs(record: records.Record) -> None:
+    """Written as a JSON object with the short keys of the logs written before the structs: ``k`` the kind, ``P``
+    ``n`` ``x`` the partition's transaction, and no key for a field left at its default."""
+    wire = orjson.loads(records.encode(record))
+    assert wire["k"] == type(record).__struct_config__.tag
+    fields = {f.encode_name: getattr(record, f.name) for f in msgspec.structs.fields(record)}
+    assert {key for key in wire if key != "k"} == {key for key, value in fields.items() if value is not None}
+    for key, value in wire.items():
+        if key != "k":
+            assert value == fields[key] or (isinstance(value, float) and math.isnan(value))
+
+
+def test_records_written_by_earlier_workers_are_read() -> None:
+    """Records as the dict encoder wrote them before the structs (one part or query metric per record, a part of
+    2026-11-22 with its finalisation point and no unit), read with their meaning."""
+    old = [
+        {"k": "r", "P": 4, "x": "t1", "n": 7},
+        {"k": "c", "P": 4, "x": "t1", "n": 9},
+        {"k": "s", "id": "s1", "e": "exp", "a": "A", "t": 100.0, "s": [1.0, 0.5], "r": [1], "u": "user1",
+         "P": 4, "n": 8, "x": "t1"},
+        {"k": "s", "id": "s2", "e": "exp", "a": "B", "d": 1960.0, "s": [2, 1], "r": []},
+        {"k": "q", "e": "exp", "a": "A", "q": "q1", "t": 100.0, "v": 0.5},
+        {"k": "U", "t": [1960.0], "id": ["r1"], "e": ["exp"], "a": ["A"], "u": ["user1"], "v": [[1.0, None]]},
+        {"k": "V", "t": [1980.0], "id": ["s1"], "e": ["exp"], "a": ["A"], "u": ["user1"], "y": [0.5], "w": [2.0]},
+        {"k": "j", "e": "exp", "v": "good"},
+        {"k": "i", "e": "exp", "teams": ["A", "B"], "r": [2]},
+        {"k": "a", "e": "exp", "a": "A"},
+        {"k": "w", "u": 3, "t": "inf"},
+    ]
+    read = [records.decode(orjson.dumps(record)) for record in old]
+    rewind, commit, part, old_part, metric, units, sessions, judgment, interleaved, arm, mark = read
+    assert (type(rewind), rewind.partition, rewind.owner, rewind.seq) == (records.Rewind, 4, "t1", 7)
+    assert (type(commit), commit.seq) == (records.Commit, 9)
+    assert isinstance(part, records.SessionPart) and (part.session, part.served, part.unit, part.seq) == (
+        "s1", 100.0, "user1", 8)
+    assert isinstance(old_part, records.SessionPart) and old_part.served is None and old_part.finalised == 1960.0
+    assert old_part.unit is msgspec.UNSET and old_part.partition is None  # no unit: the session's; no partition
+    assert isinstance(metric, records.QueryMetric) and (metric.query, metric.value) == ("q1", 0.5)
+    assert isinstance(units, records.UnitRequests) and units.values == [[1.0, None]]
+    assert isinstance(sessions, records.UnitSessions) and (sessions.weighted_auc, sessions.weight) == ([0.5], [2.0])
+    assert isinstance(judgment, records.Judgment) and judgment.verdict == "good"
+    assert isinstance(interleaved, records.Interleaved) and interleaved.relevant == [2]
+    assert isinstance(arm, records.ArmSeen) and arm.arm == "A"
+    assert isinstance(mark, records.PartitionWatermark) and (mark.input_partition, mark.at) == (3, math.inf)
