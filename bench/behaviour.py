@@ -9,7 +9,11 @@ reader's cost of the field is measured too. Each file is replayed as a child pro
 (``stream-eval replay FILE --metrics M --format json -o /dev/null --no-progress``) with ``M`` = ``default`` (off: the
 join keeps nothing of behaviour) and ``default,behaviour`` (on: every behaviour and session measure), the four runs
 interleaved, ``--repeat`` times, so that the noise of a shared machine hits both alike. Reported: median (min-max)
-events/s of each, and the cost of turning the measures on, from the medians.
+events/s of each, CPU seconds and peak RSS, and the cost of turning the measures on, from the medians.
+
+On a shared machine wall time (and even CPU time) moves with what else runs; ``--instructions N`` also counts the
+instructions of one replay of N requests each way under valgrind's cachegrind, which do not, and of a replay of the
+warm-up file, the start-up they share.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -48,6 +53,19 @@ def with_dwell(source: Path, target: Path) -> int:
     return lines
 
 
+def instructions(path: Path, metrics: str) -> int:
+    """Instructions of one ``stream-eval replay`` (valgrind's cachegrind, without the cache simulation)."""
+    out = Path(os.devnull)
+    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}", sys.executable,
+               "-m", "stream_eval.cli", "replay", str(path), "--metrics", metrics, "--format", "json", "-o",
+               os.devnull, "--no-progress"]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
+    if match is None:
+        raise RuntimeError(f"no instruction count in valgrind's output: {result.stderr[-500:]}")
+    return int(match.group(1).replace(",", ""))
+
+
 def replay_once(path: Path, metrics: str) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds and peak RSS (MB) of one ``stream-eval replay`` child."""
     command = [sys.executable, "-m", "stream_eval.cli", "replay", str(path), "--metrics", metrics, "--format", "json",
@@ -66,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--data-dir", default=str(HERE / "data"))
+    parser.add_argument("--instructions", type=int, metavar="N",
+                        help="also count instructions (cachegrind) of a replay of N requests each way")
     args = parser.parse_args(argv)
+    info = machine_info()
     data = Path(args.data_dir)
     plain = data / f"events-{args.requests}.jsonl"
     meta = gen.ensure(gen.Params(requests=args.requests), plain)
@@ -86,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault((name, mode), []).append(result)
                 print(f"run {rep + 1} {name:<16} behaviour {mode:<3} {events / result[0]:>9,.0f} events/s "
                       f"(wall {result[0]:.1f} s, cpu {result[1]:.1f} s, peak RSS {result[2]:.0f} MB)", file=sys.stderr)
-    info = machine_info()
     print(f"\n{info['date']}, {info['cpu']}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"stream_eval at {info['commit']}; {args.requests:,} requests, {events:,} events; median (min-max) of "
           f"{args.repeat} interleaved runs; load average {info['loadavg_start'][0]:.1f} at the start\n")
@@ -99,7 +119,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(r[1] for r in results):.1f} | {statistics.median(r[2] for r in results):.0f} |")
     for name in files:
         cost = 1 - medians[name, "on"] / medians[name, "off"]
-        print(f"\n{name}: turning the behaviour measures on costs {100 * cost:.1f} % of replay events/s")
+        cpu = {mode: statistics.median(r[1] for r in runs[name, mode]) for mode in MODES}
+        print(f"\n{name}: turning the behaviour measures on costs {100 * cost:.1f} % of replay events/s, "
+              f"{100 * (cpu['on'] / cpu['off'] - 1):.1f} % more CPU time")
+    if args.instructions:
+        counted = data / f"events-{args.instructions}.jsonl"
+        gen.ensure(gen.Params(requests=args.instructions), counted, quiet=True)
+        for metrics in MODES.values():  # numba caches its code per CPU: valgrind's is another one
+            instructions(small, metrics)
+        start = instructions(small, MODES["off"])
+        count = {mode: instructions(counted, metrics) for mode, metrics in MODES.items()}
+        extra = count["on"] - count["off"]
+        print(f"\ninstructions, {args.instructions:,} requests: off {count['off'] / 1e9:.2f} G, on "
+              f"{count['on'] / 1e9:.2f} G (+{100 * extra / count['off']:.1f} %); without the "
+              f"{start / 1e9:.2f} G of a replay of the 2,000-request warm-up file (start-up): "
+              f"+{100 * extra / (count['off'] - start):.1f} %")
     return 0
 
 

@@ -208,28 +208,33 @@ class UnitLedger:
 
     # -- input ------------------------------------------------------------------------------------------
     def add_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
-                     units: list[str], values: Floats, counts: Floats | None = None) -> None:
+                     units: list[str], values: Floats) -> None:
         """Finalised requests: finalisation points, request ids, labels, units and their per-request values
-        (NaN = no value); ``values`` has one column per name except GAUC. ``counts``: how many values each value
-        sums (a closed session's session measures: engine.py); default one where there is a value."""
+        (NaN = no value); ``values`` has one column per name except GAUC."""
         if not len(ids) or self.frozen:
             return
         present = ~np.isnan(values)
         y = np.zeros((len(ids), self.width))
         n = np.zeros((len(ids), self.width))
         y[:, :-1] = np.where(present, values, 0.0)
-        n[:, :-1] = present if counts is None else counts
+        n[:, :-1] = present
         self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), ids, experiments, arms, units, y, n))
 
     def add_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
-                     units: list[str], weighted_auc: Floats, weight: Floats) -> None:
-        """Scored sessions with both classes: close points, session ids, labels, units, ``w * AUC`` and ``w``."""
+                     units: list[str], weighted_auc: Floats, weight: Floats, values: Floats | None = None,
+                     counts: Floats | None = None) -> None:
+        """Scored sessions with both classes: close points, session ids, labels, units, ``w * AUC`` and ``w``.
+        ``values``, ``counts``: their session measures (one column per name except GAUC, NaN: none; engine.py) and
+        how many per-request values each one sums."""
         if not len(ids) or self.frozen:
             return
         y = np.zeros((len(ids), self.width))
         n = np.zeros((len(ids), self.width))
         y[:, -1] = weighted_auc
         n[:, -1] = weight
+        if values is not None and counts is not None:
+            y[:, :-1] = np.where(np.isnan(values), 0.0, values)
+            n[:, :-1] = counts
         # a session sorts after a request of the same key and id ("~" is after every printable ASCII id)
         self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), [f"~{i}" for i in ids], experiments,
                                       arms, units, y, n))

@@ -75,7 +75,8 @@ class FinalisedBatch:
 
 class SessionRows(NamedTuple):
     """Closed sessions' session measures (:meth:`Engine._session_rows`): the sessions (indexes into the scored
-    sessions), a row of values per session, how many per-request values each sums, and the sums of their squares."""
+    sessions), a row per session with a column per session measure: its value, how many per-request values it
+    sums, and the sum of their squares."""
 
     sessions: Ints
     values: Floats
@@ -414,12 +415,12 @@ class Engine:
             return
         states: Sequence[Any] = finalised.rankings  # a ranking has the fields of a request read here
         values, batch, empty = self.evaluate_finalised(finalised)
-        plain_values = values
-        if self._session_columns:
+        plain_values = values  # what the live windows and the records get: no session values
+        alone = np.flatnonzero(~present(list(map(_SESSION_ID, states)))) if self._session_columns else None
+        if alone is not None and alone.shape[0]:
             # a request without session_id is a session of its own, closed with it: its session measures are its
             # own values (one query, nothing reformulated), counted with it; named sessions' when they close
-            plain_values = values.copy()  # what the live windows and the records get: no session values
-            alone = np.flatnonzero(~present(list(map(_SESSION_ID, states))))
+            plain_values = values.copy()
             for j in self._session_columns:
                 values[alone, j] = 1.0 if self.specs[j].family == "QueriesPerSession" else 0.0
         pairs = list(map(_EXPERIMENT_ARM, states))
@@ -552,9 +553,7 @@ class Engine:
         counted = both & (scored.weight > 0)
         rows = self._session_rows(scored) if self._session_columns and scored.requests.any() else None
         if local or not self._muted:
-            self._unit_sessions(scored, counted, local)
-            if rows is not None:
-                self._unit_session_rows(scored, rows, local)
+            self._unit_sessions(scored, counted, local, rows)
         if self._muted:
             return
         if rows is not None:
@@ -568,18 +567,18 @@ class Engine:
 
     def _session_rows(self, scored: ScoredSessions) -> SessionRows:
         """The session measures of closed sessions, one row per session (sessions counted with their request,
-        ``ScoredSessions.requests`` 0, have none): its ``QueriesPerSession`` (one value) and its ``Reformulation``
-        (the sum of its requests' values, standing for that many values), NaN in every other column."""
+        ``ScoredSessions.requests`` 0, have none) with a column per session measure: its ``QueriesPerSession`` (one
+        value) and its ``Reformulation`` (the sum of its requests' values, standing for that many values)."""
         chosen = np.flatnonzero(scored.requests > 0)
         requests = scored.requests[chosen].astype(np.float64)
         reformulated = scored.reformulations[chosen].astype(np.float64)
-        shape = (chosen.shape[0], len(self.specs))
-        values, counts, squares = np.full(shape, np.nan), np.zeros(shape), np.zeros(shape)
-        for j in self._session_columns:
+        shape = (chosen.shape[0], len(self._session_columns))
+        values, counts, squares = np.empty(shape), np.empty(shape), np.empty(shape)
+        for c, j in enumerate(self._session_columns):
             if self.specs[j].family == "QueriesPerSession":
-                values[:, j], counts[:, j], squares[:, j] = requests, 1.0, requests * requests
+                values[:, c], counts[:, c], squares[:, c] = requests, 1.0, requests * requests
             else:  # each request's value is 0 or 1: its square is itself
-                values[:, j], counts[:, j], squares[:, j] = reformulated, requests, reformulated
+                values[:, c], counts[:, c], squares[:, c] = reformulated, requests, reformulated
         return SessionRows(chosen, values, counts, squares)
 
     def _count_session_rows(self, scored: ScoredSessions, rows: SessionRows) -> None:
@@ -589,48 +588,51 @@ class Engine:
         for g in np.unique(group).tolist():
             mine = group == g
             moments = self.groups[g].moments
-            counts = rows.counts[mine][:, columns].sum(axis=0)
+            counts = rows.counts[mine].sum(axis=0)
             moments.count[columns] += counts.astype(np.int64)
             moments.weight[columns] += counts
             moments.weight_sq[columns] += counts
-            moments.total[columns] += rows.values[mine][:, columns].sum(axis=0)
-            moments.total_sq[columns] += rows.squares[mine][:, columns].sum(axis=0)
+            moments.total[columns] += rows.values[mine].sum(axis=0)
+            moments.total_sq[columns] += rows.squares[mine].sum(axis=0)
 
-    def _unit_session_rows(self, scored: ScoredSessions, rows: SessionRows, local: bool) -> None:
-        """The A/B units' share of the session measures: each session's row of :meth:`_session_rows` is a
-        contribution of its unit at its close point (sessions of no split left out)."""
-        if not self.config.ab:
-            return
-        if not local:  # (a partition's engine hands named sessions to the regroup stage; those of one go with
-            # their request: it has no rows, and a regroup record could not say what each value stands for)
-            raise ValueError("session measures of a partition's engine: they are scored on the regroup stage")
-        units = scored.units
-        sessions = [s for s in rows.sessions.tolist() if units[s] is not None]
-        if not sessions:
-            return
-        keep = np.array([units[s] is not None for s in rows.sessions.tolist()], dtype=np.bool_)
-        labels = [self.group_keys[g] for g in scored.group[sessions].tolist()]
-        self.ledger.add_requests(scored.keys[sessions], [f"~{scored.ids[s]}" for s in sessions],
-                                 [e for e, _ in labels], [a for _, a in labels],
-                                 [units[s] for s in sessions], rows.values[keep], rows.counts[keep])
-
-    def _unit_sessions(self, scored: ScoredSessions, counted: npt.NDArray[np.bool_], local: bool) -> None:
-        """Sessions with both classes whose first request was in an arm of a split (unit not None)."""
+    def _unit_sessions(self, scored: ScoredSessions, counted: npt.NDArray[np.bool_], local: bool,
+                       rows: SessionRows | None = None) -> None:
+        """Sessions whose first request was in an arm of a split (unit not None): those with both classes give
+        their GAUC share, and those with ``rows`` their session measures, one contribution each at its close point."""
         if not self.config.ab:
             return
         units = scored.units
-        chosen = [k for k in np.flatnonzero(counted).tolist() if units[k] is not None]
+        given = counted
+        if rows is not None:
+            given = counted.copy()
+            given[rows.sessions] = True
+        chosen = [k for k in np.flatnonzero(given).tolist() if units[k] is not None]
         if not chosen:
             return
         index = np.array(chosen, dtype=np.int64)
         labels = [self.group_keys[g] for g in scored.group[index].tolist()]
-        weight = scored.weight[index]
+        both = counted[index]
+        weight = np.where(both, scored.weight[index], 0.0)
         args = (scored.keys[index], [scored.ids[k] for k in chosen], [e for e, _ in labels], [a for _, a in labels],
-                [units[k] for k in chosen], weight * scored.auc[index], weight)
-        if local:
-            self.ledger.add_sessions(*args)
-        else:
-            self.regroup.unit_sessions(*args)  # type: ignore[union-attr]  # set when not local
+                [units[k] for k in chosen], np.where(both, weight * scored.auc[index], 0.0), weight)
+        if rows is None:
+            if local:
+                self.ledger.add_sessions(*args)
+            else:
+                self.regroup.unit_sessions(*args)  # type: ignore[union-attr]  # set when not local
+            return
+        if not local:  # (a partition's engine hands named sessions to the regroup stage; those of one go with
+            # their request: it has no rows, and a regroup record could not say what each value stands for)
+            raise ValueError("session measures of a partition's engine: they are scored on the regroup stage")
+        row_of = np.full(scored.group.shape[0], -1, dtype=np.int64)
+        row_of[rows.sessions] = np.arange(rows.sessions.shape[0])
+        found = row_of[index]
+        has = found >= 0
+        values = np.full((index.shape[0], len(self.specs)), np.nan)
+        counts = np.zeros((index.shape[0], len(self.specs)))
+        at = np.ix_(np.flatnonzero(has), np.array(self._session_columns, dtype=np.int64))
+        values[at], counts[at] = rows.values[found[has]], rows.counts[found[has]]
+        self.ledger.add_sessions(*args, values, counts)
 
     def arms_of(self, experiment: str) -> ArmPair | None:
         """Control and treatment of an experiment: configured, else the first two of its sorted arms.

@@ -362,6 +362,25 @@ def keep_unshown(old: Ints, old_arena: Bytes, open_slot: npt.NDArray[np.bool_], 
 
 
 @nb.njit(cache=True, nogil=True)
+def behave(first_click: npt.NDArray[np.float64], satisfied: npt.NDArray[np.bool_], index: Ints,
+           click: npt.NDArray[np.bool_], satisfying: npt.NDArray[np.bool_],
+           ts: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:  # pragma: no cover  # compiled
+    """The behaviour measures' state of requests (``first_click``, ``satisfied``, by slot index) after feedback
+    events in order: a ``click`` lowers its request's first click time to its ``ts``, a ``satisfying`` event sets
+    its request satisfied. Returns which events changed their request's state."""
+    changed = np.zeros(index.shape[0], np.bool_)
+    for k in range(index.shape[0]):
+        i = index[k]
+        if click[k] and ts[k] < first_click[i]:
+            first_click[i] = ts[k]
+            changed[k] = True
+        if satisfying[k] and not satisfied[i]:
+            satisfied[i] = True
+            changed[k] = True
+    return changed
+
+
+@nb.njit(cache=True, nogil=True)
 def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s_starts: Ints, s_ends: Ints,
                     max_items: int) -> Ints:  # pragma: no cover  # compiled
     """The number of items of each ranking whose raw ``items`` and ``scores`` pass :meth:`Validator.compact`'s

@@ -856,17 +856,7 @@ class Join:
         satisfying = click & (dwell >= self._sat_dwell)
         if self._sat_kinds.shape[0]:
             satisfying |= served & np.isin(kind, self._sat_kinds)
-        moved: list[Ints] = []
-        if click.any():
-            at = index[click]
-            before = self._first_click[at]
-            np.minimum.at(self._first_click, at, ts[click])
-            moved.append(at[self._first_click[at] < before])
-        if satisfying.any():
-            at = index[satisfying]
-            moved.append(at[~self._satisfied[at]])
-            self._satisfied[at] = True
-        changed = np.concatenate(moved) if moved else index[:0]
+        changed = index[compiled.behave(self._first_click, self._satisfied, index, click, satisfying, ts)]
         if changed.shape[0]:
             self._graded[changed] = True
             if self.changed is not None:
