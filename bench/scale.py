@@ -380,6 +380,19 @@ def stage_first(result: dict[str, Any], values: list[Any]) -> list[Any]:
     return [values[stage]] + [v for k, v in enumerate(values) if k != stage]
 
 
+def machine_lines(machine: dict[str, Any]) -> list[str]:
+    """The machine, the code measured and the load average at start and end (``machine_info`` + the end's), as a
+    Markdown list."""
+    load = "; ".join(f"{when} {', '.join(f'{x:.2f}' for x in machine[key])}"
+                     for when, key in (("start", "loadavg_start"), ("end", "loadavg_end")))
+    changed = machine["code_hash"] != machine.get("code_hash_end")
+    return [f"- machine: {machine['cpu']} ({machine['cores']} cores, {machine['affinity']} usable), "
+            f"{machine['memory_mb'] / 1024:.0f} GiB RAM, {machine['platform']}, {machine['python']}",
+            f"- code: stream_eval at {machine['commit']}, source digest {machine['code_hash']}"
+            + (" (CHANGED during the run)" if changed else ""),
+            f"- load average (1, 5, 15 min) at {load}; the run took {machine['bench_seconds'] / 60:.1f} min", ""]
+
+
 def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Namespace) -> str:
     def f1(x: float) -> str:
         return f"{x:.1f}"
@@ -392,14 +405,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
 
     title = "Scale-out results" + (" (quick)" if args.quick else "") + (f", {args.tag}" if args.tag else "")
     out = [f"## {title}: {machine['date']}", ""]
-    load = "; ".join(f"{when} {', '.join(f'{x:.2f}' for x in machine[key])}"
-                     for when, key in (("start", "loadavg_start"), ("end", "loadavg_end")))
-    changed = machine["code_hash"] != machine.get("code_hash_end")
-    out += [f"- machine: {machine['cpu']} ({machine['cores']} cores, {machine['affinity']} usable), "
-            f"{machine['memory_mb'] / 1024:.0f} GiB RAM, {machine['platform']}, {machine['python']}",
-            f"- code: stream_eval at {machine['commit']}, source digest {machine['code_hash']}"
-            + (" (CHANGED during the run)" if changed else ""),
-            f"- load average (1, 5, 15 min) at {load}; the run took {machine['bench_seconds'] / 60:.1f} min", ""]
+    out += machine_lines(machine)
     data, runs = results["data"], results["runs"]
     every = [r for rs in runs.values() for r in rs]
     out.append(
