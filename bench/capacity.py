@@ -448,8 +448,12 @@ def child_steady(rate: float, seconds: float, fetch_size: int, stage_on: bool) -
         if source.last_ts - first_ts >= 600 * (len(samples) + 1):
             samples.append((source.last_ts - first_ts, (tracemalloc.get_traced_memory()[0] - base_traced) / MIB,
                             rss() / MIB))
+    # where the held memory is, by source file (the largest ten), in MB
+    top = tracemalloc.take_snapshot().statistics("filename")[:10]
+    by_file = [(str(stat.traceback[0].filename).rsplit("stream_eval", 1)[-1], stat.size / MIB) for stat in top]
     units = sum(sum(e.units_per_arm().values()) for e in worker.engine.ledger.experiments.values())
     return {"rate": rate, "seconds": seconds, "stage": stage_on, "samples": samples, "events": source.events,
+            "by_file": by_file,
             "base_rss_mb": base_rss / MIB, "units": units,
             "open_sessions": len(worker.engine.sessions.open) if stage_on else 0,
             "finalised": worker.totals().overall().requests}
@@ -535,6 +539,10 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         out.append(f"| {name}, traced | " + " | ".join(f"{m:.0f}" for _, m, _ in r["samples"])
                    + f" | {last[1] * MIB / r['rate'] / 1e6:.2f} MB |")
         out.append(f"| {name}, RSS | " + " | ".join(f"{m:.0f}" for _, _, m in r["samples"]) + " | |")
+    for name, r in results["steady"].items():
+        out.append("")
+        out.append(f"Held at the end, {name}, by source file (MB): "
+                   + ", ".join(f"`{where}` {mb:.0f}" for where, mb in r.get("by_file", [])) + ".")
     stage_run = results["steady"]["with stage"]
     out.append("")
     out.append(f"With the stage: {stage_run['units']:,} A/B units (cumulative), {stage_run['open_sessions']:,} open "

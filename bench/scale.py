@@ -33,6 +33,8 @@ labels of one ``partition``: the group rebalanced, e.g. because one worker joine
 reading) is run again, up to ``--retries`` times; the report counts those.
 
 Speed-up = events/s of the 2-worker run ÷ that of the 1-worker run next to it, run by run; efficiency = speed-up ÷ 2.
+Where the machine's cores went over each run (first event to A/B-complete) is reported too: the workers, the broker,
+this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle.
 The Markdown report is printed and written to ``bench/out/scale.md`` (``scale-quick.md``, ``scale-<tag>.md``), the
 raw numbers (every poll of every run) to the ``.json`` beside it.
 """
@@ -151,10 +153,11 @@ def ab_complete(seen: dict[str, float], expected: dict[str, float]) -> bool:
 class Poll:
     """What one poll saw of every worker of a run."""
 
-    __slots__ = ("t", "events", "requests", "cpu", "state", "partitions", "shares", "ab", "took")
+    __slots__ = ("t", "events", "requests", "cpu", "state", "partitions", "shares", "ab", "took", "machine")
 
     def __init__(self, n: int) -> None:
         self.t = 0.0
+        self.machine = (0.0, 0.0, 0.0, 0.0)  # CPU seconds so far: the machine's busy, the broker, this process, idle
         self.took = 0.0  # seconds the poll's scrapes took
         self.events = [0.0] * n
         self.requests = [0.0] * n
@@ -176,10 +179,21 @@ class Poll:
         return out
 
 
+def machine_cpu(broker_pid: int | None) -> tuple[float, float, float, float]:
+    """CPU seconds so far of the whole machine (busy: all but idle and iowait, from ``/proc/stat``), of the broker,
+    of this process (the poller), and the machine's idle seconds: where the cores went during a run."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    broker = cpu_seconds(broker_pid) if broker_pid else 0.0
+    return (sum(fields[:8]) - idle) / tick, broker, time.process_time(), idle / tick
+
+
 class ScaleBench:
-    def __init__(self, args: argparse.Namespace, bootstrap: str) -> None:
+    def __init__(self, args: argparse.Namespace, bootstrap: str, broker_pid: int | None = None) -> None:
         self.args = args
         self.bootstrap = bootstrap
+        self.broker_pid = broker_pid
         self.run_id = f"{os.getpid()}-{int(time.time())}"
         self.results: dict[str, Any] = {}
         self.expected: dict[str, float] = {}
@@ -242,6 +256,7 @@ class ScaleBench:
                     poll.cpu[k] = cpu_seconds(proc.pid)
                 poll.t = time.perf_counter()
                 poll.took = poll.t - began
+                poll.machine = machine_cpu(self.broker_pid)
                 if not all(answered):
                     time.sleep(args.poll)
                     continue
@@ -317,6 +332,11 @@ class ScaleBench:
         last = polls[done]
         stage = [k for k in range(n) if any(s.startswith("regroup/") for s in last.shares[k])]
         gaps = [b.t - a.t for a, b in zip(polls[first:done], polls[first + 1:done + 1], strict=True)]
+        # cores used over the run: the workers, the broker, this poller, every other process, and idle
+        busy, broker, bench, idle = (b - a for a, b in zip(p0.machine, last.machine, strict=True))
+        workers = sum(last.cpu) - sum(p0.cpu)
+        cores = {"workers": workers / run_seconds, "broker": broker / run_seconds, "poller": bench / run_seconds,
+                 "others": max(0.0, busy - workers - broker - bench) / run_seconds, "idle": idle / run_seconds}
         return {
             "workers": n,
             "startup": p0.t - start,
@@ -330,6 +350,7 @@ class ScaleBench:
             "partitions": [[p for p in ps if p != "regroup"] for ps in last.partitions],
             "moved": moved,
             "events_by_worker": last.events,
+            "cores": cores,
             "poll_gap_max": max(gaps, default=0.0),
             "poll_gap_median": statistics.median(gaps) if gaps else 0.0,
             "cpu_curve": curve,
@@ -439,6 +460,16 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"| {fmt_range(summary([r['ab_point']['per_cpu'] for r in rs]))} | {share_text} | {end_text} | {tail} "
             f"| {fmt_range(summary([r['startup'] for r in rs]), f1)} |")
     out.append("")
+    if all("cores" in r for r in every):
+        parts = []
+        for n in args.workers:
+            rs = runs[str(n)]
+            parts.append(f"{n} worker(s): " + ", ".join(
+                f"{name} {statistics.median(r['cores'][name] for r in rs):.2f}"
+                for name in ("workers", "broker", "poller", "others", "idle")))
+        out.append("Cores in use from the first event to A/B-complete (median over the runs; /proc/stat and "
+                   "/proc/<pid>/stat; \"others\": every other process on the machine): " + "; ".join(parts) + ".")
+        out.append("")
     late = [r["settled_after_done"] for r in every if r["settled_after_done"] > 0]
     out.append("Every run reached A/B-complete (the replay's units, deltas and GAUC); the stage's series last changed "
                + (f"after it in {len(late)} runs (by up to {max(late):.1f} s)." if late
@@ -510,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     started = time.perf_counter()
     with Broker(free_port()) as broker:
-        bench = ScaleBench(args, broker.bootstrap)
+        bench = ScaleBench(args, broker.bootstrap, broker.process.pid if broker.process is not None else None)
         args.command_shown = [{sys.executable: "python", "0": "PORT"}.get(part, part).replace(broker.bootstrap,
                                                                                              "HOST:PORT")
                               for part in bench.command("PREFIX", "GROUP", 0)]
