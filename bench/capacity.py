@@ -111,7 +111,11 @@ class Traffic:
             part[0].append(offset)
             part[1].append(value)
             part[2].append(ts)
-        return [(kind, p, *part) for (kind, p), part in sorted(parts.items())]
+        # rankings first: in live traffic a request's ranking comes before its feedback (fed feedback first, a
+        # fetch's feedback would all wait for rankings of the same fetch, on the join's slower path)
+        order = {"ranking": 0, "feedback": 1, "judgment": 2}
+        return [(kind, p, *part) for (kind, p), part in sorted(parts.items(), key=lambda kp: (order[kp[0][0]],
+                                                                                               kp[0][1]))]
 
     def _to_all(self, value: bytes, ts: float) -> list[tuple[str, int, int, bytes, float]]:
         out = []
@@ -420,6 +424,15 @@ def child_stage_state(requests: int, fetch_size: int, window: float) -> dict[str
             "added": added, "held_bytes": held, "units": units, "window": window, "session_gap": config.session_gap}
 
 
+def short_path(filename: str) -> str:
+    """A source file's name without this machine's directories: from the package (``stream_eval/...``) or from
+    ``site-packages`` on."""
+    for mark in ("site-packages/", "stream_eval/"):
+        if mark in filename:
+            return (mark if mark == "stream_eval/" else "") + filename.rsplit(mark, 1)[1]
+    return filename.rsplit("/", 1)[-1]
+
+
 def child_steady(rate: float, seconds: float, fetch_size: int, stage_on: bool) -> dict[str, Any]:
     """Section 5: what the worker's partitions hold (and, with ``stage_on``, the regroup stage beside them) fed
     ``seconds`` of event time at ``rate`` requests/s with the default settings (30-minute attribution window and
@@ -449,11 +462,13 @@ def child_steady(rate: float, seconds: float, fetch_size: int, stage_on: bool) -
             samples.append((source.last_ts - first_ts, (tracemalloc.get_traced_memory()[0] - base_traced) / MIB,
                             rss() / MIB))
     # where the held memory is, by source file (the largest ten), in MB
-    top = tracemalloc.take_snapshot().statistics("filename")[:10]
-    by_file = [(str(stat.traceback[0].filename).rsplit("stream_eval", 1)[-1], stat.size / MIB) for stat in top]
+    held = tracemalloc.take_snapshot()
+    by_file = [(short_path(stat.traceback[0].filename), stat.size / MIB) for stat in held.statistics("filename")[:10]]
+    by_line = [(f"{short_path(stat.traceback[0].filename)}:{stat.traceback[0].lineno}", stat.size / MIB, stat.count)
+               for stat in held.statistics("lineno")[:20]]
     units = sum(sum(e.units_per_arm().values()) for e in worker.engine.ledger.experiments.values())
     return {"rate": rate, "seconds": seconds, "stage": stage_on, "samples": samples, "events": source.events,
-            "by_file": by_file,
+            "by_file": by_file, "by_line": by_line,
             "base_rss_mb": base_rss / MIB, "units": units,
             "open_sessions": len(worker.engine.sessions.open) if stage_on else 0,
             "finalised": worker.totals().overall().requests}
