@@ -1,6 +1,6 @@
 """Capacity figures (issue 24, item 4): the per-stage CPU costs and state sizes that docs/capacity.md sizes from.
 
-    python bench/capacity.py            # 60k requests (~300k events), 3 repeats of the stage breakdown; ~15 min
+    python bench/capacity.py            # 60k requests (~300k events), 3 repeats of the stage breakdown; ~10 min
     python bench/capacity.py --quick    # 20k requests, 1 repeat, 50k units, 45 min of steady state
 
 No broker: the worker's own objects, in this process (one core), fed the simulated traffic of ``bench/stream.py``
