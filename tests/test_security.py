@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import errno
 import hashlib
 import hmac
 import io
@@ -374,11 +375,9 @@ def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certif
         monkeypatch.delenv(name)
     sample = tmp_path / "sample.jsonl"
     sample.write_bytes(b"".join(EXAMPLE.read_bytes().splitlines(keepends=True)[:200]))
-    front_port, broker_port = free_port(), free_port()
-    common = [str(sample), "--broker", f"kafka://127.0.0.1:{front_port}", "--topic-prefix", "tls.", "--broker-timeout",
-              "2"]
-    with tansu(broker_port, front_port, tmp_path / "tls-broker.log") as upstream, \
-            KafkaFront(front_port, upstream, server_context(certs)) as front:
+    with fronted_tansu(tmp_path / "tls-broker.log", server_context(certs)) as (front_port, front):
+        common = [str(sample), "--broker", f"kafka://127.0.0.1:{front_port}", "--topic-prefix", "tls.",
+                  "--broker-timeout", "2"]
         assert main(["produce", *common, "--security-protocol", "SSL", "--ssl-cafile", str(certs.ca)]) == 0
         assert front.tls_connections > 0
         assert main(["produce", *common, "--security-protocol", "SSL"]) == 1  # the test CA is not the system's
@@ -387,11 +386,9 @@ def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certif
         simulate = ["simulate", "--requests", "20", "--broker", common[2], "--topic-prefix", "tls-sim."]
         assert main([*simulate, "--security-protocol", "SSL", "--ssl-cafile", str(certs.ca)]) == 0
         assert front.tls_connections > connections  # simulate --broker takes the same flags as produce
-    front_port, broker_port = free_port(), free_port()
-    common[2] = f"kafka://127.0.0.1:{front_port}"
     sasl = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-username", "app"]
-    with tansu(broker_port, front_port, tmp_path / "sasl-broker.log") as upstream, \
-            KafkaFront(front_port, upstream, user=("app", SECRET)) as front:
+    with fronted_tansu(tmp_path / "sasl-broker.log", user=("app", SECRET)) as (front_port, front):
+        common[2] = f"kafka://127.0.0.1:{front_port}"
         monkeypatch.setenv(PASSWORD_ENV, SECRET)
         caplog.set_level(logging.DEBUG, logger="aiokafka")  # aiokafka logs each request, PLAIN's bytes included
         assert main(["produce", *common, *sasl]) == 0
@@ -729,6 +726,25 @@ class KafkaFront:
         if version >= 1:
             body += struct.pack(">q", 0)  # session_lifetime_ms: no re-authentication
         self._reply(writer, correlation, body)
+
+
+@contextlib.contextmanager
+def fronted_tansu(log: Path, *options: Any, **keywords: Any) -> Iterator[tuple[int, KafkaFront]]:
+    """A Tansu broker behind a :class:`KafkaFront` on ports found free: ``(front port, front)``. A port found free
+    can be taken before it is bound (by an ephemeral port of any other connection on the machine): then, and only
+    while starting, both are started again on other ports."""
+    for attempt in range(3):
+        front_port, broker_port = free_port(), free_port()
+        started = False
+        try:
+            with tansu(broker_port, front_port, log) as upstream, KafkaFront(front_port, upstream, *options,
+                                                                             **keywords) as front:
+                started = True
+                yield front_port, front
+                return
+        except OSError as error:
+            if started or error.errno != errno.EADDRINUSE or attempt == 2:
+                raise
 
 
 @contextlib.contextmanager
