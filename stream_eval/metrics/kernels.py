@@ -388,9 +388,10 @@ def zero_result(prep: Prepared, k: int | None, params: Params) -> Floats:
 
 
 def time_to_first_click(prep: Prepared, k: int | None, params: Params) -> Floats:
-    """``TimeToFirstClick``: seconds from serve time to the first click on a served item; undefined without one, so
-    its mean is over the requests with a click."""
-    return _of_shown(prep, prep.first_click())
+    """``TimeToFirstClick``: seconds from serve time to the first click on a served item, 0 for a click stamped
+    before its ranking (clocks that disagree: a negative value would also make the exported sum fall); undefined
+    without a click, so its mean is over the requests with a click."""
+    return _of_shown(prep, np.maximum(prep.first_click(), 0.0))
 
 
 def sat_click(prep: Prepared, k: int | None, params: Params) -> Floats:
