@@ -57,7 +57,7 @@ class RequestState:
     """
 
     __slots__ = ("request_id", "experiment", "arm", "query_id", "session_id", "items", "n", "scores", "teams",
-                 "subtopics", "ts", "grades", "seen", "row")
+                 "subtopics", "ts", "grades", "seen", "row", "clicked", "first_click", "satisfied")
 
     def __init__(self, ranking: Ranking | CompactRanking) -> None:
         if type(ranking) is not CompactRanking:
@@ -80,6 +80,10 @@ class RequestState:
         # short (a set costs 216 bytes, a list of four 88), then a set.
         self.seen: list[str | tuple[str, str, float]] | set[str | tuple[str, str, float]] | None = None
         self.row = NO_ROW  # the live windows' row of this request (see engine/windows.py)
+        # the behaviour measures': served positions clicked, the first click's time, a satisfied click or kind
+        self.clicked: set[int] = set()
+        self.first_click = math.inf
+        self.satisfied = False
 
     @property
     def ranking(self) -> Ranking:
@@ -115,6 +119,7 @@ class Join:
     def __init__(self, config: Config, counts: EventCounts) -> None:
         self.attribution_window = config.attribution_window
         self.horizon = config.attribution_window + config.allowed_lateness
+        self.sat_dwell, self.sat_kinds = config.sat_dwell, set(config.sat_kinds)
         self.counts = counts
         self.watermark = -math.inf
         self.open: dict[str, RequestState] = {}
@@ -186,6 +191,13 @@ class Join:
             return "late"
         grade: float = event.grade  # type: ignore[assignment]  # validated: kinds without grade get one
         item = event.item
+        position = state.position(item)  # the behaviour measures: feedback that counts, repeated or not
+        if position and event.kind == "click":
+            state.clicked.add(position)
+            state.first_click = min(state.first_click, ts)
+            state.satisfied |= event.dwell is not None and event.dwell >= self.sat_dwell
+        if position and event.kind in self.sat_kinds:
+            state.satisfied = True
         key = item if grade == 1.0 and event.kind == "click" else (item, event.kind, grade)
         seen = state.seen
         if seen is None:

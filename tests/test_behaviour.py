@@ -124,7 +124,7 @@ def oracle(events: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], d
             "Clicks@2": of_shown(float(sum(1 for p in clicked if p <= 2))),
             "Abandoned": of_shown(float(not clicked)),
             "ZeroResult": float(not shown),
-            "TimeToFirstClick": request["first"] - request["ts"] if clicked else nan,
+            "TimeToFirstClick": max(request["first"] - request["ts"], 0.0) if clicked else nan,
             "SatClick": of_shown(float(request["sat"])),
         }
     # sessions: the requests of a session id (the log's sessions never go quiet for the 30 min session gap)
@@ -307,3 +307,55 @@ def test_behaviour_settings_from_a_file_and_flags(tmp_path: Path) -> None:
     assert config.to_json()["sat_kinds"] == ["purchase"] and "Reformulation" in config.to_json()["metrics"]
     flags = load_config(str(path), overrides={"sat_dwell": "10", "sat_kinds": "purchase,click"}, environ={})
     assert (flags.sat_dwell, flags.sat_kinds) == (10.0, ("purchase", "click"))
+
+
+def test_the_stage_reads_session_parts_with_and_without_query_and_satisfaction() -> None:
+    """Regroup records of session parts carry ``q`` and ``c`` when the session measures run; parts written without
+    them (older workers) read as no query id (a query of its own) and no satisfied click."""
+    from stream_eval.engine.regroup import SessionStage
+
+    config = Config(metrics=("RR", "behaviour"))
+
+    def part(t: float, **extra: object) -> bytes:
+        return orjson.dumps({"k": "s", "id": "s1", "e": "e", "a": "a", "t": t, "s": [1.0, 0.5], "r": [1], "u": "s1",
+                             **extra})
+
+    def reformulation(log: list[bytes]) -> tuple[float, float]:
+        engine = Engine(config)
+        stage = SessionStage(engine, 1)
+        log = [*log, orjson.dumps({"k": "w", "u": 0, "t": "inf"})]
+        stage.feed(list(range(len(log))), log)
+        metrics = engine.report()["overall"]["metrics"]
+        return metrics["Reformulation"], metrics["QueriesPerSession"]
+
+    # the same query, then another one 10 s later: only the second pair is a reformulation
+    assert reformulation([part(T0, q="q1", c=False), part(T0 + 5, q="q1", c=False),
+                          part(T0 + 15, q="q2", c=False)]) == (1 / 3, 3.0)
+    assert reformulation([part(T0, q="q1", c=True), part(T0 + 5, q="q2", c=False)]) == (0.0, 2.0)  # satisfied
+    assert reformulation([part(T0), part(T0 + 5)]) == (0.5, 2.0)  # older records: no query, no satisfied click
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(request_of, min_size=2, max_size=14))
+def test_metrics_endpoint_exports_the_report_means(requests: list[tuple[Any, ...]]) -> None:
+    """/metrics: every behaviour measure's finalised sum and count, and its window, give the report's mean."""
+    from prometheus_client import CollectorRegistry
+
+    from stream_eval.export.prometheus import EngineCollector
+
+    events = make_log(requests)
+    report, _, engine = run(events, windows=True)
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    label = engine.windows.labels[0]  # type: ignore[union-attr]  # attached by run
+    for group in report["groups"]:
+        for name in BEHAVIOUR:
+            labels = {"experiment": group["experiment"], "arm": group["arm"], "metric": name}
+            total = registry.get_sample_value("stream_eval_metric_sum_total", labels)
+            count = registry.get_sample_value("stream_eval_metric_count_total", labels)
+            window = [registry.get_sample_value(f"stream_eval_window_{part}", {**labels, "window": label})
+                      for part in ("sum", "count")]
+            expected = group["metrics"][name]
+            assert total is not None and count is not None and window[0] is not None and window[1] is not None
+            assert _same(total / count if count else None, math.nan if expected is None else expected), name
+            assert _same(window[0] / window[1] if window[1] else None, math.nan if expected is None else expected)

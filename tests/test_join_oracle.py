@@ -19,7 +19,10 @@ from stream_eval.events import join as join_module
 from stream_eval.events.join import EventCounts, Finalised, Join
 from stream_eval.events.schema import CompactRanking, Feedback, Ranking
 
-CONFIG = Config(attribution_window=10.0, allowed_lateness=2.0)
+#: The behaviour measures run: the joins also keep each request's clicks, first click and satisfaction ("buy" and a
+#: click with dwell >= 30 s are satisfying).
+CONFIG = Config(attribution_window=10.0, allowed_lateness=2.0, metrics=("RR", "behaviour"), kinds=(("buy", 3.0),),
+                sat_kinds=("buy",))
 ITEMS = ["a", "b", "c", "d", 'q"uote', "n\x00ul", "é"]
 IDS = ["r0", "r1", "r2", "r\x003"]
 
@@ -35,7 +38,7 @@ def feedbacks(draw: Any) -> Feedback:
     kind, grade = draw(st.sampled_from([("click", 1.0), ("label", 0.0), ("label", 1.0), ("label", 2.0),
                                         ("label", 0.5), ("buy", 3.0)]))
     return Feedback(draw(st.sampled_from(IDS)), draw(st.sampled_from([*ITEMS, "unshown"])), kind, grade,
-                    ts=draw(st.integers(0, 60)) / 2)
+                    ts=draw(st.integers(0, 60)) / 2, dwell=draw(st.sampled_from([None, 3.0, 30.0, 90.0])))
 
 
 streams = st.lists(st.one_of(rankings(), feedbacks()), max_size=60)
@@ -45,22 +48,28 @@ def _compact(event: Ranking | Feedback) -> CompactRanking | Feedback:
     return CompactRanking.of(event) if type(event) is Ranking else event
 
 
-View = list[tuple[str, float, dict[int, float], list[float]]]
+View = list[tuple[str, float, dict[int, float], list[float], list[int], float, bool]]
 
 
 def _old_view(states: list[RequestState]) -> View:
-    """Each request's id, serve time, grades by served position and the sorted grades of the other items."""
+    """Each request's id, serve time, grades by served position and the sorted grades of the other items; the
+    clicked positions, the first click's time and whether it had a satisfied click or kind."""
     out = []
     for s in states:
         grades = s.grades or {}
         out.append((s.request_id, s.ts, {s.position(item): g for item, g in grades.items() if s.position(item)},
-                    sorted(g for item, g in grades.items() if not s.position(item) and g > 0)))
+                    sorted(g for item, g in grades.items() if not s.position(item) and g > 0), sorted(s.clicked),
+                    s.first_click, s.satisfied))
     return out
 
 
 def _new_view(finalised: Finalised) -> View:
+    clicked: list[list[int]] = [[] for _ in finalised.rankings]
+    for req, pos in zip(finalised.click_req.tolist(), finalised.click_pos.tolist(), strict=True):
+        clicked[req].append(pos)
     return list(zip([r.request_id for r in finalised.rankings], finalised.serve.tolist(), finalised.shown_grades(),
-                    finalised.unshown_grades(), strict=True))
+                    finalised.unshown_grades(), clicked, finalised.first_click.tolist(),
+                    finalised.satisfied.tolist(), strict=True))
 
 
 def _chunks(events: list[Any], cuts: list[int]) -> list[list[Any]]:

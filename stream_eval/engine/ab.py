@@ -225,7 +225,7 @@ class UnitLedger:
                      counts: Floats | None = None) -> None:
         """Scored sessions with both classes: close points, session ids, labels, units, ``w * AUC`` and ``w``.
         ``values``, ``counts``: their session measures (one column per name except GAUC, NaN: none; engine.py) and
-        how many per-request values each one sums."""
+        how many per-request values each one sums; a session without both classes then comes with ``w`` 0."""
         if not len(ids) or self.frozen:
             return
         y = np.zeros((len(ids), self.width))

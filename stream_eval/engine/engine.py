@@ -441,7 +441,7 @@ class Engine:
         relevant = batch.shown_grade >= self.config.rel_threshold
         behaviour = self.sessions.behaviour
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown,
-                                  finalised.satisfied if behaviour else None)
+                                  finalised.satisfied if behaviour else None, finalised.serve)
         regroup = self.regroup
         named = None if regroup is None else self._regroup_session_part
         self._add_sessions(self.sessions.add(states, group, impressions, named), local=regroup is None)

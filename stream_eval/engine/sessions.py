@@ -61,7 +61,7 @@ class Impressions:
     __slots__ = ("starts", "scores", "labels", "times", "queries", "satisfied")
 
     def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints,
-                 n_shown: Ints | None = None, satisfied: Bools | None = None) -> None:
+                 n_shown: Ints | None = None, satisfied: Bools | None = None, times: Floats | None = None) -> None:
         if n_shown is None:
             n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
         starts = _starts(n_shown)
@@ -87,8 +87,8 @@ class Impressions:
         self.satisfied = satisfied
         self.times: Floats | None = None
         self.queries: list[str | None] | None = None
-        if satisfied is not None:
-            self.times = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states))
+        if satisfied is not None:  # (``times``: the serve times, when the caller has them as an array)
+            self.times = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) if times is None else times
             self.queries = list(map(_QUERY_ID, states))
 
     def relevant_positions(self, i: int) -> list[int]:

@@ -143,7 +143,7 @@ def grouped_moments(group: Ints, values: Floats, n_groups: int, weights: Floats 
     v = np.where(present, values, 0.0)
     w = present * (1.0 if weights is None else np.asarray(weights, dtype=np.float64)[:, None])
     out = [Moments(size) for _ in range(n_groups)]
-    for j in range(size):
+    for j in np.flatnonzero(present.any(axis=0)).tolist():  # (a column without a value adds nothing)
         count = np.bincount(group, weights=present[:, j], minlength=n_groups)
         weight = np.bincount(group, weights=w[:, j], minlength=n_groups)
         weight_sq = np.bincount(group, weights=w[:, j] * w[:, j], minlength=n_groups)

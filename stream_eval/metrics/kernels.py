@@ -91,7 +91,7 @@ class Prepared:
     ideal gains."""
 
     __slots__ = ("size", "req", "pos", "grade", "n_shown", "_batch", "_judged_req", "_judged_grade",
-                 "_judged_rank", "_relevant", "_n_relevant", "_ideal", "_judged_shown", "_clicks")
+                 "_judged_rank", "_relevant", "_n_relevant", "_ideal", "_judged_shown", "_clicks", "_clicked")
 
     def __init__(self, batch: JudgedBatch) -> None:
         self.size = batch.size
@@ -114,6 +114,7 @@ class Prepared:
         self._judged_shown: tuple[Ints, Ints] | None = None
         self._ideal: dict[str, Floats] = {}
         self._clicks: tuple[Ints, Ints] | None = None
+        self._clicked: dict[int | None, Floats] = {}
 
     def relevant(self, rel: float) -> Bools:
         """Which served entries are relevant at threshold ``rel``."""
@@ -158,9 +159,12 @@ class Prepared:
         return self._clicks
 
     def clicked(self, k: int | None = None) -> Floats:
-        """Clicked served items per request (in the top ``k``; ``None``: anywhere)."""
-        req, pos = self.clicks()
-        return _count_per_request(self, req if k is None else req[pos <= k])
+        """Clicked served items per request (in the top ``k``; ``None``: anywhere), computed once per ``k``."""
+        found = self._clicked.get(k)
+        if found is None:
+            req, pos = self.clicks()
+            found = self._clicked[k] = _count_per_request(self, req if k is None else req[pos <= k])
+        return found
 
     def shown_nothing(self) -> Bools:
         """Requests that served an empty list (zero results)."""
@@ -371,7 +375,7 @@ def click_through(prep: Prepared, k: int | None, params: Params) -> Floats:
 def clicks(prep: Prepared, k: int | None, params: Params) -> Floats:
     """``Clicks``: the served items clicked (each once, however often); ``Clicks@k``: in the top k. Its mean is
     clicks per query."""
-    return _of_shown(prep, prep.clicked(k))
+    return _of_shown(prep, prep.clicked(k).copy())  # (the counts are cached: not changed in place)
 
 
 def abandoned(prep: Prepared, k: int | None, params: Params) -> Floats:
@@ -385,9 +389,10 @@ def zero_result(prep: Prepared, k: int | None, params: Params) -> Floats:
 
 
 def time_to_first_click(prep: Prepared, k: int | None, params: Params) -> Floats:
-    """``TimeToFirstClick``: seconds from serve time to the first click on a served item; undefined without one, so
-    its mean is over the requests with a click."""
-    return _of_shown(prep, prep.first_click())
+    """``TimeToFirstClick``: seconds from serve time to the first click on a served item, 0 for a click stamped
+    before its ranking (clocks that disagree: a negative value would also make the exported sum fall); undefined
+    without a click, so its mean is over the requests with a click."""
+    return _of_shown(prep, np.maximum(prep.first_click(), 0.0))
 
 
 def sat_click(prep: Prepared, k: int | None, params: Params) -> Floats:
