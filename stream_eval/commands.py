@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.util
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -120,14 +119,10 @@ def _replay_ubi(paths: list[str], config: Config, settings: UbiSettings,
                 attach: Callable[[Engine], object] | None) -> tuple[Engine, UbiCounts]:
     """:func:`~stream_eval.engine.replay.replay` of two UBI exports: their records converted to event lines
     (:mod:`stream_eval.events.ubi`), decoded and counted as a log's lines are."""
+    from stream_eval.engine.replay import last_look, traced_engine
     from stream_eval.events.ubi import UbiConverter, decoded, read_records
 
-    engine = Engine(config, on_finalised)
-    if attach is not None:
-        attach(engine)
-    if on_look is not None:
-        engine.ledger.on_look = lambda ts: on_look({"ts": ts, "ab": engine.ab(), "srm": engine.srm(),
-                                                    "gsb": engine.gsb_rows()})
+    engine = traced_engine(config, on_finalised, attach, on_look)
     converter = UbiConverter(config, settings)
     read = [0, 0]  # bytes read of each input, for progress
 
@@ -142,11 +137,7 @@ def _replay_ubi(paths: list[str], config: Config, settings: UbiSettings,
         if progress is not None:
             progress(sum(read), events)
     engine.flush()
-    if on_look is not None:
-        engine.ledger.on_look = None
-        last = max(engine.watermark, engine.ledger.last_key)
-        on_look({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
-                 "gsb": engine.gsb_rows()})
+    last_look(engine, on_look)
     return engine, converter.counts
 
 

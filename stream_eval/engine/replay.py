@@ -157,14 +157,7 @@ def replay(
     ``attach`` is called with the engine before the first event, for listeners that attach themselves to it
     (e.g. :class:`~stream_eval.engine.delays.FeedbackDelays`).
     """
-    engine = Engine(config, on_finalised)
-    if attach is not None:
-        attach(engine)
-    if ab_trace is not None:
-        def look(ts: float) -> None:
-            ab_trace({"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
-
-        engine.ledger.on_look = look
+    engine = traced_engine(config, on_finalised, attach, ab_trace)
     done = 0
     events = 0
     with _quiet_gc():
@@ -178,13 +171,34 @@ def replay(
                     progress(done, events)
             done = offset + (os.path.getsize(path) if path != "-" and os.path.exists(path) else 0)
         engine.flush()
-    if ab_trace is not None:
-        engine.ledger.on_look = None
-        # the end of input finalises everything: the last line is as of the last finalisation point applied
-        last = max(engine.watermark, engine.ledger.last_key)
-        ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
-                  "gsb": engine.gsb_rows()})
+    last_look(engine, ab_trace)
     return engine
+
+
+def traced_engine(config: Config, on_finalised: Callable[[FinalisedBatch], None] | None,
+                  attach: Callable[[Engine], object] | None,
+                  ab_trace: Callable[[dict[str, Any]], None] | None) -> Engine:
+    """A replay's engine: ``attach`` called with it, ``ab_trace`` given the A/B sections at each look."""
+    engine = Engine(config, on_finalised)
+    if attach is not None:
+        attach(engine)
+    if ab_trace is not None:
+        def look(ts: float) -> None:
+            ab_trace({"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
+
+        engine.ledger.on_look = look
+    return engine
+
+
+def last_look(engine: Engine, ab_trace: Callable[[dict[str, Any]], None] | None) -> None:
+    """The A/B sections once the input has ended (after ``engine.flush()``), for ``ab_trace``."""
+    if ab_trace is None:
+        return
+    engine.ledger.on_look = None
+    # the end of input finalises everything: the last line is as of the last finalisation point applied
+    last = max(engine.watermark, engine.ledger.last_key)
+    ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
+              "gsb": engine.gsb_rows()})
 
 
 def is_parquet(path: str) -> bool:
