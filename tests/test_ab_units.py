@@ -196,7 +196,9 @@ def test_release_order_does_not_depend_on_how_contributions_arrive(rows: list[tu
     one = feed(list(range(len(rows))), 1)
     shuffled = sorted(range(len(rows)), key=lambda k: (rows[k][2] // 7, -k))  # roughly in time, ties reversed
     other = feed(shuffled, pieces)
-    a, b = one.experiments["e"], other.experiments["e"]
-    assert a.index == b.index and a.conflicts == b.conflicts
-    assert np.array_equal(a.y[: a.size], b.y[: b.size]) and np.array_equal(a.n[: a.size], b.n[: b.size])
+    assert one.experiments["e"].keys() == other.experiments["e"].keys()
+    for shard, a in one.experiments["e"].items():
+        b = other.experiments["e"][shard]
+        assert a.index == b.index and a.conflicts == b.conflicts
+        assert np.array_equal(a.y[: a.size], b.y[: b.size]) and np.array_equal(a.n[: a.size], b.n[: b.size])
     assert json.dumps(one.results(), default=str) == json.dumps(other.results(), default=str)

@@ -22,7 +22,7 @@ from support import AbstractTimeConfig as Config
 from test_partitions import PARTITIONS, _comparable, _feed, _replay, _route
 
 from stream_eval.config import ArmPair, ConfigError, load_config
-from stream_eval.engine.ab import UnitLedger
+from stream_eval.engine.ab import SHARDS, UnitLedger, shard_of
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.gsb import _COMPACT, GsbTracker, rank
 from stream_eval.engine.partitions import PartitionedEngine
@@ -201,22 +201,34 @@ def test_a_flood_of_unit_ids_keeps_each_experiment_at_the_bound() -> None:
             _contributions(ledger, order)
             ledger.release(math.inf)
             assert held() < 2_000_000  # CAP units' rows and ids, not 200k
-        experiment = ledger.experiments["exp"]
-        assert experiment.size == CAP and ledger.overflow == FLOOD - CAP
-        assert set(experiment.index) == {f"u{k}" for k in range(CAP)}  # the first in (key, id) order
+        # each shard keeps the first ceil(CAP / SHARDS) of its units in (key, id) order
+        per_shard = -(-CAP // SHARDS)
+        kept: dict[int, list[str]] = {}
+        for k in range(FLOOD):
+            shard = kept.setdefault(shard_of(f"u{k}"), [])
+            if len(shard) < per_shard:
+                shard.append(f"u{k}")
+        shards = ledger.experiments["exp"]
+        assert {s: list(e.index) for s, e in shards.items()} == kept
+        assert sum(e.size for e in shards.values()) == SHARDS * per_shard
+        assert ledger.overflow == FLOOD - SHARDS * per_shard
         ledgers.append(ledger)
     first, second = (ledger.experiments["exp"] for ledger in ledgers)
-    assert first.index == second.index and np.array_equal(first.y, second.y) and np.array_equal(first.n, second.n)
+    for shard, one in first.items():
+        other = second[shard]
+        assert one.index == other.index and np.array_equal(one.y, other.y) and np.array_equal(one.n, other.n)
     assert repr(ledgers[0].results()) == repr(ledgers[1].results())  # (NaN fields: compared as text)
-    assert ledgers[0].units() == {"exp": {"b": CAP // 2, "a": CAP // 2}}
+    units = ledgers[0].units()["exp"]
+    assert units["a"] + units["b"] == SHARDS * per_shard
 
 
 def test_a_known_unit_is_still_tracked_at_the_bound_and_a_new_arm_is_not_seen() -> None:
-    ledger = UnitLedger(Config(max_units=1), ["MRR"])
+    ledger = UnitLedger(Config(max_units=1), ["MRR"])  # (one unit per shard)
     keys = np.array([T0, T0 + 1, T0 + 2])
-    ledger.add_requests(keys, ["r1", "r2", "r3"], ["exp"] * 3, ["a", "b", "a"], ["u1", "u2", "u1"], np.ones((3, 1)))
+    other = next(f"u{k}" for k in range(2, 1000) if shard_of(f"u{k}") == shard_of("u1"))  # in u1's shard
+    ledger.add_requests(keys, ["r1", "r2", "r3"], ["exp"] * 3, ["a", "b", "a"], ["u1", other, "u1"], np.ones((3, 1)))
     ledger.release(math.inf)
-    experiment = ledger.experiments["exp"]
+    experiment = ledger.experiments["exp"][shard_of("u1")]
     assert experiment.arms == ["a"] and experiment.n[0, 0] == 2.0 and ledger.overflow == 1
 
 
@@ -306,13 +318,14 @@ def test_bounds_not_reached_change_nothing(tmp_path: Any) -> None:
                            orphan_fraction=0.05, shuffle_window=20.0)
     lines = list(simulate_lines(sim))
     unbounded, _ = _replay(lines, tmp_path, Config())
-    units = max(e.size for e in unbounded.ledger.experiments.values())
+    # (max_units is spread over the shards: the largest shard of an experiment sets the bound)
+    units = SHARDS * max(e.size for shards in unbounded.ledger.experiments.values() for e in shards.values())
     tight = Config(max_units=units, max_open_queries=400, max_open_sessions=1500, max_waiting_feedback=1500)
     bounded, _ = _replay(lines, tmp_path, tight)
     assert bounded.report() == {**unbounded.report(), "config": bounded.report()["config"]}
     assert (bounded.sessions.overflow, bounded.gsb.overflow, bounded.ledger.overflow) == (0, 0, 0)
     assert bounded.counts[OVERFLOW, "waiting_feedback"] == 0
-    below, _ = _replay(lines, tmp_path, Config(max_units=units - 1))
+    below, _ = _replay(lines, tmp_path, Config(max_units=units - SHARDS))
     assert below.ledger.overflow > 0  # the bound was tight
 
 
@@ -323,7 +336,8 @@ def test_overflow_is_exported_per_kind() -> None:
     registry = CollectorRegistry()
     EngineCollector(engine, registry)
     assert [_overflow(registry, kind) for kind in ("session", "query", "unit", "waiting_feedback")] == [0.0] * 4
-    rankings = [Ranking(f"r{k}", ["d1", "d2"], ts=T0 + k, session_id=f"s{k}", query_id=f"q{k}", unit_id=f"u{k}",
+    units = [u for u in (f"u{k}" for k in range(2000)) if shard_of(u) == 0][:4]  # one shard: max_units 1 each
+    rankings = [Ranking(f"r{k}", ["d1", "d2"], ts=T0 + k, session_id=f"s{k}", query_id=f"q{k}", unit_id=units[k],
                         experiment="exp", arm="ab"[k % 2]) for k in range(4)]
     clicks = [Feedback(f"r{k}", "d1", ts=T0 + k + 1) for k in range(4)]
     orphans = [Feedback(f"never-{k}", "d1", ts=T0) for k in range(3)]

@@ -11,20 +11,30 @@ point, a session's close point) and are applied in (key, id) order. Replay and t
 release them on the same event times, so units, their first arm, the sums (added in the same order) and the
 looks are the same whatever the number of workers and however the input was partitioned.
 
-*Looks* are taken every ``look_every`` of event time (on the boundaries, with exactly the contributions keyed
-up to there) and when results are read: the always-valid p-value is the running minimum over looks and the
-confidence sequence their running intersection, so a decision, once reached, stays (until the pair of arms
-compared changes). A unit seen in a second arm is a *conflict*: counted once, kept in its first arm, and that
-contribution is left out of the A/B statistics (it still counts in its arm's means elsewhere in the report).
+Units are kept in :data:`SHARDS` shards by a hash of the unit id (:func:`shard_of`). When streaming, each
+partition of the regroup stage holds the shards of its number modulo the partitions (``engine/regroup.py``); in
+replay one ledger holds them all. Each shard's sums are its units' in the order they were applied, so a shard's
+sums are the same wherever it is held; an experiment's sums are its shards', added in shard order
+(:class:`LookMerger`).
 
-An experiment keeps at most ``max_units`` units: a contribution of a unit first seen beyond that, in the (key, id)
-order of application, is left out of the A/B statistics like a conflict and counted (``UnitLedger.overflow``);
-so the bound, too, is the same whatever the number of workers.
+*Looks* are taken on the boundaries of ``look_every`` of event time: a contribution keyed ``k`` is in the look
+on ``ceil(k / look_every) * look_every``, taken once event time reaches it (no look where nothing changed). The
+shards changed since the previous look report their sums (:class:`ShardLook`) to the merger, which folds a
+boundary once every ledger holding shards has reported up to it. The always-valid p-value is the running
+minimum over looks and the confidence sequence their running intersection, so a decision, once reached, stays
+(until the pair of arms compared changes); the rows read are those of the last look. A unit seen in a second
+arm is a *conflict*: counted once, kept in its first arm, and that contribution is left out of the A/B
+statistics (it still counts in its arm's means elsewhere in the report).
+
+A shard of an experiment keeps at most ``max_units / SHARDS`` units (rounded up): a contribution of a unit first
+seen beyond that, in the (key, id) order of application, is left out of the A/B statistics like a conflict and
+counted (``UnitLedger.overflow``); so the bound, too, is the same whatever the number of workers.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +43,26 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Config
+from stream_eval.engine.times import time_to_json
 from stream_eval.stats import ArmSums, compare, decide, srm_test
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 #: Called with the event time of a look once it is taken (the replay's ``--ab-trace``).
 LookListener = Callable[[float], None]
+#: The A/B units of an experiment are kept in this many shards, by a hash of the unit id (:func:`shard_of`):
+#: the partitions of the streaming regroup stage each hold some of them (at most this many partitions).
+SHARDS = 64
+_crc32 = zlib.crc32
+
+
+def shard_of(unit: str) -> int:
+    """The shard of an A/B unit (CRC-32 of its UTF-8 bytes, modulo :data:`SHARDS`): the same in every process.
+
+    >>> shard_of("user-1"), shard_of("user-2")
+    (20, 46)
+    """
+    return _crc32(unit.encode()) % SHARDS
 
 
 @dataclass
@@ -124,6 +148,12 @@ class _Experiment:
         mine = self.unit_arm[:size] == code
         return ArmSums.of_units(self.y[:size][mine], self.n[:size][mine])
 
+    def look(self, name: str, shard: int) -> ShardLook:
+        """This shard's look (its arms in order of first unit)."""
+        counts = self.units_per_arm()
+        return ShardLook(name, shard, list(self.arms), [self.arm_sums(arm) for arm in self.arms],
+                         [counts[arm] for arm in self.arms], self.conflicts, self.overflow)
+
     def units_per_arm(self) -> dict[str, int]:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
         return {arm: int(counts[code]) for code, arm in enumerate(self.arms)}
@@ -184,27 +214,209 @@ class SrmRow:
     mismatch: bool
 
 
+@dataclass
+class ShardLook:
+    """One shard's units of one experiment at a look: its arms (in the order their first unit came), each arm's
+    sums and units, and the shard's conflicts and overflow so far. Looks of every shard, added in shard order,
+    give the experiment's look (:class:`LookMerger`), whichever process holds which shards."""
+
+    experiment: str
+    shard: int
+    arms: list[str]
+    sums: list[ArmSums]
+    units: list[int]
+    conflicts: int
+    overflow: int
+
+    def to_json(self) -> list[Any]:
+        """JSON-ready (floats as JSON numbers: read back bit for bit)."""
+        return [self.experiment, self.shard, self.arms, [[v.tolist() for v in s._values()] for s in self.sums],
+                self.units, self.conflicts, self.overflow]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> ShardLook:
+        experiment, shard, arms, sums, units, conflicts, overflow = data
+        return cls(str(experiment), int(shard), [str(a) for a in arms],
+                   [ArmSums(*(np.array(v, dtype=np.float64) for v in arm)) for arm in sums],
+                   [int(u) for u in units], int(conflicts), int(overflow))
+
+
+#: Called with a look's boundary and the looks of the shards that changed since the previous one.
+ShardLookListener = Callable[[float, list[ShardLook]], None]
+
+
+class LookMerger:
+    """The looks of every shard of the A/B units, folded into each experiment's running p-values and sequences.
+
+    A look is taken on a boundary (a multiple of ``look_every``) once every source — the ledgers holding the
+    shards: one in replay, one per regroup-stage partition when streaming — has reported its shards up to it
+    (:meth:`progress`). An experiment's sums at a look are its shards' latest sums at or before the boundary,
+    added in shard order: the same numbers, bit for bit, however the shards are spread over processes.
+    Reports are idempotent (a source restarting reports the same looks again: nothing changes)."""
+
+    def __init__(self, config: Config, names: Sequence[str], sources: int = 1) -> None:
+        self.config = config
+        self.names = list(names)
+        self.width = len(self.names)
+        self.progress_of = [-math.inf] * sources
+        self.folded = -math.inf  # the last boundary folded
+        self.looks = 0
+        self.on_look: LookListener | None = None
+        self._queue: dict[float, list[ShardLook]] = {}  # reported, not folded yet: boundary -> looks
+        self.latest: dict[str, dict[int, ShardLook]] = {}  # each experiment's shards as of the last fold
+        self._running: dict[str, _Running] = {}
+        self._now: dict[str, tuple[ArmPair, Any, SrmRow]] = {}  # each experiment's comparison at the last fold
+
+    def add(self, boundary: float, looks: Sequence[ShardLook]) -> None:
+        """Shards' looks at ``boundary`` (a boundary folded already is reported again by a restarted source)."""
+        if boundary > self.folded:
+            self._queue.setdefault(boundary, []).extend(looks)
+
+    def progress(self, source: int, upto: float) -> None:
+        """``source`` has reported every look up to event time ``upto``: fold the boundaries every source passed."""
+        if source >= len(self.progress_of):
+            self.progress_of += [-math.inf] * (source + 1 - len(self.progress_of))
+        if upto <= self.progress_of[source]:
+            return
+        self.progress_of[source] = upto
+        ready = min(self.progress_of)
+        queue = self._queue
+        for boundary in sorted(b for b in queue if b <= ready):
+            for look in queue.pop(boundary):
+                self.latest.setdefault(look.experiment, {})[look.shard] = look
+            self._fold(boundary)
+
+    def _fold(self, boundary: float) -> None:
+        for name in sorted(self.latest):
+            now = self._merged(name)
+            if now is None:
+                continue
+            self._now[name] = now
+            self._running[name] = self._folded(name, *now)
+        self.folded = boundary
+        self.looks += 1
+        if self.on_look is not None:
+            self.on_look(boundary)
+
+    def _merged(self, name: str) -> tuple[ArmPair, Any, SrmRow] | None:
+        """The comparison and SRM test of an experiment from its shards' latest looks (None: no pair of arms)."""
+        sums: dict[str, ArmSums] = {}
+        units: dict[str, int] = {}
+        for shard in sorted(self.latest[name]):
+            look = self.latest[name][shard]
+            for arm, arm_sums, n in zip(look.arms, look.sums, look.units, strict=True):
+                sums[arm] = sums[arm] + arm_sums if arm in sums else arm_sums
+                units[arm] = units.get(arm, 0) + n
+        pair = self.config.arms_for(name, set(sums))
+        if pair is None:
+            return None
+        zeros = ArmSums.zeros(self.width)
+        comparison = compare(sums.get(pair.control, zeros), sums.get(pair.treatment, zeros),
+                             confidence=self.config.confidence, sequential_n=self.config.sequential_n)
+        expected = self.config.split_for(name, set(units))
+        counts = [float(units.get(arm, 0)) for arm in expected]
+        test = srm_test(counts, list(expected.values()))
+        srm = SrmRow(name, {arm: units.get(arm, 0) for arm in expected}, expected, test.chi2, test.p_value,
+                     test.sequential_p_value, False)
+        return pair, comparison, srm
+
+    def _folded(self, name: str, pair: ArmPair, comparison: Any, srm: SrmRow) -> _Running:
+        """The running state of an experiment with one more look folded in. NaN (undefined at this look) leaves a
+        bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
+        before = self._running.get(name)
+        if before is None or before.pair != pair:
+            before = _Running(pair, np.ones(self.width), np.full(self.width, -math.inf), np.full(self.width, math.inf))
+        srm_p = srm.sequential_p_value
+        return _Running(pair, np.fmin(before.p_value, comparison.p_value),
+                        np.fmax(before.cs_lower, comparison.cs_lower), np.fmin(before.cs_upper, comparison.cs_upper),
+                        before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p))
+
+    def results(self, names: Sequence[str] | None = None) -> tuple[list[AbRow], list[SrmRow]]:
+        """The ``ab`` and ``srm`` rows as of the last look folded. ``names`` picks the metric columns shown
+        (default: all)."""
+        ab: list[AbRow] = []
+        srm_rows: list[SrmRow] = []
+        shown = self.names if names is None else names
+        columns = [(self.names.index(name), name) for name in shown if name in self.names]
+        for name in sorted(self._now):
+            pair, comparison, srm = self._now[name]
+            running = self._running[name]
+            for j, metric in columns:
+                lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
+                ab.append(AbRow(
+                    name, pair.control, pair.treatment, metric, float(comparison.delta[j]),
+                    float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
+                    float(running.p_value[j]) if not math.isnan(float(comparison.p_value[j])) else math.nan,
+                    _decision(lower, upper), int(comparison.units_control[j]), int(comparison.units_treatment[j]),
+                ))
+            srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
+                                   running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
+        return ab, srm_rows
+
+    def state_to_json(self) -> dict[str, Any]:
+        """What a new owner of the merger needs (it is rebuilt from this and the reports after it)."""
+        return {"progress": [time_to_json(t) for t in self.progress_of], "folded": time_to_json(self.folded),
+                "looks": self.looks,
+                "queue": [[time_to_json(b), [look.to_json() for look in looks]] for b, looks in self._queue.items()],
+                "latest": [look.to_json() for shards in self.latest.values() for look in shards.values()],
+                "running": {name: [[r.pair.control, r.pair.treatment], r.p_value.tolist(), r.cs_lower.tolist(),
+                                   r.cs_upper.tolist(), r.srm_p_value] for name, r in self._running.items()}}
+
+    def restore_json(self, data: dict[str, Any]) -> None:
+        self.progress_of = [float(t) for t in data["progress"]] + self.progress_of[len(data["progress"]):]
+        self.folded, self.looks = float(data["folded"]), int(data["looks"])
+        self._queue = {float(b): [ShardLook.from_json(look) for look in looks] for b, looks in data["queue"]}
+        self.latest = {}
+        for raw in data["latest"]:
+            look = ShardLook.from_json(raw)
+            self.latest.setdefault(look.experiment, {})[look.shard] = look
+        floats = np.float64
+        self._running = {name: _Running(ArmPair(*pair), np.array(p, dtype=floats), np.array(lower, dtype=floats),
+                                        np.array(upper, dtype=floats), float(srm))
+                         for name, (pair, p, lower, upper, srm) in data["running"].items()}
+        self._now = {}
+        for name in self.latest:
+            now = self._merged(name)
+            if now is not None:
+                self._now[name] = now
+
+
 class UnitLedger:
-    """Per experiment, the units of the A/B split and their sums, fed in event-time order.
+    """Per experiment, the units of the A/B split and their sums, fed in event-time order, in :data:`SHARDS`
+    shards by unit (:func:`shard_of`); a ledger may get the contributions of some shards only (a partition of the
+    streaming regroup stage).
 
     ``names`` are the per-request metric columns' report names (the means: ``MRR``, ``nDCG@10``, ...); the
-    ledger adds a last column for ``GAUC``.
+    ledger adds a last column for ``GAUC``. Its looks go to :attr:`merger` (replay: all shards here), or to
+    :attr:`on_shard_look` when set (a stage partition reporting to the merger of another).
     """
 
     def __init__(self, config: Config, names: Sequence[str], gauc_name: str = "GAUC") -> None:
         self.config = config
         self.names = [*names, gauc_name]
         self.width = len(self.names)
-        self.experiments: dict[str, _Experiment] = {}
+        self.experiments: dict[str, dict[int, _Experiment]] = {}  # experiment -> shard -> its units
         self._pending: list[_Pending] = []
-        self._running: dict[str, _Running] = {}
-        self.next_look = -math.inf  # the next look boundary (set by the first contribution)
+        self.merger = LookMerger(config, self.names)
+        self.on_shard_look: ShardLookListener | None = None
+        self.open_look: float | None = None  # the boundary of contributions applied and not looked at yet
         self.released = -math.inf  # event time up to which contributions were applied
         self.last_key = -math.inf  # the latest key of a contribution applied
-        self.on_look: LookListener | None = None
-        self.looks = 0  # looks taken (each may change the running p-values and sequences)
+        self._changed: set[tuple[str, int]] = set()  # (experiment, shard) changed since the last look
         # The regroup stage rebuilding from a snapshot: records the snapshot holds change nothing here.
         self.frozen = False
+
+    @property
+    def on_look(self) -> LookListener | None:
+        return self.merger.on_look
+
+    @on_look.setter
+    def on_look(self, listener: LookListener | None) -> None:
+        self.merger.on_look = listener
+
+    @property
+    def looks(self) -> int:
+        return self.merger.looks
 
     # -- input ------------------------------------------------------------------------------------------
     def add_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
@@ -240,140 +452,102 @@ class UnitLedger:
                                       arms, units, y, n))
 
     # -- event time ---------------------------------------------------------------------------------------
-    def release(self, watermark: float, arms_for: Callable[[str, set[str]], ArmPair | None] | None = None) -> None:
-        """Apply the contributions keyed at or before ``watermark``, taking the looks on the boundaries passed."""
-        if self.frozen or not self._pending or watermark < min(float(p.keys.min()) for p in self._pending):
-            return  # nothing due (the usual case for most watermarks): no copy of what waits
-        pending = _Pending.join(self._pending)
-        due = pending.keys <= watermark
-        if not due.any():
-            self._pending = [pending]
+    def release(self, watermark: float) -> None:
+        """Apply the contributions keyed at or before ``watermark``, in (key, id) order, and take the looks on the
+        boundaries passed: a contribution keyed ``k`` is in the look on ``ceil(k / look_every) * look_every``, taken
+        once the watermark reaches it."""
+        if self.frozen:
             return
-        self._pending = [] if due.all() else [pending.take(np.flatnonzero(~due))]
-        ready = pending if due.all() else pending.take(np.flatnonzero(due))
-        order = np.lexsort((np.array(ready.ids, dtype=str), ready.keys))
-        ready = ready.take(order)
-        every = self.config.look_every
-        if self.next_look == -math.inf:
-            self.next_look = (math.floor(float(ready.keys[0]) / every) + 1) * every
-        start = 0
-        while start < len(ready.ids):
-            if float(ready.keys[-1]) < self.next_look:
-                self._apply(ready, start, len(ready.ids))
-                break
-            end = int(np.searchsorted(ready.keys, self.next_look, side="right"))
-            self._apply(ready, start, end)
-            start = end
-            self.look(self.next_look)
-            # the next boundary after the next contribution (no look where nothing changed)
-            following = float(ready.keys[start]) if start < len(ready.ids) else self.next_look
-            self.next_look = max(self.next_look + every, (math.floor(following / every) + 1) * every)
+        if self._pending and watermark >= min(float(p.keys.min()) for p in self._pending):
+            pending = _Pending.join(self._pending)
+            due = pending.keys <= watermark
+            self._pending = [] if due.all() else [pending.take(np.flatnonzero(~due))]
+            if due.any():
+                ready = pending if due.all() else pending.take(np.flatnonzero(due))
+                ready = ready.take(np.lexsort((np.array(ready.ids, dtype=str), ready.keys)))
+                every = self.config.look_every
+                bounds = np.ceil(ready.keys / every) * every
+                start, count = 0, len(ready.ids)
+                while start < count:
+                    boundary = float(bounds[start])
+                    end = int(np.searchsorted(bounds, boundary, side="right"))
+                    if self.open_look is not None and self.open_look < boundary:
+                        self._look(self.open_look)
+                    self._apply(ready, start, end)
+                    self.open_look = boundary
+                    start = end
+                self.last_key = max(self.last_key, float(ready.keys[-1]))
+        if self.open_look is not None and self.open_look <= watermark:
+            self._look(self.open_look)
         self.released = max(self.released, watermark)
-        self.last_key = max(self.last_key, float(ready.keys[-1]))
+
+    def _look(self, boundary: float) -> None:
+        """The looks of the shards changed since the last one, at ``boundary``, to the merger."""
+        self.open_look = None
+        looks = [self.experiments[name][shard].look(name, shard) for name, shard in sorted(self._changed)]
+        self._changed.clear()
+        if self.on_shard_look is not None:
+            self.on_shard_look(boundary, looks)
+        else:
+            self.merger.add(boundary, looks)
+            self.merger.progress(0, boundary)
 
     def _apply(self, ready: _Pending, start: int, end: int) -> None:
         if start >= end:
             return
-        names = set(ready.experiments[start:end])
-        for name in sorted(names):
-            picked = list(range(start, end)) if len(names) == 1 else [
-                k for k in range(start, end) if ready.experiments[k] == name]
-            experiment = self.experiments.get(name)
+        shards = np.fromiter(map(_crc32, map(str.encode, ready.units[start:end])), dtype=np.int64,
+                             count=end - start) % SHARDS
+        names = ready.experiments[start:end]
+        for name, shard in sorted(set(zip(names, shards.tolist(), strict=True))):
+            picked = [start + k for k in np.flatnonzero(shards == shard).tolist() if names[k] == name]
+            experiment = self.experiments.setdefault(name, {}).get(shard)
             if experiment is None:
-                experiment = self.experiments[name] = _Experiment(self.width, limit=self.config.max_units)
+                experiment = self.experiments[name][shard] = _Experiment(self.width, limit=_shard_limit(self.config))
             rows = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
             keep = rows >= 0
             index = np.array(picked, dtype=np.int64)[keep]
             np.add.at(experiment.y, rows[keep], ready.y[index])
             np.add.at(experiment.n, rows[keep], ready.n[index])
             experiment.version += 1
+            self._changed.add((name, shard))
 
     # -- results ------------------------------------------------------------------------------------------
-    def pair(self, name: str) -> ArmPair | None:
-        experiment = self.experiments.get(name)
-        return None if experiment is None else self.config.arms_for(name, set(experiment.arms))
-
-    def _now(self, name: str) -> tuple[ArmPair, Any, SrmRow] | None:
-        """The comparison and SRM test of an experiment as its units stand now (None: no pair of arms)."""
-        experiment = self.experiments[name]
-        pair = self.pair(name)
-        if pair is None:
-            return None
-        comparison = compare(experiment.arm_sums(pair.control), experiment.arm_sums(pair.treatment),
-                             confidence=self.config.confidence, sequential_n=self.config.sequential_n)
-        units = experiment.units_per_arm()
-        expected = self.config.split_for(name, set(units))
-        counts = [float(units.get(arm, 0)) for arm in expected]
-        test = srm_test(counts, list(expected.values()))
-        srm = SrmRow(name, {arm: units.get(arm, 0) for arm in expected}, expected, test.chi2, test.p_value,
-                     test.sequential_p_value, False)
-        return pair, comparison, srm
-
     def look(self, ts: float) -> None:
-        """Take a look: fold each experiment's current results into its running p-values and sequences."""
-        for name in sorted(self.experiments):
-            now = self._now(name)
-            if now is None:
-                continue
-            self._running[name] = self._fold(name, *now)
-        self.looks += 1
-        if self.on_look is not None:
-            self.on_look(ts)
-
-    def _fold(self, name: str, pair: ArmPair, comparison: Any, srm: SrmRow) -> _Running:
-        """The running state of an experiment with one more look folded in (not stored: see :meth:`look`). NaN
-        (undefined at this look) leaves a bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
-        before = self._running.get(name)
-        if before is None or before.pair != pair:
-            before = _Running(pair, np.ones(self.width), np.full(self.width, -math.inf), np.full(self.width, math.inf))
-        srm_p = srm.sequential_p_value
-        return _Running(pair, np.fmin(before.p_value, comparison.p_value),
-                        np.fmax(before.cs_lower, comparison.cs_lower), np.fmin(before.cs_upper, comparison.cs_upper),
-                        before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p))
+        """Take a look now (at event time ``ts``) at what has been applied, wherever the boundaries are."""
+        self._look(ts)
 
     def results(self, names: Sequence[str] | None = None) -> tuple[list[AbRow], list[SrmRow]]:
-        """The ``ab`` and ``srm`` rows as of now (a look at the current state, not kept).
-
-        ``names`` picks the metric columns shown (default: all).
-        """
-        ab: list[AbRow] = []
-        srm_rows: list[SrmRow] = []
-        shown = self.names if names is None else names
-        columns = [(self.names.index(name), name) for name in shown if name in self.names]
-        for name in sorted(self.experiments):
-            now = self._now(name)
-            if now is None:
-                continue
-            pair, comparison, srm = now
-            running = self._fold(name, pair, comparison, srm)
-            for j, metric in columns:
-                lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
-                ab.append(AbRow(
-                    name, pair.control, pair.treatment, metric, float(comparison.delta[j]),
-                    float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
-                    float(running.p_value[j]) if not math.isnan(float(comparison.p_value[j])) else math.nan,
-                    _decision(lower, upper), int(comparison.units_control[j]), int(comparison.units_treatment[j]),
-                ))
-            srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
-                                   running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
-        return ab, srm_rows
+        """The ``ab`` and ``srm`` rows as of the last look (:class:`LookMerger`)."""
+        return self.merger.results(names)
 
     def state_key(self) -> tuple[int, ...]:
         """Equal for two calls on this ledger when :meth:`results`, :meth:`units`, :meth:`conflicts` and
         :attr:`overflow` are unchanged between them (a cache of the A/B rows keys on it; ``export/prometheus.py``)."""
-        return (self.looks, *(e.version for e in self.experiments.values()))
+        return (self.merger.looks, *(e.version for shards in self.experiments.values() for e in shards.values()))
 
     @property
     def overflow(self) -> int:
         """Contributions left out of the A/B statistics because their unit was new beyond ``max_units``."""
-        return sum(e.overflow for e in self.experiments.values())
+        return sum(e.overflow for shards in self.experiments.values() for e in shards.values())
 
     def conflicts(self) -> dict[str, int]:
-        """Units seen in a second arm, per experiment."""
-        return {name: e.conflicts for name, e in sorted(self.experiments.items())}
+        """Units seen in a second arm, per experiment (of the shards held here)."""
+        return {name: sum(e.conflicts for e in shards.values()) for name, shards in sorted(self.experiments.items())}
 
     def units(self) -> dict[str, dict[str, int]]:
-        return {name: e.units_per_arm() for name, e in sorted(self.experiments.items())}
+        """Units per arm of each experiment (of the shards held here)."""
+        out: dict[str, dict[str, int]] = {}
+        for name, shards in sorted(self.experiments.items()):
+            arms = out[name] = {}
+            for shard in sorted(shards):
+                for arm, n in shards[shard].units_per_arm().items():
+                    arms[arm] = arms.get(arm, 0) + n
+        return out
+
+
+def _shard_limit(config: Config) -> int:
+    """Units kept per shard of an experiment: ``max_units`` spread over the shards (rounded up)."""
+    return -(-config.max_units // SHARDS)
 
 
 def _bound(value: float) -> float:

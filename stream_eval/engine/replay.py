@@ -195,8 +195,9 @@ def last_look(engine: Engine, ab_trace: Callable[[dict[str, Any]], None] | None)
     if ab_trace is None:
         return
     engine.ledger.on_look = None
-    # the end of input finalises everything: the last line is as of the last finalisation point applied
-    last = max(engine.watermark, engine.ledger.last_key)
+    # the end of input finalises everything: the last line is as of the last finalisation point applied (or the
+    # last look's boundary, after it)
+    last = max(engine.watermark, engine.ledger.last_key, engine.ledger.merger.folded)
     ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
               "gsb": engine.gsb_rows()})
 

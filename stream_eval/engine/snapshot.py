@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from stream_eval.config import ArmPair
-from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _Running
+from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _shard_limit
 from stream_eval.engine.gsb import Credit
 from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.times import array_to_json as _array
@@ -67,13 +66,14 @@ def take(engine: Engine) -> bytes:
     ledger, gsb = engine.ledger, engine.gsb
     state = {
         "ledger": {
-            "experiments": {name: _fields(e) for name, e in ledger.experiments.items()},
+            "experiments": {name: {str(shard): _fields(e) for shard, e in shards.items()}
+                            for name, shards in ledger.experiments.items()},
             "pending": [{"keys": _array(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
                          "units": p.units, "y": _array(p.y), "n": _array(p.n)} for p in ledger._pending],
-            "running": {name: {"pair": [r.pair.control, r.pair.treatment], "p_value": _array(r.p_value),
-                               "cs_lower": _array(r.cs_lower), "cs_upper": _array(r.cs_upper),
-                               "srm_p_value": r.srm_p_value} for name, r in ledger._running.items()},
-            "times": [time_to_json(t) for t in (ledger.next_look, ledger.released, ledger.last_key)],
+            "merger": ledger.merger.state_to_json(),
+            "changed": sorted(ledger._changed),
+            "times": [None if ledger.open_look is None else time_to_json(ledger.open_look),
+                      time_to_json(ledger.released), time_to_json(ledger.last_key)],
         },
         "gsb": counts_to_json(gsb.complete),
         "interleaving": tallies_to_json(gsb._interleaving_complete),
@@ -87,16 +87,20 @@ def restore(engine: Engine, data: bytes) -> None:
     state = orjson.loads(zlib.decompress(data))
     saved = state["ledger"]
     ledger = UnitLedger(engine.config, engine.ledger.names[:-1], engine.ledger.names[-1])
-    ledger.experiments = {name: _experiment(e) for name, e in saved["experiments"].items()}
-    for experiment in ledger.experiments.values():
-        experiment.limit = engine.config.max_units  # the setting in force now, not the snapshot's
+    ledger.experiments = {name: {int(shard): _experiment(e) for shard, e in shards.items()}
+                          for name, shards in saved["experiments"].items()}
+    for shards in ledger.experiments.values():
+        for experiment in shards.values():
+            experiment.limit = _shard_limit(engine.config)  # the setting in force now, not the snapshot's
     ledger._pending = [_Pending(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
                                 _unarray(p["y"]), _unarray(p["n"])) for p in saved["pending"]]
-    ledger._running = {name: _Running(ArmPair(*r["pair"]), _unarray(r["p_value"]), _unarray(r["cs_lower"]),
-                                      _unarray(r["cs_upper"]), r["srm_p_value"])
-                       for name, r in saved["running"].items()}
-    ledger.next_look, ledger.released, ledger.last_key = (float(t) for t in saved["times"])
-    ledger.on_look = engine.ledger.on_look
+    ledger.merger = engine.ledger.merger  # (sources and listener as set up; its state from the snapshot)
+    ledger.merger.restore_json(saved["merger"])
+    ledger.on_shard_look = engine.ledger.on_shard_look
+    ledger._changed = {(str(name), int(shard)) for name, shard in saved["changed"]}
+    open_look, released, last_key = saved["times"]
+    ledger.open_look = None if open_look is None else float(open_look)
+    ledger.released, ledger.last_key = float(released), float(last_key)
     engine.ledger = ledger
     gsb = engine.gsb
     gsb.complete = counts_from_json(state["gsb"])
