@@ -36,6 +36,8 @@ from stream_eval.simulate import SimulationConfig, simulate_lines
 
 FLOOD = 200_000
 CAP = 1_000
+PER_SHARD = -(-CAP // SHARDS)  # the bounds on sessions, queries and units are per shard (engine/ab.py)
+KEPT = SHARDS * PER_SHARD
 T0 = 1_000.0
 
 
@@ -88,29 +90,40 @@ def test_a_flood_of_session_ids_keeps_open_sessions_at_the_bound() -> None:
             scored = _add(sessions, batch)
             scored_alone += 0 if scored is None else len(scored.ids)
             del batch, scored
-        assert len(sessions.open) == CAP
-        assert sessions.overflow == scored_alone == FLOOD - CAP
+        kept = SHARDS * -(-CAP // SHARDS)  # (the bound is per shard: CAP / SHARDS, rounded up)
+        assert len(sessions.open) == kept
+        assert sessions.overflow == scored_alone == FLOOD - kept
         # what is held is what CAP open sessions hold (~1 KB each with 20 items; ~600 bytes here), not the flood's
         assert held() < 2_000_000
 
 
+def _one_shard(n: int) -> list[str]:
+    """``n`` session ids of one shard (of the A/B units: a session without unit_id has its id as unit)."""
+    return [sid for sid in (f"s{k}" for k in range(100 * n * SHARDS)) if shard_of(sid) == 0][:n]
+
+
 def test_sessions_beyond_the_bound_are_scored_alone_under_their_session_id() -> None:
-    sessions = Sessions(Config(max_open_sessions=2))
-    scored = _add(sessions, [_Request("a", T0), _Request("b", T0), _Request("c", T0 + 1), _Request("a", T0 + 2)])
-    assert scored is not None and scored.ids == ["c"] and scored.units == ["c"]
-    assert list(sessions.open) == ["a", "b"] and len(sessions.open["a"].parts) == 2 and sessions.overflow == 1
+    sessions = Sessions(Config(max_open_sessions=2 * SHARDS))  # two per shard
+    a, b, c = _one_shard(3)
+    other = next(sid for sid in (f"t{k}" for k in range(1000)) if shard_of(sid) != 0)  # another shard has room
+    scored = _add(sessions, [_Request(a, T0), _Request(b, T0), _Request(c, T0 + 1), _Request(a, T0 + 2),
+                             _Request(other, T0 + 2)])
+    assert scored is not None and scored.ids == [c] and scored.units == [c]
+    assert [sid for _, sid in sessions.open] == [a, b, other] and len(sessions.open[0, a].parts) == 2
+    assert sessions.overflow == 1
     assert scored.keys.tolist() == [T0 + 1 + sessions.horizon]  # its finalisation point, as a request of its own
 
 
 def test_sessions_that_ended_make_room_however_rarely_close_runs() -> None:
-    config = Config(max_open_sessions=2)
+    config = Config(max_open_sessions=2 * SHARDS)
     sessions = Sessions(config)
-    _add(sessions, [_Request("a", T0), _Request("b", T0)])
+    a, b, c, d = _one_shard(4)
+    _add(sessions, [_Request(a, T0), _Request(b, T0)])
     after_gap = T0 + config.session_gap + 1  # a and b ended before this request was finalised
-    assert _add(sessions, [_Request("c", after_gap), _Request("d", after_gap)]) is None  # no close() in between
-    assert sorted(sessions.open) == ["c", "d"] and sessions.overflow == 0
+    assert _add(sessions, [_Request(c, after_gap), _Request(d, after_gap)]) is None  # no close() in between
+    assert sorted(sid for _, sid in sessions.open) == sorted([c, d]) and sessions.overflow == 0
     closed = sessions.close(after_gap + sessions.horizon)  # a and b are scored by the next close
-    assert closed is not None and sorted(closed.ids) == ["a", "b"]
+    assert closed is not None and sorted(closed.ids) == sorted([a, b])
 
 
 # -- GSB query buckets -----------------------------------------------------------------------------------------
@@ -139,43 +152,48 @@ def test_a_flood_of_query_ids_keeps_a_bucket_at_the_bound_in_any_order() -> None
             for k in range(0, len(queries), 8192):
                 tracker.query_metrics(groups[k : k + 8192], queries[k : k + 8192], ts[k : k + 8192],
                                       values[k : k + 8192])
-            (kept,) = tracker._kept.values()
-            assert len(kept.queries) == CAP
+            (shards,) = tracker._kept.values()
+            assert [len(kept.queries) for kept in shards.values()] == [PER_SHARD] * SHARDS
             assert held() < 3_000_000  # CAP queries' requests (and their strings), not 100k
         tracker.close(math.inf, _arms)
-        assert tracker.overflow == 2 * (n - CAP)  # both requests of every query not kept
+        assert tracker.overflow == 2 * (n - KEPT)  # both requests of every query not kept
         total = tracker.totals(_arms)["exp", "metric"]
-        assert total.good + total.same + total.bad == CAP
+        assert total.good + total.same + total.bad == KEPT
         totals.append((total.good, total.same, total.bad))
     assert totals[0] == totals[1]  # the queries of smallest rank, whatever the order of arrival
-    smallest = set(sorted((f"q{k}" for k in range(n)), key=rank)[:CAP])
+    smallest: dict[int, set[str]] = {}  # of each shard
+    for query in sorted((f"q{k}" for k in range(n)), key=rank):
+        shard = smallest.setdefault(shard_of(query), set())
+        if len(shard) < PER_SHARD:
+            shard.add(query)
     tracker = GsbTracker(Config(max_open_queries=CAP), horizon=60.0)
     tracker.query_metrics(groups, queries, ts, values)
-    assert next(iter(tracker._kept.values())).queries == smallest
+    assert {shard: kept.queries for shard, kept in next(iter(tracker._kept.values())).items()} == smallest
 
 
 def test_queries_arriving_largest_rank_first_are_compacted_away() -> None:
     """The worst order for a bottom-k bound: every new query puts one out. Their requests are dropped from the
     bucket's parts every ``_COMPACT`` queries put out, so the bucket holds fewer than CAP + _COMPACT requests."""
-    n = CAP + 2 * _COMPACT + 10
+    n = KEPT + 2 * _COMPACT + 10
     names = sorted((f"q{k}" for k in range(n)), key=rank, reverse=True)
     tracker = GsbTracker(Config(max_open_queries=CAP), horizon=60.0)
     for k in range(0, n, 1000):
         chunk = names[k : k + 1000]
         tracker.query_metrics([("exp", "a")] * len(chunk), chunk, [T0] * len(chunk), [0.5] * len(chunk))
         held = sum(len(queries) for _, queries, _ in tracker._queries[int(T0 // tracker.window)])
-        assert held < CAP + _COMPACT + 1000
+        assert held < KEPT + _COMPACT + 1000
     tracker.close(math.inf, _arms)
-    assert tracker.overflow == n - CAP
+    assert tracker.overflow == n - KEPT
 
 
 def test_query_overflow_is_counted_when_its_bucket_closes_and_not_while_rebuilding() -> None:
-    tracker = GsbTracker(Config(max_open_queries=1), horizon=60.0)
-    tracker.query_metrics([("exp", "a")] * 3, ["x", "y", "z"], [T0] * 3, [1.0] * 3)
+    tracker = GsbTracker(Config(max_open_queries=1), horizon=60.0)  # (one per shard)
+    queries = [q for q in (f"q{k}" for k in range(1000)) if shard_of(q) == 0][:3]
+    tracker.query_metrics([("exp", "a")] * 3, queries, [T0] * 3, [1.0] * 3)
     assert tracker.overflow == 0  # counted with the bucket's verdicts
     tracker.close(math.inf, _arms, count=False)  # a muted rebuild: the previous owner counted them
     assert tracker.overflow == 0
-    tracker.query_metrics([("exp", "a")] * 3, ["x", "y", "z"], [T0] * 3, [1.0] * 3)
+    tracker.query_metrics([("exp", "a")] * 3, queries, [T0] * 3, [1.0] * 3)
     tracker.close(math.inf, _arms)
     assert tracker.overflow == 2
 
@@ -336,8 +354,10 @@ def test_overflow_is_exported_per_kind() -> None:
     registry = CollectorRegistry()
     EngineCollector(engine, registry)
     assert [_overflow(registry, kind) for kind in ("session", "query", "unit", "waiting_feedback")] == [0.0] * 4
-    units = [u for u in (f"u{k}" for k in range(2000)) if shard_of(u) == 0][:4]  # one shard: max_units 1 each
-    rankings = [Ranking(f"r{k}", ["d1", "d2"], ts=T0 + k, session_id=f"s{k}", query_id=f"q{k}", unit_id=units[k],
+    # one shard of units (and so of sessions), and of queries: bounds of 1 per shard
+    units = [u for u in (f"u{k}" for k in range(2000)) if shard_of(u) == 0][:4]
+    queries = [q for q in (f"q{k}" for k in range(2000)) if shard_of(q) == 0][:4]
+    rankings = [Ranking(f"r{k}", ["d1", "d2"], ts=T0 + k, session_id=f"s{k}", query_id=queries[k], unit_id=units[k],
                         experiment="exp", arm="ab"[k % 2]) for k in range(4)]
     clicks = [Feedback(f"r{k}", "d1", ts=T0 + k + 1) for k in range(4)]
     orphans = [Feedback(f"never-{k}", "d1", ts=T0) for k in range(3)]

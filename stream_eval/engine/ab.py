@@ -53,7 +53,7 @@ LookListener = Callable[[float], None]
 #: The A/B units of an experiment are kept in this many shards, by a hash of the unit id (:func:`shard_of`):
 #: the partitions of the streaming regroup stage each hold some of them (at most this many partitions).
 SHARDS = 64
-_crc32 = zlib.crc32
+_crc32 = zlib.crc32  # (a local name: called once per unit)
 
 
 def shard_of(unit: str) -> int:
@@ -63,6 +63,15 @@ def shard_of(unit: str) -> int:
     (20, 46)
     """
     return _crc32(unit.encode()) % SHARDS
+
+
+def shards_of(keys: Sequence[str]) -> Ints:
+    """:func:`shard_of` of each of ``keys``, as an array.
+
+    >>> shards_of(["user-1", "user-2"]).tolist()
+    [20, 46]
+    """
+    return np.fromiter(map(_crc32, map(str.encode, keys)), dtype=np.int64, count=len(keys)) % SHARDS
 
 
 @dataclass
@@ -495,8 +504,7 @@ class UnitLedger:
     def _apply(self, ready: _Pending, start: int, end: int) -> None:
         if start >= end:
             return
-        shards = np.fromiter(map(_crc32, map(str.encode, ready.units[start:end])), dtype=np.int64,
-                             count=end - start) % SHARDS
+        shards = shards_of(ready.units[start:end])
         names = ready.experiments[start:end]
         for name, shard in sorted(set(zip(names, shards.tolist(), strict=True))):
             picked = [start + k for k in np.flatnonzero(shards == shard).tolist() if names[k] == name]

@@ -7,10 +7,13 @@
 * ``interleaving``: each request with ``teams`` credits its relevant items to teams; verdicts are resolved
   against the experiment's arms when counts are read, so an arm first seen late is still right.
 
-A bucket keeps the requests of at most ``max_open_queries`` distinct query ids: those of smallest :func:`rank` (a
-fixed hash of the id), so that which queries are kept does not depend on the order their requests arrive in (replay
-and the regroup stage of any number of workers agree). The requests of the other queries are left out of the
-metric verdicts and counted in :attr:`GsbTracker.overflow` when the bucket closes.
+Queries are in the shards of ``engine/ab.py`` (:func:`~stream_eval.engine.ab.shard_of` of the query id): the
+partitions of the streaming regroup stage each get the requests of some shards. A bucket keeps the requests of at
+most ``max_open_queries / SHARDS`` (rounded up) distinct query ids of each shard: those of smallest :func:`rank` (a
+fixed hash of the id), so that which queries are kept does not depend on the order their requests arrive in nor on
+which partition holds the shard (replay and the regroup stage of any number of workers agree). The requests of the
+other queries are left out of the metric verdicts and counted in :attr:`GsbTracker.overflow` when the bucket
+closes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Config
+from stream_eval.engine.ab import SHARDS, shard_of, shards_of
 from stream_eval.metrics.gsb import VERDICTS, GsbCounts, interleaving_verdict, metric_verdicts
 
 Floats = npt.NDArray[np.float64]
@@ -88,19 +92,24 @@ class _Kept:
         self.evicted += 1
         return True
 
-    def drop_evicted(self, parts: list[Part]) -> list[Part]:
-        """``parts`` without the requests of queries put out (counted in ``left_out``)."""
-        self.evicted = 0
-        kept, out = self.queries, []
-        for groups, queries, values in parts:
-            keep = [query in kept for query in queries]
-            if all(keep):
-                out.append((groups, queries, values))
-                continue
-            self.left_out += len(keep) - sum(keep)
-            if any(keep):
-                out.append(_filtered((groups, queries, values), keep))
-        return out
+
+
+def _drop_evicted(shards: dict[int, _Kept], parts: list[Part]) -> list[Part]:
+    """``parts`` of a bucket without the requests of queries its shards put out (counted in their ``left_out``)."""
+    for kept in shards.values():
+        kept.evicted = 0
+    out = []
+    for groups, queries, values in parts:
+        keep = [query in shards[shard_of(query)].queries for query in queries]
+        if all(keep):
+            out.append((groups, queries, values))
+            continue
+        for query, ok in zip(queries, keep, strict=True):
+            if not ok:
+                shards[shard_of(query)].left_out += 1
+        if any(keep):
+            out.append(_filtered((groups, queries, values), keep))
+    return out
 
 
 def _filtered(part: Part, keep: list[bool]) -> Part:
@@ -131,8 +140,9 @@ class GsbTracker:
         # bucket -> the finalised requests with a query served in it, in parts: ((experiment, arm) of each,
         # query of each, metric of each). A bucket closes as a whole.
         self._queries: dict[int, list[Part]] = {}
-        self._kept: dict[int, _Kept] = {}  # bucket -> the distinct queries it keeps (at most ``limit``)
-        self.limit = config.max_open_queries
+        # bucket -> shard -> the distinct queries it keeps (at most ``limit`` per shard)
+        self._kept: dict[int, dict[int, _Kept]] = {}
+        self.limit = -(-config.max_open_queries // SHARDS)
         self.overflow = 0  # requests of closed buckets left out of metric verdicts: their query was not kept
         self._interleaving: dict[str, Counter[Credit]] = {}
 
@@ -198,18 +208,29 @@ class GsbTracker:
             self._keep(bucket, ([groups[i] for i in picked], [queries[i] for i in picked], metric[rows]))
 
     def _keep(self, bucket: int, part: Part) -> None:
-        """Add a part to its bucket, without the requests of queries beyond the bound."""
-        kept = self._kept.get(bucket)
-        if kept is None:
-            kept = self._kept[bucket] = _Kept(self.limit)
+        """Add a part to its bucket, without the requests of queries beyond the bound of their shard."""
+        shards = self._kept.setdefault(bucket, {})
         parts = self._queries.setdefault(bucket, [])
-        keep = kept.admit(part[1])
+        queries = part[1]
+        of = shards_of(queries)
+        keep: list[bool] | None = None
+        for shard in np.unique(of).tolist():
+            kept = shards.get(shard)
+            if kept is None:
+                kept = shards[shard] = _Kept(self.limit)
+            rows = np.flatnonzero(of == shard).tolist()
+            admitted = kept.admit(queries if len(rows) == len(queries) else [queries[i] for i in rows])
+            if admitted is not None:
+                if keep is None:
+                    keep = [True] * len(queries)
+                for i, ok in zip(rows, admitted, strict=True):
+                    keep[i] = ok
         if keep is not None:
             part = _filtered(part, keep)
         if part[1]:
             parts.append(part)
-        if kept.evicted >= max(_COMPACT, self.limit):
-            parts[:] = kept.drop_evicted(parts)
+        if sum(kept.evicted for kept in shards.values()) >= max(_COMPACT, self.limit):
+            parts[:] = _drop_evicted(shards, parts)
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int],
                     count: bool = True) -> None:
@@ -228,12 +249,12 @@ class GsbTracker:
         closing = [b for b in self._queries if (b + 1) * self.window + self.horizon <= watermark]
         for bucket in sorted(closing):
             parts = self._queries.pop(bucket)
-            kept = self._kept.pop(bucket, None)
-            if kept is not None:
-                if kept.evicted:
-                    parts = kept.drop_evicted(parts)
+            shards = self._kept.pop(bucket, None)
+            if shards is not None:
+                if any(kept.evicted for kept in shards.values()):
+                    parts = _drop_evicted(shards, parts)
                 if count:
-                    self.overflow += kept.left_out
+                    self.overflow += sum(kept.left_out for kept in shards.values())
             if parts:
                 self._verdicts(parts, arms_of, count)
 

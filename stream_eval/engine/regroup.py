@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
-from stream_eval.engine.sessions import Impressions, unit_of
+from stream_eval.engine.sessions import Impressions, session_key, unit_of
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
 
@@ -596,10 +596,11 @@ class SessionStage:
         # are added in deadline order, which is not the log's order when they come from different partitions).
         open_sessions = engine.sessions.open
         for offset, part in parts:
-            session = open_sessions.get(part.session_id)
+            key = session_key(part)
+            session = open_sessions.get(key)
             if session is not None and offset < session.offset:
                 session.offset = offset
-                heapq.heappush(self._needed, (offset, "s", part.session_id))
+                heapq.heappush(self._needed, (offset, "s", key))
 
 
 def _part_of(record: Any, row: int, horizon: float) -> _Part:

@@ -4,8 +4,14 @@ A request without ``session_id`` is a session of its own and is scored as soon a
 requests of a named session wait until event time passes the last request's finalisation point plus
 ``session_gap``; a request arriving later for the same id starts a new session.
 
-At most ``max_open_sessions`` named sessions are open: a request that would open one more is scored at once as a
-session of its own (its session id as its id) and counted in :attr:`Sessions.overflow`. Sessions whose close point
+A named session is keyed by its id and the shard of its requests' A/B unit (``engine/ab.py``; of its session id
+for an interleaved request, which has no unit): the partitions of the streaming regroup stage each get the
+requests of some shards, and keep the same sessions as replay. (Requests of one session id whose units fall in
+different shards, which a log with one unit per session does not have, are sessions of their own.)
+
+At most ``max_open_sessions / SHARDS`` (rounded up) named sessions of a shard are open: a request that would open
+one more is scored at once as a session of its own (its session id as its id) and counted in
+:attr:`Sessions.overflow`. Sessions whose close point
 its finalisation point has passed are not open, whenever :meth:`Sessions.close` last ran, so the bound holds the
 same in replay and on the regroup stage, which add requests in the same order.
 
@@ -30,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Config
+from stream_eval.engine.ab import SHARDS, shard_of
 from stream_eval.engine.compiled import grouped_session_auc
 from stream_eval.events.join import DueBySecond
 from stream_eval.events.scan import json_numbers
@@ -48,6 +55,8 @@ _SCORES_OF = attrgetter("scores")
 _QUERY_ID = attrgetter("query_id")
 _ENCODER = msgspec.json.Encoder()
 NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
+#: An open session's key: (the shard of its requests' A/B unit, session id).
+SessionKey = tuple[int, str]
 
 
 class Impressions:
@@ -118,6 +127,14 @@ class ScoredSessions:
         self.reformulations = none if reformulations is None else reformulations
 
 
+def session_key(state: Any) -> SessionKey:
+    """The key of the session of a request with a ``session_id``: the shard of its A/B unit (of its session id when
+    it has none: interleaved), and the session id."""
+    unit = unit_of(state)
+    sid: str = state.session_id
+    return shard_of(sid if unit is None else unit), sid
+
+
 def unit_of(state: Any) -> str | None:
     """The A/B randomisation unit of a request: ``unit_id``, else ``session_id``, else ``request_id``; None for
     an interleaved request (with ``teams``), which is no arm of a split."""
@@ -136,6 +153,7 @@ class _Session(msgspec.Struct, gc=False):
     group: int
     sid: str = ""
     unit: str | None = None  # the A/B unit of its first request
+    shard: int = 0  # the shard of its requests' units (engine/ab.py)
     parts: list[tuple[Impressions, int]] = []  # a new list for each session
     deadline: float = -math.inf
     offset: float = math.inf  # streaming: the smallest regroup-log offset of its parts (engine/regroup.py)
@@ -150,11 +168,14 @@ class Sessions:
         self.behaviour = any(spec.per_session for spec in config.specs)  # session measures run
         self.reformulation_gap = config.reformulation_gap
         self.horizon = config.attribution_window + config.allowed_lateness  # a request's deadline: ts + horizon
-        self.open: dict[str, _Session] = {}
-        self.limit = config.max_open_sessions
+        # Open sessions by (shard, session id): the shard of the A/B unit of their requests (engine/ab.py), so that
+        # the partitions of the regroup stage, which get the requests of some shards each, keep the same sessions.
+        self.open: dict[SessionKey, _Session] = {}
+        self.limit = -(-config.max_open_sessions // SHARDS)  # per shard
+        self._in_shard = [0] * SHARDS  # open sessions per shard
         self.overflow = 0  # requests that would have opened a session beyond ``limit``: scored alone
-        # (deadline, session id) of every deadline a session was given; stale entries are skipped at close.
-        self._closing: DueBySecond[tuple[float, str]] = DueBySecond()
+        # (deadline, key) of every deadline a session was given; stale entries are skipped at close.
+        self._closing: DueBySecond[tuple[float, SessionKey]] = DueBySecond()
         self._ended: list[_Session] = []  # sessions a later request showed closed: scored by the next close
 
     def _score(self, starts: Ints, scores: Floats, labels: Bools, group: Ints, keys: Floats, ids: list[str],
@@ -185,27 +206,32 @@ class Sessions:
             open_, gap, groups, limit = self.open, self.gap, group.tolist(), self.limit
             # when each request is finalised: its serve time plus the horizon
             finalised_at = (np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) + self.horizon).tolist()
-            closing: list[tuple[float, str]] = []  # (deadline, session id) of each deadline given, in order
+            closing: list[tuple[float, SessionKey]] = []  # (deadline, key) of each deadline given, in order
             named_sids = cast("list[str]", sids)  # read at the requests of named sessions only (in_named)
+            in_shard = self._in_shard
             for i in in_named:
                 sid = named_sids[i]
-                session = open_.get(sid)
+                unit = unit_of(states[i])
+                key = (shard_of(sid if unit is None else unit), sid)
+                shard = key[0]
+                session = open_.get(key)
                 if session is not None and finalised_at[i] > session.deadline:
                     # Event time passed the session's close point before this request was finalised: the
                     # session had ended, however far event time jumped in one step (so the result does not
                     # depend on how often finalisation runs); the request starts the next one.
-                    self._ended.append(open_.pop(sid))
+                    self._end(open_.pop(key))
                     session = None
                 if session is None:
-                    if len(open_) >= limit and not self._room(finalised_at[i], closing):
+                    if in_shard[shard] >= limit and not self._room(finalised_at[i], closing, shard):
                         alone.append(i)
                         continue
-                    session = open_[sid] = _Session(groups[i], sid, unit_of(states[i]))
+                    session = open_[key] = _Session(groups[i], sid, unit, shard)
+                    in_shard[shard] += 1
                 session.parts.append((impressions, i))
                 deadline = finalised_at[i] + gap
                 if deadline > session.deadline:
                     session.deadline = deadline
-                    closing.append((deadline, sid))
+                    closing.append((deadline, key))
             self._keep_closing(closing)
             if alone:
                 self.overflow += len(alone)
@@ -227,37 +253,43 @@ class Sessions:
         return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own],
                            keys, ids, units, requests)
 
-    def _keep_closing(self, closing: list[tuple[float, str]]) -> None:
+    def _end(self, session: _Session) -> None:
+        """A session taken out of :attr:`open`, to be scored by the next :meth:`close`."""
+        self._in_shard[session.shard] -= 1
+        self._ended.append(session)
+
+    def _keep_closing(self, closing: list[tuple[float, SessionKey]]) -> None:
         """Add the deadlines given, in order, to those waiting (and empty ``closing``)."""
         if closing:
             self._closing.add_many(np.fromiter(map(itemgetter(0), closing), dtype=np.float64, count=len(closing)),
                                    closing)
             closing.clear()
 
-    def _room(self, finalised_at: float, closing: list[tuple[float, str]]) -> bool:
-        """Whether a session can open at ``finalised_at`` once the sessions that had ended by then are out of
-        :attr:`open` (to be scored by the next :meth:`close`, as a later request of theirs would end them)."""
+    def _room(self, finalised_at: float, closing: list[tuple[float, SessionKey]], shard: int) -> bool:
+        """Whether a session can open in ``shard`` at ``finalised_at`` once the sessions that had ended by then are
+        out of :attr:`open` (to be scored by the next :meth:`close`, as a later request of theirs would end them)."""
         self._keep_closing(closing)
         open_ = self.open
         # ended: close point before ``finalised_at`` (a request finalised at a session's close point continues it)
         ended = self._closing.pop_due(math.nextafter(finalised_at, -math.inf), itemgetter(0))
         ended.sort()
-        for deadline, sid in ended:
-            session = open_.get(sid)
+        for deadline, key in ended:
+            session = open_.get(key)
             if session is not None and session.deadline == deadline:
-                self._ended.append(open_.pop(sid))
-        return len(open_) < self.limit
+                self._end(open_.pop(key))
+        return self._in_shard[shard] < self.limit
 
     def close(self, watermark: float) -> ScoredSessions | None:
         """Score and forget the named sessions idle since before ``watermark``."""
         ready = self._closing.pop_due(watermark, itemgetter(0))
-        ready.sort()  # closing order: (deadline, session id)
+        ready.sort()  # closing order: (deadline, shard, session id)
         sessions, self._ended = self._ended, []
-        open_ = self.open
-        for deadline, sid in ready:
-            session = open_.get(sid)
+        open_, in_shard = self.open, self._in_shard
+        for deadline, key in ready:
+            session = open_.get(key)
             if session is not None and session.deadline == deadline:
-                del open_[sid]
+                del open_[key]
+                in_shard[session.shard] -= 1
                 sessions.append(session)
         if not sessions:
             return None
