@@ -13,6 +13,7 @@ from support import AbstractTimeConfig as Config
 from support import approx
 
 from stream_eval.engine import snapshot
+from stream_eval.engine import snapshot as sn
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
@@ -161,6 +162,18 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     assert overall.requests == expected.overall().requests
 
 
+def _short_horizons(requests: int, seed: int, behaviour: bool,
+                    look_every: float = 3600.0) -> tuple[Config, list[bytes]]:
+    """A config of short horizons (many sessions and query buckets close) and simulated traffic with every kind of
+    event; with ``behaviour``, the behaviour and session measures and traffic with dwell."""
+    config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
+                    look_every=look_every, metrics=BEHAVIOUR if behaviour else ())
+    sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
+                           duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
+                           shuffle_window=3.0, behaviour=behaviour)
+    return config, list(simulate_lines(sim))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("snapshots", "behaviour"), [(False, False), (True, False), (True, True)],
                          ids=["from-the-start", "from-a-snapshot", "from-a-snapshot-behaviour"])
@@ -171,12 +184,7 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     Without a snapshot the new owner rebuilds the A/B units from the log's start; with one (taken at a third of
     the stream, then again at a half), from the snapshot and the records after the offset it covers. With the
     session measures, the session parts carry their query and whether they had a satisfied click."""
-    config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
-                    metrics=BEHAVIOUR if behaviour else ())
-    sim = SimulationConfig(requests=4000, seed=9, judgments=True, interleaving=True, label_rate=0.3,
-                           duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
-                           shuffle_window=3.0, behaviour=behaviour)
-    lines = list(simulate_lines(sim))
+    config, lines = _short_horizons(4000, 9, behaviour)
     expected, _ = _replay(lines, tmp_path, config)
     sent, _ = _route(lines)
     first, second = Engine(config), Engine(config)
@@ -221,6 +229,85 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     rows = merged.gsb_rows()
     assert {row["source"] for row in rows} == {"judgment", "metric", "interleaving"}
     assert rows == expected.gsb_rows() and all(row["p_value"] is not None for row in rows)
+
+
+class Stages:
+    """A regroup log of several partitions, each read by its own stage (``SessionStage(stage=q)``), in process."""
+
+    def __init__(self, config: Config, stages: int) -> None:
+        self.config, self.count = config, stages
+        self.engines = [Engine(config) for _ in range(stages)]
+        self.stages = [SessionStage(self.engines[q], PARTITIONS, stage=q, stages=stages) for q in range(stages)]
+        self.logs: list[list[bytes]] = [[] for _ in range(stages)]
+        self.snapshots: dict[tuple[int, int], bytes] = {}
+        self.retired: list[Engine] = []  # engines of earlier owners: what they counted is their share
+
+    def write(self, routed: list[tuple[int, bytes, bytes]]) -> None:
+        """Append records to their partitions and feed them; then the looks the partitions report, to 0."""
+        for q in range(self.count):
+            self._append(q, [value for to, _, value in routed if to == q])
+        reports = [report for stage in self.stages[1:] for report in stage.take_reports()]
+        self._append(0, reports)
+
+    def _append(self, q: int, values: list[bytes]) -> None:
+        log = self.logs[q]
+        self.stages[q].feed(list(range(len(log), len(log) + len(values))), values)
+        log += values
+
+    def move(self, q: int, snapshot: bool) -> None:
+        """Stage partition ``q`` moves to a new engine: from its checkpoint (after a snapshot when ``snapshot``)."""
+        stage, engine = self.stages[q], self.engines[q]
+        if snapshot:
+            where = (len(self.snapshots), q)
+            self.snapshots[where] = sn.take(engine)
+            stage.snapshot_taken(where, stage.next_offset)
+        reports = stage.take_reports()  # (written before the checkpoint is stored)
+        checkpoint = StageCheckpoint.from_json(orjson.loads(orjson.dumps(stage.checkpoint().to_json())))
+        self._append(0, reports) if q else None
+        engine.drop_regrouped()
+        self.retired.append(engine)
+        new = self.engines[q] = Engine(self.config)
+        data = None if checkpoint.snapshot is None else self.snapshots[checkpoint.snapshot]
+        self.stages[q] = SessionStage(new, PARTITIONS, checkpoint, data, stage=q, stages=self.count)
+        self.stages[q].feed(list(range(checkpoint.start, len(self.logs[q]))), self.logs[q][checkpoint.start:])
+        if q:
+            self._append(0, self.stages[q].take_reports())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stages", "moves"), [(2, ""), (3, "moves"), (5, "snapshots")])
+def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
+                                                                        moves: str) -> None:
+    """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
+    the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
+    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then)."""
+    config, lines = _short_horizons(3000, 21, True, look_every=60.0)
+    expected, _ = _replay(lines, tmp_path, config)
+    sent, _ = _route(lines)
+    host = Engine(config)
+    host.regroup = RegroupSink()  # (the stage is run here, by partitions)
+    partitioned = PartitionedEngine(host, stages=stages)
+    for partition in range(PARTITIONS):
+        partitioned.assign(partition)
+    log = Stages(config, stages)
+    for n, (kind, partition, offset, value) in enumerate(sent):
+        _feed(partitioned, kind, partition, [(offset, value)])
+        log.write(partitioned.take_routed(commit=True))
+        if moves and n in (len(sent) // 3, len(sent) * 2 // 3):
+            log.move(1, moves == "snapshots")
+            log.move(0, moves == "snapshots")
+    assert all(len(records) for records in log.logs)  # every partition had its share
+    merged = Engine(config)
+    merged.merge(partitioned.totals())
+    for engine in log.engines + log.retired:
+        merged.merge(engine)
+    assert _comparable(merged.report()) == _comparable(expected.report())
+    assert merged.ab() and merged.ab() == expected.ab()
+    assert merged.srm() == expected.srm()
+    assert merged.gsb_rows() == expected.gsb_rows()
+    assert merged.overflow() == expected.overflow()
+    shards = [set(shard for e in engine.ledger.experiments.values() for shard in e) for engine in log.engines]
+    assert all(shards) and not set.intersection(*shards)  # no partition holds all units
 
 
 def test_an_idle_partition_stops_holding_event_time_back() -> None:

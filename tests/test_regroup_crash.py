@@ -187,11 +187,11 @@ def _owners_writes(partition: int, ops: list[Op], crashes: Sequence[int]) -> tup
         seq = committed
         if incarnation:
             seq += 1
-            sink.records.append((b"", orjson.dumps({**arm, "n": seq, "x": token})))
+            sink.records.append((0, b"", orjson.dumps({**arm, "n": seq, "x": token})))
         for op in run:
             if op[0] == "d":
                 seq = op[1] + shift
-                sink.records.append((b"", orjson.dumps({**orjson.loads(op[2]), "n": seq, "x": token})))
+                sink.records.append((0, b"", orjson.dumps({**orjson.loads(op[2]), "n": seq, "x": token})))
             elif op[0] == "c":
                 sink.commit(op[1] + shift)
         if incarnation == len(owners) - 1 and (not run or run[-1][0] != "c"):

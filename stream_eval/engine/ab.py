@@ -280,14 +280,17 @@ class LookMerger:
         """Shards' looks at ``boundary`` (a boundary folded already is reported again by a restarted source)."""
         if boundary > self.folded:
             self._queue.setdefault(boundary, []).extend(looks)
+            self._fold_ready()
 
     def progress(self, source: int, upto: float) -> None:
         """``source`` has reported every look up to event time ``upto``: fold the boundaries every source passed."""
         if source >= len(self.progress_of):
             self.progress_of += [-math.inf] * (source + 1 - len(self.progress_of))
-        if upto <= self.progress_of[source]:
-            return
-        self.progress_of[source] = upto
+        if upto > self.progress_of[source]:
+            self.progress_of[source] = upto
+            self._fold_ready()
+
+    def _fold_ready(self) -> None:
         ready = min(self.progress_of)
         queue = self._queue
         for boundary in sorted(b for b in queue if b <= ready):
@@ -408,6 +411,7 @@ class UnitLedger:
         self._pending: list[_Pending] = []
         self.merger = LookMerger(config, self.names)
         self.on_shard_look: ShardLookListener | None = None
+        self.on_progress: LookListener | None = None  # with on_shard_look: every look up to a time was reported
         self.open_look: float | None = None  # the boundary of contributions applied and not looked at yet
         self.released = -math.inf  # event time up to which contributions were applied
         self.last_key = -math.inf  # the latest key of a contribution applied
@@ -489,6 +493,10 @@ class UnitLedger:
         if self.open_look is not None and self.open_look <= watermark:
             self._look(self.open_look)
         self.released = max(self.released, watermark)
+        if self.on_shard_look is None:
+            self.merger.progress(0, watermark)
+        elif self.on_progress is not None:
+            self.on_progress(watermark)
 
     def _look(self, boundary: float) -> None:
         """The looks of the shards changed since the last one, at ``boundary``, to the merger."""
@@ -518,6 +526,18 @@ class UnitLedger:
             np.add.at(experiment.n, rows[keep], ready.n[index])
             experiment.version += 1
             self._changed.add((name, shard))
+
+    def merge(self, other: UnitLedger) -> None:
+        """Take the shards ``other`` holds (the partitions of a regroup stage hold different shards; of a shard
+        held by both, the copy of the ledger released further), and its merger if it folded further."""
+        for name, shards in other.experiments.items():
+            mine = self.experiments.setdefault(name, {})
+            for shard, experiment in shards.items():
+                if shard not in mine or other.released > self.released:
+                    mine[shard] = experiment
+        if (other.merger.folded, other.merger.looks) > (self.merger.folded, self.merger.looks):
+            self.merger = other.merger
+        self.released, self.last_key = max(self.released, other.released), max(self.last_key, other.last_key)
 
     # -- results ------------------------------------------------------------------------------------------
     def look(self, ts: float) -> None:

@@ -517,8 +517,8 @@ class Engine:
         """Add another engine's totals to this one (several workers' engines give one report).
 
         Finalised aggregates, scored sessions, GSB verdicts and tallies, event counts and the arms seen add up;
-        open requests and sessions stay where they are. The A/B units and the verdicts kept for the sign tests, held
-        whole by the regroup stage's engine, come from the engine whose stage got furthest.
+        open requests and sessions stay where they are. The A/B units' shards and the verdicts kept for the sign
+        tests, held whole by the engine of each partition of the regroup stage, are put together.
         """
         self.counts.update(other.counts)
         self.invalid_reasons.update(other.invalid_reasons)
@@ -528,14 +528,13 @@ class Engine:
         for source, target in ((other.arms_seen, self.arms_seen), (other.teams_seen, self.teams_seen)):
             for experiment, arms in source.items():
                 target.setdefault(experiment, set()).update(arms)
-        # What the regroup stage holds whole (the A/B units, every verdict for the sign tests) is taken, not added,
-        # from the engine whose stage got furthest (a worker that gave the stage up may still hold an old copy).
+        # What the partitions of the regroup stage hold whole (their shards of the A/B units, every verdict for the
+        # sign tests) adds up: each partition's engine holds its own (a worker gives a partition's engine up with it).
         self.sessions.overflow += other.sessions.overflow
         self.gsb.overflow += other.gsb.overflow
-        taken = other.stage_watermark > self.stage_watermark
-        self.gsb.merge(other.gsb, complete=taken)
-        if taken:
-            self.ledger, self.stage_watermark = other.ledger, other.stage_watermark
+        self.gsb.merge(other.gsb, complete=True)
+        self.ledger.merge(other.ledger)
+        self.stage_watermark = max(self.stage_watermark, other.stage_watermark)
 
     def drop_regrouped(self) -> None:
         """Forget open named sessions and query buckets (the regroup stage moved to another worker)."""

@@ -164,14 +164,16 @@ class GsbTracker:
 
     def merge(self, other: GsbTracker, complete: bool = False) -> None:
         """Add another tracker's verdicts and interleaving tallies (open query buckets are not merged); with
-        ``complete``, take its complete tallies (a regroup stage's) instead of keeping these."""
+        ``complete``, its complete tallies too (a regroup stage partition's)."""
         for key, counts in other.counts.items():
             self.counts[key] = self.counts.get(key, GsbCounts()) + counts
         for experiment, tally in other._interleaving.items():
             self._interleaving.setdefault(experiment, Counter()).update(tally)
         if complete:
-            self.complete = {key: GsbCounts() + counts for key, counts in other.complete.items()}
-            self._interleaving_complete = {e: Counter(tally) for e, tally in other._interleaving_complete.items()}
+            for key, counts in other.complete.items():
+                self.complete[key] = self.complete.get(key, GsbCounts()) + counts
+            for experiment, tally in other._interleaving_complete.items():
+                self._interleaving_complete.setdefault(experiment, Counter()).update(tally)
 
     def drop_open(self) -> None:
         """Forget the open query buckets and the complete tallies (the regroup stage moved to another worker)."""

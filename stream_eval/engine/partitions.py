@@ -246,8 +246,10 @@ class PartitionedEngine:
     """
 
     def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic,
-                 on_finalised: Callable[[int, FinalisedBatch], None] | None = None) -> None:
+                 on_finalised: Callable[[int, FinalisedBatch], None] | None = None, stages: int = 1) -> None:
+        """``stages``: the partitions of the regroup log (its records are routed to them: ``engine/regroup.py``)."""
         self.engine = engine
+        self.stages = stages
         self.clock = clock
         self.idle_timeout = engine.config.idle_timeout
         self.tasks: dict[int, Task] = {}
@@ -270,7 +272,7 @@ class PartitionedEngine:
             RollingWindows(engine, main.windows.windows, main.windows.width)
         if main.delays is not None:
             FeedbackDelays(engine, main.delays.bounds.tolist())
-        engine.regroup = RegroupSink(partition)
+        engine.regroup = RegroupSink(partition, self.stages)
         return engine
 
     # -- ownership ----------------------------------------------------------------------------------
@@ -327,17 +329,23 @@ class PartitionedEngine:
         """The partitions owned and their tasks (``task.engine``: the partition's share of the totals)."""
         return sorted(self.tasks.items())
 
-    def take_regrouped(self, commit: bool = False) -> list[tuple[bytes, bytes]]:
-        """The records the partitions' engines wrote for the regroup log since the last call, as (key, value);
-        with ``commit``, each partition's followed by its commit marker (``engine/regroup.py``)."""
-        records: list[tuple[bytes, bytes]] = []
+    def take_routed(self, commit: bool = False) -> list[tuple[int, bytes, bytes]]:
+        """The records the partitions' engines wrote for the regroup log since the last call, as (stage partition,
+        key, value); with ``commit``, each partition's followed by its commit marker (``engine/regroup.py``)."""
+        records: list[tuple[int, bytes, bytes]] = []
         for _, task in sorted(self.tasks.items()):
             sink = task.engine.regroup
             assert isinstance(sink, RegroupSink)  # the sink _new_engine set
             if commit and sink.records:
                 sink.commit(sink.seq)
-            records += sink.take()
+            records += sink.take_routed()
         return records
+
+    def take_regrouped(self, commit: bool = False) -> list[tuple[bytes, bytes]]:
+        """:meth:`take_routed` with one stage partition: (key, value)."""
+        if self.stages != 1:
+            raise ValueError("records for several stage partitions: take_routed")
+        return [(key, value) for _, key, value in self.take_routed(commit)]
 
     def totals(self) -> Engine:
         """One engine with the totals of the partitions owned and of ``engine`` (for a report)."""

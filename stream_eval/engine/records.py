@@ -153,8 +153,29 @@ class PartitionWatermark(Record, tag="w"):
         return float(self.time)
 
 
+class LookReport(Record, tag="L"):
+    """A partition of the regroup stage (``stage``) reports the looks of its shards of the A/B units changed since
+    its previous look, at the boundary ``time`` (to the merger, on stage partition 0: ``engine/ab.py``). Each look
+    is :meth:`ShardLook.to_json <stream_eval.engine.ab.ShardLook.to_json>`'s list."""
+
+    stage: int = field(name="g")
+    time: float | str = field(name="t")
+    looks: list[list[object]] = field(name="l")
+
+
+class LookProgress(Record, tag="G"):
+    """Stage partition ``stage`` has reported every look up to event time ``time``."""
+
+    stage: int = field(name="g")
+    time: float | str = field(name="t")
+
+    @property
+    def at(self) -> float:
+        return float(self.time)
+
+
 AnyRecord = Union[Rewind, Commit, SessionParts, SessionPart, QueryMetrics, QueryMetric, UnitRequests,  # noqa: UP007
-                  UnitSessions, Judgment, Interleaved, ArmSeen, PartitionWatermark]
+                  UnitSessions, Judgment, Interleaved, ArmSeen, PartitionWatermark, LookReport, LookProgress]
 _DECODER = msgspec.json.Decoder(AnyRecord)
 _ENCODER = msgspec.json.Encoder()
 

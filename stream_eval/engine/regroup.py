@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
+from stream_eval.engine.ab import ShardLook, shard_of, shards_of
 from stream_eval.engine.sessions import Impressions, session_key, unit_of
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
@@ -98,15 +99,21 @@ if TYPE_CHECKING:
 
 
 class RegroupSink:
-    """Collects, in order, the records a worker writes to the regroup log (JSON bytes, key).
+    """Collects, in order, the records a worker writes to the regroup log: (stage partition, key, JSON bytes).
 
     With ``partition``, those of one input partition: numbered, and held by the stage until committed (module
     docstring). The worker calls :meth:`begin` when it takes the partition, stores :attr:`seq` in the
     partition's checkpoint once everything taken before it is written, and calls :meth:`commit` with it once
-    the checkpoint is stored."""
+    the checkpoint is stored.
 
-    def __init__(self, partition: int | None = None) -> None:
-        self.records: list[tuple[bytes, bytes]] = []
+    With ``stages`` partitions of the regroup log, a record goes to the stage partition of its shard
+    (``engine/ab.py``) modulo ``stages``: a unit contribution by its unit, a session part by its unit (by its
+    session id without one), a query metric by its query, a verdict by its experiment. Watermarks, arms seen,
+    rewinds and commits go to every stage partition (the same bytes, the same number)."""
+
+    def __init__(self, partition: int | None = None, stages: int = 1) -> None:
+        self.records: list[tuple[int, bytes, bytes]] = []
+        self.stages = stages
         self._arms: set[tuple[str, str]] = set()
         self.partition = partition
         self.token: str | None = None  # this ownership of the partition (set by begin)
@@ -122,24 +129,41 @@ class RegroupSink:
         self._flush()
         return self._seq
 
+    def _routes(self, keys: Sequence[str]) -> list[tuple[int, list[int] | None]]:
+        """The stage partitions of rows routed by ``keys`` (each's shard modulo the partitions), in order, with
+        the rows of each (None: all rows)."""
+        if self.stages == 1:
+            return [(0, None)]
+        stage = shards_of(keys) % self.stages
+        out: list[tuple[int, list[int] | None]] = []
+        for to in np.unique(stage).tolist():
+            rows = np.flatnonzero(stage == to)
+            out.append((to, None if rows.shape[0] == len(keys) else rows.tolist()))
+        return out
+
     def _flush(self) -> None:
         """Write the session parts and query metrics given so far as columnar records (in that order)."""
         parts, queries = self._parts, self._queries
         if parts.sessions:
             self._parts = _PartColumns()
-            sizes = [NUMBER_CHARS * len(scores) for scores in parts.scores]
-            for a, b in row_ranges([parts.sessions, parts.experiments, parts.arms], sizes):
-                self._append(b"", records.SessionParts(
-                    sessions=parts.sessions[a:b], experiments=parts.experiments[a:b], arms=parts.arms[a:b],
-                    served=parts.served[a:b], scores=parts.scores[a:b], relevant=parts.relevant[a:b],
-                    units=parts.units[a:b], queries=parts.queries[a:b] if parts.queries else None,
-                    satisfied=parts.satisfied[a:b] if parts.satisfied else None), flush=False)
+            keys = [s if u is None else u for s, u in zip(parts.sessions, parts.units, strict=True)]
+            for to, rows in self._routes(keys):
+                mine = parts if rows is None else parts.rows(rows)
+                sizes = [NUMBER_CHARS * len(scores) for scores in mine.scores]
+                for a, b in row_ranges([mine.sessions, mine.experiments, mine.arms], sizes):
+                    self._append(b"", records.SessionParts(
+                        sessions=mine.sessions[a:b], experiments=mine.experiments[a:b], arms=mine.arms[a:b],
+                        served=mine.served[a:b], scores=mine.scores[a:b], relevant=mine.relevant[a:b],
+                        units=mine.units[a:b], queries=mine.queries[a:b] if mine.queries else None,
+                        satisfied=mine.satisfied[a:b] if mine.satisfied else None), flush=False, to=to)
         if queries.queries:
             self._queries = _QueryColumns()
-            for a, b in row_ranges([queries.queries, queries.experiments, queries.arms]):
-                self._append(b"", records.QueryMetrics(
-                    experiments=queries.experiments[a:b], arms=queries.arms[a:b], queries=queries.queries[a:b],
-                    served=queries.served[a:b], values=queries.values[a:b]), flush=False)
+            for to, rows in self._routes(queries.queries):
+                metrics = queries if rows is None else queries.rows(rows)
+                for a, b in row_ranges([metrics.queries, metrics.experiments, metrics.arms]):
+                    self._append(b"", records.QueryMetrics(
+                        experiments=metrics.experiments[a:b], arms=metrics.arms[a:b], queries=metrics.queries[a:b],
+                        served=metrics.served[a:b], values=metrics.values[a:b]), flush=False, to=to)
 
     def begin(self, token: str, committed: int) -> None:
         """A new owner (ownership ``token``) takes the partition from a checkpoint that stored :attr:`seq` =
@@ -151,24 +175,30 @@ class RegroupSink:
         self.token, self._seq = token, committed
         self._arms.clear()  # announcements after the checkpoint are discarded by the rewind: made again
         self._parts, self._queries = _PartColumns(), _QueryColumns()
-        self.records.append((b"", records.encode(records.Rewind(partition=self.partition, seq=committed,
-                                                                owner=token))))
+        self._broadcast(b"", records.encode(records.Rewind(partition=self.partition, seq=committed, owner=token)))
 
     def commit(self, seq: int) -> None:
         """The checkpoint holding ``seq`` is stored: the stage may count the records numbered up to it."""
         if self.partition is None:
             raise ValueError("a sink of no partition has nothing to commit")
         self._flush()
-        self.records.append((b"", records.encode(records.Commit(partition=self.partition, seq=seq,
-                                                                owner=self.token))))
+        self._broadcast(b"", records.encode(records.Commit(partition=self.partition, seq=seq, owner=self.token)))
 
-    def _append(self, key: bytes, record: records.Record, flush: bool = True) -> None:
+    def _broadcast(self, key: bytes, value: bytes) -> None:
+        self.records += [(to, key, value) for to in range(self.stages)]
+
+    def _append(self, key: bytes, record: records.Record, flush: bool = True, to: int | None = None) -> None:
+        """Append a data record for stage partition ``to`` (None: every one)."""
         if flush:
             self._flush()  # (the parts and metrics given before this record come before it)
         if self.partition is not None:
             self._seq += 1
             record.partition, record.seq, record.owner = self.partition, self._seq, self.token
-        self.records.append((key, records.encode(record)))
+        value = records.encode(record)
+        if to is None:
+            self._broadcast(key, value)
+        else:
+            self.records.append((to, key, value))
 
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         """A finalised request of a named session: its session id, labels, serve time, served items' scores, the
@@ -188,19 +218,33 @@ class RegroupSink:
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats) -> None:
-        """Finalised requests' share of their A/B units (``engine/ab.py``), as columns: one record per
-        :data:`UNIT_ROWS` requests, fewer when their ids are long (:func:`row_ranges`; NaN is written as null)."""
-        for a, b in row_ranges([ids, experiments, arms, units]):
-            self._append(b"", records.UnitRequests(keys=keys[a:b].tolist(), ids=ids[a:b], experiments=experiments[a:b],
-                                                   arms=arms[a:b], units=units[a:b], values=values[a:b].tolist()))
+        """Finalised requests' share of their A/B units, as columns: one record per :data:`UNIT_ROWS` requests of a
+        stage partition, fewer when their ids are long (:func:`row_ranges`; NaN is written as null)."""
+        for to, rows in self._routes(units):
+            if rows is not None:
+                keys_, values_ = keys[rows], values[rows]
+                ids_, experiments_, arms_, units_ = (_pick(c, rows) for c in (ids, experiments, arms, units))
+            else:
+                keys_, values_, ids_, experiments_, arms_, units_ = keys, values, ids, experiments, arms, units
+            for a, b in row_ranges([ids_, experiments_, arms_, units_]):
+                self._append(b"", records.UnitRequests(
+                    keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b], arms=arms_[a:b],
+                    units=units_[a:b], values=values_[a:b].tolist()), to=to)
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
         """Scored one-request sessions' share of their A/B units, as columns (as :meth:`unit_requests`)."""
-        for a, b in row_ranges([ids, experiments, arms, units]):
-            self._append(b"", records.UnitSessions(
-                keys=keys[a:b].tolist(), ids=ids[a:b], experiments=experiments[a:b], arms=arms[a:b],
-                units=units[a:b], weighted_auc=weighted_auc[a:b].tolist(), weight=weight[a:b].tolist()))
+        for to, rows in self._routes(units):
+            if rows is not None:
+                keys_, weighted_, weight_ = keys[rows], weighted_auc[rows], weight[rows]
+                ids_, experiments_, arms_, units_ = (_pick(c, rows) for c in (ids, experiments, arms, units))
+            else:
+                keys_, weighted_, weight_ = keys, weighted_auc, weight
+                ids_, experiments_, arms_, units_ = ids, experiments, arms, units
+            for a, b in row_ranges([ids_, experiments_, arms_, units_]):
+                self._append(b"", records.UnitSessions(
+                    keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b], arms=arms_[a:b],
+                    units=units_[a:b], weighted_auc=weighted_[a:b].tolist(), weight=weight_[a:b].tolist()), to=to)
 
     def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], ts: list[float],
                       values: list[float]) -> None:
@@ -213,12 +257,17 @@ class RegroupSink:
         columns.served += ts
         columns.values += values
 
+    def _stage_of(self, experiment: str) -> int:
+        return shard_of(experiment) % self.stages
+
     def judgment(self, experiment: str, verdict: str) -> None:
-        self._append(experiment.encode(), records.Judgment(experiment=experiment, verdict=verdict))
+        self._append(experiment.encode(), records.Judgment(experiment=experiment, verdict=verdict),
+                     to=self._stage_of(experiment))
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int]) -> None:
         self._append(experiment.encode(), records.Interleaved(experiment=experiment, teams=teams,
-                                                              relevant=relevant_positions))
+                                                              relevant=relevant_positions),
+                     to=self._stage_of(experiment))
 
     def arm(self, experiment: str, arm: str) -> None:
         if (experiment, arm) not in self._arms:
@@ -229,10 +278,21 @@ class RegroupSink:
         """Every request of input partition ``partition`` finalised by ``watermark`` has its records above."""
         self._append(b"", records.PartitionWatermark(input_partition=partition, time=time_to_json(watermark)))
 
-    def take(self) -> list[tuple[bytes, bytes]]:
+    def take_routed(self) -> list[tuple[int, bytes, bytes]]:
+        """The records appended since the last call: (stage partition, key, value), in order."""
         self._flush()
         taken, self.records = self.records, []
         return taken
+
+    def take(self) -> list[tuple[bytes, bytes]]:
+        """:meth:`take_routed` of a sink of one stage partition: (key, value)."""
+        if self.stages != 1:
+            raise ValueError("records for several stage partitions: take_routed")
+        return [(key, value) for _, key, value in self.take_routed()]
+
+
+def _pick(column: list[Any], rows: list[int]) -> list[Any]:
+    return [column[i] for i in rows]
 
 
 class _PartColumns:
@@ -251,6 +311,14 @@ class _PartColumns:
         self.queries: list[str | None] = []
         self.satisfied: list[bool] = []
 
+    def rows(self, rows: list[int]) -> _PartColumns:
+        """These columns' ``rows``."""
+        out = _PartColumns()
+        for name in self.__slots__:
+            column = getattr(self, name)
+            setattr(out, name, _pick(column, rows) if column else [])
+        return out
+
 
 class _QueryColumns:
     """Query metrics given to a sink, not written yet (the columns of :class:`records.QueryMetrics`)."""
@@ -263,6 +331,13 @@ class _QueryColumns:
         self.queries: list[str] = []
         self.served: list[float] = []
         self.values: list[float | None] = []
+
+    def rows(self, rows: list[int]) -> _QueryColumns:
+        """These columns' ``rows``."""
+        out = _QueryColumns()
+        for name in self.__slots__:
+            setattr(out, name, _pick(getattr(self, name), rows))
+        return out
 
 
 class _Part:
@@ -326,12 +401,21 @@ class StageCheckpoint:
 
 
 class SessionStage:
-    """Feeds regrouped records to an engine's sessions and GSB tallies; closes them on the units' watermark."""
+    """Feeds regrouped records to an engine's sessions and GSB tallies; closes them on the units' watermark.
+
+    With ``stages`` partitions of the regroup log, this is the stage of partition ``stage``: its engine holds the
+    sessions, query buckets, verdicts and A/B units of its shards (:class:`RegroupSink`). The A/B looks of every
+    partition are merged on partition 0 (``engine/ab.py``): the others report theirs in records for it
+    (:meth:`take_reports`), which partition 0 applies as they come."""
 
     def __init__(self, engine: Engine, partitions: int, checkpoint: StageCheckpoint | None = None,
-                 snapshot: bytes | None = None) -> None:
-        """``snapshot``: the data of ``checkpoint.snapshot`` (required when the checkpoint names one)."""
+                 snapshot: bytes | None = None, stage: int = 0, stages: int = 1) -> None:
+        """``partitions``: the input partitions; ``snapshot``: the data of ``checkpoint.snapshot`` (required when
+        the checkpoint names one)."""
         self.engine = engine
+        self.stage, self.stages = stage, stages
+        self.reports: list[bytes] = []  # records for stage partition 0 (the looks of this one's shards)
+        self._reported = -math.inf  # the progress last reported
         #: each input partition's finalisation watermark (the stage closes sessions on their minimum)
         self.partition_watermarks = [-math.inf] * partitions
         self.watermark = -math.inf
@@ -368,12 +452,39 @@ class SessionStage:
         # (where it is stored, the offset it covers, the offset a rebuild from it starts at)
         self.snapshot_ref: tuple[tuple[int, int], int, int] | None = None
         self.frozen_until = 0
+        self._connect_looks()
         if checkpoint is not None and checkpoint.snapshot is not None:
             if snapshot is None:
                 raise ValueError("the stage checkpoint names a snapshot: pass its data")
             restore(engine, snapshot)
             self.snapshot_ref = (checkpoint.snapshot, checkpoint.snapshot_at, checkpoint.start)
             self.frozen_until = checkpoint.snapshot_at
+
+    def _connect_looks(self) -> None:
+        """Partition 0 merges every partition's looks; the others report theirs to it."""
+        ledger = self.engine.ledger
+        if self.stage == 0:
+            merger = ledger.merger
+            merger.progress_of += [-math.inf] * (self.stages - len(merger.progress_of))
+            return
+        ledger.on_shard_look, ledger.on_progress = self._report_looks, self._report_progress
+
+    def _report_looks(self, boundary: float, looks: list[ShardLook]) -> None:
+        self.reports.append(records.encode(records.LookReport(stage=self.stage, time=time_to_json(boundary),
+                                                              looks=[look.to_json() for look in looks])))
+
+    def _report_progress(self, upto: float) -> None:
+        """Report progress on the boundaries only (the merger folds looks there): at most once per look."""
+        every = self.engine.config.look_every
+        mark = upto if math.isinf(upto) else math.floor(upto / every) * every
+        if mark > self._reported:
+            self._reported = mark
+            self.reports.append(records.encode(records.LookProgress(stage=self.stage, time=time_to_json(mark))))
+
+    def take_reports(self) -> list[bytes]:
+        """The records for stage partition 0 since the last call (write them before this stage's checkpoint)."""
+        taken, self.reports = self.reports, []
+        return taken
 
     @property
     def rebuilding(self) -> bool:
@@ -398,7 +509,8 @@ class SessionStage:
         applied = self._applied
         while applied and applied[0][1] < start:  # (later checkpoints start no earlier)
             applied.popleft()
-        if (self.engine.ledger.experiments or self.engine.gsb.complete) and snapshot is None:
+        ledger = self.engine.ledger
+        if (ledger.experiments or self.engine.gsb.complete or ledger.merger.looks) and snapshot is None:
             # The A/B units and the verdicts kept for the sign tests are cumulative since the first event: until
             # a snapshot of them is stored, a new owner rebuilds them (and everything else, muted) from the log start.
             return StageCheckpoint(0, processed, [], arms)
@@ -507,6 +619,15 @@ class SessionStage:
             # A/B units: rebuilt from every record, muted or not (their state is not a counter)
             if not frozen:
                 self._add_units(record)  # type: ignore[arg-type]  # dispatched on type
+            return
+        if kind is records.LookReport:  # (partition 0: another partition's looks; idempotent, like the units')
+            if not frozen:
+                report: Any = record
+                engine.ledger.merger.add(float(report.time), [ShardLook.from_json(look) for look in report.looks])
+            return
+        if kind is records.LookProgress:
+            if not frozen:
+                engine.ledger.merger.progress(record.stage, record.at)  # type: ignore[union-attr]  # by kind
             return
         if kind is records.SessionParts:
             parts: Any = record

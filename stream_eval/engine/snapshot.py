@@ -96,7 +96,7 @@ def restore(engine: Engine, data: bytes) -> None:
                                 _unarray(p["y"]), _unarray(p["n"])) for p in saved["pending"]]
     ledger.merger = engine.ledger.merger  # (sources and listener as set up; its state from the snapshot)
     ledger.merger.restore_json(saved["merger"])
-    ledger.on_shard_look = engine.ledger.on_shard_look
+    ledger.on_shard_look, ledger.on_progress = engine.ledger.on_shard_look, engine.ledger.on_progress
     ledger._changed = {(str(name), int(shard)) for name, shard in saved["changed"]}
     open_look, released, last_key = saved["times"]
     ledger.open_look = None if open_look is None else float(open_look)
