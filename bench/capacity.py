@@ -313,7 +313,7 @@ def child_stages(requests: int, fetch_size: int, checkpoint_every: int) -> dict[
     total = time.process_time() - started
     for restore in undo:
         restore()
-    units = sum(sum(e.units_per_arm().values()) for e in worker.engine.ledger.experiments.values())
+    units = sum(n for arms in worker.engine.ledger.units().values() for n in arms.values())
     started = time.process_time()
     snap = snapshot.take(worker.engine)
     snapshot_seconds = time.process_time() - started
@@ -386,7 +386,7 @@ def child_units(units: int, traced: bool) -> dict[str, Any]:
         data = snapshot.take(engine)
         out["snapshot_per_unit"] = len(data) / (units + batch)
         out["snapshot_seconds_per_unit"] = (time.process_time() - started) / (units + batch)
-    out["total_units"] = sum(sum(e.units_per_arm().values()) for e in ledger.experiments.values())
+    out["total_units"] = sum(n for arms in ledger.units().values() for n in arms.values())
     return out
 
 
@@ -417,7 +417,7 @@ def child_stage_state(requests: int, fetch_size: int, window: float) -> dict[str
     held = tracemalloc.get_traced_memory()[0] - before
     open_sessions = len(stage_engine.sessions.open)
     waiting = len(stage._waiting)
-    units = sum(sum(e.units_per_arm().values()) for e in stage_engine.ledger.experiments.values())
+    units = sum(n for arms in stage_engine.ledger.units().values() for n in arms.values())
     added = finalised - waiting
     return {"requests": counts["ranking"], "finalised": finalised, "records": len(records),
             "record_bytes": sum(map(len, records)), "waiting": waiting, "open_sessions": open_sessions,
@@ -466,7 +466,7 @@ def child_steady(rate: float, seconds: float, fetch_size: int, stage_on: bool) -
     by_file = [(short_path(stat.traceback[0].filename), stat.size / MIB) for stat in held.statistics("filename")[:10]]
     by_line = [(f"{short_path(stat.traceback[0].filename)}:{stat.traceback[0].lineno}", stat.size / MIB, stat.count)
                for stat in held.statistics("lineno")[:20]]
-    units = sum(sum(e.units_per_arm().values()) for e in worker.engine.ledger.experiments.values())
+    units = sum(n for arms in worker.engine.ledger.units().values() for n in arms.values())
     return {"rate": rate, "seconds": seconds, "stage": stage_on, "samples": samples, "events": source.events,
             "by_file": by_file, "by_line": by_line,
             "base_rss_mb": base_rss / MIB, "units": units,

@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--group", default="stream-eval", help="consumer group id (default stream-eval)")
     worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
+    worker.add_argument("--stage-partitions", type=_positive_int, default=None, metavar="N",
+                        help="partitions of the regroup log it creates, spread over the group's workers (1 to 64; "
+                             "default: as many as the input topics; a log that exists keeps its own)")
     worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
     worker.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text (default) or JSON lines: ts, level, logger, message")
@@ -332,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.stream.worker import WorkerSettings
 
             settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
-                                      security=security_from_args(args))
+                                      stage_partitions=args.stage_partitions, security=security_from_args(args))
             return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
                               metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":

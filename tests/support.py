@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -49,3 +51,23 @@ async def read_topic(bootstrap: str, topic: str, expected: int = 0, timeout: flo
     finally:
         await consumer.stop()
     return found
+
+
+def held_stages(workers: Sequence[Any]) -> dict[int, Any]:
+    """The regroup stage partitions the workers hold (``HeldStage``), by number (a partition held twice, during a
+    hand-over: the last worker's)."""
+    return {q: held for worker in workers for q, held in worker.stages.held.items()}
+
+
+def stages_done(workers: Sequence[Any]) -> bool:
+    """Every partition of the regroup stage is held by one of the workers and has closed everything (its
+    watermark at the end of every input partition), and partition 0 has every partition's last looks."""
+    held = held_stages(workers)
+    count = max((worker.stages.count for worker in workers), default=1)
+    return len(held) == count and all(h.stage.watermark == math.inf for h in held.values()) and \
+        min(held[0].engine.ledger.merger.progress_of) == math.inf  # partition 0 merged every partition's looks
+
+
+def stage_sessions(worker: Any) -> int:
+    """Named sessions scored by the stage partitions a worker holds."""
+    return sum(engine.overall().sessions for engine in worker.stages.engines())

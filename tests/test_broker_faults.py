@@ -191,7 +191,7 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
 
     async def main() -> None:
         worker = StreamWorker(settings, SHORT)
-        EngineCollector(lambda: worker.engine, registry, lock=worker.lock, broker=worker.health, shares=worker.shares)
+        EngineCollector(worker.stage_view, registry, lock=worker.lock, broker=worker.health, shares=worker.shares)
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run(stop))
 

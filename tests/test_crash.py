@@ -79,12 +79,15 @@ SUMMED = {"stream_eval_requests_total": True, "stream_eval_metric_sum_total": Fa
           "stream_eval_metric_count_total": True, "stream_eval_gsb_total": True, "stream_eval_events_total": True,
           "stream_eval_invalid_events_total": True,
           "stream_eval_label_overflow_total": True, "stream_eval_overflow_total": True,
-          "stream_eval_window_sum": False, "stream_eval_window_count": True}
-#: Series that only the regroup stage's worker exports: taken from it, never summed; compared bit for bit.
+          "stream_eval_window_sum": False, "stream_eval_window_count": True,
+          # each worker's stage partitions' shards of the A/B units
+          "stream_eval_ab_units": True, "stream_eval_ab_unit_conflicts_total": True}
+#: Series that one worker exports: the A/B rows and SRM tests from the worker of stage partition 0 (which merges
+#: the looks), an experiment's sign tests from the worker of its stage partition. Taken from it, never summed;
+#: compared bit for bit.
 ONE_WORKER = ("stream_eval_ab_delta", "stream_eval_ab_ci_lower", "stream_eval_ab_ci_upper", "stream_eval_ab_cs_lower",
-              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_ab_units",
-              "stream_eval_ab_unit_conflicts_total", "stream_eval_srm_p_value", "stream_eval_srm_mismatch",
-              "stream_eval_gsb_p_value")
+              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_srm_p_value",
+              "stream_eval_srm_mismatch", "stream_eval_gsb_p_value")
 NO_SECURITY_ENV = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}
 #: Seconds everything must stay unchanged, every live worker ready, before the numbers count as final.
 SETTLE = 10.0
@@ -249,8 +252,9 @@ class Worker:
         return status == 200 or (status == 503 and not reason.startswith(("starting", "no partitions", "rebalancing")))
 
     def holds_stage(self) -> bool:
-        """Its log says it took the regroup stage and has not given it up since."""
-        said = re.findall(r"(took|gave up) the regroup stage", self.log.read_text(errors="replace"))
+        """Its log says it took partition 0 of the regroup stage (which merges the A/B looks) and has not given it
+        up since."""
+        said = re.findall(r"(took|gave up) stage partition 0\b", self.log.read_text(errors="replace"))
         return bool(said) and said[-1] == "took"
 
     def holds(self) -> int:

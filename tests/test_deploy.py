@@ -287,17 +287,22 @@ def test_dashboards_show_every_series_of_the_contract() -> None:
     assert not missing, f"no panel shows {sorted(missing)}"
 
 
-def test_a_b_gauges_are_taken_with_max_not_sum() -> None:
-    """They come from one worker of a group: a sum would count them once per worker that ever exported them."""
+def test_a_b_gauges_are_taken_with_max_and_units_summed() -> None:
+    """The A/B rows and sign tests come from one worker of a group (the stage partition merging them): a sum would
+    count them once per worker that ever exported them. Each worker exports the units of its stage partitions'
+    shards: they are summed."""
     single = {"stream_eval_ab_delta", "stream_eval_ab_ci_lower", "stream_eval_ab_ci_upper", "stream_eval_ab_cs_lower",
-              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_ab_units", "stream_eval_srm_p_value",
-              "stream_eval_srm_mismatch", "stream_eval_gsb_p_value", "stream_eval_ab_unit_conflicts_total"}
+              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_srm_p_value",
+              "stream_eval_srm_mismatch", "stream_eval_gsb_p_value"}
+    summed = {"stream_eval_ab_units", "stream_eval_ab_unit_conflicts_total"}
     checked = set()
     for _, panel, target in _queries():
-        for name in _series(target["expr"]) & single:
-            assert re.search(rf"max by \([^)]*\) \({name}\{{", target["expr"]), (panel["title"], name)
+        for name in _series(target["expr"]) & (single | summed):
+            aggregation = "sum" if name in summed else "max"
+            assert re.search(rf"{aggregation} by \([^)]*\) \({name}\{{", target["expr"]), (panel["title"], name)
             checked.add(name)
-    assert {"stream_eval_ab_delta", "stream_eval_srm_p_value", "stream_eval_gsb_p_value"} <= checked
+    assert {"stream_eval_ab_delta", "stream_eval_srm_p_value", "stream_eval_gsb_p_value",
+            "stream_eval_ab_units"} <= checked
 
 
 def _promtool() -> str:

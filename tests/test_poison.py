@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import stages_done
 
 from stream_eval.config import MAX_TS, MIN_TS, Config, ConfigError, load_config
 from stream_eval.engine.replay import replay
@@ -190,8 +191,8 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
     async def main() -> None:
         await send_lines(lines, [broker], topics(prefix), partitions=2)
         running = await _running(worker)
-        await _until(lambda: worker.partitioned.watermark == float("inf") and worker.stage is not None
-                     and worker.stage.watermark == float("inf"), 120, "the end of every partition")
+        await _until(lambda: worker.partitioned.watermark == float("inf") and stages_done([worker]), 120,
+                     "the end of every partition")
         assert not running[0].done()
         got.update(worker.totals().report())  # the live worker's (a stopped one hands every share over)
         await _stop(running)

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from support import approx, read_topic
+from support import approx, held_stages, read_topic, stage_sessions, stages_done
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -88,21 +88,21 @@ async def _until(condition: Callable[[], bool], timeout: float, what: str) -> No
 
 
 def _done(expected: Engine, *workers: StreamWorker) -> bool:
-    """Every input partition ended, and the regroup stage (on one of the workers) has closed every session and has
-    every judgment of the log (judgments are counted on the stage and hold no watermark back, so their records may
-    follow the end-of-stream watermarks in the regroup log)."""
+    """Every input partition ended, and the regroup stage's partitions (on the workers) have closed every session
+    and have every judgment of the log (judgments are counted on the stage and hold no watermark back, so their
+    records may follow the end-of-stream watermarks in the regroup log)."""
     judgments = expected.counts.summary()["judgment"]
-    _seen[:] = [(w.stage is not None, w.stage.watermark if w.stage else None, _stage_judgments(w), judgments)
-                for w in workers]
-    return all(w.partitioned.watermark == math.inf for w in workers) and any(
-        w.stage is not None and w.stage.watermark == math.inf and _stage_judgments(w) == judgments for w in workers)
+    held = held_stages(workers)
+    _seen[:] = [(q, h.stage.watermark) for q, h in sorted(held.items())] + [(_stage_judgments(held), judgments)]
+    return all(w.partitioned.watermark == math.inf for w in workers) and stages_done(workers) and \
+        _stage_judgments(held) == judgments
 
 
 _seen: list[object] = []  # what _done saw last (shown when a wait times out)
 
 
-def _stage_judgments(worker: StreamWorker) -> int:
-    counts = [c for (_, source), c in worker.engine.gsb.complete.items() if source == "judgment"]
+def _stage_judgments(held: dict[int, Any]) -> int:
+    counts = [c for h in held.values() for (_, source), c in h.engine.gsb.complete.items() if source == "judgment"]
     return sum(c.good + c.same + c.bad for c in counts)
 
 
@@ -288,17 +288,18 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
         a, b = StreamWorker(settings, SHORT), StreamWorker(settings, SHORT)
         running_a = await _running(a)
         await _until(lambda: a.events_seen >= half * 0.9 and a.totals().overall().sessions > 0 and (
-            not snapshots or (a.stage is not None and a.stage.snapshot_ref is not None)), 120,
-            "worker A to read the first half, score sessions (and store a snapshot of its stage)")
-        scored = a.engine.overall().sessions  # named sessions scored by A's regroup stage
+            not snapshots or all(h.stage.snapshot_ref is not None for h in a.stages.held.values())), 120,
+            "worker A to read the first half, score sessions (and store a snapshot of its stage partitions)")
+        scored = stage_sessions(a)  # named sessions scored by A's regroup stage partitions
         await _stop(running_a)
         running_b = await _running(b)
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(expected, b), 120, "worker B to finish")
         # B holds every share now, A's restored from its checkpoints
         await _same_totals_and_records(expected, expected_records, [b], broker, prefix)
-        assert scored and b.engine.overall().sessions > scored  # the stage moved, with what A had scored
-        assert (b.stage is not None and b.stage.frozen_until > 0) == snapshots  # B restored A's snapshot
+        assert scored and stage_sessions(b) > scored  # the stage moved, with what A had scored
+        # B restored A's snapshots (of the partitions that had A/B state)
+        assert any(h.stage.frozen_until > 0 for h in b.stages.held.values()) == snapshots
         assert b.handover_holds == 0  # A stopped cleanly: it released its partitions, B had no reason to wait
         await _stop(running_b)
 

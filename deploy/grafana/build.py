@@ -283,7 +283,7 @@ def units_panel(panel_id: int) -> timeseries.Panel:
                "event. A/B inference is over units, not requests; the split between arms should follow the "
                "configured one (equal by default) - the SRM panels test that.")
         .decimals(0)
-        .with_target(_query("A", f"max by (experiment, arm) (stream_eval_ab_units{{{EXP_ARM}}})", "{{arm}}"))
+        .with_target(_query("A", f"sum by (experiment, arm) (stream_eval_ab_units{{{EXP_ARM}}})", "{{arm}}"))
     )
 
 
@@ -307,7 +307,7 @@ def srm_panels(ids: Iterator[int]) -> list[stat.Panel]:
               "(each stays counted in the arm it was first seen in). Should stay 0: a unit in two arms means the "
               "assignment is not sticky or unit_id is not the randomisation unit.")
         .decimals(0).thresholds(_thresholds(GOOD, (1, WARN)))
-        .with_target(_query("A", f"max by (experiment) (stream_eval_ab_unit_conflicts_total{{{EXP}}})",
+        .with_target(_query("A", f"sum by (experiment) (stream_eval_ab_unit_conflicts_total{{{EXP}}})",
                             "{{experiment}}")),
     ]
 

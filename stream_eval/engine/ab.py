@@ -275,6 +275,21 @@ class LookMerger:
         self.latest: dict[str, dict[int, ShardLook]] = {}  # each experiment's shards as of the last fold
         self._running: dict[str, _Running] = {}
         self._now: dict[str, tuple[ArmPair, Any, SrmRow]] = {}  # each experiment's comparison at the last fold
+        # Shards' looks since their last boundary (a stage partition reports them as it goes, for the live rows):
+        # (experiment, shard) -> (the event time up to which it was applied, its look). A fold past that time
+        # drops it.
+        self.live: dict[tuple[str, int], tuple[float, ShardLook]] = {}
+        #: Whether this merger gives the rows: replay's, and stage partition 0's (the others' merge nothing).
+        self.active = True
+        self.staged = False  # a regroup stage partition's (0: the one that merges every partition's looks)
+        self.version = 0  # changes with every fold and live look (the readout's cache of the rows keys on it)
+
+    def add_live(self, time: float, looks: Sequence[ShardLook]) -> None:
+        """Shards' looks at event time ``time``, between boundaries: shown by :meth:`results`, never folded."""
+        if time > self.folded:
+            for look in looks:
+                self.live[look.experiment, look.shard] = (time, look)
+            self.version += 1
 
     def add(self, boundary: float, looks: Sequence[ShardLook]) -> None:
         """Shards' looks at ``boundary`` (a boundary folded already is reported again by a restarted source)."""
@@ -297,6 +312,7 @@ class LookMerger:
             for look in queue.pop(boundary):
                 self.latest.setdefault(look.experiment, {})[look.shard] = look
             self._fold(boundary)
+            self.live = {key: entry for key, entry in self.live.items() if entry[0] > boundary}
 
     def _fold(self, boundary: float) -> None:
         for name in sorted(self.latest):
@@ -307,15 +323,20 @@ class LookMerger:
             self._running[name] = self._folded(name, *now)
         self.folded = boundary
         self.looks += 1
+        self.version += 1
         if self.on_look is not None:
             self.on_look(boundary)
 
-    def _merged(self, name: str) -> tuple[ArmPair, Any, SrmRow] | None:
-        """The comparison and SRM test of an experiment from its shards' latest looks (None: no pair of arms)."""
+    def _merged(self, name: str, live: dict[int, ShardLook] | None = None) -> tuple[ArmPair, Any, SrmRow] | None:
+        """The comparison and SRM test of an experiment from its shards' latest looks (with ``live``: those
+        instead, where given; None: no pair of arms)."""
         sums: dict[str, ArmSums] = {}
         units: dict[str, int] = {}
-        for shard in sorted(self.latest[name]):
-            look = self.latest[name][shard]
+        shards = self.latest.get(name, {})
+        if live:
+            shards = {**shards, **live}
+        for shard in sorted(shards):
+            look = shards[shard]
             for arm, arm_sums, n in zip(look.arms, look.sums, look.units, strict=True):
                 sums[arm] = sums[arm] + arm_sums if arm in sums else arm_sums
                 units[arm] = units.get(arm, 0) + n
@@ -343,16 +364,30 @@ class LookMerger:
                         np.fmax(before.cs_lower, comparison.cs_lower), np.fmin(before.cs_upper, comparison.cs_upper),
                         before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p))
 
-    def results(self, names: Sequence[str] | None = None) -> tuple[list[AbRow], list[SrmRow]]:
-        """The ``ab`` and ``srm`` rows as of the last look folded. ``names`` picks the metric columns shown
-        (default: all)."""
+    def results(self, names: Sequence[str] | None = None,
+                live: Sequence[ShardLook] = ()) -> tuple[list[AbRow], list[SrmRow]]:
+        """The ``ab`` and ``srm`` rows as of the last look folded, with a look (not kept) at the shards' live looks
+        since (reported, and ``live``), if any. ``names`` picks the metric columns shown (default: all)."""
         ab: list[AbRow] = []
         srm_rows: list[SrmRow] = []
+        if not self.active:
+            return ab, srm_rows
         shown = self.names if names is None else names
         columns = [(self.names.index(name), name) for name in shown if name in self.names]
-        for name in sorted(self._now):
-            pair, comparison, srm = self._now[name]
-            running = self._running[name]
+        latest: dict[str, dict[int, ShardLook]] = {}
+        for _, look in self.live.values():
+            latest.setdefault(look.experiment, {})[look.shard] = look
+        for look in live:
+            latest.setdefault(look.experiment, {})[look.shard] = look
+        now_of = dict(self._now)
+        running_of = dict(self._running)
+        for name, shards in latest.items():
+            now = self._merged(name, shards)
+            if now is not None:
+                now_of[name], running_of[name] = now, self._folded(name, *now)
+        for name in sorted(now_of):
+            pair, comparison, srm = now_of[name]
+            running = running_of[name]
             for j, metric in columns:
                 lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
                 ab.append(AbRow(
@@ -416,6 +451,7 @@ class UnitLedger:
         self.released = -math.inf  # event time up to which contributions were applied
         self.last_key = -math.inf  # the latest key of a contribution applied
         self._changed: set[tuple[str, int]] = set()  # (experiment, shard) changed since the last look
+        self._live_changed: set[tuple[str, int]] = set()  # ... since the last live report (live_looks)
         # The regroup stage rebuilding from a snapshot: records the snapshot holds change nothing here.
         self.frozen = False
 
@@ -502,6 +538,7 @@ class UnitLedger:
         """The looks of the shards changed since the last one, at ``boundary``, to the merger."""
         self.open_look = None
         looks = [self.experiments[name][shard].look(name, shard) for name, shard in sorted(self._changed)]
+        self._live_changed -= self._changed  # (looked at: no live look of them is needed)
         self._changed.clear()
         if self.on_shard_look is not None:
             self.on_shard_look(boundary, looks)
@@ -526,6 +563,7 @@ class UnitLedger:
             np.add.at(experiment.n, rows[keep], ready.n[index])
             experiment.version += 1
             self._changed.add((name, shard))
+            self._live_changed.add((name, shard))
 
     def merge(self, other: UnitLedger) -> None:
         """Take the shards ``other`` holds (the partitions of a regroup stage hold different shards; of a shard
@@ -535,8 +573,17 @@ class UnitLedger:
             for shard, experiment in shards.items():
                 if shard not in mine or other.released > self.released:
                     mine[shard] = experiment
-        if (other.merger.folded, other.merger.looks) > (self.merger.folded, self.merger.looks):
+        def rank(merger: LookMerger) -> tuple[bool, bool, float, int]:
+            return merger.active, merger.staged, merger.folded, merger.looks
+
+        if rank(other.merger) > rank(self.merger):
             self.merger = other.merger
+        elif other.experiments and not other.merger.active and self.merger.active and not self.merger.staged \
+                and not self.merger.looks:
+            # shards of a stage partition that reports to another's merger: this empty one gives no rows either
+            self.merger = LookMerger(self.config, self.names)
+            self.merger.active = False
+        self._changed |= other._changed  # (their live looks: the shards are those taken above)
         self.released, self.last_key = max(self.released, other.released), max(self.last_key, other.last_key)
 
     # -- results ------------------------------------------------------------------------------------------
@@ -545,13 +592,23 @@ class UnitLedger:
         self._look(ts)
 
     def results(self, names: Sequence[str] | None = None) -> tuple[list[AbRow], list[SrmRow]]:
-        """The ``ab`` and ``srm`` rows as of the last look (:class:`LookMerger`)."""
-        return self.merger.results(names)
+        """The ``ab`` and ``srm`` rows as of the last look (:class:`LookMerger`), with a look (not kept) at what
+        was applied since: here, and as the other stage partitions reported it."""
+        return self.merger.results(names, self.live_looks())
+
+    def live_looks(self, since_report: bool = False) -> list[ShardLook]:
+        """The looks of the shards changed since their last look (with ``since_report``: since the last call so,
+        whose looks are reported as live; ``engine/regroup.py``)."""
+        changed = self._live_changed if since_report else self._changed
+        looks = [self.experiments[name][shard].look(name, shard) for name, shard in sorted(changed)]
+        if since_report:
+            self._live_changed = set()
+        return looks
 
     def state_key(self) -> tuple[int, ...]:
         """Equal for two calls on this ledger when :meth:`results`, :meth:`units`, :meth:`conflicts` and
         :attr:`overflow` are unchanged between them (a cache of the A/B rows keys on it; ``export/prometheus.py``)."""
-        return (self.merger.looks, *(e.version for shards in self.experiments.values() for e in shards.values()))
+        return (self.merger.version, *(e.version for shards in self.experiments.values() for e in shards.values()))
 
     @property
     def overflow(self) -> int:

@@ -7,11 +7,11 @@
 * ``interleaving``: each request with ``teams`` credits its relevant items to teams; verdicts are resolved
   against the experiment's arms when counts are read, so an arm first seen late is still right.
 
-Queries are in the shards of ``engine/ab.py`` (:func:`~stream_eval.engine.ab.shard_of` of the query id): the
-partitions of the streaming regroup stage each get the requests of some shards. A bucket keeps the requests of at
-most ``max_open_queries / SHARDS`` (rounded up) distinct query ids of each shard: those of smallest :func:`rank` (a
-fixed hash of the id), so that which queries are kept does not depend on the order their requests arrive in nor on
-which partition holds the shard (replay and the regroup stage of any number of workers agree). The requests of the
+Query ids are in the shards of ``engine/ab.py`` (:func:`~stream_eval.engine.ab.shard_of`). A bucket keeps, for
+each experiment, the requests of at most ``max_open_queries / SHARDS`` (rounded up) distinct query ids of each shard:
+those of smallest :func:`rank` (a fixed hash of the id), so that which queries are kept depends neither on the order
+their requests arrive in nor on where the experiment's requests are counted (the streaming regroup stage counts an
+experiment's on one of its partitions; replay and the stage of any number of workers agree). The requests of the
 other queries are left out of the metric verdicts and counted in :attr:`GsbTracker.overflow` when the bucket
 closes.
 """
@@ -23,6 +23,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, KeysView, Sequence
 from itertools import compress
+from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -94,19 +95,20 @@ class _Kept:
 
 
 
-def _drop_evicted(shards: dict[int, _Kept], parts: list[Part]) -> list[Part]:
+def _drop_evicted(shards: dict[tuple[str, int], _Kept], parts: list[Part]) -> list[Part]:
     """``parts`` of a bucket without the requests of queries its shards put out (counted in their ``left_out``)."""
     for kept in shards.values():
         kept.evicted = 0
     out = []
     for groups, queries, values in parts:
-        keep = [query in shards[shard_of(query)].queries for query in queries]
+        keys = list(zip(map(itemgetter(0), groups), map(shard_of, queries), strict=True))
+        keep = [query in shards[key].queries for key, query in zip(keys, queries, strict=True)]
         if all(keep):
             out.append((groups, queries, values))
             continue
-        for query, ok in zip(queries, keep, strict=True):
+        for key, ok in zip(keys, keep, strict=True):
             if not ok:
-                shards[shard_of(query)].left_out += 1
+                shards[key].left_out += 1
         if any(keep):
             out.append(_filtered((groups, queries, values), keep))
     return out
@@ -140,8 +142,8 @@ class GsbTracker:
         # bucket -> the finalised requests with a query served in it, in parts: ((experiment, arm) of each,
         # query of each, metric of each). A bucket closes as a whole.
         self._queries: dict[int, list[Part]] = {}
-        # bucket -> shard -> the distinct queries it keeps (at most ``limit`` per shard)
-        self._kept: dict[int, dict[int, _Kept]] = {}
+        # bucket -> (experiment, shard) -> the distinct queries it keeps (at most ``limit`` each)
+        self._kept: dict[int, dict[tuple[str, int], _Kept]] = {}
         self.limit = -(-config.max_open_queries // SHARDS)
         self.overflow = 0  # requests of closed buckets left out of metric verdicts: their query was not kept
         self._interleaving: dict[str, Counter[Credit]] = {}
@@ -210,17 +212,23 @@ class GsbTracker:
             self._keep(bucket, ([groups[i] for i in picked], [queries[i] for i in picked], metric[rows]))
 
     def _keep(self, bucket: int, part: Part) -> None:
-        """Add a part to its bucket, without the requests of queries beyond the bound of their shard."""
+        """Add a part to its bucket, without the requests of queries beyond the bound of their experiment and
+        shard."""
         shards = self._kept.setdefault(bucket, {})
         parts = self._queries.setdefault(bucket, [])
-        queries = part[1]
-        of = shards_of(queries)
+        groups, queries = part[0], part[1]
+        rows_of: dict[tuple[str, int], list[int]] = {}
+        for i, key in enumerate(zip(map(itemgetter(0), groups), shards_of(queries).tolist(), strict=True)):
+            rows = rows_of.get(key)
+            if rows is None:
+                rows_of[key] = [i]
+            else:
+                rows.append(i)
         keep: list[bool] | None = None
-        for shard in np.unique(of).tolist():
-            kept = shards.get(shard)
+        for key, rows in rows_of.items():
+            kept = shards.get(key)
             if kept is None:
-                kept = shards[shard] = _Kept(self.limit)
-            rows = np.flatnonzero(of == shard).tolist()
+                kept = shards[key] = _Kept(self.limit)
             admitted = kept.admit(queries if len(rows) == len(queries) else [queries[i] for i in rows])
             if admitted is not None:
                 if keep is None:

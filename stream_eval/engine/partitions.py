@@ -259,6 +259,9 @@ class PartitionedEngine:
             on_finalised = lambda partition, batch: callback(batch)  # noqa: E731  # the partition is not needed
         self.on_finalised = on_finalised
         self.external_stage = engine.regroup is not None
+        #: The engines of the regroup stage's partitions held here (a worker's: ``engine/stages.py``), whose live
+        #: windows move with the others' and whose totals are part of :meth:`totals`.
+        self.stage_engines: Callable[[], list[Engine]] = list
         self._stage: SessionStage | None = None  # the stage this object runs (without ``engine.regroup``)
         self._stage_log = 0  # offsets of the records given to it
 
@@ -353,6 +356,8 @@ class PartitionedEngine:
         total.merge(self.engine)
         for _, task in sorted(self.tasks.items()):
             total.merge(task.engine)
+        for engine in self.stage_engines():
+            total.merge(engine)
         total.watermark = self.engine.watermark
         return total
 
@@ -497,6 +502,8 @@ class PartitionedEngine:
         for task in self.tasks.values():
             task.engine.close(watermark, sessions=False)
         self.engine.close(watermark, sessions=False)
+        for engine in self.stage_engines():
+            engine.close(watermark, sessions=False)
 
     def _run_stage(self) -> None:
         """Without an external stage: the regroup records go to a stage on ``engine`` at once."""

@@ -99,7 +99,8 @@ class Reader:
 
     def read(self, engine: Engine, shares: Shares | None = None) -> Readout:
         """Read ``engine`` (without ``shares``: its counters, unlabelled), or a worker's ``shares`` with ``engine``
-        its regroup stage's engine (the A/B units, sessions' and GSB sign tests, watermark, label overflow).
+        what its regroup stage partitions hold (``StreamWorker.stage_view``: the A/B rows and units, sign tests,
+        watermark, label overflow).
         Call it while nothing changes the engines (under the worker's lock)."""
         taken = self.clock()
         requests: dict[Labels, float] = {}
@@ -149,9 +150,11 @@ class Reader:
                     window[key] = (before[0] + total, before[1] + count)
                 for labels, counts in share.windows.verdicts().items():
                     verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
-        stage = () if shares is None else next(((p, g) for p, g, share in shares if share is engine), None)
-        if stage is not None:  # the A/B units' overflow belongs to the regroup stage's share
-            state_overflow[("unit", *stage)] = float(engine.ledger.overflow)
+        if shares is None:
+            state_overflow[("unit",)] = float(engine.ledger.overflow)
+        for partition, generation, share in shares or ():
+            if partition.startswith("regroup"):  # the A/B units' overflow belongs to the stage partitions' shares
+                state_overflow[("unit", partition, generation)] = float(share.ledger.overflow)
         gsb_score: dict[Labels, float] = {}
         gsb_p_value: dict[Labels, float] = {}
         for row in engine.gsb_rows():

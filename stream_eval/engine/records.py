@@ -161,6 +161,7 @@ class LookReport(Record, tag="L"):
     stage: int = field(name="g")
     time: float | str = field(name="t")
     looks: list[list[object]] = field(name="l")
+    live: bool = field(default=False, name="v")  # looks between boundaries (shown, never folded: engine/ab.py)
 
 
 class LookProgress(Record, tag="G"):

@@ -108,8 +108,9 @@ class RegroupSink:
 
     With ``stages`` partitions of the regroup log, a record goes to the stage partition of its shard
     (``engine/ab.py``) modulo ``stages``: a unit contribution by its unit, a session part by its unit (by its
-    session id without one), a query metric by its query, a verdict by its experiment. Watermarks, arms seen,
-    rewinds and commits go to every stage partition (the same bytes, the same number)."""
+    session id without one), a query metric and a verdict by its experiment (so that an experiment's GSB sign tests
+    are on one partition). Watermarks, arms seen, rewinds and commits go to every stage partition (the same bytes,
+    the same number)."""
 
     def __init__(self, partition: int | None = None, stages: int = 1) -> None:
         self.records: list[tuple[int, bytes, bytes]] = []
@@ -158,7 +159,7 @@ class RegroupSink:
                         satisfied=mine.satisfied[a:b] if mine.satisfied else None), flush=False, to=to)
         if queries.queries:
             self._queries = _QueryColumns()
-            for to, rows in self._routes(queries.queries):
+            for to, rows in self._routes(queries.experiments):  # (an experiment's sign tests on one partition)
                 metrics = queries if rows is None else queries.rows(rows)
                 for a, b in row_ranges([metrics.queries, metrics.experiments, metrics.arms]):
                     self._append(b"", records.QueryMetrics(
@@ -463,11 +464,13 @@ class SessionStage:
     def _connect_looks(self) -> None:
         """Partition 0 merges every partition's looks; the others report theirs to it."""
         ledger = self.engine.ledger
+        ledger.merger.staged = True
         if self.stage == 0:
             merger = ledger.merger
             merger.progress_of += [-math.inf] * (self.stages - len(merger.progress_of))
             return
         ledger.on_shard_look, ledger.on_progress = self._report_looks, self._report_progress
+        ledger.merger.active = False
 
     def _report_looks(self, boundary: float, looks: list[ShardLook]) -> None:
         self.reports.append(records.encode(records.LookReport(stage=self.stage, time=time_to_json(boundary),
@@ -482,7 +485,15 @@ class SessionStage:
             self.reports.append(records.encode(records.LookProgress(stage=self.stage, time=time_to_json(mark))))
 
     def take_reports(self) -> list[bytes]:
-        """The records for stage partition 0 since the last call (write them before this stage's checkpoint)."""
+        """The records for stage partition 0 since the last call (write them before this stage's checkpoint), with
+        the live looks of the shards changed since (for the rows partition 0 shows between boundaries)."""
+        ledger = self.engine.ledger
+        if self.stage != 0 and not ledger.frozen:
+            live = ledger.live_looks(since_report=True)
+            if live:
+                self.reports.append(records.encode(records.LookReport(
+                    stage=self.stage, time=time_to_json(ledger.released), looks=[look.to_json() for look in live],
+                    live=True)))
         taken, self.reports = self.reports, []
         return taken
 
@@ -623,7 +634,9 @@ class SessionStage:
         if kind is records.LookReport:  # (partition 0: another partition's looks; idempotent, like the units')
             if not frozen:
                 report: Any = record
-                engine.ledger.merger.add(float(report.time), [ShardLook.from_json(look) for look in report.looks])
+                looks = [ShardLook.from_json(look) for look in report.looks]
+                merger = engine.ledger.merger
+                (merger.add_live if report.live else merger.add)(float(report.time), looks)
             return
         if kind is records.LookProgress:
             if not frozen:

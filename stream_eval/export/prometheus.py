@@ -81,9 +81,10 @@ class EngineCollector(Collector):
         lock: Held by the worker while it changes the engines; the collector takes it to read a consistent state.
         broker: The worker's broker health, exported when given (read at every scrape).
         shares: A worker's shares of the totals, ``(partition, generation, engine)`` each (``StreamWorker.shares``):
-            the counters are read from each and labelled ``partition`` (an input partition, or ``regroup`` for the
-            regroup stage's share) and ``generation`` (one ownership of it); the windows are summed over them.
-            ``engine`` (or a callable giving it) is then the regroup stage's engine.
+            the counters are read from each and labelled ``partition`` (an input partition, or ``regroup``,
+            ``regroup-1``, ... for the regroup stage partitions' shares) and ``generation`` (one ownership of it);
+            the windows are summed over them. ``engine`` (or a callable giving it) then holds what the worker's
+            stage partitions hold (``StreamWorker.stage_view``).
         refresh_every: Seconds between two readouts that :meth:`refresh` takes (the worker calls it between
             batches); 0 (default): it takes none.
         max_age: Seconds a readout may be old when a scrape shows it (without taking ``lock``); an older one (the

@@ -205,7 +205,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     registry = CollectorRegistry()
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
-    collector = EngineCollector(lambda: worker.engine, lock=lock, registry=registry, broker=worker.health,
+    collector = EngineCollector(worker.stage_view, lock=lock, registry=registry, broker=worker.health,
                                 shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE)
     worker.between_batches = collector.refresh
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)

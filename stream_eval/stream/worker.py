@@ -29,11 +29,13 @@ import orjson
 
 from stream_eval.config import Config
 from stream_eval.engine import shares, snapshot
+from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
-from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
+from stream_eval.engine.regroup import RegroupSink, StageCheckpoint
+from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.scan import MAX_EVENT_BYTES
@@ -81,6 +83,9 @@ class WorkerSettings:
     #: Seconds between snapshots of the regroup stage's A/B state (engine/snapshot.py): a new owner of the stage
     #: re-reads the regroup log from the latest one, not from its start.
     snapshot_interval: float = 60.0
+    #: Partitions of the regroup log, spread over the group's workers like the input partitions (at most the 64
+    #: shards of the A/B units); None: as many as the input topics. A regroup log that exists keeps its count.
+    stage_partitions: int | None = None
     max_records: int = 20_000
     session_timeout_ms: int = 6_000
     #: Seconds a new owner of a partition keeps its request-metrics records (and its checkpoints) back, and then
@@ -110,7 +115,8 @@ class WorkerSettings:
 
     @property
     def regroup_topic(self) -> str:
-        """One partition: finalised requests' session parts and query metrics, from every worker, in order."""
+        """Finalised requests' session parts, query metrics and A/B contributions, from every worker, in order,
+        in the stage's partitions (engine/regroup.py)."""
         return f"{self.prefix}{self.group}.regroup"
 
     @property
@@ -119,7 +125,7 @@ class WorkerSettings:
 
     @property
     def snapshot_topic(self) -> str:
-        """One partition: snapshots of the regroup stage's A/B state, in pieces (engine/snapshot.py)."""
+        """Snapshots of each stage partition's A/B state, in pieces, on its partition (engine/snapshot.py)."""
         return f"{self.prefix}{self.group}.ab-snapshots"
 
 
@@ -235,14 +241,14 @@ class StreamWorker:
         self.config = config
         self.lock = lock or threading.Lock()
         self.labels = LabelBounds(config.max_label_values)  # one bound for every engine of this worker
-        self.engine = self._stage_engine()
-        self.stage: SessionStage | None = None  # the regroup stage, on the worker that owns its log
-        self.stage_generation = ""  # this worker's ownership of the stage (a label of its share on /metrics)
-        self._next_snapshot = 0.0  # when the stage's A/B state is snapshotted next (monotonic seconds)
+        self.engine = self._stage_engine()  # the template of every engine; its live windows move with the others'
         self.partition_count = settings.partitions  # of the input topics (found at start)
+        #: The partitions of the regroup stage this worker holds, as the stage's consumer group assigns them.
+        self.stages = StagePartitions(self._stage_engine, self.partition_count, settings.stage_partitions or 1)
         self._stage_consumer: Any = None
         # each input partition gets an engine of its own, built like self.engine: its totals are its share
         self.partitioned = PartitionedEngine(self.engine, clock, self._finalised)
+        self.partitioned.stage_engines = self.stages.engines
         #: Per partition of the request-metrics topic: the end offset after the last flush (where a checkpoint says
         #: its records end), and per input partition the request ids a predecessor wrote after its checkpoint.
         self._output_end: dict[int, int] = {}
@@ -272,7 +278,7 @@ class StreamWorker:
         self._fence_reader: Any = None
 
     def _stage_engine(self) -> Engine:
-        """An engine for the regroup stage's share; the partitions' engines are built like it."""
+        """An engine for a regroup stage partition's share; the partitions' engines are built like it."""
         engine = Engine(self.config)
         engine.labels = self.labels
         RollingWindows(engine)  # attaches itself: live 5m/1h windows with open requests
@@ -282,11 +288,15 @@ class StreamWorker:
 
     def shares(self) -> list[tuple[str, str, Engine]]:
         """``(partition, generation, engine)`` of each share of the totals this worker holds: one per input
-        partition it owns, and ``"regroup"`` for the regroup stage's when it runs it (exported with these labels)."""
+        partition it owns, and one per regroup stage partition (``regroup``, ``regroup-1``, ...; exported with these
+        labels)."""
         out = [(str(p), task.generation, task.engine) for p, task in self.partitioned.engines()]
-        if self.stage is not None:
-            out.append(("regroup", self.stage_generation, self.engine))
-        return out
+        return out + self.stages.shares()
+
+    def stage_view(self) -> Engine:
+        """What the stage partitions held here hold, as one engine (the A/B rows, units and sign tests a readout
+        exports; the label overflow and event time of this worker)."""
+        return self.stages.view(self.labels, self.engine.watermark)
 
     def totals(self) -> Engine:
         """This worker's totals as one engine (for a report)."""
@@ -319,9 +329,7 @@ class StreamWorker:
                 by_partition.setdefault(self._output_partition(partition), []).append((key, value, ts_ms))
             for number, records in by_partition.items():
                 await self._send_batches(self.topics.request_metrics, records, partition=number)
-        regroup = [(key or None, value, None) for key, value in self.partitioned.take_regrouped()]
-        if regroup:
-            await self._send_batches(self.settings.regroup_topic, regroup, partition=0)
+        await self._send_regrouped()
         for invalid, topic, partition, offset in dead:
             headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
                        ("kind", invalid.kind.encode()), ("topic", topic.encode()),
@@ -331,6 +339,19 @@ class StreamWorker:
                 headers.append(("truncated", str(len(raw)).encode()))
                 raw = raw[:MAX_EVENT_BYTES]
             await self._send_record(self.topics.dead_letters, None, (None, raw, None), headers)
+
+    async def _send_regrouped(self, stage: int | None = None) -> None:
+        """Send the regroup records: the input partitions' to their stage partitions, and the looks that the stage
+        partitions held here report to partition 0 (with ``stage``: only that stage partition's reports)."""
+        by_stage: dict[int, list[tuple[bytes | None, bytes, int | None]]] = {}
+        if stage is None:
+            for to, key, value in self.partitioned.take_routed():
+                by_stage.setdefault(to, []).append((key or None, value, None))
+        reports = self.stages.take_reports(stage)
+        if reports:
+            by_stage.setdefault(0, []).extend((None, report, None) for report in reports)
+        for to in sorted(by_stage):
+            await self._send_batches(self.settings.regroup_topic, by_stage[to], partition=to)
 
     async def _send_batches(
         self, topic: str, records: Sequence[tuple[bytes | None, bytes, int | None]], partition: int | None = None
@@ -569,8 +590,9 @@ class StreamWorker:
             await self._release(chosen)
         if offsets:
             await self._commit(self._consumer, offsets)
-        if self.stage is not None and partitions is None:
-            await self._checkpoint_stage()
+        if partitions is None:
+            for stage in sorted(self.stages.held):
+                await self._checkpoint_stage(stage)
 
     async def _store_checkpoint(self, topic: str, value: bytes, partition: int, key: bytes = _CHECKPOINT) -> int:
         """Write a checkpoint record, again after a broker error (a second copy of the last one is harmless);
@@ -708,30 +730,35 @@ class StreamWorker:
         except (CommitFailedError, IllegalStateError) as error:
             log.info("offsets not committed, the group rebalanced (%s); the checkpoints hold them", error)
 
-    async def _checkpoint_stage(self) -> None:
+    async def _checkpoint_stage(self, stage: int) -> None:
+        """Store stage partition ``stage``'s checkpoint (after the looks it reported, and a snapshot when due) on
+        its partition of the stage's checkpoint topic, and commit its start."""
         from aiokafka import TopicPartition
         from aiokafka.structs import OffsetAndMetadata
 
-        assert self.stage is not None
-        if (self.engine.ledger.experiments or self.engine.gsb.complete) and not self.stage.rebuilding \
-                and time.monotonic() >= self._next_snapshot:
-            await self._store_snapshot()
-        checkpoint = self.stage.checkpoint()
-        record = {**checkpoint.to_json(), "share": shares.take(self.engine, windows=True)}
-        await self._store_checkpoint(self.settings.regroup_checkpoint_topic, orjson.dumps(record), 0)
-        tp = TopicPartition(self.settings.regroup_topic, 0)
+        held = self.stages.held[stage]
+        await self._send_regrouped(stage)  # what a checkpoint or snapshot covers was reported before it is stored
+        await self._flush()
+        engine = held.engine
+        if (engine.ledger.experiments or engine.gsb.complete or engine.ledger.merger.looks) \
+                and not held.stage.rebuilding and time.monotonic() >= held.next_snapshot:
+            await self._store_snapshot(stage)
+        checkpoint = held.stage.checkpoint()
+        record = {**checkpoint.to_json(), "share": shares.take(engine, windows=True)}
+        await self._store_checkpoint(self.settings.regroup_checkpoint_topic, orjson.dumps(record), stage)
+        tp = TopicPartition(self.settings.regroup_topic, stage)
         await self._commit(self._stage_consumer, {tp: OffsetAndMetadata(checkpoint.start, "")})
 
-    async def _store_snapshot(self) -> None:
-        """Store the stage's A/B state in pieces; later checkpoints name them (between two batches of the stage)."""
-        assert self.stage is not None
+    async def _store_snapshot(self, stage: int) -> None:
+        """Store a stage partition's A/B state in pieces; its later checkpoints name them (between two batches)."""
+        held = self.stages.held[stage]
         with self.lock:
-            data, covers = snapshot.take(self.engine), self.stage.next_offset
-        where = await self._store_pieces(data, self.settings.snapshot_topic, 0)
-        self.stage.snapshot_taken(where, covers)
-        self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
-        log.info("stored a snapshot of the A/B state (%d bytes, %d pieces, covering the regroup log to %d)",
-                 len(data), where[1], covers)
+            data, covers = snapshot.take(held.engine), held.stage.next_offset
+        where = await self._store_pieces(data, self.settings.snapshot_topic, stage)
+        held.stage.snapshot_taken(where, covers)
+        held.next_snapshot = time.monotonic() + self.settings.snapshot_interval
+        log.info("stored a snapshot of stage partition %d's A/B state (%d bytes, %d pieces, covering its log to %d)",
+                 stage, len(data), where[1], covers)
 
     async def _read_snapshot(self, where: tuple[int, int], topic: str | None = None, partition: int = 0) -> bytes:
         """The pieces of a snapshot (default: of the stage's A/B state), joined (retried while the broker is away)."""
@@ -765,35 +792,29 @@ class StreamWorker:
 
     async def on_stage_revoked(self, revoked: Any) -> None:
         async with self._busy:
-            if self.stage is None:
-                return
-            await self._checkpoint_stage()
-            with self.lock:  # its share went with the checkpoint: the next owner restores it
-                self.engine = self.partitioned.engine = self._stage_engine()
-                self.stage = None
-            log.info("gave up the regroup stage")
+            for stage in sorted(self.stages.held):
+                await self._checkpoint_stage(stage)
+                with self.lock:  # its share went with the checkpoint: the next owner restores it
+                    self.stages.give_up(stage)
+                log.info("gave up stage partition %d", stage)
 
     async def on_stage_assigned(self, assigned: Any) -> None:
         async with self._busy:
-            if not assigned or self.stage is not None:
-                return
-            found, _ = await self._last_record(self.settings.regroup_checkpoint_topic, 0)
-            checkpoint = None if found is None else StageCheckpoint.from_json(found)
-            data = None
-            if checkpoint is not None and checkpoint.snapshot is not None:
-                data = await self._read_snapshot(checkpoint.snapshot)
-            with self.lock:
-                engine = self._stage_engine()
-                if found is not None and found.get("share") is not None:
-                    shares.restore(engine, found["share"])
-                self.engine = self.partitioned.engine = engine
-                self.stage = SessionStage(self.engine, self.partition_count, checkpoint, data)
-                self.stage_generation = os.urandom(4).hex()
-            self._next_snapshot = time.monotonic() + self.settings.snapshot_interval
-            if checkpoint is not None:
-                for tp in assigned:
+            for tp in sorted(assigned, key=lambda tp: tp.partition):
+                stage = tp.partition
+                if stage in self.stages.held:
+                    continue
+                found, _ = await self._last_record(self.settings.regroup_checkpoint_topic, stage)
+                checkpoint = None if found is None else StageCheckpoint.from_json(found)
+                data = None
+                if checkpoint is not None and checkpoint.snapshot is not None:
+                    data = await self._read_snapshot(checkpoint.snapshot, partition=stage)
+                with self.lock:
+                    held = self.stages.take(stage, checkpoint, data, None if found is None else found.get("share"))
+                held.next_snapshot = time.monotonic() + self.settings.snapshot_interval
+                if checkpoint is not None:
                     self._stage_consumer.seek(tp, checkpoint.start)
-            log.info("took the regroup stage")
+                log.info("took stage partition %d", stage)
 
     async def checkpoint_now(self, release: bool = False) -> None:
         """A checkpoint between two batches (e.g. before planned maintenance); with ``release``, the last one before
@@ -935,12 +956,10 @@ class StreamWorker:
         if _rebalancing(self._stage_consumer):
             return
         batch = await self._fetch(self._stage_consumer, 0)
-        if self.stage is None:
-            return
         with self.lock:
-            for records in batch.values():
-                if records:
-                    self.stage.feed([r.offset for r in records], [r.value for r in records])
+            for tp, records in batch.items():
+                if records and tp.partition in self.stages.held:
+                    self.stages.feed(tp.partition, [r.offset for r in records], [r.value for r in records])
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Consume until ``stop`` is set (or the task is cancelled); checkpoints on the way out."""
@@ -1013,8 +1032,8 @@ class StreamWorker:
             for partition in list(self.partitioned.tasks):  # every share went with the final checkpoints
                 self._drop(partition)
             with self.lock:
-                self.stage = None
-                self.engine = self.partitioned.engine = self._stage_engine()
+                for stage in list(self.stages.held):
+                    self.stages.give_up(stage)
 
     async def _prepare_topics(self) -> None:
         """Create the topics and count the input partitions: one start-up attempt, bounded by ``_STARTUP_ATTEMPT``
@@ -1024,12 +1043,21 @@ class StreamWorker:
                  settings.checkpoint_topic, settings.control_topic]
         await ensure_topics(settings.brokers, names, settings.partitions, timeout=_STARTUP_ATTEMPT,
                             security=settings.security)
-        await ensure_topics(settings.brokers, [settings.regroup_topic, settings.regroup_checkpoint_topic,
-                                               settings.snapshot_topic], 1,
-                            timeout=_STARTUP_ATTEMPT, security=settings.security)
         found = await asyncio.wait_for(partitions_for(settings.brokers, self.topics.rankings, settings.security),
                                        _STARTUP_ATTEMPT)
         self.partition_count = len(found) or settings.partitions
+        wanted = min(settings.stage_partitions or self.partition_count, SHARDS)
+        stage_topics = [settings.regroup_topic, settings.regroup_checkpoint_topic, settings.snapshot_topic]
+        await ensure_topics(settings.brokers, stage_topics, wanted, timeout=_STARTUP_ATTEMPT,
+                            security=settings.security)
+        counts = [len(await asyncio.wait_for(partitions_for(settings.brokers, topic, settings.security),
+                                             _STARTUP_ATTEMPT)) for topic in stage_topics]
+        stages = counts[0]  # (a regroup log that exists keeps its partitions: its records are routed by them)
+        if not 1 <= stages <= SHARDS or min(counts[1:]) < stages:
+            raise ValueError(f"the regroup stage's topics {stage_topics} have {counts} partitions: the regroup log "
+                             f"needs 1 to {SHARDS}, and the others at least as many")
+        self.stages.inputs, self.stages.count = self.partition_count, stages
+        self.partitioned.stages = stages
 
     async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
         """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch the
