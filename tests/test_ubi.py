@@ -645,3 +645,20 @@ def test_the_worker_holds_ubi_records_and_passes_each_topic_on_in_offset_order()
     now[0] = 40.0
     released = ubi.read(task, 5, "ranking", "q", [message(1, query(8, t0 + 100))])
     assert [(kind, offsets) for kind, offsets, _ in released] == [("ranking", [0])]
+
+
+def test_worker_cli_takes_the_ubi_topics_and_the_ubi_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import stream_eval.stream.app as app
+    from stream_eval.cli import main
+
+    config_path = tmp_path / "ubi.toml"
+    config_path.write_text('[ubi]\narm_field = "application"\n')
+    started: list[Any] = []
+    monkeypatch.setattr(app, "run_worker", lambda settings, config, *args, **kwargs: started.append(settings) or 0)
+    assert main(["worker", "--input-format", "ubi", "--topic-prefix", "shop.", "--ubi-events-topic", "events-v1",
+                 "--config", str(config_path)]) == 0
+    settings = started[0]
+    assert (settings.input_format, settings.ubi.arm_field) == ("ubi", "application")
+    assert settings.topics.inputs == ("shop.ubi_queries", "shop.events-v1", "shop.judgments")
+    assert main(["worker"]) == 0 and started[1].input_format == "events"
+    assert started[1].topics.inputs == ("rankings", "feedback", "judgments")
