@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text (default) or JSON lines: ts, level, logger, message")
     worker.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
                         help="address of /metrics, /healthz and /readyz (default 0.0.0.0: every interface)")
+    _add_input_format(worker)
+    worker.add_argument("--ubi-queries-topic", default="ubi_queries", metavar="NAME",
+                        help="with --input-format ubi: the topic of UBI query records, after --topic-prefix "
+                             "(default ubi_queries)")
+    worker.add_argument("--ubi-events-topic", default="ubi_events", metavar="NAME",
+                        help="with --input-format ubi: the topic of UBI event records, after --topic-prefix; both "
+                             "keyed by query_id, with the same partition count (default ubi_events)")
     _add_shared(worker)
     demo = commands.add_parser("demo", help="broker + worker + simulated two-arm traffic with a live view")
     demo.add_argument("--port", type=_port, default=9092, help="broker port (default 9092; a free one if taken)")
@@ -192,7 +199,7 @@ def _add_input_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-format", choices=["events", "ubi"], default="events",
                         help="events (default): this project's event logs; ubi: two exports of OpenSearch User "
                              "Behavior Insights, the ubi_queries and ubi_events indexes (JSON Lines, search hits or "
-                             "Parquet; README, 'OpenSearch UBI')")
+                             "Parquet), or for the worker its two topics (README, 'OpenSearch UBI')")
 
 
 def _add_kafka(parser: argparse.ArgumentParser) -> None:
@@ -334,8 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.stream.kafka import parse_brokers
             from stream_eval.stream.worker import WorkerSettings
 
+            ubi = {}
+            if args.input_format == "ubi":
+                from stream_eval.events.ubi import ubi_settings
+
+                ubi = {"input_format": "ubi", "ubi_queries_topic": args.ubi_queries_topic,
+                       "ubi_events_topic": args.ubi_events_topic, "ubi": ubi_settings(args.config)}
             settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
-                                      stage_partitions=args.stage_partitions, security=security_from_args(args))
+                                      stage_partitions=args.stage_partitions, security=security_from_args(args),
+                                      **ubi)
             return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
                               metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":

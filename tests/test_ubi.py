@@ -488,3 +488,177 @@ def test_produce_gives_a_worker_the_replay_numbers(broker: str, tmp_path: Path) 
     finally:
         code = stop_process(worker, grace=30)
     assert code == 0, log.read_text()
+
+
+def _merged(queries: Path, events: Path) -> list[tuple[int, bytes, bytes | None]]:
+    """The records of two UBI exports as a live application sends them: in timestamp order, each as (0 for the queries
+    topic and 1 for the events topic, the record, its key: ``query_id``, as a UBI producer must key them)."""
+    records = []
+    for k, path in enumerate((queries, events)):
+        for line in path.read_bytes().splitlines():
+            record = json.loads(line)
+            key = record.get("query_id")
+            records.append((datetime.fromisoformat(record["timestamp"]).timestamp(), k, line,
+                            None if key is None else key.encode()))
+    records.sort(key=lambda record: record[:2])
+    return [(k, line, key) for _, k, line, key in records]
+
+
+async def _produce_ubi(broker: str, records: list[tuple[int, bytes, bytes | None]], topics: Any, partitions: int,
+                       end: bool) -> None:
+    """``records`` to the UBI topics (the rankings and feedback topics of ``topics``), one a message, with Kafka's
+    default partitioner; with ``end``, then an end watermark to every partition of both."""
+    from aiokafka import AIOKafkaProducer
+
+    from stream_eval.stream.kafka import ensure_topics
+    from stream_eval.stream.produce import END_WATERMARK
+
+    names = (topics.rankings, topics.feedback)
+    await ensure_topics([broker], topics.inputs, partitions)
+    producer = AIOKafkaProducer(bootstrap_servers=broker)
+    await producer.start()
+    try:
+        for k, line, key in records:
+            await producer.send(names[k], line, key=key)
+        for topic in names if end else ():
+            for partition in range(partitions):
+                await producer.send(topic, END_WATERMARK, partition=partition)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.parametrize("source", ["example", "generated"])
+def test_the_worker_reading_the_ubi_topics_gives_the_replay_numbers(broker: str, tmp_path: Path,
+                                                                     log: tuple[Path, Path, Any, Any],
+                                                                     source: str) -> None:
+    """``worker --input-format ubi``: the records of ``ubi_queries`` and ``ubi_events`` converted in the worker give
+    the totals, A/B, sessions and request-metrics records of ``replay --input-format ubi`` of the same exports,
+    sent in two halves (the example; and the generated log with a hold of 2 minutes, so that records are released
+    while the worker reads, each query with the session its events, read later, name)."""
+    import asyncio
+
+    from support import approx, read_topic
+    from test_stream import PARTITIONS, Records, _done, _running, _stop, _until
+
+    from stream_eval.commands import _replay_ubi
+    from stream_eval.config import load_config
+    from stream_eval.events.ubi import ubi_config, ubi_settings
+    from stream_eval.stream.worker import StreamWorker, WorkerSettings
+
+    if source == "example":
+        files, config_path = (EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl"), EXAMPLES / "ubi.toml"
+    else:
+        files, config_path = (log[0], log[1]), tmp_path / "ubi.toml"
+        config_path.write_text(KINDS + '[ubi]\nhold = "2m"\n')
+    settings = ubi_settings(str(config_path))
+    config = load_config(str(config_path))
+    records = Records()
+    expected, counts = _replay_ubi([str(path) for path in files], ubi_config(config, settings), settings, records,
+                                   None, None, None)
+    prefix = f"ubiworker{uuid.uuid4().hex[:8]}."
+    worker_settings = WorkerSettings([broker], prefix=prefix, group=f"ubi-{source}", partitions=PARTITIONS,
+                                     input_format="ubi", ubi=settings)
+    assert (worker_settings.topics.rankings, worker_settings.topics.feedback) == (f"{prefix}ubi_queries",
+                                                                                 f"{prefix}ubi_events")
+
+    merged = _merged(*files)
+    half = len(merged) // 2
+
+    async def main() -> None:
+        worker = StreamWorker(worker_settings, config)
+        running = await _running(worker)
+        await _produce_ubi(broker, merged[:half], worker_settings.topics, PARTITIONS, end=False)
+        await _until(lambda: worker.events_seen >= half, 120, "the worker to read the first half")
+        if source == "generated":  # held 2 minutes of event time, not to the end: the first rankings are in
+            await _until(lambda: worker.totals().counts.summary()["ranking"] > 0, 30, "the first rankings")
+        await _produce_ubi(broker, merged[half:], worker_settings.topics, PARTITIONS, end=True)
+        await _until(lambda: _done(expected, worker), 120, "the end of every partition, regrouped sessions included")
+        report, want = worker.totals().report(), expected.report()
+        await _stop(running)
+        assert want["overall"]["requests"] > 0 and want["overall"]["sessions"] > 0 and want["ab"]
+        for section in ("events", "overall", "groups", "gsb", "ab"):
+            assert report[section] == approx(want[section]), section
+        assert report["ab"] == want["ab"] and report["srm"] == want["srm"]
+        found = await read_topic(broker, worker_settings.topics.request_metrics, len(records.by_id))
+        by_id = {r.key.decode(): json.loads(r.value) for r in found}
+        assert len(found) == len(by_id) == len(records.by_id)
+        assert by_id == records.by_id
+        assert worker.ubi is not None and worker.ubi.counts.summary() == counts.summary()
+
+    asyncio.run(main())
+
+
+def test_the_worker_holds_ubi_records_and_passes_each_topic_on_in_offset_order() -> None:
+    """stream/ubi_topics.py on its own: a query waits ``hold`` of the partition's event time (the smaller of the two
+    topics') and then takes the session its event, read meanwhile, names; what is passed on is a prefix of each
+    topic in offset order (an invalid record at its place, with its message's bytes); a message delivered again is
+    read once; an end watermark releases everything; a new task of the partition starts afresh."""
+    from types import SimpleNamespace
+
+    from stream_eval.events.ubi import UbiSettings
+    from stream_eval.stream.ubi_topics import UbiTopics
+
+    def message(offset: int, record: dict[str, Any] | bytes) -> SimpleNamespace:
+        value = record if isinstance(record, bytes) else json.dumps(record).encode()
+        return SimpleNamespace(offset=offset, value=value, timestamp=0)
+
+    def query(n: int, at: float) -> dict[str, Any]:
+        return {"query_id": f"q{n}", "client_id": "c", "user_query": "Yoga  Mat", "timestamp": int(at * 1000),
+                "query_response_hit_ids": ["a", "b", "c"]}
+
+    def event(n: int, at: float, action: str = "click", item: str = "b") -> dict[str, Any]:
+        return {"action_name": action, "query_id": f"q{n}", "session_id": f"s{n}", "timestamp": int(at * 1000),
+                "event_attributes": {"object": {"object_id": item}, "position": {"ordinal": 2}}}
+
+    t0, now = 1_770_000_000.0, [0.0]
+    ubi = UbiTopics(Config(), UbiSettings(hold=60.0), clock=lambda: now[0])
+    task = object()
+
+    def read(kind: str, *messages: SimpleNamespace) -> list[tuple[str, list[int], list[Any]]]:
+        return ubi.read(task, 3, kind, "ubi_" + kind, list(messages))
+
+    assert read("ranking", message(0, query(1, t0)), message(1, b"{not json"), message(2, query(2, t0 + 65))) == []
+    # the events topic at t0 + 95: q1 (t0) is 60 s behind both topics, and its invalid neighbour goes with it
+    released = read("feedback", message(0, event(1, t0 + 5, "impression")), message(1, event(1, t0 + 30)),
+                    message(2, event(2, t0 + 95, "hover")))
+    assert [(kind, offsets) for kind, offsets, _ in released] == [("ranking", [0, 1])]
+    ranking, invalid = released[0][2]
+    assert (ranking.request_id, ranking.session_id, ranking.query_id) == ("q1", "s1", "yoga mat")
+    assert (invalid.code, invalid.where, invalid.raw) == ("bad_json", "ubi_ranking/3@1", b"{not json")
+    assert read("feedback", message(1, event(1, t0 + 30))) == []  # delivered again: read once
+    # the queries topic at t0 + 100: the click of q1 (t0 + 30) is due; q2 (t0 + 65) is not yet
+    released = read("ranking", message(3, query(3, t0 + 100)))
+    assert [(kind, offsets) for kind, offsets, _ in released] == [("feedback", [1])]
+    assert (released[0][2][0].request_id, released[0][2][0].item) == ("q1", "b")
+    end = b'{"type":"watermark","end":true}'
+    assert read("ranking", message(4, end)) == []
+    released = read("feedback", message(3, event(3, t0 + 101, item="z")), message(4, end))
+    assert [(kind, offsets) for kind, offsets, _ in released] == [("ranking", [2, 3, 4]), ("feedback", [3, 4])]
+    assert [type(e).__name__ for e in released[0][2]] == ["CompactRanking", "CompactRanking", "Watermark"]
+    assert [(type(e).__name__, getattr(e, "code", None)) for e in released[1][2]] == [
+        ("Invalid", "unknown_hit"), ("Watermark", None)]  # z is not among q3's hits
+    assert ubi.counts.summary()["ignored_actions"] == {"impression": 1, "hover": 1}
+    assert ubi.release({3: task}) == [] and ubi.release({3: object()}) == [] and not ubi.partitions
+    # a topic silent for idle_timeout (30 s) holds the other back no more
+    assert ubi.read(task, 5, "ranking", "q", [message(0, query(7, t0))]) == []
+    now[0] = 40.0
+    released = ubi.read(task, 5, "ranking", "q", [message(1, query(8, t0 + 100))])
+    assert [(kind, offsets) for kind, offsets, _ in released] == [("ranking", [0])]
+
+
+def test_worker_cli_takes_the_ubi_topics_and_the_ubi_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import stream_eval.stream.app as app
+    from stream_eval.cli import main
+
+    config_path = tmp_path / "ubi.toml"
+    config_path.write_text('[ubi]\narm_field = "application"\n')
+    started: list[Any] = []
+    monkeypatch.setattr(app, "run_worker", lambda settings, config, *args, **kwargs: started.append(settings) or 0)
+    assert main(["worker", "--input-format", "ubi", "--topic-prefix", "shop.", "--ubi-events-topic", "events-v1",
+                 "--config", str(config_path)]) == 0
+    settings = started[0]
+    assert (settings.input_format, settings.ubi.arm_field) == ("ubi", "application")
+    assert settings.topics.inputs == ("shop.ubi_queries", "shop.events-v1", "shop.judgments")
+    assert main(["worker"]) == 0 and started[1].input_format == "events"
+    assert started[1].topics.inputs == ("rankings", "feedback", "judgments")

@@ -45,8 +45,10 @@ from stream_eval.events.schema import (
     Event,
     EventError,
     Invalid,
+    Watermark,
     decode_chunk_compact,
     parse_time,
+    screen_one,
     screened,
 )
 
@@ -323,6 +325,25 @@ def _line_records(chunk: bytes, first_line: int, source: str) -> Iterator[Record
             yield where_of, record, line
 
 
+def message_record(value: bytes | None, where: str) -> tuple[dict[str, Any] | _Problem, Any]:
+    """The UBI record of one Kafka message (a record, or a search hit holding one in ``_source``), or why there is
+    none, checked as a line of an export is; and the parsed JSON value (``None`` when it is not JSON)."""
+    if not value:
+        return _Problem("bad_json", "empty message (no value)"), None
+    verdict = screen_one(value)
+    problem = screened(value, verdict) if verdict else None
+    if problem is not None:
+        return _Problem(*problem), None
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as error:
+        return _Problem("bad_json", str(error)), None
+    records = list(_unwrapped(parsed, where))
+    if len(records) != 1:
+        return _Problem("bad_record", f"{len(records)} records in one message: send one record a message"), parsed
+    return records[0][1], parsed
+
+
 def _unwrapped(value: Any, where: str) -> Iterator[tuple[str, dict[str, Any] | _Problem]]:
     """The records of one JSON value: itself, its ``_source``, a ``_search`` response's hits, an array's elements;
     nothing for a ``_bulk`` action line."""
@@ -502,7 +523,6 @@ class UbiConverter:
     def convert(self, queries: Iterable[Record], events: Iterable[Record]) -> Iterator[UbiLine | Invalid]:
         """The events of the two inputs in timestamp order, and the rejected records (see the class)."""
         readers = [iter(queries), iter(events)]
-        parse = (self._query, self._event)
         last = [-math.inf, -math.inf]  # the latest timestamp read from each input
         alive = [True, True]
         while alive[0] or alive[1]:
@@ -511,19 +531,9 @@ class UbiConverter:
             if record is None:
                 alive[k] = False
             else:
-                where, value, raw = record
-                if k == _QUERY:
-                    self.counts.queries += 1
-                else:
-                    self.counts.events += 1
-                try:
-                    if isinstance(value, _Problem):
-                        raise EventError(*value)
-                    pending = parse[k](where, value)
-                except EventError as reject:
-                    kind = "ranking" if k == _QUERY else "feedback"
-                    self.counts.invalid[f"{kind}: {reject.code}"] += 1
-                    yield Invalid(kind, reject.code, reject.reason, where, raw)
+                pending = self.read(k, *record)
+                if isinstance(pending, Invalid):
+                    yield pending
                     continue
                 if isinstance(pending, float):  # a record that makes no event, read at this time
                     last[k] = max(last[k], pending)
@@ -548,9 +558,38 @@ class UbiConverter:
         heap = self._heap
         while heap and heap[0][0] <= until:
             _, k, _, pending = heapq.heappop(heap)
-            made = self._ranking(pending) if isinstance(pending, _Query) else self._feedback(pending)
+            made = self.make(pending)
             if made is not None:
                 yield made
+        self.forget(until)
+
+    # -- one record at a time (convert, and the worker reading the UBI topics: stream/ubi_topics.py) ------------------
+    def read(self, k: int, where: str, value: dict[str, Any] | _Problem, raw: bytes,
+             ) -> _Query | _Event | float | Invalid | None:
+        """Record ``value`` of input ``k`` (0: a query, 1: an event), counted and checked: the query or event to
+        :meth:`make` an event of once its time is released; the time of a record that makes no event (``None``
+        when it has none); or the :class:`Invalid` that rejects it, at once."""
+        if k == _QUERY:
+            self.counts.queries += 1
+        else:
+            self.counts.events += 1
+        try:
+            if isinstance(value, _Problem):
+                raise EventError(*value)
+            return self._query(where, value) if k == _QUERY else self._event(where, value)
+        except EventError as reject:
+            kind = "ranking" if k == _QUERY else "feedback"
+            self.counts.invalid[f"{kind}: {reject.code}"] += 1
+            return Invalid(kind, reject.code, reject.reason, where, raw)
+
+    def make(self, pending: _Query | _Event) -> UbiLine | Invalid | None:
+        """The event line of a query or event :meth:`read` earlier (with the sessions and hits read since), the
+        :class:`Invalid` rejecting an event its query's hits contradict, or ``None`` (an event of a query without
+        hits)."""
+        return self._ranking(pending) if isinstance(pending, _Query) else self._feedback(pending)
+
+    def forget(self, until: float) -> None:
+        """Forget the queries and sessions read ``keep`` before event time ``until``."""
         if until < math.inf:
             _forget(self._query_times, self._queries, until - self.keep)
             _forget(self._session_times, self._sessions, until - self.keep)
@@ -763,12 +802,12 @@ def _epoch_seconds(value: Any) -> float:
 
 # -- the standard path ---------------------------------------------------------------------------------------------
 
-def decoded(items: Iterable[UbiLine | Invalid], config: Config,
+def decoded(items: Iterable[UbiLine | Invalid | Watermark], config: Config,
             batch: int = BATCH) -> Iterator[list[CompactRanking | Event | Invalid]]:
     """The events of converted lines, decoded and validated by the standard decoder
     (:func:`~stream_eval.events.schema.decode_chunk_compact`, a batch of lines at a time: rankings compact, as the
     join keeps them; a line rejected there is invalid where its UBI record is), in batches for the engine; rejected
-    records as they came."""
+    records (and watermarks) as they came."""
     out: list[Any] = []
     lines: list[bytes] = []
     places: list[int] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -40,6 +41,7 @@ from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid, Watermark
+from stream_eval.events.ubi import UbiSettings, ubi_config
 from stream_eval.stream.backoff import BrokerHealth, is_broker_error
 from stream_eval.stream.kafka import (
     DEFAULT_PARTITIONS,
@@ -50,6 +52,7 @@ from stream_eval.stream.kafka import (
     partitions_for,
     topics,
 )
+from stream_eval.stream.ubi_topics import UbiTopics
 
 log = logging.getLogger("stream_eval.worker")
 #: The producer's batch size; records of at least ``_LARGE_RECORD`` bytes go through ``producer.send`` alone.
@@ -100,9 +103,19 @@ class WorkerSettings:
     extra: dict[str, Any] = field(default_factory=dict)
     #: TLS and SASL settings of every client (``None``: plain text); see :class:`KafkaSecurity`.
     security: KafkaSecurity | None = None
+    #: ``"ubi"``: the rankings and feedback come as OpenSearch UBI records on the topics below (after ``prefix``),
+    #: converted as ``replay --input-format ubi`` converts them, with the ``[ubi]`` settings ``ubi``
+    #: (stream/ubi_topics.py); ``"events"``: this project's events on the rankings and feedback topics.
+    input_format: str = "events"
+    ubi_queries_topic: str = "ubi_queries"
+    ubi_events_topic: str = "ubi_events"
+    ubi: UbiSettings = UbiSettings()
 
     @property
     def topics(self) -> Topics:
+        if self.input_format == "ubi":  # the UBI topics stand where the rankings and feedback topics stand
+            return dataclasses.replace(topics(self.prefix), rankings=f"{self.prefix}{self.ubi_queries_topic}",
+                                       feedback=f"{self.prefix}{self.ubi_events_topic}")
         return topics(self.prefix)
 
     @property
@@ -238,6 +251,8 @@ class StreamWorker:
                  clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.wall_clock = wall_clock
+        if settings.input_format == "ubi":  # (the grades of the feedback kinds UBI actions map to)
+            config = ubi_config(config, settings.ubi)
         self.config = config
         self.lock = lock or threading.Lock()
         self.labels = LabelBounds(config.max_label_values)  # one bound for every engine of this worker
@@ -249,6 +264,9 @@ class StreamWorker:
         # each input partition gets an engine of its own, built like self.engine: its totals are its share
         self.partitioned = PartitionedEngine(self.engine, clock, self._finalised)
         self.partitioned.stage_engines = self.stages.engines
+        self.ubi: UbiTopics | None = None  # the UBI records of the partitions owned, with --input-format ubi
+        if settings.input_format == "ubi":
+            self.ubi = UbiTopics(config, settings.ubi, clock)
         #: Per partition of the request-metrics topic: the end offset after the last flush (where a checkpoint says
         #: its records end), and per input partition the request ids a predecessor wrote after its checkpoint.
         self._output_end: dict[int, int] = {}
@@ -932,23 +950,34 @@ class StreamWorker:
     # -- the loop -----------------------------------------------------------------------------------
     async def _handle(self, batch: dict[Any, list[Any]]) -> None:
         config = self.config
+        not_after = self.wall_clock() + config.max_clock_skew
         with self.lock:
             for tp, records in batch.items():
                 if not records or tp.partition not in self.partitioned.tasks:
                     continue
                 kind = self.topics.type_of(tp.topic)
                 offsets = [r.offset for r in records]
-                if self.partitioned.tasks[tp.partition].sources[kind].received is None:
+                task = self.partitioned.tasks[tp.partition]
+                if task.sources[kind].received is None:
                     log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
-                events = decode_message_chunk([r.value for r in records], kind, config, _Timestamps(records),
-                                         _Where(f"{tp.topic}/{tp.partition}@", offsets),
-                                         not_after=self.wall_clock() + config.max_clock_skew)
-                invalid = self.partitioned.feed(kind, tp.partition, offsets, events)
+                if self.ubi is not None and kind != "judgment":  # UBI records, released as converted
+                    for released in self.ubi.read(task, tp.partition, kind, tp.topic, records, not_after):
+                        self._feed(tp.partition, *released)
+                else:
+                    self._feed(tp.partition, kind, offsets, decode_message_chunk(
+                        [r.value for r in records], kind, config, _Timestamps(records),
+                        _Where(f"{tp.topic}/{tp.partition}@", offsets), not_after=not_after))
                 self.events_seen += len(records)
-                for event in invalid:
-                    offset = int(event.where.rpartition("@")[2])
-                    self._dead.append((event, tp.topic, tp.partition, offset))
+            if self.ubi is not None:  # held UBI records that a topic gone silent no longer holds back
+                for partition, released in self.ubi.release(self.partitioned.tasks, not_after):
+                    self._feed(partition, *released)
             self.partitioned.tick()
+
+    def _feed(self, partition: int, kind: str, offsets: list[int], events: Any) -> None:
+        """Feed messages of one input topic-partition to the engine; the invalid ones go to the dead letters."""
+        for event in self.partitioned.feed(kind, partition, offsets, events):
+            offset = int(event.where.rpartition("@")[2])
+            self._dead.append((event, self._topic_of(kind), partition, offset))
 
     async def _handle_stage(self) -> None:
         # aiokafka's getmany waits, timeout or not, for a rebalance of the consumer's group to end; the stage's
