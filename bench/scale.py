@@ -347,7 +347,7 @@ class ScaleBench:
             "tails": tails,
             "tail_share": max(tails) / run_seconds,
             "stage_worker": stage,
-            "partitions": [[p for p in ps if p != "regroup"] for ps in last.partitions],
+            "partitions": [[p for p in ps if not p.startswith("regroup")] for ps in last.partitions],
             "moved": moved,
             "events_by_worker": last.events,
             "cores": cores,

@@ -22,7 +22,7 @@ from support import AbstractTimeConfig as Config
 from test_partitions import PARTITIONS, _comparable, _feed, _replay, _route
 
 from stream_eval.config import ArmPair, ConfigError, load_config
-from stream_eval.engine.ab import SHARDS, UnitLedger, shard_of
+from stream_eval.engine.ab import SHARDS, UnitLedger, shard_of, unit_hashes
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.gsb import _COMPACT, GsbTracker, rank
 from stream_eval.engine.partitions import PartitionedEngine
@@ -227,14 +227,16 @@ def test_a_flood_of_unit_ids_keeps_each_experiment_at_the_bound() -> None:
             if len(shard) < per_shard:
                 shard.append(f"u{k}")
         shards = ledger.experiments["exp"]
-        assert {s: list(e.index) for s, e in shards.items()} == kept
+        assert {s: e.unit_key[: e.size].tolist() for s, e in shards.items()} == {
+            s: unit_hashes(units).tolist() for s, units in kept.items()}
         assert sum(e.size for e in shards.values()) == SHARDS * per_shard
         assert ledger.overflow == FLOOD - SHARDS * per_shard
         ledgers.append(ledger)
     first, second = (ledger.experiments["exp"] for ledger in ledgers)
     for shard, one in first.items():
         other = second[shard]
-        assert one.index == other.index and np.array_equal(one.y, other.y) and np.array_equal(one.n, other.n)
+        assert np.array_equal(one.unit_key, other.unit_key) and np.array_equal(one.y, other.y) \
+            and np.array_equal(one.n, other.n)
     assert repr(ledgers[0].results()) == repr(ledgers[1].results())  # (NaN fields: compared as text)
     units = ledgers[0].units()["exp"]
     assert units["a"] + units["b"] == SHARDS * per_shard

@@ -92,3 +92,64 @@ def _grouped_auc(starts: Ints, scores: Floats, labels: Bools, pairwise: int, auc
                 won += run_p * (2 * below + run_q)
                 below += run_q
         auc[s] = won / (2 * p * q)
+
+
+@nb.njit(cache=True, nogil=True)
+def unit_rows(hashes: npt.NDArray[np.uint64], codes: Ints, slots: npt.NDArray[np.int32],
+              unit_key: npt.NDArray[np.uint64], unit_arm: npt.NDArray[np.int16], conflicted: Bools, size: int,
+              limit: int, rows: Ints, used: Bools) -> tuple[int, int, int, int]:
+    """The A/B units' rows of contributions, in order (``engine/ab.py``): units by the 64-bit hash of their id in
+    an open-addressing table (``slots``: a power of two, each the row of a unit or -1; ``unit_key``: each row's
+    hash). A unit not in the table gets the next row (its arm ``codes[k]``), unless ``size`` reached ``limit``:
+    row -1, not ``used`` (overflow). A unit seen in another arm: row -1 (a conflict, flagged once in
+    ``conflicted``). Stops when the table or the rows are full (the caller grows them and goes on from there).
+    Returns ``(contributions done, size, overflow, new conflicts)``."""
+    mask = np.uint64(slots.shape[0] - 1)
+    capacity = unit_key.shape[0]
+    overflow = 0
+    conflicts = 0
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        i = h & mask
+        while True:
+            r = slots[i]
+            if r < 0 or unit_key[r] == h:
+                break
+            i = (i + np.uint64(1)) & mask
+        if r < 0:
+            if size >= limit:
+                overflow += 1
+                rows[k] = -1
+                used[k] = False
+                continue
+            if size >= capacity or 2 * (size + 1) > slots.shape[0]:
+                return k, size, overflow, conflicts
+            slots[i] = size
+            unit_key[size] = h
+            unit_arm[size] = codes[k]
+            rows[k] = size
+            used[k] = True
+            size += 1
+        else:
+            used[k] = True
+            if unit_arm[r] != codes[k]:
+                if not conflicted[r]:
+                    conflicted[r] = True
+                    conflicts += 1
+                rows[k] = -1
+            else:
+                rows[k] = r
+    return hashes.shape[0], size, overflow, conflicts
+
+
+@nb.njit(cache=True, nogil=True)
+def unit_slots(unit_key: npt.NDArray[np.uint64], size: int, capacity: int) -> npt.NDArray[np.int32]:
+    """The table of :func:`unit_rows` (``capacity`` slots, a power of two) holding rows ``0:size``."""
+    slots = np.full(capacity, -1, dtype=np.int32)
+    mask = np.uint64(capacity - 1)
+    for r in range(size):
+        i = unit_key[r] & mask
+        while slots[i] >= 0:
+            i = (i + np.uint64(1)) & mask
+        slots[i] = r
+    return slots

@@ -40,8 +40,6 @@ def _fields(obj: Any) -> dict[str, Any]:
         value = getattr(obj, f.name)
         if isinstance(value, np.ndarray):
             out[f.name] = _array(value)
-        elif isinstance(value, dict) and f.name == "index":
-            out[f.name] = list(value)  # the units in row order
         else:
             out[f.name] = value
     return out
@@ -53,9 +51,7 @@ def _experiment(data: dict[str, Any]) -> _Experiment:
     for name, value in data.items():
         if name not in kinds:
             continue
-        if name == "index":
-            value = {unit: row for row, unit in enumerate(value)}
-        elif isinstance(value, dict) and "dtype" in value:
+        if isinstance(value, dict) and "dtype" in value:
             value = _unarray(value)
         setattr(experiment, name, value)
     return experiment
@@ -87,6 +83,9 @@ def restore(engine: Engine, data: bytes) -> None:
     state = orjson.loads(zlib.decompress(data))
     saved = state["ledger"]
     ledger = UnitLedger(engine.config, engine.ledger.names[:-1], engine.ledger.names[-1])
+    if any("width" in shards for shards in saved["experiments"].values()):
+        raise ValueError("a snapshot of the A/B units written before they were kept in shards (2026-11-26) cannot "
+                         "be read: start the group's regroup stage afresh (a new --group)")
     ledger.experiments = {name: {int(shard): _experiment(e) for shard, e in shards.items()}
                           for name, shards in saved["experiments"].items()}
     for shards in ledger.experiments.values():
