@@ -72,7 +72,8 @@ SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
 GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
 GSB_KEYS = {"experiment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper", "decision"}
 AB_KEYS = {"experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "n_control",
-           "n_treatment", "units_control", "units_treatment", "cs_lower", "cs_upper", "p_value", "decision"}
+           "n_treatment", "units_control", "units_treatment", "cs_lower", "cs_upper", "p_value", "decision", "lift",
+           "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper"}
 PER_REQUEST_KEYS = {"request_id", "experiment", "arm", "query_id", "session_id", "metrics"}
 
 

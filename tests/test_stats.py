@@ -118,21 +118,50 @@ def test_ratio_comparison_matches_gbstats(seed: int) -> None:
         confidence=confidence,
         sequential_n=sequential_n,
     )
-    config = SequentialConfig(
-        difference_type="absolute", alpha=1 - confidence, sequential_tuning_parameter=sequential_n
-    )
-    sequential = SequentialTwoSidedTTest(gbstats_ratio(y_c, n_c), gbstats_ratio(y_t, n_t), config)
-    fixed = TwoSidedTTest(gbstats_ratio(y_c, n_c), gbstats_ratio(y_t, n_t), config)
-    assert_close(float(ours.delta[0]), sequential.point_estimate)
-    cs = sequential.confidence_interval
-    assert_close(float(ours.cs_lower[0]), cs[0])
-    assert_close(float(ours.cs_upper[0]), cs[1])
+    sequential = _against_gbstats("absolute", (y_c, n_c), (y_t, n_t), confidence, sequential_n,
+                                  (ours.ci_lower, ours.delta, ours.ci_upper, ours.cs_lower, ours.cs_upper))
     assert_close(float(ours.p_value[0]), sequential.p_value)
     assert sequential.p_value < 1.0  # not merely both capped at 1
+
+
+def _against_gbstats(kind: str, control: tuple[Floats, Floats], treatment: tuple[Floats, Floats], confidence: float,
+                     sequential_n: float, ours: tuple[Floats, ...]) -> SequentialTwoSidedTTest:
+    """Our (fixed lower, estimate, fixed upper, sequence lower, upper) against gbstats' ``kind`` ("absolute" or
+    "relative") sequential and fixed two-sided tests; its fixed interval uses the Student t quantile with Welch's
+    degrees of freedom where ours uses the normal one: the half-widths are compared after rescaling."""
+    config = SequentialConfig(difference_type=kind, alpha=1 - confidence, sequential_tuning_parameter=sequential_n)
+    sequential = SequentialTwoSidedTTest(gbstats_ratio(*control), gbstats_ratio(*treatment), config)
+    fixed = TwoSidedTTest(gbstats_ratio(*control), gbstats_ratio(*treatment), config)
+    ci_lower, estimate, ci_upper, cs_lower, cs_upper = (float(v[0]) for v in ours)
+    assert_close(estimate, sequential.point_estimate)
+    cs = sequential.confidence_interval
+    assert_close(cs_lower, cs[0])
+    assert_close(cs_upper, cs[1])
     t_over_z = scipy.stats.t.ppf(0.5 + confidence / 2, fixed.dof) / NormalDist().inv_cdf(0.5 + confidence / 2)
     ci = fixed.confidence_interval
-    assert_close(float(ours.ci_upper[0] - ours.delta[0]) * t_over_z, ci[1] - fixed.point_estimate)
-    assert_close(float(ours.delta[0] - ours.ci_lower[0]) * t_over_z, fixed.point_estimate - ci[0])
+    assert_close((ci_upper - estimate) * t_over_z, ci[1] - fixed.point_estimate)
+    assert_close((estimate - ci_lower) * t_over_z, fixed.point_estimate - ci[0])
+    return sequential
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_relative_lift_matches_gbstats(seed: int) -> None:
+    """Lift (treatment / control - 1), its fixed interval and its confidence sequence against gbstats' relative
+    sequential and fixed two-sided tests (delta method for the ratio of two ratio-means)."""
+    rng = np.random.default_rng(100 + seed)
+    confidence = [0.95, 0.9, 0.99][seed % 3]
+    sequential_n = [10_000.0, 500.0, 2_000.0][seed % 3]
+    y_c, n_c = ratio_arm(rng, int(rng.integers(100, 600)), 0.45)
+    y_t, n_t = ratio_arm(rng, int(rng.integers(100, 600)), [0.45, 0.5, 0.4][seed % 3])
+    ours = compare(ArmSums.of_units(y_c[:, None], n_c[:, None]), ArmSums.of_units(y_t[:, None], n_t[:, None]),
+                   confidence=confidence, sequential_n=sequential_n)
+    _against_gbstats("relative", (y_c, n_c), (y_t, n_t), confidence, sequential_n,
+                     (ours.lift_ci_lower, ours.lift, ours.lift_ci_upper, ours.lift_cs_lower, ours.lift_cs_upper))
+    # the lift is the delta over the control's mean, and undefined (NaN) when that mean is 0
+    mean_c = y_c.sum() / n_c.sum()
+    assert_close(float(ours.lift[0]), float(ours.delta[0]) / mean_c)
+    zero = compare(ArmSums.of_units(np.zeros((5, 1)), np.ones((5, 1))), ArmSums.of_units(y_t[:5, None], n_t[:5, None]))
+    assert math.isnan(float(zero.lift[0])) and math.isnan(float(zero.lift_cs_lower[0]))
 
 
 def test_mean_metric_with_one_request_per_unit_matches_gbstats_sample_mean() -> None:

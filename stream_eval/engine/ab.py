@@ -97,6 +97,8 @@ class _Running:
     cs_lower: Floats
     cs_upper: Floats
     srm_p_value: float = 1.0
+    lift_cs_lower: Floats | None = None  # (None: as wide as can be, in a merger state written before lift)
+    lift_cs_upper: Floats | None = None
 
 
 @dataclass
@@ -239,6 +241,11 @@ class AbRow:
     decision: str
     units_control: int
     units_treatment: int
+    lift: float = math.nan  # treatment / control - 1
+    lift_ci_lower: float = math.nan
+    lift_ci_upper: float = math.nan
+    lift_cs_lower: float = math.nan  # the running intersection of the lift's confidence sequences
+    lift_cs_upper: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -389,9 +396,12 @@ class LookMerger:
         if before is None or before.pair != pair:
             before = _Running(pair, np.ones(self.width), np.full(self.width, -math.inf), np.full(self.width, math.inf))
         srm_p = srm.sequential_p_value
+        lift_lower = np.full(self.width, -math.inf) if before.lift_cs_lower is None else before.lift_cs_lower
+        lift_upper = np.full(self.width, math.inf) if before.lift_cs_upper is None else before.lift_cs_upper
         return _Running(pair, np.fmin(before.p_value, comparison.p_value),
                         np.fmax(before.cs_lower, comparison.cs_lower), np.fmin(before.cs_upper, comparison.cs_upper),
-                        before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p))
+                        before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p),
+                        np.fmax(lift_lower, comparison.lift_cs_lower), np.fmin(lift_upper, comparison.lift_cs_upper))
 
     def results(self, names: Sequence[str] | None = None,
                 live: Sequence[ShardLook] = ()) -> tuple[list[AbRow], list[SrmRow]]:
@@ -424,6 +434,9 @@ class LookMerger:
                     float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
                     float(running.p_value[j]) if not math.isnan(float(comparison.p_value[j])) else math.nan,
                     _decision(lower, upper), int(comparison.units_control[j]), int(comparison.units_treatment[j]),
+                    float(comparison.lift[j]), float(comparison.lift_ci_lower[j]), float(comparison.lift_ci_upper[j]),
+                    _bound(running.lift_cs_lower[j]) if running.lift_cs_lower is not None else math.nan,
+                    _bound(running.lift_cs_upper[j]) if running.lift_cs_upper is not None else math.nan,
                 ))
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
                                    running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
@@ -436,7 +449,10 @@ class LookMerger:
                 "queue": [[time_to_json(b), [look.to_json() for look in looks]] for b, looks in self._queue.items()],
                 "latest": [look.to_json() for shards in self.latest.values() for look in shards.values()],
                 "running": {name: [[r.pair.control, r.pair.treatment], r.p_value.tolist(), r.cs_lower.tolist(),
-                                   r.cs_upper.tolist(), r.srm_p_value] for name, r in self._running.items()}}
+                                   r.cs_upper.tolist(), r.srm_p_value,
+                                   None if r.lift_cs_lower is None else r.lift_cs_lower.tolist(),
+                                   None if r.lift_cs_upper is None else r.lift_cs_upper.tolist()]
+                            for name, r in self._running.items()}}
 
     def restore_json(self, data: dict[str, Any]) -> None:
         self.progress_of = [float(t) for t in data["progress"]] + self.progress_of[len(data["progress"]):]
@@ -447,9 +463,12 @@ class LookMerger:
             look = ShardLook.from_json(raw)
             self.latest.setdefault(look.experiment, {})[look.shard] = look
         floats = np.float64
+        def array(values: list[float] | None) -> Floats | None:
+            return None if values is None else np.array(values, dtype=floats)
+
         self._running = {name: _Running(ArmPair(*pair), np.array(p, dtype=floats), np.array(lower, dtype=floats),
-                                        np.array(upper, dtype=floats), float(srm))
-                         for name, (pair, p, lower, upper, srm) in data["running"].items()}
+                                        np.array(upper, dtype=floats), float(srm), *map(array, lifts))
+                         for name, (pair, p, lower, upper, srm, *lifts) in data["running"].items()}
         self._now = {}
         for name in self.latest:
             now = self._merged(name)

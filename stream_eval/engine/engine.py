@@ -728,6 +728,9 @@ class Engine:
                 "units_treatment": row.units_treatment, "cs_lower": _number(row.cs_lower),
                 "cs_upper": _number(row.cs_upper), "p_value": _number(row.p_value),
                 "decision": _FLIPPED.get(row.decision, row.decision) if row.metric in lower else row.decision,
+                "lift": _number(row.lift), "lift_ci_lower": _number(row.lift_ci_lower),
+                "lift_ci_upper": _number(row.lift_ci_upper), "lift_cs_lower": _number(row.lift_cs_lower),
+                "lift_cs_upper": _number(row.lift_cs_upper),
             })
         return out
 

@@ -40,6 +40,11 @@ class Comparison:
     p_value: Floats  # always-valid p-value AT THIS LOOK (the caller keeps the running minimum)
     units_control: Floats
     units_treatment: Floats
+    lift: Floats  # treatment mean / control mean - 1, with the delta-method variance of the ratio of means
+    lift_ci_lower: Floats
+    lift_ci_upper: Floats
+    lift_cs_lower: Floats
+    lift_cs_upper: Floats
 
 
 def compare(
@@ -69,8 +74,17 @@ def compare(
     ok = np.isfinite(delta) & (variance > 0.0)
     variance = np.where(ok, variance, np.nan)
     n_total = control.units + treatment.units
-    fixed_half = NormalDist().inv_cdf(0.5 + confidence / 2.0) * np.sqrt(variance)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    fixed_half = z * np.sqrt(variance)
     cs_half = normal_mixture_halfwidth(variance, n_total, alpha, rho)
+    # relative: (m_t - m_c) / m_c, variance var_t / m_c^2 + var_c m_t^2 / m_c^4 (the delta method for a ratio of
+    # independent means, as gbstats' relative tests)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lift = np.where(mean_c != 0.0, delta / mean_c, np.nan)
+        relative = var_t / mean_c**2 + var_c * mean_t**2 / mean_c**4
+    relative = np.where(np.isfinite(lift) & (relative > 0.0), relative, np.nan)
+    lift_fixed = z * np.sqrt(relative)
+    lift_cs = normal_mixture_halfwidth(relative, n_total, alpha, rho)
     return Comparison(
         delta=delta,
         ci_lower=delta - fixed_half,
@@ -80,6 +94,11 @@ def compare(
         p_value=normal_mixture_p_value(delta, variance, n_total, rho),
         units_control=np.asarray(control.units, dtype=np.float64),
         units_treatment=np.asarray(treatment.units, dtype=np.float64),
+        lift=lift,
+        lift_ci_lower=lift - lift_fixed,
+        lift_ci_upper=lift + lift_fixed,
+        lift_cs_lower=lift - lift_cs,
+        lift_cs_upper=lift + lift_cs,
     )
 
 
