@@ -86,7 +86,8 @@ SUMMED = {"stream_eval_requests_total": True, "stream_eval_metric_sum_total": Fa
 #: the looks), an experiment's sign tests from the worker of its stage partition. Taken from it, never summed;
 #: compared bit for bit.
 ONE_WORKER = ("stream_eval_ab_delta", "stream_eval_ab_ci_lower", "stream_eval_ab_ci_upper", "stream_eval_ab_cs_lower",
-              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_srm_p_value",
+              "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_ab_lift",
+              "stream_eval_ab_lift_cs_lower", "stream_eval_ab_lift_cs_upper", "stream_eval_srm_p_value",
               "stream_eval_srm_mismatch", "stream_eval_gsb_p_value")
 NO_SECURITY_ENV = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}
 #: Seconds everything must stay unchanged, every live worker ready, before the numbers count as final.

@@ -29,7 +29,8 @@ Labels = tuple[str, ...]
 #: A worker's shares of its totals: ``(partition, generation, engine)`` each (``StreamWorker.shares``).
 Shares = Sequence[tuple[str, str, Engine]]
 #: The fields of an A/B row that are exported, in this order in :attr:`Readout.ab`.
-AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value")
+AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower",
+             "lift_cs_upper")
 
 
 @dataclass(frozen=True, eq=False)

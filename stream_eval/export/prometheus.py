@@ -14,7 +14,8 @@ Every mean comes with its sum and count, so that several workers aggregate exact
 * ``stream_eval_gsb_total{experiment,source,verdict}``; ``stream_eval_gsb_score{experiment,source,window}`` with
   ``window="total"`` for every verdict so far and the rolling window labels (``5m``, ``1h``) for the verdicts
   given in that much event time.
-* ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper`` / ``_cs_lower`` / ``_cs_upper`` / ``_p_value
+* ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper`` / ``_cs_lower`` / ``_cs_upper`` / ``_lift`` /
+  ``_lift_cs_lower`` / ``_lift_cs_upper`` / ``_p_value
   {experiment,metric}``: treatment - control over randomisation units, its fixed-sample interval, its always-valid
   confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
   ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
@@ -223,6 +224,11 @@ class EngineCollector(Collector):
             ("stream_eval_ab_cs_upper", "Upper bound of the always-valid confidence sequence of the A/B delta "
              "(< 0: treatment worse)."),
             ("stream_eval_ab_p_value", "Always-valid p-value of the A/B delta (running minimum over looks)."),
+            ("stream_eval_ab_lift", "Relative lift of a mean: treatment / control - 1."),
+            ("stream_eval_ab_lift_cs_lower", "Lower bound of the always-valid confidence sequence of the relative "
+             "lift."),
+            ("stream_eval_ab_lift_cs_upper", "Upper bound of the always-valid confidence sequence of the relative "
+             "lift."),
         )):
             yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.ab.items()})
         yield self._gauge("stream_eval_ab_units", "Randomisation units of an arm in the A/B statistics.",
