@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--group", default="stream-eval", help="consumer group id (default stream-eval)")
     worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
+    worker.add_argument("--replication-factor", type=_positive_int, default=1, metavar="N",
+                        help="replicas of the topics it creates; topics that exist must have at least N "
+                             "(default 1, for a local broker; 3 on a production cluster: docs/operations.md)")
+    worker.add_argument("--min-insync-replicas", type=_positive_int, default=1, metavar="N",
+                        help="min.insync.replicas of the topics it creates, at least N on those that exist: a write "
+                             "is refused with fewer replicas in sync (default 1; 2 with 3 replicas)")
     worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
     worker.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text (default) or JSON lines: ts, level, logger, message")
@@ -332,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stream_eval.stream.worker import WorkerSettings
 
             settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
-                                      security=security_from_args(args))
+                                      security=security_from_args(args), replication_factor=args.replication_factor,
+                                      min_insync_replicas=args.min_insync_replicas)
             return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
                               metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":
