@@ -44,6 +44,12 @@ SETTINGS = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # the tests' logs have event times of 2026-01-01, and produce stamps messages with them: with the default
+    # 7-day retention, checked every 5 minutes, the broker deleted input the worker had not read yet
+    "log.retention.ms": "-1",
+    # a node frozen (SIGSTOP, the broker-fault tests) and resumed must not fence itself for missed heartbeats to
+    # its own controller: one node has no other broker to lead its partitions meanwhile
+    "broker.session.timeout.ms": "600000",
     "log.flush.interval.messages": str(2**62),  # the page cache is enough for a test
     "num.network.threads": "2",
     "num.io.threads": "2",
