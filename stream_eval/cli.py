@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--stage-partitions", type=_positive_int, default=None, metavar="N",
                         help="partitions of the regroup log it creates, spread over the group's workers (1 to 64; "
                              "default: as many as the input topics; a log that exists keeps its own)")
+    worker.add_argument("--replication-factor", type=_positive_int, default=1, metavar="N",
+                        help="replicas of the topics it creates; topics that exist must have at least N "
+                             "(default 1, for a local broker; 3 on a production cluster: docs/operations.md)")
+    worker.add_argument("--min-insync-replicas", type=_positive_int, default=1, metavar="N",
+                        help="min.insync.replicas of the topics it creates, at least N on those that exist: a write "
+                             "is refused with fewer replicas in sync (default 1; 2 with 3 replicas)")
     worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
     worker.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text (default) or JSON lines: ts, level, logger, message")
@@ -349,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "ubi_events_topic": args.ubi_events_topic, "ubi": ubi_settings(args.config)}
             settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
                                       stage_partitions=args.stage_partitions, security=security_from_args(args),
-                                      **ubi)
+                                      replication_factor=args.replication_factor,
+                                      min_insync_replicas=args.min_insync_replicas, **ubi)
             return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
                               metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":

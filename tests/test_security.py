@@ -6,7 +6,9 @@ its in-memory storage does not keep. So the end-to-end tests put :class:`KafkaFr
 a plain Tansu that advertises the front's address: the front terminates TLS (with client certificates) and SASL
 (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, checked as a broker does) and pipes the Kafka protocol through, so every
 client of ``produce`` and of the worker (faust's included) must pass it. The client settings of every
-combination are unit-tested against aiokafka's and faust's own option names.
+combination are unit-tested against aiokafka's and faust's own option names. The same tests run with Apache Kafka
+behind the front (``broker_kind``), so that what reaches the broker is the same; Apache Kafka's own TLS and SASL
+listeners are not started here (the front's counts of TLS connections and logins are what the tests check).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 
 import orjson
 import pytest
-from support import read_topic
+from support import make_broker, read_topic
 
 from stream_eval.cli import build_parser, main, security_from_args
 from stream_eval.stream.app import JsonLogFormatter, log_options
@@ -305,7 +307,8 @@ def _wait(condition: Any, timeout: float, what: str, process: subprocess.Popen[b
 
 
 @pytest.mark.slow
-def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Path, certs: Certificates) -> None:
+def test_produce_and_worker_over_sasl_ssl_with_client_certificates(broker_kind: str, tmp_path: Path,
+                                                                   certs: Certificates) -> None:
     """Worker (SCRAM-SHA-512, password file, JSON logs) and produce (SCRAM-SHA-256, password in the environment)
     through TLS with client certificates; /readyz 503 until the worker has caught up, then 200; no secret in
     argv, logs or output; SIGTERM exits 0."""
@@ -321,7 +324,7 @@ def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Pat
            "--ssl-certfile", str(certs.client_cert), "--ssl-keyfile", str(certs.client_key)]
     log, errors = tmp_path / "worker.jsonl", tmp_path / "worker.err"
     base = f"http://127.0.0.1:{metrics_port}"
-    with tansu(broker_port, front_port, tmp_path / "broker.log") as upstream, \
+    with upstream_broker(broker_kind, broker_port, front_port, tmp_path / "broker.log") as upstream, \
             KafkaFront(front_port, upstream, server_context(certs, client_certificates=True), ("app", SECRET)) as front:
         with open(log, "wb") as out, open(errors, "wb") as err:
             worker = subprocess.Popen(_cli(
@@ -365,7 +368,7 @@ def test_produce_and_worker_over_sasl_ssl_with_client_certificates(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certificates,
+def test_produce_over_tls_only_and_over_sasl_plain(broker_kind: str, tmp_path: Path, certs: Certificates,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str],
                                                    caplog: pytest.LogCaptureFixture) -> None:
@@ -375,7 +378,7 @@ def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certif
         monkeypatch.delenv(name)
     sample = tmp_path / "sample.jsonl"
     sample.write_bytes(b"".join(EXAMPLE.read_bytes().splitlines(keepends=True)[:200]))
-    with fronted_tansu(tmp_path / "tls-broker.log", server_context(certs)) as (front_port, front):
+    with fronted_broker(broker_kind, tmp_path / "tls-broker.log", server_context(certs)) as (front_port, front):
         common = [str(sample), "--broker", f"kafka://127.0.0.1:{front_port}", "--topic-prefix", "tls.",
                   "--broker-timeout", "2"]
         assert main(["produce", *common, "--security-protocol", "SSL", "--ssl-cafile", str(certs.ca)]) == 0
@@ -387,7 +390,7 @@ def test_produce_over_tls_only_and_over_sasl_plain(tmp_path: Path, certs: Certif
         assert main([*simulate, "--security-protocol", "SSL", "--ssl-cafile", str(certs.ca)]) == 0
         assert front.tls_connections > connections  # simulate --broker takes the same flags as produce
     sasl = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-username", "app"]
-    with fronted_tansu(tmp_path / "sasl-broker.log", user=("app", SECRET)) as (front_port, front):
+    with fronted_broker(broker_kind, tmp_path / "sasl-broker.log", user=("app", SECRET)) as (front_port, front):
         common[2] = f"kafka://127.0.0.1:{front_port}"
         monkeypatch.setenv(PASSWORD_ENV, SECRET)
         caplog.set_level(logging.DEBUG, logger="aiokafka")  # aiokafka logs each request, PLAIN's bytes included
@@ -729,16 +732,16 @@ class KafkaFront:
 
 
 @contextlib.contextmanager
-def fronted_tansu(log: Path, *options: Any, **keywords: Any) -> Iterator[tuple[int, KafkaFront]]:
-    """A Tansu broker behind a :class:`KafkaFront` on ports found free: ``(front port, front)``. A port found free
+def fronted_broker(kind: str, log: Path, *options: Any, **keywords: Any) -> Iterator[tuple[int, KafkaFront]]:
+    """A broker of ``kind`` behind a :class:`KafkaFront` on ports found free: ``(front port, front)``. A port found free
     can be taken before it is bound (by an ephemeral port of any other connection on the machine): then, and only
     while starting, both are started again on other ports."""
     for attempt in range(3):
         front_port, broker_port = free_port(), free_port()
         started = False
         try:
-            with tansu(broker_port, front_port, log) as upstream, KafkaFront(front_port, upstream, *options,
-                                                                             **keywords) as front:
+            with upstream_broker(kind, broker_port, front_port, log) as upstream, \
+                    KafkaFront(front_port, upstream, *options, **keywords) as front:
                 started = True
                 yield front_port, front
                 return
@@ -748,24 +751,8 @@ def fronted_tansu(log: Path, *options: Any, **keywords: Any) -> Iterator[tuple[i
 
 
 @contextlib.contextmanager
-def tansu(listen_port: int, advertised_port: int, log: Path) -> Iterator[str]:
-    """A plain in-memory Tansu broker on ``listen_port`` that tells clients to connect to ``advertised_port``
-    (where a :class:`KafkaFront` listens); yields its ``host:port``."""
-    import subprocess
-    import time
-
-    from stream_eval.stream.broker import _metadata_answers, broker_binary
-
-    with open(log, "ab") as out:
-        process = subprocess.Popen([broker_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{listen_port}",
-                                    "--advertised-listener-url", f"tcp://127.0.0.1:{advertised_port}",
-                                    "--storage-engine", "memory://tansu/"], stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not _metadata_answers("127.0.0.1", listen_port):
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        yield f"127.0.0.1:{listen_port}"
-    finally:
-        stop_process(process, 5)
+def upstream_broker(kind: str, listen_port: int, advertised_port: int, log: Path) -> Iterator[str]:
+    """A plain broker of ``kind`` on ``listen_port`` that tells clients to connect to ``advertised_port`` (where a
+    :class:`KafkaFront` listens); yields its ``host:port``."""
+    with make_broker(kind, listen_port, advertised_port=advertised_port, log=log) as running:
+        yield running.bootstrap

@@ -23,8 +23,8 @@ from typing import Any
 import faust
 
 from stream_eval.config import Config
-from stream_eval.stream.kafka import PLAINTEXT, KafkaSecurity, ensure_topics
-from stream_eval.stream.worker import StreamWorker, WorkerSettings
+from stream_eval.stream.kafka import PLAINTEXT, KafkaSecurity
+from stream_eval.stream.worker import StreamWorker, WorkerSettings, prepare_topics
 
 log = logging.getLogger("stream_eval.worker")
 LOG_FORMATS = ("text", "json")
@@ -135,6 +135,7 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
         broker_session_timeout=6,  # the development broker holds JoinGroup for session_timeout / 2
         broker_heartbeat_interval=1,
         topic_partitions=1,
+        topic_replication_factor=settings.replication_factor,  # faust's own topic (<app id>-__assignor-__leader)
         stream_wait_empty=False,
         broker_credentials=settings.security.faust_credentials() if settings.security else None,
     )
@@ -215,9 +216,10 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # the outage is logged once (stream/backoff.py), not per connection attempt
     try:  # faust needs a broker to start: wait for one, /metrics up (stream_eval_broker_up 0), retrying with backoff
-        _, interrupted = run_interruptible(worker.health.call("startup", lambda: ensure_topics(
-            settings.brokers, [*settings.topics.inputs, settings.control_topic], settings.partitions, timeout=5,
-            security=settings.security)))
+        _, interrupted = run_interruptible(worker.health.call("startup", lambda: prepare_topics(settings, 5)))
+    except BaseException:  # topics with settings that do not fit (TopicSettingsError, exit code 2), Ctrl-C
+        server.stop()
+        raise
     finally:
         quiet.setLevel(level)
     if interrupted:

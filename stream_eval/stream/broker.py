@@ -144,12 +144,18 @@ class Broker:
         log: File to append the broker's output to.
         echo: Let the broker write to this process's stdout/stderr.
         startup_timeout: Seconds to wait until the broker answers Kafka requests.
+        advertised_port: The port the broker tells clients to connect to (default: ``port``), e.g. that of a
+            proxy before it.
     """
 
+    #: What the broker is, for messages.
+    kind = "broker"
+
     def __init__(self, port: int = 9092, host: str = "127.0.0.1", *, log: str | Path | None = None,
-                 echo: bool = False, startup_timeout: float = 30.0) -> None:
+                 echo: bool = False, startup_timeout: float = 30.0, advertised_port: int | None = None) -> None:
         self.port = port
         self.host = host
+        self.advertised_port = port if advertised_port is None else advertised_port
         self.log = Path(log) if log is not None else None
         self.echo = echo
         self.startup_timeout = startup_timeout
@@ -184,13 +190,11 @@ class Broker:
         """
         if self.process is not None:
             return self
-        binary = broker_binary()
+        self.check_installed()
         if port_in_use(self.host, self.port):
             raise BrokerError(f"port {self.port} on {self.host} is already in use "
                               f"(another broker? choose another with --port)")
-        listener = f"tcp://{self.host}:{self.port}"
-        command = [binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener,
-                   "--storage-engine", "memory://tansu/"]
+        command = self._command()
         output: IO[bytes] | None
         if self.echo:
             output = None
@@ -211,15 +215,26 @@ class Broker:
             if code is not None:
                 tail = self._tail()
                 self._cleanup()
-                raise BrokerError(f"broker exited with code {code} during start-up" + (f":\n{tail}" if tail else ""))
+                raise BrokerError(f"{self.kind} exited with code {code} during start-up"
+                                  + (f":\n{tail}" if tail else ""))
             if _metadata_answers(self.host, self.port):
                 return self
             if time.monotonic() >= deadline:
                 tail = self._tail()
                 self.stop()
-                raise BrokerError(f"broker on {self.bootstrap} did not answer within {self.startup_timeout:g}s"
+                raise BrokerError(f"{self.kind} on {self.bootstrap} did not answer within {self.startup_timeout:g}s"
                                   + (f":\n{tail}" if tail else ""))
             time.sleep(0.05)
+
+    def check_installed(self) -> None:
+        """Raise :class:`BrokerError` when the broker cannot be started here (no binary)."""
+        broker_binary()
+
+    def _command(self) -> list[str]:
+        """The broker's command line (prepares whatever it needs first)."""
+        listener = f"tcp://{self.host}:{self.port}"
+        return [broker_binary(), "broker", "--listener-url", listener, "--advertised-listener-url",
+                f"tcp://{self.host}:{self.advertised_port}", "--storage-engine", "memory://tansu/"]
 
     def running(self) -> bool:
         """True while the broker process is alive."""
@@ -258,6 +273,7 @@ class Broker:
             return code
 
     def _cleanup(self) -> None:
+        """After the process ended: forget it, close its output (subclasses remove their files too)."""
         self.process = None
         atexit.unregister(self.stop)
         if self._output is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 from stream_eval.config import ConfigError, parse_boolean
 
+log = logging.getLogger("stream_eval.kafka")
+
 __all__ = [
     "DEFAULT_BROKER",
     "DEFAULT_PARTITIONS",
@@ -27,6 +29,8 @@ __all__ = [
     "SECURITY_PROTOCOLS",
     "KafkaSecurity",
     "KafkaSecurityError",
+    "CHECKED_SETTINGS",
+    "TopicSettingsError",
     "Topics",
     "ensure_topics",
     "client_options",
@@ -34,6 +38,7 @@ __all__ = [
     "kafka_security",
     "parse_brokers",
     "partitions_for",
+    "topic_mismatches",
     "topics",
 ]
 
@@ -410,27 +415,76 @@ def topics(prefix: str = "") -> Topics:
     )
 
 
-async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: int, timeout: float = 30,
-                        security: KafkaSecurity | None = None) -> None:
-    """Create the topics that do not exist yet, each with ``partitions`` partitions.
+class TopicSettingsError(ConfigError):
+    """A topic that exists already has settings the worker cannot work with (the message says which, and how to
+    fix them); not retried: the worker stops."""
 
-    Existing topics are left as they are. Retries (connection refused, broker still starting) until ``timeout``
-    seconds have passed. ``security``: TLS and SASL settings (default: plain text).
+
+#: The topic settings compared with a topic that exists already (others are only given at creation).
+CHECKED_SETTINGS = ("cleanup.policy", "retention.ms", "retention.bytes", "min.insync.replicas")
+
+
+def topic_mismatches(name: str, wanted: Mapping[str, str], found: Mapping[str, str]) -> list[str]:
+    """What differs between the settings a topic needs (``wanted``) and those the broker reports (``found``).
+
+    Only :data:`CHECKED_SETTINGS` are compared; a setting the broker does not report is not (the development broker
+    reports only those given at creation). ``min.insync.replicas`` may be higher than wanted.
+
+    >>> topic_mismatches("t", {"cleanup.policy": "compact"}, {"cleanup.policy": "delete"})
+    ["t: cleanup.policy is 'delete', needs 'compact'"]
+    >>> topic_mismatches("t", {"min.insync.replicas": "2", "retention.ms": "-1"}, {"min.insync.replicas": "3"})
+    []
+    """
+    wrong = []
+    for key in CHECKED_SETTINGS:
+        if key not in wanted or found.get(key) is None:
+            continue
+        have, need = found[key], wanted[key]
+        if key == "cleanup.policy":
+            same = sorted(p.strip() for p in have.split(",")) == sorted(p.strip() for p in need.split(","))
+        elif key == "min.insync.replicas":
+            same = int(have) >= int(need)
+            need = f"at least {need}"
+        else:
+            same = have == need
+        if not same:
+            wrong.append(f"{name}: {key} is {have!r}, needs {need!r}" if key != "min.insync.replicas"
+                         else f"{name}: {key} is {have!r}, needs {need}")
+    return wrong
+
+
+async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: int | Mapping[str, int],
+                        timeout: float = 30,
+                        security: KafkaSecurity | None = None, *, replication_factor: int = 1,
+                        configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    """Create the topics that do not exist yet, each with ``partitions`` partitions (or ``partitions[name]``),
+    ``replication_factor`` replicas and the settings ``configs[name]``; check those that exist; wait until every one
+    has a leader.
+
+    An existing topic keeps its partitions; its settings of :data:`CHECKED_SETTINGS` named in ``configs[name]``
+    (:func:`topic_mismatches`) and its replication factor (at least ``replication_factor``) are checked. Retries
+    (connection refused, broker still starting, a new topic's leader not elected yet) until ``timeout`` seconds have
+    passed. ``security``: TLS and SASL settings (default: plain text).
 
     Raises:
         TimeoutError: The broker did not answer, or the topics could not be created, within ``timeout``.
-        ValueError: ``partitions`` < 1.
+        TopicSettingsError: An existing topic has settings or a replication factor that do not fit.
+        ValueError: ``partitions`` or ``replication_factor`` < 1.
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    if partitions < 1:
-        raise ValueError("partitions must be >= 1")
     wanted = list(dict.fromkeys(names))
+    counts = {name: partitions if isinstance(partitions, int) else partitions[name] for name in wanted}
+    if min(counts.values(), default=1) < 1 or replication_factor < 1:
+        raise ValueError("partitions and replication_factor must be >= 1")
     if not wanted:
         return
+    settings = configs or {}
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
+    created: set[str] = set()
+    checked = False
     while True:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=max(1000, int(timeout * 1000)),
                                     **client_options(security))
@@ -438,16 +492,31 @@ async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: 
             await admin.start()
             existing = set(await admin.list_topics())
             missing = [name for name in wanted if name not in existing]
+            if not checked:
+                await _check_topics(admin, [n for n in wanted if n in existing and n not in created],
+                                    replication_factor, settings)
+                checked = True
             if missing:
-                new = [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in missing]
+                new = [NewTopic(name, num_partitions=counts[name], replication_factor=replication_factor,
+                                topic_configs=dict(settings.get(name, {}))) for name in missing]
                 response: Any = await admin.create_topics(new)
                 for topic_error in getattr(response, "topic_errors", []):
                     name, code = topic_error[0], topic_error[1]
                     if code not in (0, TopicAlreadyExistsError.errno):
-                        raise RuntimeError(f"cannot create topic {name!r}: error code {code}")
-            return
+                        message = topic_error[2] if len(topic_error) > 2 else None
+                        raise RuntimeError(f"cannot create topic {name!r}: error code {code}"
+                                           + (f" ({message})" if message else ""))
+                    created.add(name)
+            # Apache Kafka answers CreateTopics before every broker knows the topic and its leader: a consumer
+            # that subscribed now would be assigned none of its partitions until its next metadata refresh
+            leaderless = _without_leader(await admin.describe_topics(wanted))
+            if not leaderless:
+                return
+            last = RuntimeError(f"no leader yet for {', '.join(leaderless)}")
         except (TimeoutError, RuntimeError, OSError) as error:
             last = error
+        except TopicSettingsError:
+            raise
         except Exception as error:  # aiokafka's KafkaError family: broker not ready yet
             if type(error).__module__.split(".")[0] != "aiokafka":
                 raise
@@ -457,6 +526,53 @@ async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: 
         if time.monotonic() >= deadline:
             raise TimeoutError(f"cannot create topics on {','.join(bootstrap)} within {timeout:g}s: {last}")
         await asyncio.sleep(0.25)
+
+
+def _without_leader(described: list[Any]) -> list[str]:
+    """Names of the topics in a metadata answer that are unknown, have no partition, or a partition without a
+    leader."""
+    return [str(topic.get("topic")) for topic in described
+            if topic.get("error_code") or not topic.get("partitions")
+            or any(part.get("leader", -1) < 0 for part in topic["partitions"])]
+
+
+async def _check_topics(admin: Any, names: list[str], replication_factor: int,
+                        configs: Mapping[str, Mapping[str, str]]) -> None:
+    """Raise :class:`TopicSettingsError` naming every existing topic of ``names`` whose replication factor or
+    checked settings do not fit. Settings a broker does not report, or cannot describe at all, are not checked."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    if not names:
+        return
+    wrong: list[str] = []
+    for topic in await admin.describe_topics(names):
+        replicas = min((len(part.get("replicas", ())) for part in topic.get("partitions", ())), default=None)
+        if replicas is not None and replicas < replication_factor:
+            wrong.append(f"{topic.get('topic')}: replication factor {replicas}, needs at least {replication_factor}")
+    described = [name for name in names if configs.get(name)]
+    if described:
+        try:
+            answers = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)
+                                                    for name in described])
+        except Exception as error:  # a broker without DescribeConfigs: nothing to compare
+            if type(error).__module__.split(".")[0] != "aiokafka":
+                raise
+            log.info("the broker does not describe topic settings (%s): they are not checked", error)
+            answers = []
+        for answer in answers:
+            for resource in answer.resources:
+                code, name, entries = resource[0], resource[3], resource[4]
+                if code == 0:
+                    found = {entry[0]: entry[1] for entry in entries}
+                    wrong += topic_mismatches(name, configs.get(name, {}), found)
+                else:  # e.g. 29, not authorised: the operator vouches for them (docs/operations.md, ACLs)
+                    log.warning("the settings of topic %s cannot be read (error code %s): they are not checked",
+                                name, code)
+    if wrong:
+        raise TopicSettingsError(
+            "topics exist with settings the worker cannot work with (docs/operations.md says what each needs; "
+            "change them with kafka-configs.sh --alter --entity-type topics, or use new topics):\n  "
+            + "\n  ".join(wrong))
 
 
 async def partitions_for(bootstrap: list[str], topic: str, security: KafkaSecurity | None = None) -> list[int]:

@@ -104,8 +104,20 @@ class Routed:
 
     @property
     def timestamp_ms(self) -> int | None:
-        """Message timestamp in milliseconds (``None``: the producer stamps the current time)."""
-        return None if self.ts is None else int(round(self.ts * 1000))
+        """Message timestamp in milliseconds (``None``: the producer stamps the current time).
+
+        An event time more than :data:`MAX_STAMP_AHEAD` ahead of this machine's clock is not used: Apache Kafka
+        refuses a message stamped beyond ``log.message.timestamp.after.max.ms`` (1 hour by default in 4.x) ahead
+        of its own clock, and with it every other message of its batch. The worker reads the event's ``ts`` (and
+        calls it ``future_ts``), not the message's timestamp, so nothing is lost.
+        """
+        if self.ts is None or self.ts > time.time() + MAX_STAMP_AHEAD:
+            return None
+        return int(round(self.ts * 1000))
+
+
+MAX_STAMP_AHEAD = 600.0
+"""Seconds ahead of the clock beyond which an event's ``ts`` is not its message's timestamp (:class:`Routed`)."""
 
 
 def _event_time(value: Any) -> float | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from stream_eval.config import Config
+from stream_eval.config import Config, ConfigError
 from stream_eval.engine import shares, snapshot
 from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
@@ -110,6 +110,16 @@ class WorkerSettings:
     ubi_queries_topic: str = "ubi_queries"
     ubi_events_topic: str = "ubi_events"
     ubi: UbiSettings = UbiSettings()
+    #: Replicas of each topic the worker creates; a topic that exists must have at least as many.
+    replication_factor: int = 1
+    #: ``min.insync.replicas`` of each topic the worker creates (one that exists must have at least this): the
+    #: worker's producer waits for every in-sync replica (acks=all), and a write fails with fewer than this in sync.
+    min_insync_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replication_factor < 1 or not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise ConfigError(f"min_insync_replicas ({self.min_insync_replicas}) must be from 1 to the replication "
+                              f"factor ({self.replication_factor}): no write could succeed otherwise")
 
     @property
     def topics(self) -> Topics:
@@ -140,6 +150,57 @@ class WorkerSettings:
     def snapshot_topic(self) -> str:
         """Snapshots of each stage partition's A/B state, in pieces, on its partition (engine/snapshot.py)."""
         return f"{self.prefix}{self.group}.ab-snapshots"
+
+    def topic_configs(self) -> dict[str, dict[str, str]]:
+        """The settings each topic is created with; those of ``CHECKED_SETTINGS`` are checked on topics that exist
+        (docs/operations.md says why each needs them). Only the latest record of each key of the regroup
+        checkpoints is read: compacted. The checkpoint topic (windows shares in pieces, read by offset), the regroup
+        log (re-read from a stage checkpoint's offset) and the A/B snapshots (pieces, read by offset) are logs that
+        must be kept whole: deleted never. Inputs and outputs are plain logs (never compacted: feedback shares its
+        request's key, dead letters have none); their retention is the operator's."""
+        isr = {"min.insync.replicas": str(self.min_insync_replicas)}
+        plain = {"cleanup.policy": "delete", **isr}
+        kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", **isr}
+        compacted = {"cleanup.policy": "compact", "segment.ms": str(3_600_000), **isr}  # compacted hourly
+        names = self.topics
+        return {
+            **{name: plain for name in (*names.inputs, names.request_metrics, names.dead_letters, self.control_topic)},
+            self.checkpoint_topic: kept,
+            self.regroup_topic: kept,
+            self.snapshot_topic: kept,
+            self.regroup_checkpoint_topic: compacted,
+        }
+
+
+async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int, int]:
+    """Create the worker's topics that do not exist, with their settings (:meth:`WorkerSettings.topic_configs`), and
+    check those that do (:func:`~stream_eval.stream.kafka.ensure_topics`), waiting up to ``timeout`` seconds for each
+    step. The regroup stage's topics get ``stage_partitions`` (default: as many as the input topics have; at most
+    :data:`~stream_eval.engine.ab.SHARDS`); a regroup log that exists keeps its count. Returns the partitions of the
+    input and of the regroup log.
+
+    Raises:
+        TimeoutError: The broker did not answer in time.
+        TopicSettingsError: A topic exists with settings that do not fit.
+        ValueError: The stage's topics exist with partitions that do not fit together.
+    """
+    configs = settings.topic_configs()
+    stage_topics = [settings.regroup_topic, settings.regroup_checkpoint_topic, settings.snapshot_topic]
+
+    async def count(topic: str) -> int:
+        return len(await asyncio.wait_for(partitions_for(settings.brokers, topic, settings.security), timeout))
+
+    wanted = min(settings.stage_partitions or await count(settings.topics.rankings) or settings.partitions, SHARDS)
+    partitions = {name: wanted if name in stage_topics else settings.partitions for name in configs}
+    await ensure_topics(settings.brokers, list(configs), partitions, timeout=timeout, security=settings.security,
+                        replication_factor=settings.replication_factor, configs=configs)
+    inputs = await count(settings.topics.rankings) or settings.partitions
+    counts = [await count(topic) for topic in stage_topics]
+    stages = counts[0]  # (a regroup log that exists keeps its partitions: its records are routed by them)
+    if not 1 <= stages <= SHARDS or min(counts[1:]) < stages:
+        raise ValueError(f"the regroup stage's topics {stage_topics} have {counts} partitions: the regroup log "
+                         f"needs 1 to {SHARDS}, and the others at least as many")
+    return inputs, stages
 
 
 Rebalance = Callable[[Any], Awaitable[None]]
@@ -1015,7 +1076,7 @@ class StreamWorker:
                 await self.assigned(assigned)
 
         security = client_options(settings.security)
-        self._producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5,
+        self._producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5, acks="all",
                                           max_batch_size=_BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
                                           **security)
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
@@ -1068,23 +1129,7 @@ class StreamWorker:
         """Create the topics and count the input partitions: one start-up attempt, bounded by ``_STARTUP_ATTEMPT``
         seconds."""
         settings = self.settings
-        names = [*self.topics.inputs, self.topics.request_metrics, self.topics.dead_letters,
-                 settings.checkpoint_topic, settings.control_topic]
-        await ensure_topics(settings.brokers, names, settings.partitions, timeout=_STARTUP_ATTEMPT,
-                            security=settings.security)
-        found = await asyncio.wait_for(partitions_for(settings.brokers, self.topics.rankings, settings.security),
-                                       _STARTUP_ATTEMPT)
-        self.partition_count = len(found) or settings.partitions
-        wanted = min(settings.stage_partitions or self.partition_count, SHARDS)
-        stage_topics = [settings.regroup_topic, settings.regroup_checkpoint_topic, settings.snapshot_topic]
-        await ensure_topics(settings.brokers, stage_topics, wanted, timeout=_STARTUP_ATTEMPT,
-                            security=settings.security)
-        counts = [len(await asyncio.wait_for(partitions_for(settings.brokers, topic, settings.security),
-                                             _STARTUP_ATTEMPT)) for topic in stage_topics]
-        stages = counts[0]  # (a regroup log that exists keeps its partitions: its records are routed by them)
-        if not 1 <= stages <= SHARDS or min(counts[1:]) < stages:
-            raise ValueError(f"the regroup stage's topics {stage_topics} have {counts} partitions: the regroup log "
-                             f"needs 1 to {SHARDS}, and the others at least as many")
+        self.partition_count, stages = await prepare_topics(settings, _STARTUP_ATTEMPT)
         self.stages.inputs, self.stages.count = self.partition_count, stages
         self.partitioned.stages = stages
 

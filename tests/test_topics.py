@@ -1,0 +1,115 @@
+"""The worker's topics carry the settings a production cluster needs (docs/operations.md), and topics that exist with
+settings it cannot work with stop it at start, saying which and why. On both brokers: Tansu reports the settings a
+topic was created with, Apache Kafka every setting (its defaults included)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from stream_eval.cli import main
+from stream_eval.config import ConfigError
+from stream_eval.stream.broker import free_port
+from stream_eval.stream.kafka import CHECKED_SETTINGS, TopicSettingsError, ensure_topics, topic_mismatches
+from stream_eval.stream.worker import WorkerSettings, prepare_topics
+
+
+async def _describe(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
+    """``{topic: {setting: value}}`` from DescribeConfigs, and ``{topic: {"replicas": n}}`` merged in."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        found: dict[str, dict[str, str]] = {name: {} for name in names}
+        for answer in await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names]):
+            for resource in answer.resources:
+                found[resource[3]].update({entry[0]: entry[1] for entry in resource[4]})
+        for topic in await admin.describe_topics(names):
+            found[topic["topic"]]["partitions"] = str(len(topic["partitions"]))
+        return found
+    finally:
+        await admin.close()
+
+
+def test_each_topic_is_created_with_the_settings_it_needs(broker: str) -> None:
+    settings = WorkerSettings([broker], prefix="topics-new.", group="g", partitions=3)
+    asyncio.run(prepare_topics(settings, 30))
+    found = asyncio.run(_describe(broker, list(settings.topic_configs())))
+    kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "min.insync.replicas": "1"}
+    for name in (settings.checkpoint_topic, settings.regroup_topic, settings.snapshot_topic):
+        assert {k: found[name][k] for k in kept} == kept, name  # logs re-read from an offset: never deleted
+    assert found[settings.regroup_checkpoint_topic]["cleanup.policy"] == "compact"  # the latest record alone
+    names = settings.topics
+    for name in (*names.inputs, names.request_metrics, names.dead_letters, settings.control_topic):
+        assert found[name]["cleanup.policy"] == "delete", name  # never compacted (dead letters have no key)
+    assert {name: found[name]["partitions"] for name in found} == {name: "3" for name in found}  # stage: as inputs
+    asyncio.run(prepare_topics(settings, 30))  # a second start finds them fit
+
+
+def test_existing_topics_with_settings_that_do_not_fit_stop_the_worker(broker: str) -> None:
+    """Made by hand (or by an older version) with the broker's defaults, a 7-day retention, a delete policy on the
+    compacted topic: every misfit is named at once, with the setting it needs."""
+    settings = WorkerSettings([broker], prefix="topics-old.", group="g", partitions=2)
+    week = {"retention.ms": str(7 * 86_400_000)}
+    asyncio.run(ensure_topics([broker], [settings.regroup_topic], 1, configs={settings.regroup_topic: week}))
+    asyncio.run(ensure_topics([broker], [settings.regroup_checkpoint_topic], 1,
+                              configs={settings.regroup_checkpoint_topic: {"cleanup.policy": "delete"}}))
+    asyncio.run(ensure_topics([broker], [settings.topics.dead_letters], 2,
+                              configs={settings.topics.dead_letters: {"cleanup.policy": "compact"}}))
+    with pytest.raises(TopicSettingsError) as raised:
+        asyncio.run(prepare_topics(settings, 30))
+    message = str(raised.value)
+    assert f"{settings.regroup_topic}: retention.ms is '604800000', needs '-1'" in message
+    assert f"{settings.regroup_checkpoint_topic}: cleanup.policy is 'delete', needs 'compact'" in message
+    assert f"{settings.topics.dead_letters}: cleanup.policy is 'compact', needs 'delete'" in message
+    assert "docs/operations.md" in message
+
+
+def test_more_replicas_than_the_topics_have_is_an_error(broker: str) -> None:
+    settings = WorkerSettings([broker], prefix="topics-rf.", group="g", partitions=1)
+    asyncio.run(prepare_topics(settings, 30))
+    stricter = WorkerSettings([broker], prefix="topics-rf.", group="g", partitions=1, replication_factor=3,
+                              min_insync_replicas=2)
+    with pytest.raises(TopicSettingsError) as raised:
+        asyncio.run(prepare_topics(stricter, 30))
+    message = str(raised.value)
+    assert f"{settings.regroup_topic}: replication factor 1, needs at least 3" in message
+    assert f"{settings.regroup_topic}: min.insync.replicas is '1', needs at least 2" in message
+
+
+def test_the_worker_command_says_which_topic_does_not_fit_and_exits_2(broker: str) -> None:
+    settings = WorkerSettings([broker], prefix="topics-cli.", group="g")
+    asyncio.run(ensure_topics([broker], [settings.checkpoint_topic], 4,
+                              configs={settings.checkpoint_topic: {"retention.ms": "3600000"}}))
+    done = subprocess.run([sys.executable, "-m", "stream_eval.cli", "worker", "--broker", f"kafka://{broker}",
+                           "--topic-prefix", "topics-cli.", "--group", "g", "--metrics-port", str(free_port()),
+                           "--metrics-host", "127.0.0.1"], capture_output=True, timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err[-3000:]
+    assert f"{settings.checkpoint_topic}: retention.ms is '3600000', needs '-1'" in err
+    assert "Traceback" not in err
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--replication-factor", "2", "--min-insync-replicas", "3"]) == 2
+    assert "min_insync_replicas (3) must be from 1 to the replication factor (2)" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        WorkerSettings(["localhost:9092"], min_insync_replicas=0)
+
+
+@pytest.mark.parametrize(("found", "wrong"), [
+    ({}, []),  # a broker that reports nothing (Tansu reports only what a topic was created with): not checked
+    ({"cleanup.policy": "compact,delete"}, ["t: cleanup.policy is 'compact,delete', needs 'delete'"]),
+    ({"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "min.insync.replicas": "2"}, []),
+    ({"retention.bytes": "1000000"}, ["t: retention.bytes is '1000000', needs '-1'"]),
+])
+def test_topic_mismatches(found: dict[str, Any], wrong: list[str]) -> None:
+    wanted = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "min.insync.replicas": "1"}
+    assert set(wanted) == set(CHECKED_SETTINGS)
+    assert topic_mismatches("t", wanted, found) == wrong
