@@ -221,31 +221,29 @@ class RegroupSink:
                       units: list[str], values: Floats) -> None:
         """Finalised requests' share of their A/B units, as columns: one record per :data:`UNIT_ROWS` requests of a
         stage partition, fewer when their ids are long (:func:`row_ranges`; NaN is written as null)."""
-        for to, rows in self._routes(units):
-            if rows is not None:
-                keys_, values_ = keys[rows], values[rows]
-                ids_, experiments_, arms_, units_ = (_pick(c, rows) for c in (ids, experiments, arms, units))
-            else:
-                keys_, values_, ids_, experiments_, arms_, units_ = keys, values, ids, experiments, arms, units
-            for a, b in row_ranges([ids_, experiments_, arms_, units_]):
-                self._append(b"", records.UnitRequests(
-                    keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b], arms=arms_[a:b],
-                    units=units_[a:b], values=values_[a:b].tolist()), to=to)
+        self._unit_records(records.UnitRequests, keys, ids, experiments, arms, units, values=values)
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
         """Scored one-request sessions' share of their A/B units, as columns (as :meth:`unit_requests`)."""
+        self._unit_records(records.UnitSessions, keys, ids, experiments, arms, units, weighted_auc=weighted_auc,
+                           weight=weight)
+
+    def _unit_records(self, kind: type[records.UnitRequests] | type[records.UnitSessions], keys: Floats,
+                      ids: list[str], experiments: list[str], arms: list[str], units: list[str],
+                      **numbers: Floats) -> None:
+        """Records of ``kind`` with these columns (``numbers``: the arrays of the kind's other fields), each row to
+        the stage partition of its unit."""
         for to, rows in self._routes(units):
+            keys_, numbers_ = keys, numbers
+            ids_, experiments_, arms_, units_ = ids, experiments, arms, units
             if rows is not None:
-                keys_, weighted_, weight_ = keys[rows], weighted_auc[rows], weight[rows]
-                ids_, experiments_, arms_, units_ = (_pick(c, rows) for c in (ids, experiments, arms, units))
-            else:
-                keys_, weighted_, weight_ = keys, weighted_auc, weight
-                ids_, experiments_, arms_, units_ = ids, experiments, arms, units
+                keys_, numbers_ = keys[rows], {name: array[rows] for name, array in numbers.items()}
+                ids_, experiments_, arms_, units_ = (_pick(column, rows) for column in (ids, experiments, arms, units))
             for a, b in row_ranges([ids_, experiments_, arms_, units_]):
-                self._append(b"", records.UnitSessions(
-                    keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b], arms=arms_[a:b],
-                    units=units_[a:b], weighted_auc=weighted_[a:b].tolist(), weight=weight_[a:b].tolist()), to=to)
+                self._append(b"", kind(keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b],
+                                       arms=arms_[a:b], units=units_[a:b],
+                                       **{name: array[a:b].tolist() for name, array in numbers_.items()}), to=to)
 
     def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], ts: list[float],
                       values: list[float]) -> None:
