@@ -70,7 +70,8 @@ SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_
 EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
 SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
 GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
-GSB_KEYS = {"experiment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper", "decision"}
+GSB_KEYS = {"experiment", "treatment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper",
+            "decision"}
 AB_KEYS = {"experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "n_control",
            "n_treatment", "units_control", "units_treatment", "cs_lower", "cs_upper", "p_value", "decision", "lift",
            "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper"}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 import numpy.typing as npt
 
-from stream_eval.config import ArmPair, Config
+from stream_eval.config import Arms, Config
 from stream_eval.engine.ab import UnitLedger
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
@@ -633,8 +633,8 @@ class Engine:
         values[at], counts[at] = rows.values[found[has]], rows.counts[found[has]]
         self.ledger.add_sessions(*args, values, counts)
 
-    def arms_of(self, experiment: str) -> ArmPair | None:
-        """Control and treatment of an experiment: configured, else the first two of its sorted arms.
+    def arms_of(self, experiment: str) -> Arms | None:
+        """Control and treatments of an experiment: configured, else the first of its sorted arms and every other.
 
         Interleaved requests (with ``teams``) are not an arm; their teams name the arms when nothing else does.
         """
@@ -685,17 +685,20 @@ class Engine:
                 "waiting_feedback": self.counts[OVERFLOW, "waiting_feedback"]}
 
     def gsb_rows(self) -> list[dict[str, Any]]:
-        """GSB per experiment and source, with the always-valid sign test of good against bad."""
+        """GSB per experiment, treatment (None for judgments: they name no arm) and source, with the always-valid
+        sign test of good against bad."""
         rows = []
         # the sign test takes every verdict given here (a rebuilt stage's too); replay: the same as the counts
         complete = self.gsb.totals(self.arms_of, complete=True)
         nothing = GsbCounts()
-        for (experiment, source), c in sorted(self.gsb.totals(self.arms_of).items()):
-            every = complete.get((experiment, source), nothing)
+        for (experiment, treatment, source), c in sorted(self.gsb.totals(self.arms_of).items(),
+                                                         key=lambda item: (item[0][0], item[0][2], item[0][1])):
+            every = complete.get((experiment, treatment, source), nothing)
             test = sign_test(every.good, every.same, every.bad, confidence=self.config.confidence,
                              sequential_n=self.config.sequential_n)
             lower, upper = _number(test.cs_lower), _number(test.cs_upper)
-            rows.append({"experiment": experiment, "source": source, "good": c.good, "same": c.same, "bad": c.bad,
+            rows.append({"experiment": experiment, "treatment": treatment or None, "source": source,
+                         "good": c.good, "same": c.same, "bad": c.bad,
                          "score": _number(c.score), "p_value": _number(test.p_value), "cs_lower": lower,
                          "cs_upper": upper, "decision": _decision_of(lower, upper)})
         return rows

@@ -35,7 +35,7 @@ AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value",
 
 @dataclass(frozen=True, eq=False)
 class AbReadout:
-    """The A/B part of a readout: ``(experiment, metric)`` -> :data:`AB_FIELDS`; units per ``(experiment,
+    """The A/B part of a readout: ``(experiment, metric, treatment)`` -> :data:`AB_FIELDS`; units per ``(experiment,
     arm)``; conflicts per ``(experiment,)``; ``(experiment,)`` -> (sequential SRM p-value, mismatch 0/1)."""
 
     ab: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
@@ -128,9 +128,9 @@ class Reader:
                     metric_count[experiment, arm, name, *extra] = float(count[j])
                 metric_sum[experiment, arm, "AUC", *extra] = float(stats.gauc.total[0])
                 metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
-            for (experiment, source), counts in share.gsb.totals(share.arms_of).items():
+            for (experiment, treatment, source), counts in share.gsb.totals(share.arms_of).items():
                 for verdict in VERDICTS:
-                    gsb[experiment, source, verdict, *extra] = float(getattr(counts, verdict))
+                    gsb[experiment, treatment, source, verdict, *extra] = float(getattr(counts, verdict))
             for (kind, status), n in share.counts.items():
                 if kind != OVERFLOW:
                     events[kind, status, *extra] = float(n)
@@ -159,9 +159,9 @@ class Reader:
         gsb_score: dict[Labels, float] = {}
         gsb_p_value: dict[Labels, float] = {}
         for row in engine.gsb_rows():
-            experiment, source = row["experiment"], row["source"]
-            gsb_score[experiment, source, "total"] = _number(row["score"])
-            gsb_p_value[experiment, source] = _number(row["p_value"])
+            gsb_labels = (row["experiment"], row["treatment"] or "", row["source"])
+            gsb_score[(*gsb_labels, "total")] = _number(row["score"])
+            gsb_p_value[gsb_labels] = _number(row["p_value"])
         for given, counts in verdicts.items():
             gsb_score[given] = counts.score
         return Readout(
@@ -180,7 +180,8 @@ class Reader:
         if cached is not None and cached[0] is engine and cached[1] is ledger and cached[2] == key:
             return cached[3]
         ab: dict[Labels, tuple[float, ...]] = {
-            (row["experiment"], row["metric"]): tuple(_number(row[k]) for k in AB_FIELDS) for row in engine.ab()}
+            (row["experiment"], row["metric"], row["treatment"]): tuple(_number(row[k]) for k in AB_FIELDS)
+            for row in engine.ab()}
         units: dict[Labels, float] = {
             (experiment, arm): float(n) for experiment, arms in ledger.units().items() for arm, n in arms.items()}
         conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()}

@@ -25,9 +25,9 @@ from stream_eval.export.html_data import HtmlData, QueryMeans, ratio
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
 
-    from stream_eval.config import ArmPair
+    from stream_eval.config import Arms
 
-ArmsOf = Callable[[str], "ArmPair | None"]
+ArmsOf = Callable[[str], "Arms | None"]
 
 #: Queries shown per experiment and metric in "queries that differ most".
 TOP_QUERIES = 15
@@ -119,11 +119,10 @@ def render_html(report: dict[str, Any], data: HtmlData, arms_of: ArmsOf, title: 
     page.raw(_queries_left_out(data.queries))
     primary = _primary_metric(data)
     for experiment in sorted({e for (e, _, _) in data.queries.sums.index}):
-        pair = arms_of(experiment)
-        if pair is None:
-            continue
-        page.chart(_top_queries_figure(experiment, pair.control, pair.treatment, data))
-        page.raw(_top_queries_table(experiment, pair.control, pair.treatment, data, primary))
+        arms = arms_of(experiment)
+        for pair in arms.pairs() if arms is not None else ():
+            page.chart(_top_queries_figure(experiment, pair.control, pair.treatment, data))
+            page.raw(_top_queries_table(experiment, pair.control, pair.treatment, data, primary))
     return page.render(title, _summary(report), get_plotlyjs())
 
 

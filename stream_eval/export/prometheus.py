@@ -11,15 +11,16 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   ``sum / count`` is the GAUC.
 * ``stream_eval_window_sum`` / ``_count`` / ``_mean{experiment,arm,metric,window}``: the rolling event-time windows
   of :mod:`stream_eval.engine.windows` (``metric`` = ``MRR``, ``MAP``, ``nDCG@10``, ..., ``GAUC``).
-* ``stream_eval_gsb_total{experiment,source,verdict}``; ``stream_eval_gsb_score{experiment,source,window}`` with
+* ``stream_eval_gsb_total{experiment,arm,source,verdict}`` (``arm``: the treatment compared with the control; none
+  for judgments, which name no arm); ``stream_eval_gsb_score{experiment,arm,source,window}`` with
   ``window="total"`` for every verdict so far and the rolling window labels (``5m``, ``1h``) for the verdicts
   given in that much event time.
 * ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper`` / ``_cs_lower`` / ``_cs_upper`` / ``_lift`` /
   ``_lift_cs_lower`` / ``_lift_cs_upper`` / ``_p_value
-  {experiment,metric}``: treatment - control over randomisation units, its fixed-sample interval, its always-valid
-  confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
+  {experiment,metric,arm}``: treatment (``arm``) - control over randomisation units, its fixed-sample interval,
+  its always-valid confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
   ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
-  ``stream_eval_gsb_p_value{experiment,source}``. The A/B units live on the worker that runs the regroup stage
+  ``stream_eval_gsb_p_value{experiment,arm,source}``. The A/B units live on the worker that runs the regroup stage
   (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
   by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
@@ -209,11 +210,11 @@ class EngineCollector(Collector):
                           "window.", window, {k: v[1] for k, v in s.window.items()})
         yield self._gauge("stream_eval_window_mean", "Mean of a metric in a rolling event-time window.", window,
                           {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in s.window.items()})
-        yield self._counter("stream_eval_gsb", "GSB verdicts, treatment vs control.", ["experiment", "source",
-                            "verdict", *extra], s.gsb)
+        yield self._counter("stream_eval_gsb", "GSB verdicts, treatment (arm; none for judgments) vs control.",
+                            ["experiment", "arm", "source", "verdict", *extra], s.gsb)
         yield self._gauge("stream_eval_gsb_score", "GSB score (good - bad) / (good + same + bad); window=total for "
-                          "all verdicts.", ["experiment", "source", "window"], s.gsb_score)
-        ab = ["experiment", "metric"]
+                          "all verdicts.", ["experiment", "arm", "source", "window"], s.gsb_score)
+        ab = ["experiment", "metric", "arm"]
         for i, (name, doc) in enumerate((
             ("stream_eval_ab_delta", "Treatment - control of a mean, over randomisation units."),
             ("stream_eval_ab_ci_lower", "Lower bound of the fixed-sample (cluster-robust) interval of the A/B "
@@ -240,7 +241,7 @@ class EngineCollector(Collector):
         yield self._gauge("stream_eval_srm_mismatch", "1 when the sample ratio mismatches (p-value below "
                           "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.ab.srm.items()})
         yield self._gauge("stream_eval_gsb_p_value", "Always-valid sign-test p-value of good against bad (ties "
-                          "out).", ["experiment", "source"], s.gsb_p_value)
+                          "out).", ["experiment", "arm", "source"], s.gsb_p_value)
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status", *extra],
                             s.events)
         yield self._counter("stream_eval_invalid_events", "Invalid input events by type and reason code (the "
