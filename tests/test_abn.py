@@ -123,3 +123,41 @@ def test_a_merger_state_written_before_a_b_n_is_read(tmp_path: Path) -> None:
     restored = LookMerger(engine.config, merger.names)
     restored.restore_json(state)
     assert repr(restored.results()) == repr(merger.results()) and merger.results()[0]  # (NaN: compared as text)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[experiments.e]\nguardrails = {"ERR@10" = "1%"}\n', "a fall"),
+    ('[experiments.e]\nguardrails = {"nDCG@7" = "-1%"}\n', "not a metric"),
+    ('[experiments.e]\nguardrails = {"ERR@10" = "lots"}\n', "expected a number"),
+    ('[experiments.e]\nprimary = ["MRR"]\nguardrails = {"MRR" = -0.01}\n', "both primary and a guardrail"),
+])
+def test_guardrails_that_cannot_be_used_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _config(text)
+
+
+def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_path: Path) -> None:
+    """b-better is better than the control, c-worse worse. GAUC, a guardrail of -0.01 (absolute): b is shown
+    non-inferior (its sequence wholly above -0.01), c breaches it (wholly below). ERR@10, a guardrail of -50 %
+    (relative, on the lift): both are within it. So b ships and c is rolled back."""
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    config = _config('[experiments.exp1]\nguardrails = {"ERR@10" = "-50%", "GAUC" = -0.01}\n')
+    engine = replay([str(log)], config)
+    rows = {(row["treatment"], row["metric"]): row for row in engine.ab()}
+    good, bad = rows["b-better", "GAUC"], rows["c-worse", "GAUC"]
+    assert good["guardrail"] and good["margin"] == -0.01 and not good["margin_relative"]
+    assert good["non_inferior"] and not good["breached"] and good["cs_lower"] > -0.01
+    assert bad["breached"] and not bad["non_inferior"] and bad["cs_upper"] < -0.01
+    for treatment in ("b-better", "c-worse"):
+        relative = rows[treatment, "ERR@10"]
+        assert relative["margin"] == -0.5 and relative["margin_relative"] and relative["non_inferior"]
+        assert relative["lift_cs_lower"] > -0.5
+    assert not rows["b-better", "MRR"]["guardrail"] and "margin" not in rows["b-better", "MRR"]
+    recommendation = {r["treatment"]: r for r in engine.experiments()}
+    assert recommendation["c-worse"]["recommendation"] == "rollback"
+    assert recommendation["c-worse"]["breached"] == ["GAUC"]
+    assert recommendation["b-better"]["recommendation"] == "ship"
+    assert "nDCG@10" in recommendation["b-better"]["better"] and not recommendation["b-better"]["unproven"]
+    # a tighter tolerance that b has not been shown within: keep running
+    strict = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.001}\n'))
+    assert {r["treatment"]: r["recommendation"] for r in strict.experiments()}["b-better"] == "keep running"

@@ -157,7 +157,7 @@ def test_a_flood_of_query_ids_keeps_a_bucket_at_the_bound_in_any_order() -> None
             assert held() < 3_000_000  # CAP queries' requests (and their strings), not 100k
         tracker.close(math.inf, _arms)
         assert tracker.overflow == 2 * (n - KEPT)  # both requests of every query not kept
-        total = tracker.totals(_arms)["exp", "metric"]
+        total = tracker.totals(_arms)["exp", "b", "metric"]
         assert total.good + total.same + total.bad == KEPT
         totals.append((total.good, total.same, total.bad))
     assert totals[0] == totals[1]  # the queries of smallest rank, whatever the order of arrival

@@ -21,8 +21,9 @@ sums are the same wherever it is held; an experiment's sums are its shards', add
 on ``ceil(k / look_every) * look_every``, taken once event time reaches it (no look where nothing changed). The
 shards changed since the previous look report their sums (:class:`ShardLook`) to the merger, which folds a
 boundary once every ledger holding shards has reported up to it. The always-valid p-value is the running
-minimum over looks and the confidence sequence their running intersection, so a decision, once reached, stays
-(until the control a treatment is compared with changes); the rows read are those of the last look. An experiment
+minimum over looks and the confidence sequence their running intersection (from scratch when the control a
+treatment is compared with changes); the rows read are those of the last look. Decisions are taken after
+false-discovery control (e-BH on the e-values of the look, :func:`_decided`). An experiment
 has one control and any number of treatments (A/B/n, ``Config.arms_for``): one comparison per treatment, each with
 its running state, and one SRM test over all the arms. A unit seen in a second
 arm is a *conflict*: counted once, kept in its first arm, and that contribution is left out of the A/B
@@ -35,6 +36,7 @@ counted (``UnitLedger.overflow``); so the bound, too, is the same whatever the n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -48,7 +50,8 @@ import numpy.typing as npt
 from stream_eval.config import ArmPair, Arms, Config
 from stream_eval.engine.compiled import unit_rows, unit_slots
 from stream_eval.engine.times import time_to_json
-from stream_eval.stats import ArmSums, Comparison, compare, decide, srm_test
+from stream_eval.metrics.specs import lower_is_better
+from stream_eval.stats import ArmSums, Comparison, compare, decide, e_bh, srm_test
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -298,6 +301,24 @@ class AbRow:
     lift_ci_upper: float = math.nan
     lift_cs_lower: float = math.nan  # the running intersection of the lift's confidence sequences
     lift_cs_upper: float = math.nan
+    guardrail: bool = False  # a guardrail of the experiment: the fields below say how it stands
+    margin: float = math.nan  # the tolerated loss: on ``lift`` when ``margin_relative``, else on ``delta``
+    margin_relative: bool = False
+    non_inferior: bool = False  # the confidence sequence lies wholly on the good side of ``margin``
+    breached: bool = False  # ... wholly on the bad side of it
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to do with one treatment of an experiment (README, "Guardrails and the recommendation")."""
+
+    experiment: str
+    control: str
+    treatment: str
+    recommendation: str  # "ship" | "rollback" | "keep running"
+    better: list[str]  # goal metrics decided better (after false-discovery control)
+    breached: list[str]  # guardrails breached
+    unproven: list[str]  # guardrails not shown non-inferior yet
 
 
 @dataclass(frozen=True)
@@ -490,8 +511,12 @@ class LookMerger:
         for name in sorted(now_of):
             now = now_of[name]
             running = running_of[name]
+            rows: list[AbRow] = []
+            log_e: list[float] = []
             for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True):
-                ab.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns))
+                rows.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns))
+                log_e.extend(float(comparison.log_e_value[j]) for j, _ in columns)
+            ab.extend(_decided(rows, log_e, self.config))
             srm = now.srm
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
                                    running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
@@ -744,6 +769,66 @@ def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
             _bound(running.lift_cs_upper[j]) if running.lift_cs_upper is not None else math.nan,
         ))
     return rows
+
+
+def _decided(rows: list[AbRow], log_e: list[float], config: Config) -> list[AbRow]:
+    """An experiment's rows with their decisions after false-discovery control, and its guardrails tested.
+
+    Families (README, "False discoveries"): the goal metrics (``primary``, else every metric not a guardrail) of
+    every treatment; and the other metrics not guardrails, when ``primary`` names fewer, a family of their own.
+    Each family's decisions are e-BH's at level ``1 - confidence`` on the e-values of this look: a row not
+    rejected is ``inconclusive``. A guardrail keeps its own decision (unadjusted) and gets its non-inferiority
+    test: its confidence sequence (of the lift for a relative tolerance) wholly on the good side of the tolerated
+    loss (``non_inferior``), or wholly on the bad side (``breached``)."""
+    if not rows:
+        return rows
+    settings = config.settings_of(rows[0].experiment)
+    guardrails = dict(settings.guardrails)
+    goal = set(settings.primary) or {row.metric for row in rows} - guardrails.keys()
+    alpha = 1.0 - config.confidence
+    out = list(rows)
+    for family in (goal, {row.metric for row in rows} - goal - guardrails.keys()):
+        members = [k for k, row in enumerate(rows) if row.metric in family]
+        if not members:
+            continue
+        rejected = e_bh([log_e[k] for k in members], alpha)
+        for k, kept in zip(members, rejected.tolist(), strict=True):
+            if not kept:
+                out[k] = dataclasses.replace(rows[k], decision="inconclusive")
+    for k, row in enumerate(rows):
+        tolerance = guardrails.get(row.metric)
+        if tolerance is not None:
+            lower, upper = (row.lift_cs_lower, row.lift_cs_upper) if tolerance.relative else (row.cs_lower,
+                                                                                               row.cs_upper)
+            if tolerance.value > 0:  # a metric lower-is-better: a rise is the loss
+                good, bad = upper < tolerance.value, lower > tolerance.value
+            else:
+                good, bad = lower > tolerance.value, upper < tolerance.value
+            out[k] = dataclasses.replace(out[k], guardrail=True, margin=tolerance.value,
+                                         margin_relative=tolerance.relative, non_inferior=good, breached=bad)
+    return out
+
+
+def recommend(rows: Sequence[AbRow]) -> list[Recommendation]:
+    """Per treatment: ``rollback`` when a guardrail is breached; ``ship`` when a goal metric is better (its decision,
+    taken after false-discovery control, in the metric's direction) and every guardrail is shown non-inferior;
+    else ``keep running``."""
+    out: dict[tuple[str, str], Recommendation] = {}
+    for row in rows:
+        key = (row.experiment, row.treatment)
+        now = out.get(key)
+        if now is None:
+            now = out[key] = Recommendation(row.experiment, row.control, row.treatment, "keep running", [], [], [])
+        if row.guardrail:
+            if row.breached:
+                now.breached.append(row.metric)
+            elif not row.non_inferior:
+                now.unproven.append(row.metric)
+        elif row.decision == ("worse" if lower_is_better(row.metric) else "better"):
+            now.better.append(row.metric)
+    return [dataclasses.replace(r, recommendation="rollback" if r.breached else
+                                "ship" if r.better and not r.unproven else "keep running")
+            for r in out.values()]
 
 
 def _bound(value: float) -> float:

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Arms, Config
-from stream_eval.engine.ab import UnitLedger
+from stream_eval.engine.ab import UnitLedger, recommend
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.plugins import Plugin, RegroupHooks
@@ -675,6 +675,7 @@ class Engine:
             "gsb": gsb,
             "ab": self.ab(),
             "srm": self.srm(),
+            "experiments": self.experiments(),
             "overflow": self.overflow(),
         }
 
@@ -733,9 +734,20 @@ class Engine:
                 "decision": _FLIPPED.get(row.decision, row.decision) if row.metric in lower else row.decision,
                 "lift": _number(row.lift), "lift_ci_lower": _number(row.lift_ci_lower),
                 "lift_ci_upper": _number(row.lift_ci_upper), "lift_cs_lower": _number(row.lift_cs_lower),
-                "lift_cs_upper": _number(row.lift_cs_upper),
+                "lift_cs_upper": _number(row.lift_cs_upper), "guardrail": row.guardrail,
+                **({"margin": row.margin, "margin_relative": row.margin_relative, "non_inferior": row.non_inferior,
+                    "breached": row.breached} if row.guardrail else {}),
             })
         return out
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """Per experiment and treatment, the recommendation (``ship``, ``rollback``, ``keep running``) with the goal
+        metrics decided better, the guardrails breached and those not shown non-inferior yet."""
+        names = [name for _, name in self._metric_names()] + [GAUC]
+        rows, _ = self.ledger.results(names)
+        return [{"experiment": r.experiment, "control": r.control, "treatment": r.treatment,
+                 "recommendation": r.recommendation, "better": r.better, "breached": r.breached,
+                 "unproven": r.unproven} for r in recommend(rows)]
 
     def srm(self) -> list[dict[str, Any]]:
         """Sample-ratio checks: units per arm against the expected split, per experiment."""
