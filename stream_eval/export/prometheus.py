@@ -20,8 +20,11 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   {experiment,metric,arm}``: treatment (``arm``) - control over randomisation units, its fixed-sample interval,
   its always-valid confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
   ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
-  ``stream_eval_gsb_p_value{experiment,arm,source}``. The A/B units live on the worker that runs the regroup stage
-  (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
+  ``stream_eval_gsb_p_value{experiment,arm,source}``; the guardrails' ``stream_eval_ab_guardrail_margin`` /
+  ``_lower`` / ``_upper`` / ``_breached`` / ``_non_inferior{experiment,metric,arm}`` and
+  ``stream_eval_ab_recommendation{experiment,arm,recommendation}`` = 1. The A/B units live on the worker that runs
+  the regroup stage (``engine/regroup.py``): only it exports these (cumulative since each experiment's first
+  event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
   by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
@@ -232,6 +235,20 @@ class EngineCollector(Collector):
              "lift."),
         )):
             yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.ab.items()})
+        for i, (name, doc) in enumerate((
+            ("stream_eval_ab_guardrail_margin", "A guardrail's tolerated loss (on the lift when given in %, else on "
+             "the delta)."),
+            ("stream_eval_ab_guardrail_lower", "Lower bound of the always-valid confidence sequence a guardrail's "
+             "margin is compared with (the lift's for a relative margin)."),
+            ("stream_eval_ab_guardrail_upper", "Upper bound of that confidence sequence."),
+            ("stream_eval_ab_guardrail_breached", "1 when the treatment is worse than the guardrail tolerates (the "
+             "sequence wholly on the bad side of the margin)."),
+            ("stream_eval_ab_guardrail_non_inferior", "1 when the treatment is shown within the guardrail's "
+             "tolerance (the sequence wholly on the good side of the margin)."),
+        )):
+            yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.guardrails.items()})
+        yield self._gauge("stream_eval_ab_recommendation", "1 for a treatment's recommendation: ship, rollback or "
+                          "keep running.", ["experiment", "arm", "recommendation"], s.ab.recommendations)
         yield self._gauge("stream_eval_ab_units", "Randomisation units of an arm in the A/B statistics.",
                           ["experiment", "arm"], s.ab.units)
         yield self._counter("stream_eval_ab_unit_conflicts", "Units seen in a second arm (kept in their first).",
