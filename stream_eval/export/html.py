@@ -224,21 +224,31 @@ def _decisions(report: dict[str, Any]) -> str:
              html.escape(a["metric"]), _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]),
              _number(a["p_value"]), _badge(a["decision"]), f"{a['units_control']:,} / {a['units_treatment']:,}"]
             for a in report["ab"]]
-    parts.append('<p class="note">Treatment - control over randomisation units. The confidence sequence and the '
-                 "p-value stay valid however often they are read; a decision, once reached, stays.</p>")
+    parts.append('<p class="note">Each treatment - the control, over randomisation units. The confidence sequence '
+                 "and the p-value stay valid however often they are read; the decisions are taken after "
+                 "false-discovery control (e-BH over the goal metrics and treatments).</p>")
     parts.append(_table(["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision",
                          "units c / t"], rows, text_columns=3))
+    recommendation_colours = {"ship": "better", "rollback": "worse", "keep running": "inconclusive"}
+    recommendations = [[html.escape(r["experiment"]), html.escape(r["treatment"]),
+                        _badge(recommendation_colours[r["recommendation"]], r["recommendation"]),
+                        html.escape(", ".join(r["better"])), html.escape(", ".join(r["breached"])),
+                        html.escape(", ".join(r["unproven"]))] for r in report.get("experiments", [])]
+    if recommendations:
+        parts.append(_table(["experiment", "treatment", "recommendation", "better", "guardrails breached",
+                             "guardrails not proven"], recommendations, text_columns=2))
     return "".join(parts)
 
 
 def _gsb_table(report: dict[str, Any]) -> str:
     if not report["gsb"]:
         return '<p class="note">No GSB verdicts (judgments, per-query metrics of both arms, or interleaving).</p>'
-    rows = [[html.escape(g["experiment"]), html.escape(g["source"]), f"{g['good']:,}", f"{g['same']:,}",
+    rows = [[html.escape(g["experiment"]), html.escape(g["treatment"] or ""), html.escape(g["source"]),
+             f"{g['good']:,}", f"{g['same']:,}",
              f"{g['bad']:,}", _number(g["score"]), _interval(g["cs_lower"], g["cs_upper"]), _number(g["p_value"]),
              _badge(g["decision"])] for g in report["gsb"]]
-    return _table(["experiment", "source", "good", "same", "bad", "score", "confidence sequence", "p", "decision"],
-                  rows, text_columns=2)
+    return _table(["experiment", "treatment", "source", "good", "same", "bad", "score", "confidence sequence", "p",
+                   "decision"], rows, text_columns=3)
 
 
 def _srm_table(report: dict[str, Any]) -> str:
