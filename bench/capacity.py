@@ -204,7 +204,8 @@ class Clock:
 
 
 def new_worker(config: Any) -> Any:
-    from stream_eval.stream.worker import StreamWorker, WorkerSettings
+    from stream_eval.stream.settings import WorkerSettings
+    from stream_eval.stream.worker import StreamWorker
 
     worker = StreamWorker(WorkerSettings(brokers=["127.0.0.1:9"], partitions=PARTITIONS), config)
     return worker
@@ -273,8 +274,7 @@ def child_stages(requests: int, fetch_size: int, checkpoint_every: int) -> dict[
         with clock.section("finalise"):
             worker.partitioned.tick()
             records = [value for _, value in worker.partitioned.take_regrouped(commit=True)]
-        finalised_so_far += len(worker._outbox)  # (one request-metrics record per request finalised)
-        worker._outbox.clear()
+        finalised_so_far += len(worker.delivery.outbox.take().requests)  # (one record per request finalised)
         with clock.section("stage"):
             stage.feed(range(log_offset, log_offset + len(records)), records)
         log_offset += len(records)
@@ -404,7 +404,7 @@ def child_stage_state(requests: int, fetch_size: int, window: float) -> dict[str
     records: list[bytes] = []
     for fetch in source.fetches():
         records += feed(worker, fetch)
-        worker._outbox.clear()
+        worker.delivery.outbox.take()
     finalised = worker.totals().overall().requests
     del worker
     gc.collect()
@@ -452,7 +452,7 @@ def child_steady(rate: float, seconds: float, fetch_size: int, stage_on: bool) -
     offset = 0
     for fetch in source.fetches():
         records = feed(worker, fetch)
-        worker._outbox.clear()
+        worker.delivery.outbox.take()
         if stage is not None:
             stage.feed(range(offset, offset + len(records)), records)
             offset += len(records)

@@ -248,7 +248,8 @@ def child_memory(requests: int, batch: int, tracemalloc_on: bool, clicks: int = 
 
     from stream_eval.config import Config
     from stream_eval.events.messages import decode_messages
-    from stream_eval.stream.worker import StreamWorker, WorkerSettings
+    from stream_eval.stream.settings import WorkerSettings
+    from stream_eval.stream.worker import StreamWorker
 
     def rss() -> int:
         with open("/proc/self/statm") as f:

@@ -23,7 +23,8 @@ from stream_eval.simulate import SimulationConfig, simulate_lines
 from stream_eval.stream.apache_kafka import ApacheKafka
 from stream_eval.stream.broker import Broker, free_port
 from stream_eval.stream.produce import send_lines
-from stream_eval.stream.worker import StreamWorker, WorkerSettings
+from stream_eval.stream.settings import WorkerSettings
+from stream_eval.stream.worker import StreamWorker
 
 DAY = 86_400
 

@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--min-insync-replicas", type=_positive_int, default=1, metavar="N",
                         help="min.insync.replicas of the topics it creates, at least N on those that exist: a write "
                              "is refused with fewer replicas in sync (default 1; 2 with 3 replicas)")
+    worker.add_argument("--delivery", default="auto", choices=["auto", "transactions", "fenced-log"],
+                        help="how results are made exactly-once: Kafka transactions, or the fenced log for brokers "
+                             "without them; auto (default): transactions where the broker runs them "
+                             "(docs/design.md, \"Delivery\")")
     worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
     worker.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text (default) or JSON lines: ts, level, logger, message")
@@ -345,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             from stream_eval.stream.app import run_worker
             from stream_eval.stream.kafka import parse_brokers
-            from stream_eval.stream.worker import WorkerSettings
+            from stream_eval.stream.settings import WorkerSettings
 
             ubi = {}
             if args.input_format == "ubi":
@@ -356,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
                                       stage_partitions=args.stage_partitions, security=security_from_args(args),
                                       replication_factor=args.replication_factor,
-                                      min_insync_replicas=args.min_insync_replicas, **ubi)
+                                      min_insync_replicas=args.min_insync_replicas, delivery=args.delivery,
+                                      **ubi)
             return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
                               metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":

@@ -51,11 +51,12 @@ def AbstractTimeConfig(**settings: Any) -> Config:  # noqa: N802  # stands in fo
 
 async def read_topic(bootstrap: str, topic: str, expected: int = 0, timeout: float = 120) -> list[Any]:
     """Every record of ``topic``: until there are ``expected``, then until a fetch of 1 s brings nothing (so that
-    records beyond the expected number, duplicates, are read too)."""
+    records beyond the expected number, duplicates, are read too); ``read_committed``, as users of the outputs read
+    them (the records of a transaction a fenced worker did not commit are not outputs)."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
+                                enable_auto_commit=False, isolation_level="read_committed")
     await consumer.start()
     found: list[Any] = []
     try:
@@ -89,3 +90,63 @@ def stages_done(workers: Sequence[Any]) -> bool:
 def stage_sessions(worker: Any) -> int:
     """Named sessions scored by the stage partitions a worker holds."""
     return sum(engine.overall().sessions for engine in worker.stages.engines())
+
+
+class MemoryLogs:
+    """The worker's logs (``stream/logs.py``'s :class:`Logs`) in memory, for delivery tests without a broker:
+    ``topics[topic][partition]`` is a list of (key, value) records; ``stored`` counts the writes."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, dict[int, list[tuple[bytes | None, bytes]]]] = {}
+        self.stored = 0
+
+    def log(self, topic: str, partition: int) -> list[tuple[bytes | None, bytes]]:
+        return self.topics.setdefault(topic, {}).setdefault(partition, [])
+
+    async def store(self, topic: str, value: bytes, partition: int, key: bytes = b"checkpoint") -> int:
+        self.stored += 1
+        self.log(topic, partition).append((key, value))
+        return len(self.log(topic, partition)) - 1
+
+    async def store_all(self, topic: str, records: dict[int, tuple[bytes, bytes]]) -> dict[int, int]:
+        return {p: await self.store(topic, value, p, key) for p, (key, value) in sorted(records.items())}
+
+    async def store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None) -> tuple[int, int]:
+        return await self.store(topic, data, partition, key or b""), 1
+
+    async def read_pieces(self, where: tuple[int, int], topic: str, partition: int) -> bytes:
+        return self.log(topic, partition)[where[0]][1]
+
+    async def last_checkpoint(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, Any]:
+        from types import SimpleNamespace
+
+        import orjson
+
+        records = self.log(topic, partition)[:before]
+        found = [value for key, value in records if key == b"checkpoint"]
+        last = SimpleNamespace(key=records[-1][0], value=records[-1][1]) if records else None
+        return (orjson.loads(found[-1]) if found else None), last
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        return len(self.log(topic, partition))
+
+    async def keys_since(self, topic: str, partition: int, start: int) -> tuple[set[str], int]:
+        records = self.log(topic, partition)
+        return {key.decode() for key, _ in records[start:] if key}, len(records)
+
+
+class RecordingSender:
+    """A :class:`~stream_eval.stream.logs.Sender` that keeps what it is given: ``sent`` (topic, partition, key)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int | None, bytes | None]] = []
+        self.ends: dict[tuple[str, int], int] = {}
+
+    async def send_batches(self, topic: str, records: Sequence[Any], partition: int | None = None) -> None:
+        self.sent += [(topic, partition, key) for key, _, _ in records]
+
+    async def send_record(self, topic: str, partition: int | None, record: Any, headers: Any = None) -> None:
+        self.sent.append((topic, partition, record[0]))
+
+    async def flush(self) -> None:
+        pass

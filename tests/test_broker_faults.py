@@ -32,7 +32,8 @@ from stream_eval.stream.broker import Broker, free_port, stop_process
 from stream_eval.stream.demo import scrape
 from stream_eval.stream.kafka import topics
 from stream_eval.stream.produce import send_lines
-from stream_eval.stream.worker import StreamWorker, WorkerSettings
+from stream_eval.stream.settings import WorkerSettings
+from stream_eval.stream.worker import StreamWorker
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "search-log.jsonl"
 PARTITIONS = 4

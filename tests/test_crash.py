@@ -258,9 +258,15 @@ class Worker:
         said = re.findall(r"(took|gave up) stage partition 0\b", self.log.read_text(errors="replace"))
         return bool(said) and said[-1] == "took"
 
+    def transactional(self) -> bool:
+        """Whether its log says it delivers with Kafka transactions (``--delivery auto`` on a broker that runs them)."""
+        return "delivery: transactions" in self.log.read_text(errors="replace")
+
     def holds(self) -> int:
-        """Hand-over holds its log says it began (partitions taken from an owner that had not released them)."""
-        return len(re.findall(r"did not release it: hand-over hold", self.log.read_text(errors="replace")))
+        """Partitions its log says it took from an owner that had not released them: hand-over holds begun (the
+        fenced log); with transactions, which need no hold, checkpoints restored."""
+        pattern = r"restoring the checkpoint" if self.transactional() else r"did not release it: hand-over hold"
+        return len(re.findall(pattern, self.log.read_text(errors="replace")))
 
     def events(self) -> float:
         try:
@@ -471,6 +477,7 @@ class Cluster:
         else:
             self.note("/metrics: replay's numbers")
         problems += self.records_problems()
+        problems += self.dead_letter_problems()
         if problems:  # for the post-mortem: each live worker's /metrics as scraped
             for worker in self.live:
                 with contextlib.suppress(OSError):
@@ -500,6 +507,23 @@ class Cluster:
             return [f"request-metrics: {len(differ)} records differ from replay's, e.g. {values[differ[0]]} != "
                     f"{expected[differ[0]]}"]
         self.note(f"request-metrics: {len(records)} records, each request once, replay's values")
+        return []
+
+
+    def dead_letter_problems(self) -> list[str]:
+        """Every invalid message of the log dead-lettered: exactly once with transactions; with the fenced log at
+        least once (docs/reliability.md, "Known gaps"), copies told apart by the topic, partition and offset in
+        their headers."""
+        invalid = int(self.expected.report["events"]["invalid"])
+        dead = asyncio.run(read_topic(self.broker, topics(self.prefix).dead_letters, invalid))
+        where = Counter(tuple(dict(r.headers)[h] for h in ("topic", "partition", "offset")) for r in dead)
+        copies = sum(where.values()) - len(where)
+        transactional = any(w.transactional() for w in self.workers)
+        if len(where) != invalid or (copies and transactional):
+            return [f"dead letters: {len(dead)} of {len(where)} messages for replay's {invalid} invalid events "
+                    f"({copies} copies; delivery {'transactions' if transactional else 'fenced-log'})"]
+        self.note(f"dead letters: {len(where)} messages, {copies} copies "
+                  f"({'transactions' if transactional else 'fenced log'})")
         return []
 
 
@@ -630,3 +654,30 @@ def test_kill_the_regroup_stage_owner(cluster: Cluster, kill: bool) -> None:
             cluster.start(f"{holder.name}-again")
         cluster.wait_produced()
         cluster.check()
+
+
+@pytest.mark.parametrize("broker_kind", ["kafka"], indirect=True)  # transactions: only Apache Kafka runs them
+def test_a_worker_frozen_past_its_session_writes_nothing_twice(cluster: Cluster) -> None:
+    """The zombie: of two workers, one is frozen (SIGSTOP) 2-6 s after both have partitions, for 20 s — past its
+    6 s session and the fenced log's 5 s hand-over hold — while the other takes its partitions over, and then
+    resumed (SIGCONT) with its transactions half done. With Kafka transactions its writes are refused (its
+    producers fenced by the new owner's): /metrics, every request-metrics record and every dead letter exactly
+    once, as replay. (The fenced log, on brokers without transactions, can write records twice here: its known
+    gap.)"""
+    rng = random.Random(17)
+    with cluster:
+        cluster.produce(speed=1.0)
+        a, b = cluster.start("a"), cluster.start("b")
+        cluster.wait_joined(a)
+        cluster.wait_joined(b)
+        time.sleep(rng.uniform(2.0, 6.0))
+        os.kill(a.process.pid, signal.SIGSTOP)
+        cluster.note("froze a (SIGSTOP)")
+        time.sleep(20.0)
+        os.kill(a.process.pid, signal.SIGCONT)
+        cluster.note("resumed a (SIGCONT)")
+        cluster.wait_produced()
+        cluster.check()
+        assert a.transactional() and b.transactional()
+        text = a.log.read_text(errors="replace")
+        assert "its transaction failed" in text or "ProducerFenced" in text, "a was never fenced"

@@ -22,7 +22,7 @@ import yaml
 
 from stream_eval.cli import build_parser
 from stream_eval.stream.kafka import parse_brokers, topics
-from stream_eval.stream.worker import WorkerSettings
+from stream_eval.stream.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -42,7 +42,7 @@ async def _consume(bootstrap: str, names: tuple[str, ...], until: int, idle: flo
 
     consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None, session_timeout_ms=6000,
-                                heartbeat_interval_ms=1000)
+                                heartbeat_interval_ms=1000, isolation_level="read_committed")
     await consumer.start()
     records: list[Record] = []
     try:
@@ -349,14 +349,14 @@ def test_outputs_go_out_in_order_to_the_key_partition_in_batches(batch_bytes: in
     checks its size), in its place."""
     from aiokafka.partitioner import DefaultPartitioner
 
-    from stream_eval.stream import worker as worker_module
+    from stream_eval.stream import logs
+    from stream_eval.stream.backoff import BrokerHealth
 
-    worker = object.__new__(worker_module.StreamWorker)
-    worker._producer = producer = _FakeProducer(batch_bytes)  # type: ignore[assignment]  # a fake
-    worker.health, worker._deliveries = worker_module.BrokerHealth("test", worker_module.log), []
-    large = worker_module._LARGE_RECORD
+    producer = _FakeProducer(batch_bytes)
+    sender = logs.Sender(producer, BrokerHealth("test", logs.log))
+    large = logs.LARGE_RECORD
     records = [(f"r{i}".encode(), b"v" * (large if i % 97 == 5 else i % 70), 1000 + i) for i in range(400)]
-    asyncio.run(worker._send_batches("request-metrics", records))
+    asyncio.run(sender.send_batches("request-metrics", records))
     got: dict[int, list[Any]] = {}
     for partition, batch in producer.sent:
         got.setdefault(partition, []).extend(batch)

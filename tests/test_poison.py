@@ -172,7 +172,8 @@ def test_worker_survives_poison_and_dead_letters_it(broker: str, tmp_path: Path)
     from stream_eval.events.scan import MAX_EVENT_BYTES
     from stream_eval.stream.kafka import ensure_topics, topics
     from stream_eval.stream.produce import send_lines
-    from stream_eval.stream.worker import StreamWorker, WorkerSettings
+    from stream_eval.stream.settings import WorkerSettings
+    from stream_eval.stream.worker import StreamWorker
 
     future = time.time() + 3600
     poison = [*POISON[:-1],

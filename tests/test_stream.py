@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from support import approx, held_stages, read_topic, stage_sessions, stages_done
+from support import MemoryLogs, RecordingSender, approx, held_stages, read_topic, stage_sessions, stages_done
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.replay import replay
 from stream_eval.simulate import SimulationConfig, simulate_lines
+from stream_eval.stream.delivery import FencedLog
 from stream_eval.stream.kafka import topics
 from stream_eval.stream.produce import send_lines
-from stream_eval.stream.worker import StreamWorker, WorkerSettings
+from stream_eval.stream.settings import WorkerSettings
+from stream_eval.stream.worker import StreamWorker
 
 PARTITIONS = 4
 
@@ -238,35 +239,41 @@ def test_the_loop_does_not_fetch_the_stage_while_its_group_rebalances() -> None:
     asyncio.run(main())
 
 
+def _fenced_log(worker: StreamWorker) -> tuple[FencedLog, MemoryLogs, RecordingSender]:
+    """The worker's delivery protocol on logs in memory, with a sender that records what it sends."""
+    logs, sender = MemoryLogs(), RecordingSender()
+    delivery = FencedLog(worker.settings, worker.partitioned, worker.stages, worker.lock, worker.health,
+                         logs=logs, sender=sender)  # type: ignore[arg-type]  # fakes of the same shape
+    return delivery, logs, sender
+
+
 def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wrote() -> None:
-    """The hand-over hold: a worker that has just taken partition 0 over keeps its records of it; at the end of the
-    hold it reads request-metrics again from where it read at its claim, and what a previous owner wrote
-    meanwhile (``r1``, and ``r9`` not finalised yet) is not written again. Other partitions' records go at once."""
+    """The hand-over hold: a worker that has just claimed partition 0 from an owner that did not release it keeps
+    its records of it; at the end of the hold it reads request-metrics again from where it read at its claim, and
+    what the previous owner wrote meanwhile (``r1``, and ``r9`` not finalised yet) is not written again. Other
+    partitions' records go at once."""
+    from stream_eval.engine.partitions import Checkpoint
+
     worker = StreamWorker(WorkerSettings(["localhost:9"], group="hold", handover_hold=0.3), Config())
-    reads: list[tuple[int, int]] = []
-    sent: list[bytes] = []
+    delivery, logs, sender = _fenced_log(worker)
+    outputs = worker.topics.request_metrics
+    previous = Checkpoint(0, output_end=0, owner="a")  # and no release after it
+    logs.log(worker.settings.checkpoint_topic, 0).append((b"checkpoint", orjson.dumps(previous.to_json())))
 
-    async def written_since(partition: int, start: int) -> tuple[set[str], int]:
-        reads.append((partition, start))
-        return {"r1", "r9"}, start + 2
-
-    async def send_batches(topic: str, records: Any, partition: int | None = None) -> None:
-        sent.extend(key for key, _, _ in records)
-
-    worker._written_since = written_since  # type: ignore[method-assign]
-    worker._send_batches = send_batches  # type: ignore[method-assign]
+    def sent() -> list[bytes | None]:
+        return [key for topic, _, key in sender.sent if topic == outputs]
 
     async def main() -> None:
-        worker._held[0] = (time.monotonic() + 0.3, 10)
-        worker._outbox = [(b"r1", b"{}", None, 0), (b"r2", b"{}", None, 0), (b"q1", b"{}", None, 1)]
-        await worker._release_held()
-        await worker._send_outputs()
-        assert (sent, reads) == ([b"q1"], [])  # held: partition 0's records wait
+        await delivery.claim(0)
+        assert delivery.handover_holds == 1
+        delivery.outbox.requests += [(b"r1", b"{}", None, 0), (b"r2", b"{}", None, 0), (b"q1", b"{}", None, 1)]
+        await delivery.commit([])
+        assert sent() == [b"q1"]  # held: partition 0's records wait
+        logs.log(outputs, 0).extend([(b"r1", b"{}"), (b"r9", b"{}")])  # the late predecessor's
         await asyncio.sleep(0.35)
-        await worker._release_held()
-        await worker._send_outputs()
-        assert sent == [b"q1", b"r2"] and reads == [(0, 10)]
-        assert worker._written[0] == {"r9"} and not worker._held  # r9, once finalised here, is skipped
+        await delivery.commit([])
+        assert sent() == [b"q1", b"r2"]
+        assert delivery.written[0] == {"r9"} and not delivery.held  # r9, once finalised here, is skipped
 
     asyncio.run(main())
 
@@ -335,29 +342,15 @@ def test_a_new_owner_skips_what_its_checkpoint_says_an_earlier_owner_wrote() -> 
     """Records written after a checkpoint by a killed owner are read by the next owner at its claim; until it
     finalises those requests their ids live in its checkpoints (``written``), so that an owner after it, which
     reads request-metrics only from that checkpoint's end, does not write them again either."""
-    from types import SimpleNamespace
-
-    from aiokafka import TopicPartition
-
     from stream_eval.engine.partitions import Checkpoint
 
     worker = StreamWorker(WorkerSettings(["localhost:9"], group="written", handover_hold=0.0), Config())
-    worker._output_partitions = PARTITIONS
+    delivery, logs, _ = _fenced_log(worker)
     restored = Checkpoint.from_json(Checkpoint(0, output_end=5, owner="a", written=["r9"]).to_json())
     assert (restored.owner, restored.written) == ("a", ["r9"])
-
-    async def load(partition: int, before: int) -> tuple[Checkpoint, bool]:
-        return restored, False
-
-    async def store(topic: str, value: bytes, partition: int, key: bytes = b"") -> int:
-        return 7
-
-    async def written_since(partition: int, start: int) -> tuple[set[str], int]:
-        return {"r1"}, start + 1
-
-    worker._load_checkpoint = load  # type: ignore[method-assign]
-    worker._store_checkpoint = store  # type: ignore[method-assign]
-    worker._written_since = written_since  # type: ignore[method-assign]
-    worker._consumer = SimpleNamespace(seek=lambda tp, offset: None)
-    asyncio.run(worker.on_partitions_assigned([TopicPartition(worker.topics.rankings, 0)]))
-    assert worker._written[0] == {"r1", "r9"}
+    logs.log(worker.settings.checkpoint_topic, 0).append((b"checkpoint", orjson.dumps(restored.to_json())))
+    logs.log(worker.topics.request_metrics, 0).extend([(b"old", b"{}")] * 5 + [(b"r1", b"{}")])
+    asyncio.run(delivery.claim(0))
+    assert delivery.written[0] == {"r1", "r9"}
+    checkpoint_topic = logs.log(worker.settings.checkpoint_topic, 0)
+    assert checkpoint_topic[1][0] == b"claim" and len(checkpoint_topic) == 2  # claimed; nothing else written

@@ -15,7 +15,8 @@ from stream_eval.cli import main
 from stream_eval.config import ConfigError
 from stream_eval.stream.broker import free_port
 from stream_eval.stream.kafka import CHECKED_SETTINGS, TopicSettingsError, ensure_topics, topic_mismatches
-from stream_eval.stream.worker import WorkerSettings, prepare_topics
+from stream_eval.stream.settings import WorkerSettings
+from stream_eval.stream.worker import prepare_topics
 
 
 async def _describe(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:

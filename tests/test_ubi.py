@@ -544,7 +544,8 @@ def test_the_worker_reading_the_ubi_topics_gives_the_replay_numbers(broker: str,
     from stream_eval.commands import _replay_ubi
     from stream_eval.config import load_config
     from stream_eval.events.ubi import ubi_config, ubi_settings
-    from stream_eval.stream.worker import StreamWorker, WorkerSettings
+    from stream_eval.stream.settings import WorkerSettings
+    from stream_eval.stream.worker import StreamWorker
 
     if source == "example":
         files, config_path = (EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl"), EXAMPLES / "ubi.toml"

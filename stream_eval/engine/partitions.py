@@ -332,11 +332,14 @@ class PartitionedEngine:
         """The partitions owned and their tasks (``task.engine``: the partition's share of the totals)."""
         return sorted(self.tasks.items())
 
-    def take_routed(self, commit: bool = False) -> list[tuple[int, bytes, bytes]]:
-        """The records the partitions' engines wrote for the regroup log since the last call, as (stage partition,
-        key, value); with ``commit``, each partition's followed by its commit marker (``engine/regroup.py``)."""
+    def take_routed(self, commit: bool = False,
+                    partitions: Sequence[int] | None = None) -> list[tuple[int, bytes, bytes]]:
+        """The records the partitions' engines (of ``partitions`` only, when given) wrote for the regroup log since
+        the last call, as (stage partition, key, value); with ``commit``, each partition's followed by its commit
+        marker (``engine/regroup.py``)."""
         records: list[tuple[int, bytes, bytes]] = []
-        for _, task in sorted(self.tasks.items()):
+        chosen = self.tasks if partitions is None else {p: self.tasks[p] for p in partitions if p in self.tasks}
+        for _, task in sorted(chosen.items()):
             sink = task.engine.regroup
             assert isinstance(sink, RegroupSink)  # the sink _new_engine set
             if commit and sink.records:

@@ -3,8 +3,8 @@ say what they hold, encoded and decoded here only.
 
 On the wire each record is a JSON object whose ``"k"`` names its kind and whose keys are short (the log carries one
 record per batch of finalised requests); the keys are those of the logs written before these classes, which are read
-as they were. A record of an input partition's transaction (``docs/design.md``, "Crashes") also carries the partition
-(``"P"``), its number in the partition's sequence (``"n"``) and the ownership that wrote it (``"x"``).
+as they were. A record of an input partition's transaction (``docs/design.md``, "Delivery", D4) also carries the
+partition (``"P"``), its number in the partition's sequence (``"n"``) and the ownership that wrote it (``"x"``).
 
 >>> record = decode(encode(Judgment(experiment="exp", verdict="good")))
 >>> record

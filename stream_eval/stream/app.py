@@ -24,7 +24,8 @@ import faust
 
 from stream_eval.config import Config
 from stream_eval.stream.kafka import PLAINTEXT, KafkaSecurity
-from stream_eval.stream.worker import StreamWorker, WorkerSettings, prepare_topics
+from stream_eval.stream.settings import WorkerSettings
+from stream_eval.stream.worker import StreamWorker, prepare_topics
 
 log = logging.getLogger("stream_eval.worker")
 LOG_FORMATS = ("text", "json")

@@ -13,7 +13,7 @@ import os
 from stream_eval.config import load_config
 from stream_eval.stream.app import create_app
 from stream_eval.stream.kafka import DEFAULT_BROKER, kafka_security, parse_brokers
-from stream_eval.stream.worker import WorkerSettings
+from stream_eval.stream.settings import WorkerSettings
 
 settings = WorkerSettings(
     brokers=parse_brokers(os.environ.get("STREAM_EVAL_BROKER", DEFAULT_BROKER)),

@@ -1,0 +1,302 @@
+"""The worker's reads and writes of Kafka logs, through the broker's health (``stream/backoff.py``).
+
+:class:`Sender` hands records to one producer in whole batches and waits until they are stored; :class:`Logs`
+stores and reads the records of the internal logs (checkpoints, claims, pieces of snapshots) and finds what a
+partition holds. Both retry while the broker is away. Which records go where, and when, is the delivery's
+(``stream/delivery.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from stream_eval.engine import snapshot
+from stream_eval.stream.backoff import BrokerHealth
+from stream_eval.stream.kafka import KafkaSecurity, client_options
+
+log = logging.getLogger("stream_eval.worker")
+#: The producer's batch size; records of at least ``LARGE_RECORD`` bytes go through ``producer.send`` alone.
+BATCH_BYTES = 1 << 20
+LARGE_RECORD = 64 << 10
+#: Key of a checkpoint record (the other keys of a checkpoint topic are the delivery's: ``stream/delivery.py``).
+CHECKPOINT = b"checkpoint"
+
+#: A record to send: (key, value, timestamp in ms or None for the producer's clock).
+Record = tuple[bytes | None, bytes, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """Records handed to the producer since the last flush, with the future that says whether they were stored."""
+
+    future: asyncio.Future[Any]
+    topic: str
+    partition: int | None
+    records: list[Record]
+    headers: list[tuple[str, bytes]] | None = None
+
+
+class Sender:
+    """Sends records through ``producer`` in whole batches per partition; :meth:`flush` waits until every one is
+    stored, and :attr:`ends` then holds, per (topic, partition) sent to with a number, the end offset of the last
+    batch acknowledged."""
+
+    def __init__(self, producer: Any, health: BrokerHealth, produce_timeout_ms: int = 600_000) -> None:
+        self.producer = producer
+        self.health = health
+        self.produce_timeout_ms = produce_timeout_ms
+        self.ends: dict[tuple[str, int], int] = {}
+        self._sent: list[_Sent] = []
+
+    async def send_batches(self, topic: str, records: Sequence[Record], partition: int | None = None) -> None:
+        """Send (key, value, timestamp ms) records in order, as whole batches per partition.
+
+        What ``producer.send`` does per record (partition by the key's murmur2 hash, like every Kafka client's
+        default partitioner), without its per-record future and accumulator call, which cost much of producing a
+        worker's outputs (docs/benchmarks.md). Delivery is awaited by :meth:`flush`.
+        """
+        from aiokafka.partitioner import DefaultPartitioner
+
+        producer = self.producer
+        by_partition: Mapping[int, Sequence[Record]]
+        if partition is None:
+            all_partitions = sorted(await self.health.call("produce", lambda: producer.partitions_for(topic)))
+            choose = DefaultPartitioner()
+            by_key: dict[int, list[Record]] = {}
+            for record in records:
+                by_key.setdefault(choose(record[0], all_partitions, all_partitions), []).append(record)
+            by_partition = by_key
+        else:
+            by_partition = {partition: records}  # as given: no copy
+        for number, part in by_partition.items():
+            batch = producer.create_batch()
+            queued: list[Record] = []
+            for record in part:
+                key, value, ts_ms = record
+                if len(value) + len(key or b"") >= LARGE_RECORD:
+                    # producer.send checks the size and raises for a record the broker would refuse (a batch
+                    # builder takes any first record); queued after the batch so far, so order holds
+                    if batch.record_count():
+                        await self._send_batch(topic, number, batch, queued)
+                        batch, queued = producer.create_batch(), []
+                    await self.send_record(topic, number, record)
+                elif batch.append(key=key, value=value, timestamp=ts_ms) is None:  # full: send it, start the next
+                    await self._send_batch(topic, number, batch, queued)
+                    batch, queued = producer.create_batch(), [record]
+                    batch.append(key=key, value=value, timestamp=ts_ms)
+                else:
+                    queued.append(record)
+            if batch.record_count():
+                await self._send_batch(topic, number, batch, queued)
+
+    async def _send_batch(self, topic: str, partition: int, batch: Any, records: list[Record]) -> None:
+        """Queue a batch (retried while the client cannot queue it: nothing is queued twice)."""
+        producer = self.producer
+        future = await self.health.call("produce", lambda: producer.send_batch(batch, topic, partition=partition))
+        self._sent.append(_Sent(future, topic, partition, records))
+
+    async def send_record(self, topic: str, partition: int | None, record: Record,
+                          headers: list[tuple[str, bytes]] | None = None) -> None:
+        producer = self.producer
+        key, value, ts_ms = record
+        future = await self.health.call("produce", lambda: producer.send(
+            topic, value, key=key, partition=partition, timestamp_ms=ts_ms, headers=headers))
+        self._sent.append(_Sent(future, topic, partition, [record], headers))
+
+    def committed(self) -> None:
+        """Every record sent is stored: its transaction was committed (which waits for all of them)."""
+        self._sent.clear()
+
+    async def flush(self) -> None:
+        """Wait until every record sent so far is stored (however long the broker is away).
+
+        aiokafka resends a batch that failed for a retriable reason until ``produce_timeout_ms`` has passed and then
+        fails its future (``flush`` does not raise): such batches are sent again here, as nothing must be lost,
+        though the broker may have stored them already (a request it answered too late).
+        """
+        while True:
+            await self.health.call("flush", self.producer.flush)
+            sent, self._sent = self._sent, []
+            failed = [s for s in sent if s.future.done() and not s.future.cancelled() and s.future.exception()]
+            for s in sent:
+                if s.partition is not None and s.future.done() and not s.future.cancelled() \
+                        and s.future.exception() is None and s.future.result() is not None:
+                    end, where = s.future.result().offset + len(s.records), (s.topic, s.partition)
+                    self.ends[where] = max(end, self.ends.get(where, 0))
+            self._sent = [s for s in sent if not s.future.done()]
+            if not failed:
+                return
+            error = failed[0].future.exception()
+            self.health.failed("produce", f"{type(error).__name__}: {error}")
+            log.warning("%d batches of records were not acknowledged in %d s (%s): sending them again; some may be "
+                        "stored twice", len(failed), self.produce_timeout_ms // 1000, error)
+            for s in failed:
+                for record in s.records:
+                    await self.send_record(s.topic, s.partition, record, s.headers)
+
+
+class Logs:
+    """Stores and reads the records of Kafka logs for the worker: ``producer`` writes (set once started), readers
+    of their own (no group) read, ``isolation_level`` ``read_committed`` where the logs are written in
+    transactions."""
+
+    def __init__(self, brokers: list[str], health: BrokerHealth, security: KafkaSecurity | None = None,
+                 isolation_level: str = "read_uncommitted") -> None:
+        self.brokers = brokers
+        self.health = health
+        self.security = security
+        self.isolation_level = isolation_level
+        self.producer: Any = None
+
+    async def store(self, topic: str, value: bytes, partition: int, key: bytes = CHECKPOINT) -> int:
+        """Write one record and wait until it is stored, again after a broker error (a second copy of a checkpoint
+        record is harmless); returns its offset."""
+        producer = self.producer
+        stored = await self.health.call("checkpoint", lambda: producer.send_and_wait(topic, value, partition=partition,
+                                                                                     key=key))
+        return int(stored.offset)
+
+    async def store_all(self, topic: str, records: Mapping[int, tuple[bytes, bytes]]) -> dict[int, int]:
+        """Write one (key, value) record to each partition given, all at once (one round trip, not one each);
+        their offsets."""
+        producer, chosen = self.producer, sorted(records)
+        if not chosen:
+            return {}
+
+        async def write() -> list[Any]:
+            sent = [await producer.send(topic, records[p][1], partition=p, key=records[p][0]) for p in chosen]
+            return list(await asyncio.gather(*sent))
+
+        stored = await self.health.call("checkpoint", write)
+        return {p: int(metadata.offset) for p, metadata in zip(chosen, stored, strict=True)}
+
+    async def store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None) -> tuple[int, int]:
+        """Store ``data`` in pieces below Kafka's message size; returns where: (first offset, number of pieces)."""
+        producer = self.producer
+        pieces = snapshot.chunks(data)
+
+        async def write() -> list[Any]:
+            sent = [await producer.send(topic, piece, partition=partition, key=key) for piece in pieces]
+            return list(await asyncio.gather(*sent))
+
+        stored = await self.health.call("checkpoint", write)
+        return int(stored[0].offset), len(pieces)
+
+    async def read_pieces(self, where: tuple[int, int], topic: str, partition: int) -> bytes:
+        """The pieces of a snapshot stored by :meth:`store_pieces`, joined (retried while the broker is away)."""
+        first, count = where
+
+        async def read() -> bytes:
+            async with self.reader(topic, partition, max_partition_fetch_bytes=2 * snapshot.CHUNK_BYTES) as (
+                    reader, tp):
+                reader.seek(tp, first)
+                pieces: list[bytes] = []
+                while len(pieces) < count:
+                    batch = await reader.getmany(tp, timeout_ms=5_000)
+                    records = batch.get(tp, [])
+                    if not records:
+                        raise TimeoutError(f"snapshot pieces from offset {first} unreadable")
+                    pieces += [r.value for r in records if first <= r.offset < first + count][: count - len(pieces)]
+                return b"".join(pieces)
+
+        data: bytes = await self.health.call("checkpoint", read)
+        return data
+
+    @contextlib.asynccontextmanager
+    async def reader(self, topic: str, partition: int, **options: Any) -> AsyncIterator[tuple[Any, Any]]:
+        """A consumer of its own (no group) started and assigned to one partition: ``(consumer, partition)``."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        reader = AIOKafkaConsumer(bootstrap_servers=self.brokers, enable_auto_commit=False,
+                                  isolation_level=self.isolation_level, **client_options(self.security), **options)
+        try:
+            await reader.start()
+            tp = TopicPartition(topic, partition)
+            reader.assign([tp])
+            yield reader, tp
+        finally:
+            # (aiokafka's stop awaits a task it cancels: one that has not run yet raises CancelledError)
+            await asyncio.sleep(0)
+            await reader.stop()
+
+    async def last_checkpoint(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, Any]:
+        """The last checkpoint record (key :data:`CHECKPOINT`) of a checkpoint topic's partition before offset
+        ``before`` (default: the end), decoded, and the very last record there (a consumer record); retried while
+        the broker is away. (One checkpoint record per produce batch, so the end offset is exact even with the
+        development broker's ListOffsets bug.)"""
+        found: tuple[Any, Any] = await self.health.call(
+            "checkpoint", lambda: self._read_last_checkpoint(topic, partition, before))
+        return found
+
+    async def _read_last_checkpoint(self, topic: str, partition: int, before: int | None) -> tuple[Any, Any]:
+        if before == 0:
+            return None, None
+        async with self.reader(topic, partition) as (reader, tp):
+            # (read_committed: the end is the last stable offset, and transaction markers take offsets of their own)
+            end = (await reader.end_offsets([tp]))[tp] if before is None else before
+            back, last = 1, None
+            while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
+                reader.seek(tp, max(end - back, 0))
+                records: list[Any] = []
+                at = await reader.position(tp)
+                while at < end:
+                    records += (await reader.getmany(tp, timeout_ms=5_000)).get(tp, [])
+                    at, was = await reader.position(tp), at
+                    if at == was:  # a broker that does not answer in time: retried
+                        raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {at}")
+                before_end = [r for r in records if r.offset < end]
+                if back == 1 and before_end:
+                    last = before_end[-1]
+                found = [r for r in before_end if r.key in (CHECKPOINT, None)]  # (None: old logs)
+                if found:
+                    return orjson.loads(found[-1].value), last
+                back *= 4
+            return None, last
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        """The partition's end offset: the high-water mark of a fetch of its last batch (the development broker's
+        ListOffsets gives the last batch's base offset + 1)."""
+
+        async def read() -> int:  # (a fetch returns the last batch whole: up to BATCH_BYTES of outputs)
+            async with self.reader(topic, partition, max_partition_fetch_bytes=4 * BATCH_BYTES) as (reader, tp):
+                end = int((await reader.end_offsets([tp]))[tp])
+                if end == 0:
+                    return 0
+                reader.seek(tp, end - 1)
+                if not (await reader.getmany(tp, timeout_ms=5_000)).get(tp):
+                    raise TimeoutError(f"{topic}/{partition} unreadable at offset {end - 1}")
+                return max(end, int(reader.highwater(tp) or 0))
+
+        end: int = await self.health.call("checkpoint", read)
+        return end
+
+    async def keys_since(self, topic: str, partition: int, start: int) -> tuple[set[str], int]:
+        """The keys of the records in ``topic``'s ``partition`` from offset ``start`` on, and the end offset read
+        to."""
+        end = await self.end_offset(topic, partition)
+
+        async def read() -> set[str]:
+            async with self.reader(topic, partition, max_partition_fetch_bytes=4 * BATCH_BYTES) as (reader, tp):
+                reader.seek(tp, start)
+                keys: set[str] = set()
+                at = await reader.position(tp)
+                while at < end:
+                    records = (await reader.getmany(tp, timeout_ms=5_000)).get(tp, [])
+                    keys.update(record.key.decode() for record in records
+                                if record.key is not None and record.offset < end)
+                    at, was = await reader.position(tp), at
+                    if at == was:
+                        raise TimeoutError(f"{topic} partition {partition} unreadable at offset {at}")
+                return keys
+
+        if end <= start:
+            return set(), start
+        found: set[str] = await self.health.call("checkpoint", read)
+        return found, end
