@@ -214,7 +214,7 @@ class Logs:
         """A consumer of its own (no group) started and assigned to one partition: ``(consumer, partition)``."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        reader = AIOKafkaConsumer(bootstrap_servers=self.brokers, enable_auto_commit=False,
+        reader = AIOKafkaConsumer(bootstrap_servers=self.brokers, enable_auto_commit=False, fetch_max_wait_ms=50,
                                   isolation_level=self.isolation_level, **client_options(self.security), **options)
         try:
             await reader.start()
@@ -225,6 +225,22 @@ class Logs:
             # (aiokafka's stop awaits a task it cancels: one that has not run yet raises CancelledError)
             await asyncio.sleep(0)
             await reader.stop()
+
+    @staticmethod
+    async def _read_to(reader: Any, tp: Any, end: int, patience: float = 5.0) -> AsyncIterator[list[Any]]:
+        """The records from the reader's position to offset ``end``, as fetched. Short fetches: read
+        ``read_committed``, the last offsets before ``end`` are often a transaction's marker, which takes an offset
+        and returns no record (the reader's position passes it at the fetch after). A position that does not move
+        for ``patience`` seconds is a broker that does not answer: TimeoutError (retried)."""
+        loop = asyncio.get_running_loop()
+        at, moved = await reader.position(tp), loop.time()
+        while at < end:
+            yield (await reader.getmany(tp, timeout_ms=100)).get(tp, [])
+            at, was = await reader.position(tp), at
+            if at != was:
+                moved = loop.time()
+            elif loop.time() - moved >= patience:
+                raise TimeoutError(f"{tp.topic}/{tp.partition} unreadable at offset {at}")
 
     async def last_checkpoint(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, Any]:
         """The last checkpoint record (key :data:`CHECKPOINT`) of a checkpoint topic's partition before offset
@@ -245,12 +261,8 @@ class Logs:
             while back <= 4 * end:  # the last checkpoint record; pieces of a windows share may follow it
                 reader.seek(tp, max(end - back, 0))
                 records: list[Any] = []
-                at = await reader.position(tp)
-                while at < end:
-                    records += (await reader.getmany(tp, timeout_ms=5_000)).get(tp, [])
-                    at, was = await reader.position(tp), at
-                    if at == was:  # a broker that does not answer in time: retried
-                        raise TimeoutError(f"checkpoint of partition {partition} unreadable at offset {at}")
+                async for more in self._read_to(reader, tp, end):
+                    records += more
                 before_end = [r for r in records if r.offset < end]
                 if back == 1 and before_end:
                     last = before_end[-1]
@@ -286,14 +298,9 @@ class Logs:
             async with self.reader(topic, partition, max_partition_fetch_bytes=4 * BATCH_BYTES) as (reader, tp):
                 reader.seek(tp, start)
                 keys: set[str] = set()
-                at = await reader.position(tp)
-                while at < end:
-                    records = (await reader.getmany(tp, timeout_ms=5_000)).get(tp, [])
+                async for records in self._read_to(reader, tp, end):
                     keys.update(record.key.decode() for record in records
                                 if record.key is not None and record.offset < end)
-                    at, was = await reader.position(tp), at
-                    if at == was:
-                        raise TimeoutError(f"{topic} partition {partition} unreadable at offset {at}")
                 return keys
 
         if end <= start:
