@@ -72,6 +72,53 @@ class ArmPair:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Arms:
+    """The control of an experiment and its treatments, each compared with the control (A/B/n)."""
+
+    control: str
+    treatments: tuple[str, ...]
+
+    def pairs(self) -> list[ArmPair]:
+        """Each treatment with the control, in the order of :attr:`treatments`."""
+        return [ArmPair(self.control, treatment) for treatment in self.treatments]
+
+    def side(self, arm: str) -> int:
+        """0 for the control, ``k + 1`` for treatment ``k``, -1 for any other arm."""
+        if arm == self.control:
+            return 0
+        return self.treatments.index(arm) + 1 if arm in self.treatments else -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tolerance:
+    """A guardrail's tolerated loss: ``value`` (negative: a fall tolerated, positive: a rise) on the relative
+    lift (``relative``, ``"-1%"`` = -0.01) or on the absolute delta (``-0.005``)."""
+
+    value: float
+    relative: bool
+
+    def label(self) -> str:
+        """As written in the config: ``-1%`` or ``-0.005``."""
+        return f"{self.value * 100:g}%" if self.relative else f"{self.value:g}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExperimentSettings:
+    """One ``[experiments.NAME]`` table.
+
+    ``control`` (None: the first of the sorted arms seen); ``treatments`` (empty: every other arm; a two-arm config
+    names one with ``treatment``); ``split`` (each arm's expected share; empty: equal over the arms seen);
+    ``primary``, the goal metrics of the false-discovery family (empty: every metric not a guardrail);
+    ``guardrails``, metric -> tolerated loss."""
+
+    control: str | None = None
+    treatments: tuple[str, ...] = ()
+    split: tuple[tuple[str, float], ...] = ()
+    primary: tuple[str, ...] = ()
+    guardrails: tuple[tuple[str, Tolerance], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     """All settings of an evaluation. Frozen: one value is shared by every component."""
 
@@ -95,8 +142,7 @@ class Config:
     srm_alpha: float = 0.001
     ab: bool = True
     kinds: tuple[tuple[str, float], ...] = ()
-    experiments: tuple[tuple[str, ArmPair], ...] = ()
-    splits: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    experiments: tuple[tuple[str, ExperimentSettings], ...] = ()
     windows: tuple[float, ...] = (300.0, 3600.0)
     idle_timeout: float = 30.0
     max_label_values: int = 100
@@ -179,30 +225,60 @@ class Config:
         for name in ("sat_dwell", "reformulation_gap"):
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise ConfigError(f"{name}: must be a finite duration >= 0, got {getattr(self, name)}")
+        self._check_experiments(specs)
         unknown = [kind for kind in self.sat_kinds if kind not in self.kind_grades]
         if unknown:
             raise ConfigError(f"sat_kinds: {', '.join(map(repr, unknown))} is not click or a kind of [kinds] "
                               f"(known: {', '.join(sorted(self.kind_grades))})")
+
+    def _check_experiments(self, specs: tuple[MetricSpec, ...]) -> None:
+        """``primary`` and ``guardrails`` name metrics of the A/B rows; a tolerated loss goes the worse way."""
+        lower = {spec.mean_name: spec.definition.lower_is_better for spec in specs} | {"GAUC": False}
+        for name, settings in self.experiments:
+            for metric in [*settings.primary, *(metric for metric, _ in settings.guardrails)]:
+                if metric not in lower:
+                    raise ConfigError(f"experiments.{name}: {metric!r} is not a metric of the A/B rows (one of "
+                                      f"{', '.join(lower)})")
+            for metric, tolerance in settings.guardrails:
+                if (tolerance.value > 0) != lower[metric]:
+                    way = "a rise (positive)" if lower[metric] else "a fall (negative)"
+                    raise ConfigError(f"experiments.{name}.guardrails.{metric}: the tolerated loss of this metric is "
+                                      f"{way}, got {tolerance.label()}")
 
     @property
     def kind_grades(self) -> dict[str, float]:
         """Grade of each feedback kind that carries no grade of its own (``click`` = 1)."""
         return {"click": 1.0, **dict(self.kinds)}
 
-    def arms_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> ArmPair | None:
-        """Control and treatment of ``experiment``: configured, else the sorted arms' first two."""
-        configured = dict(self.experiments).get(experiment)
-        if configured is not None:
-            return configured
-        ordered = sorted(arms_seen)
-        if len(ordered) < 2:
+    def settings_of(self, experiment: str) -> ExperimentSettings:
+        """The ``[experiments.NAME]`` table of ``experiment`` (the defaults when there is none)."""
+        return dict(self.experiments).get(experiment, _NO_SETTINGS)
+
+    def arms_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> Arms | None:
+        """Control and treatments of ``experiment``. The control is configured (``control``), else the first of the
+        sorted arms seen. The treatments are the configured ``treatment``, else every other arm seen, sorted. None:
+        no treatment.
+
+        >>> config = Config(experiments=(("e", ExperimentSettings(control="b")),))
+        >>> config.arms_for("e", {"a", "b", "c"}), config.arms_for("f", {"a", "b", "c"})
+        (Arms(control='b', treatments=('a', 'c')), Arms(control='a', treatments=('b', 'c')))
+        """
+        settings = self.settings_of(experiment)
+        arms = set(arms_seen)
+        control = settings.control
+        if control is None:
+            if not arms:
+                return None
+            control = min(arms)
+        treatments = settings.treatments or tuple(sorted(arms - {control}))
+        if not treatments:
             return None
-        return ArmPair(ordered[0], ordered[1])
+        return Arms(control, treatments)
 
     def split_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> dict[str, float]:
         """The expected share of units of each arm: configured (``split``), else equal over the arms seen."""
-        configured = dict(self.splits).get(experiment)
-        if configured is not None:
+        configured = self.settings_of(experiment).split
+        if configured:
             return dict(configured)
         return {arm: 1.0 / len(arms_seen) for arm in sorted(arms_seen)}
 
@@ -234,16 +310,29 @@ class Config:
             "sat_dwell": self.sat_dwell,
             "sat_kinds": list(self.sat_kinds),
             "reformulation_gap": self.reformulation_gap,
-            "experiments": _experiments_json(self.experiments, self.splits),
+            "experiments": {name: _settings_json(settings) for name, settings in self.experiments},
             "metrics": [spec.name for spec in self.specs],
         }
 
 
-def _experiments_json(pairs: tuple[tuple[str, ArmPair], ...],
-                      splits: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]) -> dict[str, Any]:
-    out: dict[str, dict[str, Any]] = {e: {"control": p.control, "treatment": p.treatment} for e, p in pairs}
-    for experiment, split in splits:
-        out.setdefault(experiment, {})["split"] = dict(split)
+_NO_SETTINGS = ExperimentSettings()
+
+
+def _settings_json(settings: ExperimentSettings) -> dict[str, Any]:
+    """An ``[experiments.NAME]`` table as the report's ``config`` shows it (the settings given)."""
+    out: dict[str, Any] = {}
+    if settings.control is not None:
+        out["control"] = settings.control
+    if len(settings.treatments) == 1:
+        out["treatment"] = settings.treatments[0]
+    elif settings.treatments:
+        out["treatments"] = list(settings.treatments)
+    if settings.split:
+        out["split"] = dict(settings.split)
+    if settings.primary:
+        out["primary"] = list(settings.primary)
+    if settings.guardrails:
+        out["guardrails"] = {metric: tolerance.label() for metric, tolerance in settings.guardrails}
     return out
 
 
@@ -348,24 +437,53 @@ def _names(name: str) -> Any:
     return read
 
 
-def _experiments(value: object) -> tuple[tuple[tuple[str, ArmPair], ...],
-                                         tuple[tuple[str, tuple[tuple[str, float], ...]], ...]]:
-    """``[experiments.NAME]`` tables: ``control`` and ``treatment`` (both or neither), ``split`` (optional)."""
+def _experiments(value: object) -> tuple[tuple[str, ExperimentSettings], ...]:
+    """``[experiments.NAME]`` tables: ``control`` (the others are treatments), ``treatment`` (with ``control``: the
+    one treatment of a two-arm config), ``split``, ``primary``, ``guardrails``; each optional."""
     if not isinstance(value, Mapping):
-        raise ConfigError('experiments: expected tables like [experiments.exp1] control = "a" treatment = "b"')
-    pairs, splits = [], []
-    for name, arms in value.items():
-        if not isinstance(arms, Mapping) or ("control" in arms) != ("treatment" in arms) or not (
-                "control" in arms or "split" in arms):
-            raise ConfigError(f"experiments.{name}: needs both control and treatment, or a split")
-        unknown = set(arms) - {"control", "treatment", "split"}
+        raise ConfigError('experiments: expected tables like [experiments.exp1] control = "a"')
+    out = []
+    for name, table in value.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f'experiments.{name}: expected a table like control = "a"')
+        unknown = set(table) - {"control", "treatment", "split", "primary", "guardrails"}
         if unknown:
             raise ConfigError(f"experiments.{name}: unknown setting(s) {', '.join(sorted(unknown))}")
-        if "control" in arms:
-            pairs.append((str(name), ArmPair(str(arms["control"]), str(arms["treatment"]))))
-        if "split" in arms:
-            splits.append((str(name), _split(str(name), arms["split"])))
-    return tuple(pairs), tuple(splits)
+        if "treatment" in table and "control" not in table:
+            raise ConfigError(f"experiments.{name}: a treatment needs its control")
+        control = str(table["control"]) if "control" in table else None
+        treatments = _names(f"experiments.{name}.treatment")(table.get("treatment", ()))
+        if control in treatments:
+            raise ConfigError(f"experiments.{name}: the control {control!r} cannot be a treatment too")
+        split = _split(str(name), table["split"]) if "split" in table else ()
+        arms = {arm for arm, _ in split}
+        if split and (control is not None and control not in arms or not set(treatments) <= arms):
+            raise ConfigError(f"experiments.{name}: control and treatment must be arms of the split "
+                              f"({', '.join(sorted(arms))})")
+        primary = _names(f"experiments.{name}.primary")(table.get("primary", ()))
+        guardrails = _guardrails(str(name), table.get("guardrails", {}))
+        both = set(primary) & {metric for metric, _ in guardrails}
+        if both:
+            raise ConfigError(f"experiments.{name}: {', '.join(sorted(both))} cannot be both primary and a guardrail")
+        out.append((str(name), ExperimentSettings(control, treatments, split, primary, guardrails)))
+    return tuple(out)
+
+
+def _guardrails(name: str, value: object) -> tuple[tuple[str, Tolerance], ...]:
+    """``{"ERR@10" = "-1%", "GAUC" = -0.005}``: a tolerated relative loss (text ending in %) or absolute one."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f'experiments.{name}.guardrails: expected a table like {{"ERR@10" = "-1%", '
+                          '"GAUC" = -0.005}')
+    out = []
+    for metric, raw in value.items():
+        setting = f"experiments.{name}.guardrails.{metric}"
+        text = raw.strip() if isinstance(raw, str) else None
+        relative = text is not None and text.endswith("%")
+        amount = _number(setting)(text[:-1] if relative and text is not None else raw)
+        if isinstance(raw, bool) or not math.isfinite(amount) or amount == 0:
+            raise ConfigError(f"{setting}: expected a tolerated loss like \"-1%\" or -0.005, got {raw!r}")
+        out.append((str(metric), Tolerance(amount / 100 if relative else amount, relative)))
+    return tuple(out)
 
 
 def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
@@ -426,10 +544,7 @@ def _read(settings: Mapping[str, object], origin: str) -> dict[str, Any]:
         reader = READERS.get(name)
         if reader is None:
             raise ConfigError(f"{origin}: unknown setting {key!r} (known: {', '.join(sorted(READERS))})")
-        if name == "experiments":
-            values["experiments"], values["splits"] = reader(raw)
-        else:
-            values[name] = reader(raw)
+        values[name] = reader(raw)
     return values
 
 

@@ -28,7 +28,7 @@ ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 CONTRACT_ALERTS = {
     "StreamEvalTreatmentWorse", "StreamEvalTreatmentBetter", "StreamEvalSampleRatioMismatch",
     "StreamEvalNoFinalisedRequests", "StreamEvalEventTimeStalled", "StreamEvalInvalidEventsHigh",
-    "StreamEvalLiveMetricDrop",
+    "StreamEvalLiveMetricDrop", "StreamEvalGuardrailBreached",
 }
 SEVERITIES = {"page", "warning", "info"}
 
@@ -99,6 +99,9 @@ def test_alert_names_are_the_contract_and_each_is_actionable() -> None:
     assert alerts["StreamEvalTreatmentBetter"]["labels"]["severity"] == "info"
     assert "cs_upper" in alerts["StreamEvalTreatmentWorse"]["expr"]
     assert "cs_lower" in alerts["StreamEvalTreatmentBetter"]["expr"]
+    breached = alerts["StreamEvalGuardrailBreached"]
+    assert breached["labels"] == {"severity": "page", "action": "rollback"}
+    assert {"margin", "lower", "upper"} <= breached["annotations"].keys()  # the bounds in the webhook payload
 
 
 def test_recording_rules_follow_level_metric_operations() -> None:

@@ -65,15 +65,16 @@ GOOD_AND_BAD: list[tuple[str, bool]] = [
 BAD_LINE_NUMBERS = [k for k, (_, good) in enumerate(GOOD_AND_BAD, 1) if good is False]
 EXPECTED_EVENTS = {"ranking": 5, "feedback": 9, "judgment": 1, "invalid": 4, "late": 1, "duplicate": 1,
                    "orphan": 1}
-TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm", "overflow"}
+TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm", "overflow", "experiments"}
 SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_value", "mismatch"}
 EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
 SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
 GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
-GSB_KEYS = {"experiment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper", "decision"}
+GSB_KEYS = {"experiment", "treatment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper",
+            "decision"}
 AB_KEYS = {"experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "n_control",
            "n_treatment", "units_control", "units_treatment", "cs_lower", "cs_upper", "p_value", "decision", "lift",
-           "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper"}
+           "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper", "guardrail"}
 PER_REQUEST_KEYS = {"request_id", "experiment", "arm", "query_id", "session_id", "metrics"}
 
 

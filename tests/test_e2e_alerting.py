@@ -78,8 +78,28 @@ def _labels(alert: dict[str, Any]) -> dict[str, str]:
 # --- a fake target: rules + Prometheus + Alertmanager + webhook, without the worker ------------------------------
 
 
+@contextlib.contextmanager
+def _alerting(registry: Any, tmp_path: Path) -> Iterator[tuple[Webhook, Alertmanager, Prometheus]]:
+    """``registry`` served on a free port, scraped by Prometheus with the shipped rules (``for:`` shortened), its
+    alerts sent to Alertmanager with the shipped routes, every receiver the test webhook."""
+    from prometheus_client import start_http_server
+
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    rules = copy_rules(RULES, tmp_path / "rules")
+    try:
+        with Webhook() as webhook, \
+                Alertmanager(tmp_path / "am", alertmanager_config(ALERTMANAGER, webhook.url)) as manager, \
+                Prometheus(tmp_path / "prom", [f"127.0.0.1:{port}"], rules, alertmanager=manager.address) as prom:
+            yield webhook, manager, prom
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
 def test_rules_and_routes_deliver_from_a_fake_target(tmp_path: Path) -> None:
-    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+    from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry()
     upper = Gauge("stream_eval_ab_cs_upper", "cs upper", ["experiment", "metric"], registry=registry)
@@ -102,44 +122,75 @@ def test_rules_and_routes_deliver_from_a_fake_target(tmp_path: Path) -> None:
         units.labels(experiment, "treatment").set(1300 if srm else 1000)
     upper.labels("fake-worse", "P@10").set(-0.01)  # not a guarded metric: no alert
     lower.labels("fake-worse", "P@10").set(-0.03)
-    port = free_port()
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-    rules = copy_rules(RULES, tmp_path / "rules")
-    try:
-        with Webhook() as webhook, \
-                Alertmanager(tmp_path / "am", alertmanager_config(ALERTMANAGER, webhook.url)) as manager, \
-                Prometheus(tmp_path / "prom", [f"127.0.0.1:{port}"], rules, alertmanager=manager.address) as prom:
-            health = wait_for(lambda: all(h != "unknown" for _, h, _ in prom.rule_health()) and prom.rule_health(),
-                              30, "every rule to be evaluated")
-            shipped = sum(len(group["rules"]) for path in rules for group in yaml.safe_load(path.read_text())["groups"])
-            assert len(health) == shipped and all(h == "ok" for _, h, _ in health), health
-            expected = [
-                ({"alertname": "StreamEvalTreatmentWorse", "experiment": "fake-worse", "metric": "MRR",
-                  "severity": "page"}, "page"),
-                ({"alertname": "StreamEvalTreatmentBetter", "experiment": "fake-better", "metric": "MRR",
-                  "severity": "info"}, "info"),
-                ({"alertname": "StreamEvalSampleRatioMismatch", "experiment": "fake-srm", "severity": "warning"},
-                 "default"),
-            ]
-            for labels, receiver in expected:
-                alert = webhook.wait_for_alert(labels, 60)
-                assert alert["receiver"] == receiver, alert
-                assert alert["annotations"]["summary"] and alert["annotations"]["description"]
-            worse = webhook.matching(expected[0][0])[0]
-            assert "upper bound -0.01, lower bound -0.05" in worse["annotations"]["description"]
-            # Prometheus fires TreatmentWorse for fake-srm too; Alertmanager holds it back (inhibited)
-            inhibited = wait_for(lambda: [a for a in manager.alerts()
-                                          if a["labels"].get("experiment") == "fake-srm"
-                                          and a["labels"]["alertname"] == "StreamEvalTreatmentWorse"],
-                                 30, "the inhibited alert in Alertmanager")
-            assert inhibited[0]["status"]["state"] == "suppressed", inhibited
-            delivered = {(a["labels"]["alertname"], a["labels"].get("experiment")) for a in webhook.alerts(None)}
-            assert delivered == {(labels["alertname"], labels["experiment"]) for labels, _ in expected}, \
-                webhook.summary()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with _alerting(registry, tmp_path) as (webhook, manager, prom):
+        health = wait_for(lambda: all(h != "unknown" for _, h, _ in prom.rule_health()) and prom.rule_health(),
+                          30, "every rule to be evaluated")
+        shipped = sum(len(group["rules"]) for path in sorted(RULES.glob("*.yml"))
+                      for group in yaml.safe_load(path.read_text())["groups"])
+        assert len(health) == shipped and all(h == "ok" for _, h, _ in health), health
+        expected = [
+            ({"alertname": "StreamEvalTreatmentWorse", "experiment": "fake-worse", "metric": "MRR",
+              "severity": "page"}, "page"),
+            ({"alertname": "StreamEvalTreatmentBetter", "experiment": "fake-better", "metric": "MRR",
+              "severity": "info"}, "info"),
+            ({"alertname": "StreamEvalSampleRatioMismatch", "experiment": "fake-srm", "severity": "warning"},
+             "default"),
+        ]
+        for labels, receiver in expected:
+            alert = webhook.wait_for_alert(labels, 60)
+            assert alert["receiver"] == receiver, alert
+            assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+        worse = webhook.matching(expected[0][0])[0]
+        assert "upper bound -0.01, lower bound -0.05" in worse["annotations"]["description"]
+        # Prometheus fires TreatmentWorse for fake-srm too; Alertmanager holds it back (inhibited)
+        inhibited = wait_for(lambda: [a for a in manager.alerts()
+                                      if a["labels"].get("experiment") == "fake-srm"
+                                      and a["labels"]["alertname"] == "StreamEvalTreatmentWorse"],
+                             30, "the inhibited alert in Alertmanager")
+        assert inhibited[0]["status"]["state"] == "suppressed", inhibited
+        delivered = {(a["labels"]["alertname"], a["labels"].get("experiment")) for a in webhook.alerts(None)}
+        assert delivered == {(labels["alertname"], labels["experiment"]) for labels, _ in expected}, \
+            webhook.summary()
+
+
+def test_the_rollback_webhook_is_called_for_the_arm_truly_worse_on_a_guardrail(tmp_path: Path) -> None:
+    """A replayed three-arm experiment with a guardrail GAUC = -0.02 (absolute), exported by the engine's own
+    collector: c-worse (a much worse ranker) breaches it, b-within (a ranker close to the control's) does not.
+    The shipped rules and Alertmanager routes call the rollback webhook with experiment, arm, metric and the
+    bounds for c-worse, and never for b-within."""
+    from prometheus_client import CollectorRegistry
+
+    from stream_eval.config import Config, ExperimentSettings, Tolerance
+    from stream_eval.engine.replay import replay
+    from stream_eval.export.prometheus import EngineCollector
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    arms = (("a-control", 0.55), ("b-within", 0.5), ("c-worse", 0.3))
+    log = tmp_path / "abn.jsonl"
+    log.write_bytes(b"".join(simulate_lines(SimulationConfig(requests=4000, seed=5, arms=arms, label_rate=0.3))))
+    guard = ExperimentSettings(guardrails=(("GAUC", Tolerance(-0.02, relative=False)),))
+    engine = replay([str(log)], Config(experiments=(("exp1", guard),)))
+    rows = {row["treatment"]: row for row in engine.ab() if row["metric"] == "GAUC"}
+    assert rows["c-worse"]["breached"] and not rows["b-within"]["breached"]  # (what the alert must follow)
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    with _alerting(registry, tmp_path) as (webhook, manager, prom):
+        labels = {"alertname": "StreamEvalGuardrailBreached", "experiment": "exp1", "arm": "c-worse",
+                  "metric": "GAUC"}
+        alert = webhook.wait_for_alert(labels, 60)
+        calls = [p for p in webhook.payloads if p["_path"] == "/rollback"]
+        assert calls and calls[0]["receiver"] == "rollback", webhook.summary()
+        annotations = alert["annotations"]
+        assert float(annotations["margin"]) == -0.02
+        assert float(annotations["upper"]) == pytest.approx(rows["c-worse"]["cs_upper"], rel=1e-3)
+        assert float(annotations["lower"]) == pytest.approx(rows["c-worse"]["cs_lower"], rel=1e-3)
+        # b-within: its guardrail series is there, 0, and no alert was ever pending or firing for it
+        assert prom.values('stream_eval_ab_guardrail_breached{arm="b-within"}')
+        assert not [a for a in prom.alerts() if a["labels"].get("arm") == "b-within"]
+        assert not webhook.matching({"arm": "b-within"}, status=None)
+        recommended = prom.values("stream_eval_ab_recommendation")
+        assert {dict(k)["arm"]: dict(k)["recommendation"] for k in recommended} == {
+            "b-within": "keep running", "c-worse": "rollback"}
 
 
 # --- the real worker --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support import AbstractTimeConfig as Config
 from test_partitions import PARTITIONS, _comparable, _feed, _replay, _route
 
-from stream_eval.config import ArmPair, ConfigError, load_config
+from stream_eval.config import Arms, ConfigError, load_config
 from stream_eval.engine.ab import SHARDS, UnitLedger, shard_of, unit_hashes
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.gsb import _COMPACT, GsbTracker, rank
@@ -135,8 +135,8 @@ def _query_rows(n: int, seed: int) -> tuple[list[tuple[str, str]], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
 
 
-def _arms(_: str) -> ArmPair:
-    return ArmPair("a", "b")
+def _arms(_: str) -> Arms:
+    return Arms("a", ("b",))
 
 
 @pytest.mark.slow
@@ -157,7 +157,7 @@ def test_a_flood_of_query_ids_keeps_a_bucket_at_the_bound_in_any_order() -> None
             assert held() < 3_000_000  # CAP queries' requests (and their strings), not 100k
         tracker.close(math.inf, _arms)
         assert tracker.overflow == 2 * (n - KEPT)  # both requests of every query not kept
-        total = tracker.totals(_arms)["exp", "metric"]
+        total = tracker.totals(_arms)["exp", "b", "metric"]
         assert total.good + total.same + total.bad == KEPT
         totals.append((total.good, total.same, total.bad))
     assert totals[0] == totals[1]  # the queries of smallest rank, whatever the order of arrival

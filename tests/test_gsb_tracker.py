@@ -1,5 +1,6 @@
 """GSB from per-query metrics (engine/gsb.py) against a plain reference: sums per (bucket, experiment, query,
-arm) added request by request, a verdict per bucket and query served by both arms."""
+arm) added request by request, a verdict per bucket, query and treatment served with the control (A/B/n: e1 has
+two treatments)."""
 
 from __future__ import annotations
 
@@ -8,35 +9,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
 
-from stream_eval.config import ArmPair
+from stream_eval.config import Arms
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.metrics.gsb import metric_verdict
 
-ARMS = {"e1": ArmPair("c", "t"), "e2": ArmPair("t", "c")}  # e3 has no pair: no verdict
+ARMS = {"e1": Arms("c", ("t", "x")), "e2": Arms("t", ("c",))}  # e3 has no arms: no verdict
 
 
-def arms_of(experiment: str) -> ArmPair | None:
+def arms_of(experiment: str) -> Arms | None:
     return ARMS.get(experiment)
 
 
 Request = tuple[str, str, str, float, float]  # experiment, arm, query, serve time, metric
 
 
-def reference(requests: list[Request], window: float, epsilon: float) -> dict[str, list[int]]:
+def reference(requests: list[Request], window: float, epsilon: float) -> dict[tuple[str, str], list[int]]:
     sums: dict[tuple[int, str, str], dict[str, list[float]]] = {}
     for experiment, arm, query, ts, value in requests:
         per_arm = sums.setdefault((int(ts // window), experiment, query), {})
         total = per_arm.setdefault(arm, [0.0, 0.0])
         total[0] += value
         total[1] += 1.0
-    out: dict[str, list[int]] = {}
+    out: dict[tuple[str, str], list[int]] = {}
     for (_, experiment, _), per_arm in sums.items():
-        pair = arms_of(experiment)
-        if pair is None or pair.control not in per_arm or pair.treatment not in per_arm:
-            continue
-        t, c = per_arm[pair.treatment], per_arm[pair.control]
-        verdict = metric_verdict(t[0] / t[1], c[0] / c[1], epsilon)
-        out.setdefault(experiment, [0, 0, 0])[("good", "same", "bad").index(verdict)] += 1
+        arms = arms_of(experiment)
+        for treatment in arms.treatments if arms is not None else ():
+            if arms is None or arms.control not in per_arm or treatment not in per_arm:
+                continue
+            t, c = per_arm[treatment], per_arm[arms.control]
+            verdict = metric_verdict(t[0] / t[1], c[0] / c[1], epsilon)
+            out.setdefault((experiment, treatment), [0, 0, 0])[("good", "same", "bad").index(verdict)] += 1
     return out
 
 
@@ -65,6 +67,6 @@ def test_query_gsb_equals_request_by_request_sums(batches: list[list[Request]],
             tracker.close(closes[k], arms_of)
             closed_before = max(closed_before, closes[k] // window - 1)
     tracker.close(1e9, arms_of)
-    got = {experiment: [c.good, c.same, c.bad] for (experiment, source), c in tracker.counts.items()
-           if source == "metric"}
+    got = {(experiment, treatment): [c.good, c.same, c.bad]
+           for (experiment, treatment, source), c in tracker.counts.items() if source == "metric"}
     assert got == reference(served, window, epsilon)

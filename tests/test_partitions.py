@@ -165,12 +165,14 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
 def _short_horizons(requests: int, seed: int, behaviour: bool,
                     look_every: float = 3600.0) -> tuple[Config, list[bytes]]:
     """A config of short horizons (many sessions and query buckets close) and simulated traffic with every kind of
-    event; with ``behaviour``, the behaviour and session measures and traffic with dwell."""
+    event, in three arms (A/B/n: control, then the treatments treatment and worse); with ``behaviour``, the
+    behaviour and session measures and traffic with dwell."""
     config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
                     look_every=look_every, metrics=BEHAVIOUR if behaviour else ())
     sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
                            duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
-                           shuffle_window=3.0, behaviour=behaviour)
+                           shuffle_window=3.0, behaviour=behaviour,
+                           arms=(("control", 0.55), ("treatment", 0.7), ("worse", 0.4)))
     return config, list(simulate_lines(sim))
 
 
@@ -224,7 +226,8 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     assert second.overall().sessions > 0
     # the A/B units were rebuilt by the new owner from the log: the same numbers as replay's, exactly
     assert merged.ab() and merged.ab() == expected.ab()
-    assert merged.srm() == expected.srm()
+    assert {row["treatment"] for row in expected.ab()} == {"treatment", "worse"}  # every treatment compared
+    assert merged.srm() == expected.srm() and set(expected.srm()[0]["units"]) == {"control", "treatment", "worse"}
     # every verdict (judgments and interleaving too) reached the stage: the sign tests are replay's
     rows = merged.gsb_rows()
     assert {row["source"] for row in rows} == {"judgment", "metric", "interleaving"}
@@ -303,8 +306,11 @@ def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path
         merged.merge(engine)
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert merged.ab() and merged.ab() == expected.ab()
-    assert merged.srm() == expected.srm()
+    assert {row["treatment"] for row in expected.ab()} == {"treatment", "worse"}  # every treatment compared
+    assert merged.srm() == expected.srm() and set(expected.srm()[0]["units"]) == {"control", "treatment", "worse"}
     assert merged.gsb_rows() == expected.gsb_rows()
+    assert {(row["treatment"], row["source"]) for row in expected.gsb_rows()} >= {
+        ("treatment", "metric"), ("worse", "metric"), (None, "judgment")}
     assert merged.overflow() == expected.overflow()
     shards = [set(shard for e in engine.ledger.experiments.values() for shard in e) for engine in log.engines]
     assert all(shards) and not set.intersection(*shards)  # no partition holds all units

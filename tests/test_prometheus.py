@@ -121,14 +121,16 @@ def test_finalised_sums_and_counts_give_the_replay_report(tmp_path: Path, empty:
     assert invalid and by_code == invalid
     for row in report["gsb"]:
         for verdict in ("good", "same", "bad"):
-            labels = {"experiment": row["experiment"], "source": row["source"], "verdict": verdict}
+            labels = {"experiment": row["experiment"], "arm": row["treatment"] or "", "source": row["source"],
+                      "verdict": verdict}
             assert get("stream_eval_gsb_total", labels) == row[verdict]
-        labels = {"experiment": row["experiment"], "source": row["source"], "window": "total"}
+        labels = {"experiment": row["experiment"], "arm": row["treatment"] or "", "source": row["source"],
+                  "window": "total"}
         assert get("stream_eval_gsb_score", labels) == pytest.approx(row["score"])
     assert {row["source"] for row in report["gsb"]} == {"judgment", "metric", "interleaving"}
     assert report["ab"]
     for row in report["ab"]:
-        labels = {"experiment": row["experiment"], "metric": row["metric"]}
+        labels = {"experiment": row["experiment"], "metric": row["metric"], "arm": row["treatment"]}
         for field in ("delta", "ci_lower", "ci_upper"):
             assert get(f"stream_eval_ab_{field}", labels) == pytest.approx(row[field], nan_ok=True)
 
@@ -185,7 +187,7 @@ def test_click_on_open_request_changes_its_window_and_finalisation_does_not_doub
     assert get("stream_eval_window_count", hour) == 2.0
     assert get("stream_eval_window_count", mrr) == 0.0  # the 5m window has moved on
     assert math.isnan(get("stream_eval_window_mean", mrr) or 0.0)
-    assert get("stream_eval_gsb_score", {"experiment": "e", "source": "judgment", "window": "total"}) == 1.0
+    assert get("stream_eval_gsb_score", {"experiment": "e", "arm": "", "source": "judgment", "window": "total"}) == 1.0
 
 
 def test_window_labels() -> None:
@@ -346,7 +348,7 @@ def test_window_gauc_and_gsb_hold_what_closed_in_the_window() -> None:
     gauc = {"experiment": "default", "arm": "default", "metric": GAUC, "window": "5m"}
     assert registry.get_sample_value("stream_eval_window_sum", gauc) == pytest.approx(stats.gauc.total[0])
     assert registry.get_sample_value("stream_eval_window_mean", gauc) == pytest.approx(0.5)
-    score = {"experiment": "default", "source": "judgment", "window": "5m"}
+    score = {"experiment": "default", "arm": "", "source": "judgment", "window": "5m"}
     assert registry.get_sample_value("stream_eval_gsb_score", score) == -1.0
     engine.process(_events([Ranking("r3", ["a"], ts=2000.0)], config))
     assert registry.get_sample_value("stream_eval_window_count", gauc) == 0.0

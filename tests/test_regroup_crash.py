@@ -324,7 +324,7 @@ def test_the_partitions_engines_are_deterministic() -> None:
 
 # -- the protocol on a small log --------------------------------------------------------------------------------------
 def _judgments(engine: Engine) -> tuple[int, int, int]:
-    counts = engine.gsb.totals(engine.arms_of).get(("exp", "judgment"))
+    counts = engine.gsb.totals(engine.arms_of).get(("exp", "", "judgment"))
     return (0, 0, 0) if counts is None else (counts.good, counts.same, counts.bad)
 
 

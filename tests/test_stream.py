@@ -103,7 +103,7 @@ _seen: list[object] = []  # what _done saw last (shown when a wait times out)
 
 
 def _stage_judgments(held: dict[int, Any]) -> int:
-    counts = [c for h in held.values() for (_, source), c in h.engine.gsb.complete.items() if source == "judgment"]
+    counts = [c for h in held.values() for (_, _, source), c in h.engine.gsb.complete.items() if source == "judgment"]
     return sum(c.good + c.same + c.bad for c in counts)
 
 

@@ -190,8 +190,9 @@ def _per_arm_panels(ids: Iterator[int], rows: Sequence[tuple[str, str, str, str,
     return panels
 
 
-def _ab(series: str, selector: str = EXP_METRIC) -> str:
-    return f"max by (experiment, metric) ({series}{{{selector}}})"
+def _ab(series: str, selector: str = f'{EXP_METRIC}, arm=~"$arm"') -> str:
+    """An A/B series per treatment (``arm``) and metric (max over the workers exporting it during a hand-over)."""
+    return f"max by (experiment, arm, metric) ({series}{{{selector}}})"
 
 
 def decisions_panel(panel_id: int) -> table.Panel:
@@ -209,11 +210,12 @@ def decisions_panel(panel_id: int) -> table.Panel:
         "F": (_ab("stream_eval_ab_ci_lower", EXP), "ci lower (fixed)"),
         "G": (_ab("stream_eval_ab_ci_upper", EXP), "ci upper (fixed)"),
     }
-    names = ["experiment", "metric", *(f"Value #{ref}" for ref in columns)]
+    names = ["experiment", "arm", "metric", *(f"Value #{ref}" for ref in columns)]
     panel = (
-        table.Panel().id(panel_id).title("Decisions: treatment vs control, every metric")
+        table.Panel().id(panel_id).title("Decisions: each treatment vs control, every metric")
         .description(
-            "One line per metric of the experiment. 'delta' is treatment minus control. 'cs lower' / 'cs upper' "
+            "One line per treatment arm and metric of the experiment (every arm but the control is a treatment). "
+            "'delta' is treatment minus control. 'cs lower' / 'cs upper' "
             "bound the always-valid confidence sequence: unlike a fixed-sample interval, it stays valid however "
             "often you look, so you may stop as soon as it excludes 0. decision = better when cs lower > 0, worse "
             "when cs upper < 0, otherwise inconclusive (keep collecting); the other way round for the measures "
@@ -242,25 +244,21 @@ def delta_panel(panel_id: int) -> timeseries.Panel:
     dashed = {"fill": "dash", "dash": [10, 6]}
     return (
         _graph(panel_id, "$metric: treatment - control, with its confidence sequence",
-               "Treatment minus control of $metric over time (one panel per selected metric). The shaded band is "
-               "the always-valid confidence sequence (cs lower .. cs upper): it narrows as randomisation units "
-               "accumulate and may be read at any time; the treatment is better once the band lies wholly above "
-               "the red zero line, worse once wholly below. The dashed lines are the fixed-sample confidence "
-               "interval, narrower but valid only for a single look planned in advance.", w=24, h=9)
+               "Each treatment arm minus control of $metric over time (one panel per selected metric; the 'arm' "
+               "selector picks treatments). 'cs lower' .. 'cs upper' is the always-valid confidence sequence: it "
+               "narrows as randomisation units accumulate and may be read at any time; a treatment is better once "
+               "its sequence lies wholly above the red zero line, worse once wholly below. The dashed lines are "
+               "the fixed-sample confidence interval, narrower but valid only for a single look planned in "
+               "advance.", w=24, h=9)
         .repeat("metric").repeat_direction("h").max_per_row(2)
         .thresholds(_thresholds("transparent", (0, BAD))).thresholds_style(_line())
-        .with_target(_query("A", _ab("stream_eval_ab_delta"), "delta"))
-        .with_target(_query("B", _ab("stream_eval_ab_cs_lower"), "cs lower"))
-        .with_target(_query("C", _ab("stream_eval_ab_cs_upper"), "cs upper"))
-        .with_target(_query("D", _ab("stream_eval_ab_ci_lower"), "ci lower"))
-        .with_target(_query("E", _ab("stream_eval_ab_ci_upper"), "ci upper"))
-        .override_by_name("delta", [DynamicConfigValue("custom.lineWidth", 2),
-                                    DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "orange"})])
-        .override_by_regexp("/^cs /", [DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "blue"})])
-        .override_by_name("cs upper", [DynamicConfigValue("custom.fillBelowTo", "cs lower"),
-                                       DynamicConfigValue("custom.fillOpacity", 15)])
-        .override_by_regexp("/^ci /", [DynamicConfigValue("custom.lineStyle", dashed),
-                                       DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "text"})])
+        .with_target(_query("A", _ab("stream_eval_ab_delta"), "{{arm}} delta"))
+        .with_target(_query("B", _ab("stream_eval_ab_cs_lower"), "{{arm}} cs lower"))
+        .with_target(_query("C", _ab("stream_eval_ab_cs_upper"), "{{arm}} cs upper"))
+        .with_target(_query("D", _ab("stream_eval_ab_ci_lower"), "{{arm}} ci lower"))
+        .with_target(_query("E", _ab("stream_eval_ab_ci_upper"), "{{arm}} ci upper"))
+        .override_by_regexp("/ delta$/", [DynamicConfigValue("custom.lineWidth", 2)])
+        .override_by_regexp("/ ci /", [DynamicConfigValue("custom.lineStyle", dashed)])
     )
 
 
@@ -272,7 +270,7 @@ def p_value_panel(panel_id: int) -> timeseries.Panel:
                "default) the confidence sequence excludes 0 and the decision is better or worse.")
         .max(1).scale_distribution(_log_scale())
         .thresholds(_thresholds("transparent", (0.05, BAD))).thresholds_style(_line())
-        .with_target(_query("A", _ab("stream_eval_ab_p_value"), "{{metric}}"))
+        .with_target(_query("A", _ab("stream_eval_ab_p_value"), "{{arm}} {{metric}}"))
     )
 
 
@@ -313,35 +311,37 @@ def srm_panels(ids: Iterator[int]) -> list[stat.Panel]:
 
 
 def gsb_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
-    by = "sum by (experiment, source)"
+    by = "sum by (experiment, arm, source)"
     score = (f'({by} (stream_eval_gsb_total{{{EXP}, verdict="good"}})\n'
              f'  - {by} (stream_eval_gsb_total{{{EXP}, verdict="bad"}}))\n'
              f"  / ({by} (stream_eval_gsb_total{{{EXP}}}) > 0)")
     return [
         _graph(next(ids), "GSB verdicts",
-               "Good / same / bad verdicts of the treatment against the control, per source, counted since the "
+               "Good / same / bad verdicts of each treatment (arm; none for judgments) against the control, per "
+               "source, counted since the "
                "worker's state began and summed over workers. judgment: human side-by-side judgments; metric: "
                "queries served by both arms, compared on their mean gsb_metric (nDCG@10 by default); "
                "interleaving: interleaved requests, credited to the team whose items were relevant.", w=8)
         .decimals(0)
-        .with_target(_query("A", f"sum by (experiment, source, verdict) (stream_eval_gsb_total{{{EXP}}})",
-                            "{{source}} {{verdict}}")),
+        .with_target(_query("A", f"sum by (experiment, arm, source, verdict) (stream_eval_gsb_total{{{EXP}}})",
+                            "{{arm}} {{source}} {{verdict}}")),
         _graph(next(ids), "GSB score",
                "(good - bad) / (good + same + bad), from -1 (treatment always worse) to 1 (always better). "
                "'total': every verdict so far, from the counts summed over workers. '5m' / '1h': the verdicts "
                "given in the last 5 minutes / 1 hour of event time, as each worker exports them (exact with one "
                "worker; with several, each line covers that worker's partitions).", w=8)
         .min(-1).max(1).decimals(3)
-        .with_target(_query("A", score, "{{source}} total"))
+        .with_target(_query("A", score, "{{arm}} {{source}} total"))
         .with_target(_query("B", f'stream_eval_gsb_score{{{EXP}, window!="total"}}',
-                            "{{source}} {{window}} {{instance}}")),
+                            "{{arm}} {{source}} {{window}} {{instance}}")),
         _graph(next(ids), "GSB p-value",
                "Always-valid p-value of the sign test on the GSB verdicts (ties left out), per source (log "
                "scale): below the red line (0.05) the treatment wins or loses more often than chance allows, "
                "however often you have looked.", w=8)
         .max(1).scale_distribution(_log_scale())
         .thresholds(_thresholds("transparent", (0.05, BAD))).thresholds_style(_line())
-        .with_target(_query("A", f"max by (experiment, source) (stream_eval_gsb_p_value{{{EXP}}})", "{{source}}")),
+        .with_target(_query("A", f"max by (experiment, arm, source) (stream_eval_gsb_p_value{{{EXP}}})",
+                                  "{{arm}} {{source}}")),
     ]
 
 

@@ -21,8 +21,11 @@ sums are the same wherever it is held; an experiment's sums are its shards', add
 on ``ceil(k / look_every) * look_every``, taken once event time reaches it (no look where nothing changed). The
 shards changed since the previous look report their sums (:class:`ShardLook`) to the merger, which folds a
 boundary once every ledger holding shards has reported up to it. The always-valid p-value is the running
-minimum over looks and the confidence sequence their running intersection, so a decision, once reached, stays
-(until the pair of arms compared changes); the rows read are those of the last look. A unit seen in a second
+minimum over looks and the confidence sequence their running intersection (from scratch when the control a
+treatment is compared with changes); the rows read are those of the last look. Decisions are taken after
+false-discovery control (e-BH on the e-values of the look, :func:`_decided`). An experiment
+has one control and any number of treatments (A/B/n, ``Config.arms_for``): one comparison per treatment, each with
+its running state, and one SRM test over all the arms. A unit seen in a second
 arm is a *conflict*: counted once, kept in its first arm, and that contribution is left out of the A/B
 statistics (it still counts in its arm's means elsewhere in the report).
 
@@ -33,6 +36,7 @@ counted (``UnitLedger.overflow``); so the bound, too, is the same whatever the n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -43,10 +47,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream_eval.config import ArmPair, Config
+from stream_eval.config import ArmPair, Arms, Config
 from stream_eval.engine.compiled import unit_rows, unit_slots
 from stream_eval.engine.times import time_to_json
-from stream_eval.stats import ArmSums, compare, decide, srm_test
+from stream_eval.metrics.specs import lower_is_better
+from stream_eval.stats import ArmSums, Comparison, compare, decide, e_bh, srm_test
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -90,15 +95,65 @@ def shards_of(keys: Sequence[str]) -> Ints:
 
 @dataclass
 class _Running:
-    """The running minimum p-value and intersection of confidence sequences of one experiment's rows."""
+    """The running minimum p-value and intersection of confidence sequences of one treatment's rows."""
 
     pair: ArmPair
     p_value: Floats
     cs_lower: Floats
     cs_upper: Floats
-    srm_p_value: float = 1.0
     lift_cs_lower: Floats | None = None  # (None: as wide as can be, in a merger state written before lift)
     lift_cs_upper: Floats | None = None
+
+    def to_json(self) -> list[Any]:
+        return [[self.pair.control, self.pair.treatment], self.p_value.tolist(), self.cs_lower.tolist(),
+                self.cs_upper.tolist(), None if self.lift_cs_lower is None else self.lift_cs_lower.tolist(),
+                None if self.lift_cs_upper is None else self.lift_cs_upper.tolist()]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> _Running:
+        pair, p, lower, upper, *lifts = data
+        return cls(ArmPair(*pair), _array(p), _array(lower), _array(upper), *map(_optional_array, lifts))
+
+
+@dataclass
+class _RunningExperiment:
+    """An experiment's running state: each treatment's (:class:`_Running`, by treatment) and the SRM test's running
+    minimum p-value over the arms ``srm_arms`` (None: not known, in a merger state written before A/B/n)."""
+
+    pairs: dict[str, _Running]
+    srm_p_value: float = 1.0
+    srm_arms: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pairs": [r.to_json() for r in self.pairs.values()], "srm": self.srm_p_value,
+                "srm_arms": None if self.srm_arms is None else list(self.srm_arms)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | list[Any]) -> _RunningExperiment:
+        if isinstance(data, list):  # written before A/B/n: one pair, its SRM p-value fifth
+            pair, p, lower, upper, srm, *lifts = data
+            running = _Running.from_json([pair, p, lower, upper, *lifts])
+            return cls({running.pair.treatment: running}, float(srm))
+        pairs = [_Running.from_json(entry) for entry in data["pairs"]]
+        arms = data["srm_arms"]
+        return cls({r.pair.treatment: r for r in pairs}, float(data["srm"]), None if arms is None else tuple(arms))
+
+
+def _array(values: list[float]) -> Floats:
+    return np.array(values, dtype=np.float64)
+
+
+def _optional_array(values: list[float] | None) -> Floats | None:
+    return None if values is None else _array(values)
+
+
+@dataclass(frozen=True)
+class _Look:
+    """An experiment's comparisons at a look: each treatment's with the control, in the order of ``arms``."""
+
+    arms: Arms
+    comparisons: list[Comparison]
+    srm: SrmRow
 
 
 @dataclass
@@ -246,6 +301,24 @@ class AbRow:
     lift_ci_upper: float = math.nan
     lift_cs_lower: float = math.nan  # the running intersection of the lift's confidence sequences
     lift_cs_upper: float = math.nan
+    guardrail: bool = False  # a guardrail of the experiment: the fields below say how it stands
+    margin: float = math.nan  # the tolerated loss: on ``lift`` when ``margin_relative``, else on ``delta``
+    margin_relative: bool = False
+    non_inferior: bool = False  # the confidence sequence lies wholly on the good side of ``margin``
+    breached: bool = False  # ... wholly on the bad side of it
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to do with one treatment of an experiment (README, "Guardrails and the recommendation")."""
+
+    experiment: str
+    control: str
+    treatment: str
+    recommendation: str  # "ship" | "rollback" | "keep running"
+    better: list[str]  # goal metrics decided better (after false-discovery control)
+    breached: list[str]  # guardrails breached
+    unproven: list[str]  # guardrails not shown non-inferior yet
 
 
 @dataclass(frozen=True)
@@ -309,8 +382,8 @@ class LookMerger:
         self.on_look: LookListener | None = None
         self._queue: dict[float, list[ShardLook]] = {}  # reported, not folded yet: boundary -> looks
         self.latest: dict[str, dict[int, ShardLook]] = {}  # each experiment's shards as of the last fold
-        self._running: dict[str, _Running] = {}
-        self._now: dict[str, tuple[ArmPair, Any, SrmRow]] = {}  # each experiment's comparison at the last fold
+        self._running: dict[str, _RunningExperiment] = {}
+        self._now: dict[str, _Look] = {}  # each experiment's comparisons at the last fold
         # Shards' looks since their last boundary (a stage partition reports them as it goes, for the live rows):
         # (experiment, shard) -> (the event time up to which it was applied, its look). A fold past that time
         # drops it.
@@ -356,16 +429,16 @@ class LookMerger:
             if now is None:
                 continue
             self._now[name] = now
-            self._running[name] = self._folded(name, *now)
+            self._running[name] = self._folded(name, now)
         self.folded = boundary
         self.looks += 1
         self.version += 1
         if self.on_look is not None:
             self.on_look(boundary)
 
-    def _merged(self, name: str, live: dict[int, ShardLook] | None = None) -> tuple[ArmPair, Any, SrmRow] | None:
-        """The comparison and SRM test of an experiment from its shards' latest looks (with ``live``: those
-        instead, where given; None: no pair of arms)."""
+    def _merged(self, name: str, live: dict[int, ShardLook] | None = None) -> _Look | None:
+        """The comparisons and SRM test of an experiment from its shards' latest looks (with ``live``: those
+        instead, where given; None: no treatment)."""
         sums: dict[str, ArmSums] = {}
         units: dict[str, int] = {}
         shards = self.latest.get(name, {})
@@ -376,32 +449,43 @@ class LookMerger:
             for arm, arm_sums, n in zip(look.arms, look.sums, look.units, strict=True):
                 sums[arm] = sums[arm] + arm_sums if arm in sums else arm_sums
                 units[arm] = units.get(arm, 0) + n
-        pair = self.config.arms_for(name, set(sums))
-        if pair is None:
+        arms = self.config.arms_for(name, set(sums))
+        if arms is None:
             return None
         zeros = ArmSums.zeros(self.width)
-        comparison = compare(sums.get(pair.control, zeros), sums.get(pair.treatment, zeros),
-                             confidence=self.config.confidence, sequential_n=self.config.sequential_n)
+        control = sums.get(arms.control, zeros)
+        comparisons = [compare(control, sums.get(treatment, zeros), confidence=self.config.confidence,
+                               sequential_n=self.config.sequential_n) for treatment in arms.treatments]
         expected = self.config.split_for(name, set(units))
         counts = [float(units.get(arm, 0)) for arm in expected]
         test = srm_test(counts, list(expected.values()))
         srm = SrmRow(name, {arm: units.get(arm, 0) for arm in expected}, expected, test.chi2, test.p_value,
                      test.sequential_p_value, False)
-        return pair, comparison, srm
+        return _Look(arms, comparisons, srm)
 
-    def _folded(self, name: str, pair: ArmPair, comparison: Any, srm: SrmRow) -> _Running:
-        """The running state of an experiment with one more look folded in. NaN (undefined at this look) leaves a
-        bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
+    def _folded(self, name: str, now: _Look) -> _RunningExperiment:
+        """The running state of an experiment with one more look folded in: per treatment (from scratch when its
+        control changed), and the SRM test's (from scratch when its arms changed). NaN (undefined at this look)
+        leaves a bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
         before = self._running.get(name)
-        if before is None or before.pair != pair:
-            before = _Running(pair, np.ones(self.width), np.full(self.width, -math.inf), np.full(self.width, math.inf))
-        srm_p = srm.sequential_p_value
-        lift_lower = np.full(self.width, -math.inf) if before.lift_cs_lower is None else before.lift_cs_lower
-        lift_upper = np.full(self.width, math.inf) if before.lift_cs_upper is None else before.lift_cs_upper
-        return _Running(pair, np.fmin(before.p_value, comparison.p_value),
-                        np.fmax(before.cs_lower, comparison.cs_lower), np.fmin(before.cs_upper, comparison.cs_upper),
-                        before.srm_p_value if math.isnan(srm_p) else min(before.srm_p_value, srm_p),
-                        np.fmax(lift_lower, comparison.lift_cs_lower), np.fmin(lift_upper, comparison.lift_cs_upper))
+        width = self.width
+        pairs: dict[str, _Running] = {}
+        for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True):
+            was = None if before is None else before.pairs.get(pair.treatment)
+            if was is None or was.pair != pair:
+                was = _Running(pair, np.ones(width), np.full(width, -math.inf), np.full(width, math.inf))
+            lift_lower = np.full(width, -math.inf) if was.lift_cs_lower is None else was.lift_cs_lower
+            lift_upper = np.full(width, math.inf) if was.lift_cs_upper is None else was.lift_cs_upper
+            pairs[pair.treatment] = _Running(
+                pair, np.fmin(was.p_value, comparison.p_value), np.fmax(was.cs_lower, comparison.cs_lower),
+                np.fmin(was.cs_upper, comparison.cs_upper), np.fmax(lift_lower, comparison.lift_cs_lower),
+                np.fmin(lift_upper, comparison.lift_cs_upper))
+        srm_arms = tuple(now.srm.expected)
+        srm_before = 1.0
+        if before is not None and before.srm_arms in (None, srm_arms):
+            srm_before = before.srm_p_value
+        srm_p = now.srm.sequential_p_value
+        return _RunningExperiment(pairs, srm_before if math.isnan(srm_p) else min(srm_before, srm_p), srm_arms)
 
     def results(self, names: Sequence[str] | None = None,
                 live: Sequence[ShardLook] = ()) -> tuple[list[AbRow], list[SrmRow]]:
@@ -423,21 +507,17 @@ class LookMerger:
         for name, shards in latest.items():
             now = self._merged(name, shards)
             if now is not None:
-                now_of[name], running_of[name] = now, self._folded(name, *now)
+                now_of[name], running_of[name] = now, self._folded(name, now)
         for name in sorted(now_of):
-            pair, comparison, srm = now_of[name]
+            now = now_of[name]
             running = running_of[name]
-            for j, metric in columns:
-                lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
-                ab.append(AbRow(
-                    name, pair.control, pair.treatment, metric, float(comparison.delta[j]),
-                    float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
-                    float(running.p_value[j]) if not math.isnan(float(comparison.p_value[j])) else math.nan,
-                    _decision(lower, upper), int(comparison.units_control[j]), int(comparison.units_treatment[j]),
-                    float(comparison.lift[j]), float(comparison.lift_ci_lower[j]), float(comparison.lift_ci_upper[j]),
-                    _bound(running.lift_cs_lower[j]) if running.lift_cs_lower is not None else math.nan,
-                    _bound(running.lift_cs_upper[j]) if running.lift_cs_upper is not None else math.nan,
-                ))
+            rows: list[AbRow] = []
+            log_e: list[float] = []
+            for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True):
+                rows.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns))
+                log_e.extend(float(comparison.log_e_value[j]) for j, _ in columns)
+            ab.extend(_decided(rows, log_e, self.config))
+            srm = now.srm
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
                                    running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
         return ab, srm_rows
@@ -448,11 +528,7 @@ class LookMerger:
                 "looks": self.looks,
                 "queue": [[time_to_json(b), [look.to_json() for look in looks]] for b, looks in self._queue.items()],
                 "latest": [look.to_json() for shards in self.latest.values() for look in shards.values()],
-                "running": {name: [[r.pair.control, r.pair.treatment], r.p_value.tolist(), r.cs_lower.tolist(),
-                                   r.cs_upper.tolist(), r.srm_p_value,
-                                   None if r.lift_cs_lower is None else r.lift_cs_lower.tolist(),
-                                   None if r.lift_cs_upper is None else r.lift_cs_upper.tolist()]
-                            for name, r in self._running.items()}}
+                "running": {name: r.to_json() for name, r in self._running.items()}}
 
     def restore_json(self, data: dict[str, Any]) -> None:
         self.progress_of = [float(t) for t in data["progress"]] + self.progress_of[len(data["progress"]):]
@@ -462,13 +538,7 @@ class LookMerger:
         for raw in data["latest"]:
             look = ShardLook.from_json(raw)
             self.latest.setdefault(look.experiment, {})[look.shard] = look
-        floats = np.float64
-        def array(values: list[float] | None) -> Floats | None:
-            return None if values is None else np.array(values, dtype=floats)
-
-        self._running = {name: _Running(ArmPair(*pair), np.array(p, dtype=floats), np.array(lower, dtype=floats),
-                                        np.array(upper, dtype=floats), float(srm), *map(array, lifts))
-                         for name, (pair, p, lower, upper, srm, *lifts) in data["running"].items()}
+        self._running = {name: _RunningExperiment.from_json(r) for name, r in data["running"].items()}
         self._now = {}
         for name in self.latest:
             now = self._merged(name)
@@ -681,6 +751,84 @@ class UnitLedger:
 def _shard_limit(config: Config) -> int:
     """Units kept per shard of an experiment: ``max_units`` spread over the shards (rounded up)."""
     return -(-config.max_units // SHARDS)
+
+
+def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
+          columns: list[tuple[int, str]]) -> list[AbRow]:
+    """The rows of one treatment against the control, for the metric ``columns`` (index, name)."""
+    rows = []
+    for j, metric in columns:
+        lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
+        rows.append(AbRow(
+            name, pair.control, pair.treatment, metric, float(comparison.delta[j]),
+            float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
+            float(running.p_value[j]) if not math.isnan(float(comparison.p_value[j])) else math.nan,
+            _decision(lower, upper), int(comparison.units_control[j]), int(comparison.units_treatment[j]),
+            float(comparison.lift[j]), float(comparison.lift_ci_lower[j]), float(comparison.lift_ci_upper[j]),
+            _bound(running.lift_cs_lower[j]) if running.lift_cs_lower is not None else math.nan,
+            _bound(running.lift_cs_upper[j]) if running.lift_cs_upper is not None else math.nan,
+        ))
+    return rows
+
+
+def _decided(rows: list[AbRow], log_e: list[float], config: Config) -> list[AbRow]:
+    """An experiment's rows with their decisions after false-discovery control, and its guardrails tested.
+
+    Families (README, "False discoveries"): the goal metrics (``primary``, else every metric not a guardrail) of
+    every treatment; and the other metrics not guardrails, when ``primary`` names fewer, a family of their own.
+    Each family's decisions are e-BH's at level ``1 - confidence`` on the e-values of this look: a row not
+    rejected is ``inconclusive``. A guardrail keeps its own decision (unadjusted) and gets its non-inferiority
+    test: its confidence sequence (of the lift for a relative tolerance) wholly on the good side of the tolerated
+    loss (``non_inferior``), or wholly on the bad side (``breached``)."""
+    if not rows:
+        return rows
+    settings = config.settings_of(rows[0].experiment)
+    guardrails = dict(settings.guardrails)
+    goal = set(settings.primary) or {row.metric for row in rows} - guardrails.keys()
+    alpha = 1.0 - config.confidence
+    out = list(rows)
+    for family in (goal, {row.metric for row in rows} - goal - guardrails.keys()):
+        members = [k for k, row in enumerate(rows) if row.metric in family]
+        if not members:
+            continue
+        rejected = e_bh([log_e[k] for k in members], alpha)
+        for k, kept in zip(members, rejected.tolist(), strict=True):
+            if not kept:
+                out[k] = dataclasses.replace(rows[k], decision="inconclusive")
+    for k, row in enumerate(rows):
+        tolerance = guardrails.get(row.metric)
+        if tolerance is not None:
+            lower, upper = (row.lift_cs_lower, row.lift_cs_upper) if tolerance.relative else (row.cs_lower,
+                                                                                               row.cs_upper)
+            if tolerance.value > 0:  # a metric lower-is-better: a rise is the loss
+                good, bad = upper < tolerance.value, lower > tolerance.value
+            else:
+                good, bad = lower > tolerance.value, upper < tolerance.value
+            out[k] = dataclasses.replace(out[k], guardrail=True, margin=tolerance.value,
+                                         margin_relative=tolerance.relative, non_inferior=good, breached=bad)
+    return out
+
+
+def recommend(rows: Sequence[AbRow]) -> list[Recommendation]:
+    """Per treatment: ``rollback`` when a guardrail is breached; ``ship`` when a goal metric is better (its decision,
+    taken after false-discovery control, in the metric's direction) and every guardrail is shown non-inferior;
+    else ``keep running``."""
+    out: dict[tuple[str, str], Recommendation] = {}
+    for row in rows:
+        key = (row.experiment, row.treatment)
+        now = out.get(key)
+        if now is None:
+            now = out[key] = Recommendation(row.experiment, row.control, row.treatment, "keep running", [], [], [])
+        if row.guardrail:
+            if row.breached:
+                now.breached.append(row.metric)
+            elif not row.non_inferior:
+                now.unproven.append(row.metric)
+        elif row.decision == ("worse" if lower_is_better(row.metric) else "better"):
+            now.better.append(row.metric)
+    return [dataclasses.replace(r, recommendation="rollback" if r.breached else
+                                "ship" if r.better and not r.unproven else "keep running")
+            for r in out.values()]
 
 
 def _bound(value: float) -> float:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 import numpy.typing as npt
 
-from stream_eval.config import ArmPair, Config
-from stream_eval.engine.ab import UnitLedger
+from stream_eval.config import Arms, Config
+from stream_eval.engine.ab import UnitLedger, recommend
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.plugins import Plugin, RegroupHooks
@@ -633,8 +633,8 @@ class Engine:
         values[at], counts[at] = rows.values[found[has]], rows.counts[found[has]]
         self.ledger.add_sessions(*args, values, counts)
 
-    def arms_of(self, experiment: str) -> ArmPair | None:
-        """Control and treatment of an experiment: configured, else the first two of its sorted arms.
+    def arms_of(self, experiment: str) -> Arms | None:
+        """Control and treatments of an experiment: configured, else the first of its sorted arms and every other.
 
         Interleaved requests (with ``teams``) are not an arm; their teams name the arms when nothing else does.
         """
@@ -675,6 +675,7 @@ class Engine:
             "gsb": gsb,
             "ab": self.ab(),
             "srm": self.srm(),
+            "experiments": self.experiments(),
             "overflow": self.overflow(),
         }
 
@@ -685,17 +686,20 @@ class Engine:
                 "waiting_feedback": self.counts[OVERFLOW, "waiting_feedback"]}
 
     def gsb_rows(self) -> list[dict[str, Any]]:
-        """GSB per experiment and source, with the always-valid sign test of good against bad."""
+        """GSB per experiment, treatment (None for judgments: they name no arm) and source, with the always-valid
+        sign test of good against bad."""
         rows = []
         # the sign test takes every verdict given here (a rebuilt stage's too); replay: the same as the counts
         complete = self.gsb.totals(self.arms_of, complete=True)
         nothing = GsbCounts()
-        for (experiment, source), c in sorted(self.gsb.totals(self.arms_of).items()):
-            every = complete.get((experiment, source), nothing)
+        for (experiment, treatment, source), c in sorted(self.gsb.totals(self.arms_of).items(),
+                                                         key=lambda item: (item[0][0], item[0][2], item[0][1])):
+            every = complete.get((experiment, treatment, source), nothing)
             test = sign_test(every.good, every.same, every.bad, confidence=self.config.confidence,
                              sequential_n=self.config.sequential_n)
             lower, upper = _number(test.cs_lower), _number(test.cs_upper)
-            rows.append({"experiment": experiment, "source": source, "good": c.good, "same": c.same, "bad": c.bad,
+            rows.append({"experiment": experiment, "treatment": treatment or None, "source": source,
+                         "good": c.good, "same": c.same, "bad": c.bad,
                          "score": _number(c.score), "p_value": _number(test.p_value), "cs_lower": lower,
                          "cs_upper": upper, "decision": _decision_of(lower, upper)})
         return rows
@@ -730,9 +734,20 @@ class Engine:
                 "decision": _FLIPPED.get(row.decision, row.decision) if row.metric in lower else row.decision,
                 "lift": _number(row.lift), "lift_ci_lower": _number(row.lift_ci_lower),
                 "lift_ci_upper": _number(row.lift_ci_upper), "lift_cs_lower": _number(row.lift_cs_lower),
-                "lift_cs_upper": _number(row.lift_cs_upper),
+                "lift_cs_upper": _number(row.lift_cs_upper), "guardrail": row.guardrail,
+                **({"margin": row.margin, "margin_relative": row.margin_relative, "non_inferior": row.non_inferior,
+                    "breached": row.breached} if row.guardrail else {}),
             })
         return out
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """Per experiment and treatment, the recommendation (``ship``, ``rollback``, ``keep running``) with the goal
+        metrics decided better, the guardrails breached and those not shown non-inferior yet."""
+        names = [name for _, name in self._metric_names()] + [GAUC]
+        rows, _ = self.ledger.results(names)
+        return [{"experiment": r.experiment, "control": r.control, "treatment": r.treatment,
+                 "recommendation": r.recommendation, "better": r.better, "breached": r.breached,
+                 "unproven": r.unproven} for r in recommend(rows)]
 
     def srm(self) -> list[dict[str, Any]]:
         """Sample-ratio checks: units per arm against the expected split, per experiment."""

@@ -1,11 +1,14 @@
 """GSB tallies from the three sources of docs/contract.md §3.
 
-* ``judgment``: each judgment event is a verdict.
+Verdicts are counted per (experiment, treatment, source) (:data:`GsbKey`): each treatment against the control.
+
+* ``judgment``: each judgment event is a verdict (a judgment names no arm: its treatment is ``""``).
 * ``metric``: requests with an explicit ``query_id`` are grouped by (experiment, query, ``gsb_window``
-  bucket of serve time); when the bucket can no longer change, a query served by both arms gets the
-  verdict of treatment's mean ``gsb_metric`` against control's (beyond ``gsb_epsilon``).
+  bucket of serve time); when the bucket can no longer change, a query served by the control and a treatment
+  gets the verdict of that treatment's mean ``gsb_metric`` against control's (beyond ``gsb_epsilon``).
 * ``interleaving``: each request with ``teams`` credits its relevant items to teams; verdicts are resolved
-  against the experiment's arms when counts are read, so an arm first seen late is still right.
+  against the experiment's arms when counts are read (each treatment's team against the control's), so an arm
+  first seen late is still right.
 
 Query ids are in the shards of ``engine/ab.py`` (:func:`~stream_eval.engine.ab.shard_of`). A bucket keeps, for
 each experiment, the requests of at most ``max_open_queries / SHARDS`` (rounded up) distinct query ids of each shard:
@@ -28,13 +31,15 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from stream_eval.config import ArmPair, Config
+from stream_eval.config import Arms, Config
 from stream_eval.engine.ab import SHARDS, shard_of, shards_of
 from stream_eval.metrics.gsb import VERDICTS, GsbCounts, interleaving_verdict, metric_verdicts
 
 Floats = npt.NDArray[np.float64]
 
-ArmsOf = Callable[[str], ArmPair | None]
+ArmsOf = Callable[[str], Arms | None]
+#: (experiment, treatment, source): what verdicts are counted per. A judgment's treatment is "" (it names no arm).
+GsbKey = tuple[str, str, str]
 Credit = tuple[tuple[str, int], ...]
 Part = tuple[list[tuple[str, str]], list[str], Floats]
 #: Queries put out of a full bucket before its parts are rewritten without their requests.
@@ -119,11 +124,22 @@ def _filtered(part: Part, keep: list[bool]) -> Part:
     return list(compress(groups, keep)), list(compress(queries, keep)), values[np.array(keep, dtype=np.bool_)]
 
 
-def _side(pair: ArmPair | None, arm: str) -> int:
-    """0 for the control arm, 1 for the treatment, -1 for any other (or no pair)."""
-    if pair is None:
-        return -1
-    return 0 if arm == pair.control else 1 if arm == pair.treatment else -1
+def gsb_key(parts: Sequence[str]) -> GsbKey:
+    """A :data:`GsbKey` as written in a snapshot or share; (experiment, source), written before A/B/n, has the
+    treatment ``""``.
+
+    >>> gsb_key(["e", "b", "metric"]), gsb_key(["e", "judgment"])
+    (('e', 'b', 'metric'), ('e', '', 'judgment'))
+    """
+    if len(parts) == 2:
+        return str(parts[0]), "", str(parts[1])
+    experiment, treatment, source = parts
+    return str(experiment), str(treatment), str(source)
+
+
+def _side(arms: Arms | None, arm: str) -> int:
+    """0 for the control arm, ``k + 1`` for treatment ``k``, -1 for any other (or no arms)."""
+    return -1 if arms is None else arms.side(arm)
 
 
 class GsbTracker:
@@ -133,10 +149,10 @@ class GsbTracker:
         self.window = config.gsb_window
         self.epsilon = config.gsb_epsilon
         self.horizon = horizon
-        self.counts: dict[tuple[str, str], GsbCounts] = {}
+        self.counts: dict[GsbKey, GsbCounts] = {}
         # Every verdict, counted or not: a regroup stage rebuilt muted (engine/regroup.py) has given verdicts that
         # the previous owner counted; the always-valid sign test needs them all. (Without muting: ``counts``.)
-        self.complete: dict[tuple[str, str], GsbCounts] = {}
+        self.complete: dict[GsbKey, GsbCounts] = {}
         self._interleaving_complete: dict[str, Counter[Credit]] = {}
         self.frozen = False  # a regroup stage rebuilding from a snapshot: the complete tallies are in it
         # bucket -> the finalised requests with a query served in it, in parts: ((experiment, arm) of each,
@@ -148,21 +164,21 @@ class GsbTracker:
         self.overflow = 0  # requests of closed buckets left out of metric verdicts: their query was not kept
         self._interleaving: dict[str, Counter[Credit]] = {}
 
-    def _counts(self, experiment: str, source: str, complete: bool = False) -> GsbCounts:
+    def _counts(self, key: GsbKey, complete: bool = False) -> GsbCounts:
         table = self.complete if complete else self.counts
-        counts = table.get((experiment, source))
+        counts = table.get(key)
         if counts is None:
-            counts = table[experiment, source] = GsbCounts()
+            counts = table[key] = GsbCounts()
         return counts
 
-    def _add(self, experiment: str, source: str, verdict: str, times: int, count: bool) -> None:
+    def _add(self, key: GsbKey, verdict: str, times: int, count: bool) -> None:
         if not self.frozen:
-            self._counts(experiment, source, complete=True).add(verdict, times)
+            self._counts(key, complete=True).add(verdict, times)
         if count:
-            self._counts(experiment, source).add(verdict, times)
+            self._counts(key).add(verdict, times)
 
     def judgment(self, experiment: str, verdict: str, count: bool = True) -> None:
-        self._add(experiment, "judgment", verdict, 1, count)
+        self._add((experiment, "", "judgment"), verdict, 1, count)
 
     def merge(self, other: GsbTracker, complete: bool = False) -> None:
         """Add another tracker's verdicts and interleaving tallies (open query buckets are not merged); with
@@ -273,47 +289,53 @@ class GsbTracker:
         groups = [g for part_groups, _, _ in parts for g in part_groups]
         queries = [q for _, part_queries, _ in parts for q in part_queries]
         values = np.concatenate([part_values for _, _, part_values in parts])
-        # each request's experiment, and side: 0 control, 1 treatment, -1 neither (or the experiment has no pair)
+        # each request's experiment, and side: 0 control, k + 1 treatment k, -1 neither (or no arms)
         known = {group: k for k, group in enumerate(dict.fromkeys(groups))}
         names = list(dict.fromkeys(experiment for experiment, _ in known))
-        pairs = {name: arms_of(name) for name in names}
+        arms_by_name = {name: arms_of(name) for name in names}
         group_experiment = np.array([names.index(experiment) for experiment, _ in known], dtype=np.int64)
-        group_side = np.array([_side(pairs[experiment], arm) for experiment, arm in known], dtype=np.int64)
+        group_side = np.array([_side(arms_by_name[experiment], arm) for experiment, arm in known], dtype=np.int64)
         group = np.fromiter(map(known.__getitem__, groups), dtype=np.int64, count=len(groups))
         experiment_of, side = group_experiment[group], group_side[group]
         for e, name in enumerate(names):
-            rows = np.flatnonzero((experiment_of == e) & (side >= 0))
-            if not rows.shape[0]:
-                continue
-            picked = queries if rows.shape[0] == len(queries) else [queries[i] for i in rows.tolist()]
-            # a query's code: the first of its rows (str keys, set once: no tuple per request)
-            first: dict[str, int] = {}
-            code = np.fromiter(map(first.setdefault, picked, range(len(picked))), dtype=np.int64, count=len(picked))
-            cell = 2 * code + side[rows]
-            # sums in arrival order, as adding request by request would give
-            sums = np.bincount(cell, weights=values[rows], minlength=2 * len(picked)).reshape(-1, 2)
-            counts = np.bincount(cell, minlength=2 * len(picked)).reshape(-1, 2)
-            both = np.flatnonzero((counts > 0).all(axis=1))
-            if both.shape[0]:
-                means = sums[both] / counts[both]
-                tally = np.bincount(metric_verdicts(means[:, 1], means[:, 0], self.epsilon), minlength=3)
-                for verdict, times in zip(VERDICTS, tally.tolist(), strict=True):
-                    if times:
-                        self._add(name, "metric", verdict, times, count)
+            arms = arms_by_name[name]
+            for k, treatment in enumerate(arms.treatments if arms is not None else (), start=1):
+                rows = np.flatnonzero((experiment_of == e) & ((side == 0) | (side == k)))
+                if rows.shape[0]:
+                    self._metric_verdicts((name, treatment, "metric"), queries, values, rows,
+                                          (side[rows] == k).astype(np.int64), count)
 
-    def totals(self, arms_of: ArmsOf, complete: bool = False) -> dict[tuple[str, str], GsbCounts]:
+    def _metric_verdicts(self, key: GsbKey, queries: list[str], values: Floats, rows: npt.NDArray[np.int64],
+                         treated: npt.NDArray[np.int64], count: bool) -> None:
+        """Count the verdicts of the queries of ``rows`` served by both arms (``treated``: 1 treatment, 0 control)."""
+        picked = queries if rows.shape[0] == len(queries) else [queries[i] for i in rows.tolist()]
+        # a query's code: the first of its rows (str keys, set once: no tuple per request)
+        first: dict[str, int] = {}
+        code = np.fromiter(map(first.setdefault, picked, range(len(picked))), dtype=np.int64, count=len(picked))
+        cell = 2 * code + treated
+        # sums in arrival order, as adding request by request would give
+        sums = np.bincount(cell, weights=values[rows], minlength=2 * len(picked)).reshape(-1, 2)
+        counts = np.bincount(cell, minlength=2 * len(picked)).reshape(-1, 2)
+        both = np.flatnonzero((counts > 0).all(axis=1))
+        if both.shape[0]:
+            means = sums[both] / counts[both]
+            tally = np.bincount(metric_verdicts(means[:, 1], means[:, 0], self.epsilon), minlength=3)
+            for verdict, times in zip(VERDICTS, tally.tolist(), strict=True):
+                if times:
+                    self._add(key, verdict, times, count)
+
+    def totals(self, arms_of: ArmsOf, complete: bool = False) -> dict[GsbKey, GsbCounts]:
         """All counts, the interleaving tallies resolved with the arms as they are known now (``complete``: every
         verdict given here, counted or not)."""
         counts_of, interleaving = (self.complete, self._interleaving_complete) if complete else (
             self.counts, self._interleaving)
         out = {key: GsbCounts() + value for key, value in counts_of.items()}
         for experiment, tally in interleaving.items():
-            pair = arms_of(experiment)
-            if pair is None:
-                continue
-            counts = out.setdefault((experiment, "interleaving"), GsbCounts())
-            for credit, times in tally.items():
-                verdict = interleaving_verdict(dict(credit), pair.control, pair.treatment)
-                if verdict is not None:
-                    counts.add(verdict, times)
+            arms = arms_of(experiment)
+            for pair in arms.pairs() if arms is not None else ():
+                counts = out.setdefault((experiment, pair.treatment, "interleaving"), GsbCounts())
+                for credit, times in tally.items():
+                    verdict = interleaving_verdict(dict(credit), pair.control, pair.treatment)
+                    if verdict is not None:
+                        counts.add(verdict, times)
         return out

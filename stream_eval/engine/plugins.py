@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from stream_eval.config import ArmPair, Config
+    from stream_eval.config import Arms, Config
     from stream_eval.engine.gsb import GsbTracker
     from stream_eval.engine.sessions import Impressions
     from stream_eval.events.join import Finalised, Join
@@ -87,7 +87,7 @@ class EngineView(Protocol):
 
     def group_of(self, experiment: str, arm: str) -> int: ...
 
-    def arms_of(self, experiment: str) -> ArmPair | None: ...
+    def arms_of(self, experiment: str) -> Arms | None: ...
 
     def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]: ...
 

@@ -33,15 +33,25 @@ AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value",
              "lift_cs_upper")
 
 
+#: A guardrail's exported fields: its tolerated loss, the bounds of the sequence compared with it (the lift's for a
+#: relative tolerance), breached 0/1 and non-inferior 0/1.
+GUARDRAIL_FIELDS = ("margin", "lower", "upper", "breached", "non_inferior")
+
+
 @dataclass(frozen=True, eq=False)
 class AbReadout:
-    """The A/B part of a readout: ``(experiment, metric)`` -> :data:`AB_FIELDS`; units per ``(experiment,
+    """The A/B part of a readout: ``(experiment, metric, treatment)`` -> :data:`AB_FIELDS`; the guardrails and the
+    recommendations; units per ``(experiment,
     arm)``; conflicts per ``(experiment,)``; ``(experiment,)`` -> (sequential SRM p-value, mismatch 0/1)."""
 
     ab: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
     units: Mapping[Labels, float] = field(default_factory=dict)
     conflicts: Mapping[Labels, float] = field(default_factory=dict)
     srm: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
+    #: ``(experiment, metric, treatment)`` of each guardrail -> :data:`GUARDRAIL_FIELDS`
+    guardrails: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
+    #: ``(experiment, treatment, recommendation)`` -> 1, for each treatment's recommendation
+    recommendations: Mapping[Labels, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,9 +138,9 @@ class Reader:
                     metric_count[experiment, arm, name, *extra] = float(count[j])
                 metric_sum[experiment, arm, "AUC", *extra] = float(stats.gauc.total[0])
                 metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
-            for (experiment, source), counts in share.gsb.totals(share.arms_of).items():
+            for (experiment, treatment, source), counts in share.gsb.totals(share.arms_of).items():
                 for verdict in VERDICTS:
-                    gsb[experiment, source, verdict, *extra] = float(getattr(counts, verdict))
+                    gsb[experiment, treatment, source, verdict, *extra] = float(getattr(counts, verdict))
             for (kind, status), n in share.counts.items():
                 if kind != OVERFLOW:
                     events[kind, status, *extra] = float(n)
@@ -159,9 +169,9 @@ class Reader:
         gsb_score: dict[Labels, float] = {}
         gsb_p_value: dict[Labels, float] = {}
         for row in engine.gsb_rows():
-            experiment, source = row["experiment"], row["source"]
-            gsb_score[experiment, source, "total"] = _number(row["score"])
-            gsb_p_value[experiment, source] = _number(row["p_value"])
+            gsb_labels = (row["experiment"], row["treatment"] or "", row["source"])
+            gsb_score[(*gsb_labels, "total")] = _number(row["score"])
+            gsb_p_value[gsb_labels] = _number(row["p_value"])
         for given, counts in verdicts.items():
             gsb_score[given] = counts.score
         return Readout(
@@ -179,13 +189,25 @@ class Reader:
         cached = self._ab
         if cached is not None and cached[0] is engine and cached[1] is ledger and cached[2] == key:
             return cached[3]
+        rows = engine.ab()
         ab: dict[Labels, tuple[float, ...]] = {
-            (row["experiment"], row["metric"]): tuple(_number(row[k]) for k in AB_FIELDS) for row in engine.ab()}
+            (row["experiment"], row["metric"], row["treatment"]): tuple(_number(row[k]) for k in AB_FIELDS)
+            for row in rows}
+        guardrails: dict[Labels, tuple[float, ...]] = {}
+        for row in rows:
+            if row["guardrail"]:
+                bounds = ("lift_cs_lower", "lift_cs_upper") if row["margin_relative"] else ("cs_lower", "cs_upper")
+                guardrails[row["experiment"], row["metric"], row["treatment"]] = (
+                    row["margin"], _number(row[bounds[0]]), _number(row[bounds[1]]), float(row["breached"]),
+                    float(row["non_inferior"]))
+        recommendations: dict[Labels, float] = {
+            (r["experiment"], r["treatment"], r["recommendation"]): 1.0 for r in engine.experiments()}
         units: dict[Labels, float] = {
             (experiment, arm): float(n) for experiment, arms in ledger.units().items() for arm, n in arms.items()}
         conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()}
         srm: dict[Labels, tuple[float, float]] = {
             (row["experiment"],): (_number(row["sequential_p_value"]), float(row["mismatch"])) for row in engine.srm()}
-        part = AbReadout(ab=ab, units=units, conflicts=conflicts, srm=srm)
+        part = AbReadout(ab=ab, units=units, conflicts=conflicts, srm=srm, guardrails=guardrails,
+                         recommendations=recommendations)
         self._ab = (engine, ledger, key, part)
         return part

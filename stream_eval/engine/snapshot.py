@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _shard_limit
-from stream_eval.engine.gsb import Credit
+from stream_eval.engine.gsb import Credit, GsbKey, gsb_key
 from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.times import array_to_json as _array
 from stream_eval.engine.times import time_to_json
@@ -108,15 +108,17 @@ def restore(engine: Engine, data: bytes) -> None:
         engine.teams_seen.setdefault(experiment, set()).update(teams)
 
 
-def counts_to_json(table: dict[tuple[str, str], GsbCounts]) -> list[list[Any]]:
-    """GSB verdict counts per (experiment, source), for JSON (:func:`counts_from_json` reads them back)."""
-    return [[e, s, c.good, c.same, c.bad] for (e, s), c in table.items()]
+def counts_to_json(table: dict[GsbKey, GsbCounts]) -> list[list[Any]]:
+    """GSB verdict counts per (experiment, treatment, source), for JSON (:func:`counts_from_json` reads them
+    back)."""
+    return [[*key, c.good, c.same, c.bad] for key, c in table.items()]
 
 
-def counts_from_json(rows: list[list[Any]]) -> dict[tuple[str, str], GsbCounts]:
+def counts_from_json(rows: list[list[Any]]) -> dict[GsbKey, GsbCounts]:
+    """What :func:`counts_to_json` wrote (or, before A/B/n, rows without the treatment)."""
     table = {}
-    for e, s, good, same, bad in rows:
-        counts = table[e, s] = GsbCounts()
+    for *key, good, same, bad in rows:
+        counts = table[gsb_key(key)] = GsbCounts()
         counts.good, counts.same, counts.bad = good, same, bad
     return table
 

@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
+from stream_eval.engine.gsb import GsbKey, gsb_key
 from stream_eval.engine.plugins import EngineView, GroupTotals
 from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.times import array_to_json as _array
@@ -75,8 +76,8 @@ Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 #: (experiment, arm, metric mean name, window label) -> (sum, count)
 WindowSums = dict[tuple[str, str, str, str], tuple[float, float]]
-#: (experiment, source, window label) -> verdict counts
-WindowVerdicts = dict[tuple[str, str, str], GsbCounts]
+#: (experiment, treatment, source, window label) -> verdict counts
+WindowVerdicts = dict[tuple[str, str, str, str], GsbCounts]
 #: bucket -> group -> moments
 Cells = dict[int, dict[int, Moments]]
 _BUCKETS_PER_SHORTEST_WINDOW = 30
@@ -165,7 +166,7 @@ class RollingWindows:
         self._cells: Cells = {}  # bucket -> group -> current values of the open requests
         self._final: Cells = {}  # bucket -> group -> final values of the finalised requests
         self._sessions: Cells = {}  # bucket -> group -> session AUCs scored
-        self._verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}  # bucket -> (experiment, source)
+        self._verdicts: dict[int, dict[GsbKey, GsbCounts]] = {}  # bucket -> (experiment, treatment, source)
         self._gauc_seen = {g: self._session_totals(stats) for g, stats in enumerate(engine.groups)}  # at last settle
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
         self._share_id: str | None = None  # of the last full share (taken or restored)
@@ -303,7 +304,7 @@ class RollingWindows:
         return out
 
     def verdicts(self, watermark: float | None = None) -> WindowVerdicts:
-        """GSB verdicts given in each window, per (experiment, source, window label)."""
+        """GSB verdicts given in each window, per (experiment, treatment, source, window label)."""
         watermark = self.watermark if watermark is None else watermark
         out: WindowVerdicts = {}
         if not math.isfinite(watermark):
@@ -313,14 +314,14 @@ class RollingWindows:
         for label, span in zip(self.labels, self._spans, strict=True):
             first = current - span + 1
             for key in self._gsb_seen.keys() | pending.keys():
-                out[key[0], key[1], label] = GsbCounts()
+                out[(*key, label)] = GsbCounts()
             for b, cells in self._verdicts.items():
                 if b >= first:
                     for key, counts in cells.items():
-                        out[key[0], key[1], label] += counts
+                        out[(*key, label)] += counts
             if self._current is not None and self._current >= first:
                 for key, counts in pending.items():
-                    out[key[0], key[1], label] += counts
+                    out[(*key, label)] += counts
         return out
 
     @property
@@ -368,12 +369,11 @@ class RollingWindows:
                       **_pack([m for _, _, m in final], self.size, unit=True)},
             "sessions": {"bucket": [b for b, _, _ in sessions], "group": [g for _, g, _ in sessions],
                          **_pack([m for _, _, m in sessions], self._session_size, unit=False)},
-            "verdicts": [[b, experiment, source, c.good, c.same, c.bad]
-                         for b in buckets for (experiment, source), c in sorted(self._verdicts.get(b, {}).items())],
+            "verdicts": [[b, *key, c.good, c.same, c.bad]
+                         for b in buckets for key, c in sorted(self._verdicts.get(b, {}).items())],
             "gauc_seen": {"group": [g for g, _ in seen], **_pack([m for _, m in seen], self._session_size,
                                                                  unit=False)},
-            "gsb_seen": [[experiment, source, c.good, c.same, c.bad]
-                         for (experiment, source), c in sorted(self._gsb_seen.items())],
+            "gsb_seen": [[*key, c.good, c.same, c.bad] for key, c in sorted(self._gsb_seen.items())],
         }
 
     def restore(self, full: dict[str, Any], delta: dict[str, Any] | None = None) -> None:
@@ -405,7 +405,7 @@ class RollingWindows:
             raise ValueError("restore into fresh windows (before the engine closes event time or adds requests)")
         final: Cells = {}
         sessions: Cells = {}
-        verdicts: dict[int, dict[tuple[str, str], GsbCounts]] = {}
+        verdicts: dict[int, dict[GsbKey, GsbCounts]] = {}
         last = full
         for share in (full, delta):
             if share is None:
@@ -419,8 +419,8 @@ class RollingWindows:
                                             (sessions, share["sessions"], self._session_size, False)):
                 for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, size, unit), strict=True):
                     store.setdefault(b, {})[groups[g]] = moments
-            for b, experiment, source, good, same, bad in share["verdicts"]:
-                verdicts.setdefault(b, {})[experiment, source] = GsbCounts(good, same, bad)
+            for b, *key, good, same, bad in share["verdicts"]:
+                verdicts.setdefault(b, {})[gsb_key(key)] = GsbCounts(good, same, bad)
         floor = int(last["floor"])
         self._final = {b: cells for b, cells in final.items() if b >= floor}
         self._sessions = {b: cells for b, cells in sessions.items() if b >= floor}
@@ -436,8 +436,7 @@ class RollingWindows:
         self._gauc_seen = {groups[g]: moments
                            for g, moments in zip(seen["group"], _unpack(seen, self._session_size, unit=False),
                                                  strict=True)}
-        self._gsb_seen = {(experiment, source): GsbCounts(good, same, bad)
-                          for experiment, source, good, same, bad in last["gsb_seen"]}
+        self._gsb_seen = {gsb_key(key): GsbCounts(good, same, bad) for *key, good, same, bad in last["gsb_seen"]}
 
     def _check(self, share: dict[str, Any]) -> None:
         """Raise ValueError unless ``share`` fits these windows (format, bucket width, metric columns)."""
@@ -577,9 +576,9 @@ class RollingWindows:
                 out[g] = now - seen
         return out
 
-    def _pending_verdicts(self) -> dict[tuple[str, str], GsbCounts]:
+    def _pending_verdicts(self) -> dict[GsbKey, GsbCounts]:
         totals = self.engine.gsb.totals(self.engine.arms_of)
-        out: dict[tuple[str, str], GsbCounts] = {}
+        out: dict[GsbKey, GsbCounts] = {}
         for key, counts in totals.items():
             seen = self._gsb_seen.get(key)
             delta = counts if seen is None else counts - seen

@@ -25,9 +25,9 @@ from stream_eval.export.html_data import HtmlData, QueryMeans, ratio
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
 
-    from stream_eval.config import ArmPair
+    from stream_eval.config import Arms
 
-ArmsOf = Callable[[str], "ArmPair | None"]
+ArmsOf = Callable[[str], "Arms | None"]
 
 #: Queries shown per experiment and metric in "queries that differ most".
 TOP_QUERIES = 15
@@ -119,11 +119,10 @@ def render_html(report: dict[str, Any], data: HtmlData, arms_of: ArmsOf, title: 
     page.raw(_queries_left_out(data.queries))
     primary = _primary_metric(data)
     for experiment in sorted({e for (e, _, _) in data.queries.sums.index}):
-        pair = arms_of(experiment)
-        if pair is None:
-            continue
-        page.chart(_top_queries_figure(experiment, pair.control, pair.treatment, data))
-        page.raw(_top_queries_table(experiment, pair.control, pair.treatment, data, primary))
+        arms = arms_of(experiment)
+        for pair in arms.pairs() if arms is not None else ():
+            page.chart(_top_queries_figure(experiment, pair.control, pair.treatment, data))
+            page.raw(_top_queries_table(experiment, pair.control, pair.treatment, data, primary))
     return page.render(title, _summary(report), get_plotlyjs())
 
 
@@ -225,21 +224,31 @@ def _decisions(report: dict[str, Any]) -> str:
              html.escape(a["metric"]), _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]),
              _number(a["p_value"]), _badge(a["decision"]), f"{a['units_control']:,} / {a['units_treatment']:,}"]
             for a in report["ab"]]
-    parts.append('<p class="note">Treatment - control over randomisation units. The confidence sequence and the '
-                 "p-value stay valid however often they are read; a decision, once reached, stays.</p>")
+    parts.append('<p class="note">Each treatment - the control, over randomisation units. The confidence sequence '
+                 "and the p-value stay valid however often they are read; the decisions are taken after "
+                 "false-discovery control (e-BH over the goal metrics and treatments).</p>")
     parts.append(_table(["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision",
                          "units c / t"], rows, text_columns=3))
+    recommendation_colours = {"ship": "better", "rollback": "worse", "keep running": "inconclusive"}
+    recommendations = [[html.escape(r["experiment"]), html.escape(r["treatment"]),
+                        _badge(recommendation_colours[r["recommendation"]], r["recommendation"]),
+                        html.escape(", ".join(r["better"])), html.escape(", ".join(r["breached"])),
+                        html.escape(", ".join(r["unproven"]))] for r in report.get("experiments", [])]
+    if recommendations:
+        parts.append(_table(["experiment", "treatment", "recommendation", "better", "guardrails breached",
+                             "guardrails not proven"], recommendations, text_columns=2))
     return "".join(parts)
 
 
 def _gsb_table(report: dict[str, Any]) -> str:
     if not report["gsb"]:
         return '<p class="note">No GSB verdicts (judgments, per-query metrics of both arms, or interleaving).</p>'
-    rows = [[html.escape(g["experiment"]), html.escape(g["source"]), f"{g['good']:,}", f"{g['same']:,}",
+    rows = [[html.escape(g["experiment"]), html.escape(g["treatment"] or ""), html.escape(g["source"]),
+             f"{g['good']:,}", f"{g['same']:,}",
              f"{g['bad']:,}", _number(g["score"]), _interval(g["cs_lower"], g["cs_upper"]), _number(g["p_value"]),
              _badge(g["decision"])] for g in report["gsb"]]
-    return _table(["experiment", "source", "good", "same", "bad", "score", "confidence sequence", "p", "decision"],
-                  rows, text_columns=2)
+    return _table(["experiment", "treatment", "source", "good", "same", "bad", "score", "confidence sequence", "p",
+                   "decision"], rows, text_columns=3)
 
 
 def _srm_table(report: dict[str, Any]) -> str:

@@ -11,16 +11,20 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   ``sum / count`` is the GAUC.
 * ``stream_eval_window_sum`` / ``_count`` / ``_mean{experiment,arm,metric,window}``: the rolling event-time windows
   of :mod:`stream_eval.engine.windows` (``metric`` = ``MRR``, ``MAP``, ``nDCG@10``, ..., ``GAUC``).
-* ``stream_eval_gsb_total{experiment,source,verdict}``; ``stream_eval_gsb_score{experiment,source,window}`` with
+* ``stream_eval_gsb_total{experiment,arm,source,verdict}`` (``arm``: the treatment compared with the control; none
+  for judgments, which name no arm); ``stream_eval_gsb_score{experiment,arm,source,window}`` with
   ``window="total"`` for every verdict so far and the rolling window labels (``5m``, ``1h``) for the verdicts
   given in that much event time.
 * ``stream_eval_ab_delta`` / ``_ci_lower`` / ``_ci_upper`` / ``_cs_lower`` / ``_cs_upper`` / ``_lift`` /
   ``_lift_cs_lower`` / ``_lift_cs_upper`` / ``_p_value
-  {experiment,metric}``: treatment - control over randomisation units, its fixed-sample interval, its always-valid
-  confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
+  {experiment,metric,arm}``: treatment (``arm``) - control over randomisation units, its fixed-sample interval,
+  its always-valid confidence sequence and p-value (``Engine.ab``); ``stream_eval_ab_units{experiment,arm}``,
   ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
-  ``stream_eval_gsb_p_value{experiment,source}``. The A/B units live on the worker that runs the regroup stage
-  (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
+  ``stream_eval_gsb_p_value{experiment,arm,source}``; the guardrails' ``stream_eval_ab_guardrail_margin`` /
+  ``_lower`` / ``_upper`` / ``_breached`` / ``_non_inferior{experiment,metric,arm}`` and
+  ``stream_eval_ab_recommendation{experiment,arm,recommendation}`` = 1. The A/B units live on the worker that runs
+  the regroup stage (``engine/regroup.py``): only it exports these (cumulative since each experiment's first
+  event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
   by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
@@ -209,11 +213,11 @@ class EngineCollector(Collector):
                           "window.", window, {k: v[1] for k, v in s.window.items()})
         yield self._gauge("stream_eval_window_mean", "Mean of a metric in a rolling event-time window.", window,
                           {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in s.window.items()})
-        yield self._counter("stream_eval_gsb", "GSB verdicts, treatment vs control.", ["experiment", "source",
-                            "verdict", *extra], s.gsb)
+        yield self._counter("stream_eval_gsb", "GSB verdicts, treatment (arm; none for judgments) vs control.",
+                            ["experiment", "arm", "source", "verdict", *extra], s.gsb)
         yield self._gauge("stream_eval_gsb_score", "GSB score (good - bad) / (good + same + bad); window=total for "
-                          "all verdicts.", ["experiment", "source", "window"], s.gsb_score)
-        ab = ["experiment", "metric"]
+                          "all verdicts.", ["experiment", "arm", "source", "window"], s.gsb_score)
+        ab = ["experiment", "metric", "arm"]
         for i, (name, doc) in enumerate((
             ("stream_eval_ab_delta", "Treatment - control of a mean, over randomisation units."),
             ("stream_eval_ab_ci_lower", "Lower bound of the fixed-sample (cluster-robust) interval of the A/B "
@@ -231,6 +235,20 @@ class EngineCollector(Collector):
              "lift."),
         )):
             yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.ab.items()})
+        for i, (name, doc) in enumerate((
+            ("stream_eval_ab_guardrail_margin", "A guardrail's tolerated loss (on the lift when given in %, else on "
+             "the delta)."),
+            ("stream_eval_ab_guardrail_lower", "Lower bound of the always-valid confidence sequence a guardrail's "
+             "margin is compared with (the lift's for a relative margin)."),
+            ("stream_eval_ab_guardrail_upper", "Upper bound of that confidence sequence."),
+            ("stream_eval_ab_guardrail_breached", "1 when the treatment is worse than the guardrail tolerates (the "
+             "sequence wholly on the bad side of the margin)."),
+            ("stream_eval_ab_guardrail_non_inferior", "1 when the treatment is shown within the guardrail's "
+             "tolerance (the sequence wholly on the good side of the margin)."),
+        )):
+            yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.guardrails.items()})
+        yield self._gauge("stream_eval_ab_recommendation", "1 for a treatment's recommendation: ship, rollback or "
+                          "keep running.", ["experiment", "arm", "recommendation"], s.ab.recommendations)
         yield self._gauge("stream_eval_ab_units", "Randomisation units of an arm in the A/B statistics.",
                           ["experiment", "arm"], s.ab.units)
         yield self._counter("stream_eval_ab_unit_conflicts", "Units seen in a second arm (kept in their first).",
@@ -240,7 +258,7 @@ class EngineCollector(Collector):
         yield self._gauge("stream_eval_srm_mismatch", "1 when the sample ratio mismatches (p-value below "
                           "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.ab.srm.items()})
         yield self._gauge("stream_eval_gsb_p_value", "Always-valid sign-test p-value of good against bad (ties "
-                          "out).", ["experiment", "source"], s.gsb_p_value)
+                          "out).", ["experiment", "arm", "source"], s.gsb_p_value)
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status", *extra],
                             s.events)
         yield self._counter("stream_eval_invalid_events", "Invalid input events by type and reason code (the "

@@ -8,6 +8,7 @@ No knowledge of Kafka, windows or workers: sums in, numbers out (the shape of Gr
 from __future__ import annotations
 
 from stream_eval.stats.compare import Comparison, compare, decide
+from stream_eval.stats.fdr import e_bh
 from stream_eval.stats.ratio import ArmSums, ratio_mean_variance
 from stream_eval.stats.sign import SignTest, sign_test
 from stream_eval.stats.special import Floats, chi2_sf
@@ -22,6 +23,7 @@ __all__ = [
     "chi2_sf",
     "compare",
     "decide",
+    "e_bh",
     "ratio_mean_variance",
     "sign_test",
     "srm_test",

@@ -24,7 +24,12 @@ from statistics import NormalDist
 import numpy as np
 
 from stream_eval.stats.ratio import ArmSums, ratio_mean_variance
-from stream_eval.stats.sequential import mixture_rho, normal_mixture_halfwidth, normal_mixture_p_value
+from stream_eval.stats.sequential import (
+    mixture_rho,
+    normal_mixture_halfwidth,
+    normal_mixture_log_e_value,
+    normal_mixture_p_value,
+)
 from stream_eval.stats.special import Floats
 
 
@@ -38,6 +43,7 @@ class Comparison:
     cs_lower: Floats  # always-valid normal-mixture confidence sequence
     cs_upper: Floats
     p_value: Floats  # always-valid p-value AT THIS LOOK (the caller keeps the running minimum)
+    log_e_value: Floats  # log of the mixture likelihood ratio AT THIS LOOK: an e-value for e-BH (stats/fdr.py)
     units_control: Floats
     units_treatment: Floats
     lift: Floats  # treatment mean / control mean - 1, with the delta-method variance of the ratio of means
@@ -92,6 +98,7 @@ def compare(
         cs_lower=delta - cs_half,
         cs_upper=delta + cs_half,
         p_value=normal_mixture_p_value(delta, variance, n_total, rho),
+        log_e_value=normal_mixture_log_e_value(delta, variance, n_total, rho),
         units_control=np.asarray(control.units, dtype=np.float64),
         units_treatment=np.asarray(treatment.units, dtype=np.float64),
         lift=lift,

@@ -63,6 +63,25 @@ def normal_mixture_halfwidth(variance: npt.ArrayLike, n_total: npt.ArrayLike, al
     return np.asarray(np.sqrt(s2) * np.sqrt(2.0 * growth * np.log(np.sqrt(growth) / alpha) / (n * rho) ** 2))
 
 
+def normal_mixture_log_e_value(
+    estimate: npt.ArrayLike, variance: npt.ArrayLike, n_total: npt.ArrayLike, rho: float
+) -> Floats:
+    """Log of the mixture likelihood ratio of ``estimate == 0`` at this look (Waudby-Smith et al. 2023 eq. 155):
+    an e-value at any stopping time (its expectation under the null is at most 1, asymptotically), so e-BH may
+    combine several under any dependence (Wang & Ramdas 2022). NaN where the variance is not positive.
+
+    >>> normal_mixture_log_e_value([0.0, 0.5], 0.01, 100.0, mixture_rho(0.05, 100.0)).round(6).tolist()
+    [-1.095053, 10.006135]
+    """
+    d = np.asarray(estimate, dtype=np.float64)
+    v = np.asarray(variance, dtype=np.float64)
+    n = np.asarray(n_total, dtype=np.float64)
+    ok = (v > 0.0) & (n > 0.0) & np.isfinite(d)
+    v, n = np.where(ok, v, np.nan), np.where(ok, n, np.nan)
+    growth = n * rho * rho + 1.0
+    return np.asarray(np.where(ok, rho * rho * (d * d * n / v) / (2.0 * growth) - 0.5 * np.log(growth), np.nan))
+
+
 def normal_mixture_p_value(
     estimate: npt.ArrayLike, variance: npt.ArrayLike, n_total: npt.ArrayLike, rho: float
 ) -> Floats:
@@ -72,14 +91,8 @@ def normal_mixture_p_value(
     >>> normal_mixture_p_value([0.0, 0.5], 0.01, 100.0, mixture_rho(0.05, 100.0)).round(6).tolist()
     [1.0, 4.5e-05]
     """
-    d = np.asarray(estimate, dtype=np.float64)
-    v = np.asarray(variance, dtype=np.float64)
-    n = np.asarray(n_total, dtype=np.float64)
-    ok = (v > 0.0) & (n > 0.0) & np.isfinite(d)
-    v, n = np.where(ok, v, np.nan), np.where(ok, n, np.nan)
-    growth = n * rho * rho + 1.0
-    log_lr = rho * rho * (d * d * n / v) / (2.0 * growth) - 0.5 * np.log(growth)
-    return np.asarray(np.where(ok, np.exp(-np.maximum(log_lr, 0.0)), np.nan))
+    log_lr = normal_mixture_log_e_value(estimate, variance, n_total, rho)
+    return np.asarray(np.where(np.isnan(log_lr), np.nan, np.exp(-np.maximum(log_lr, 0.0))))
 
 
 def beta_binomial_log_bf(successes: npt.ArrayLike, failures: npt.ArrayLike, shape: float) -> Floats:

@@ -1,0 +1,163 @@
+"""A/B/n: an experiment with one control and several treatments (docs/contract.md §3, §6).
+
+Oracles: each treatment's rows equal, field for field, the rows of a two-arm replay of the same log without the
+other treatments' requests (a treatment's comparison depends on its own and the control's units only); the SRM test
+is scipy's chi-square over all the arms.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import orjson
+import pytest
+import scipy.stats
+
+from stream_eval.config import Arms, Config, ConfigError, ExperimentSettings, _read, load_config
+from stream_eval.engine.ab import LookMerger
+from stream_eval.engine.replay import replay
+from stream_eval.simulate import SimulationConfig, simulate_lines
+
+#: The fields of an ``ab`` row that depend only on the control's and the treatment's units.
+PAIR_FIELDS = ("experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "cs_lower",
+               "cs_upper", "p_value", "units_control", "units_treatment", "n_control", "n_treatment", "lift",
+               "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper")
+ARMS = (("a-control", 0.55), ("b-better", 0.75), ("c-worse", 0.35))
+
+
+def _config(text: str) -> Config:
+    """The Config of a TOML text, as ``--config`` reads it."""
+    return Config(**_read(tomllib.loads(text), "test"))
+
+
+def test_control_alone_makes_every_other_arm_a_treatment() -> None:
+    config = _config('[experiments.e]\ncontrol = "b"\n')
+    assert config.arms_for("e", {"a", "b", "c"}) == Arms("b", ("a", "c"))
+    assert config.arms_for("e", {"b"}) is None  # no treatment yet: no rows
+    # no table: the first arm by name is the control, every other arm a treatment (none left out)
+    assert config.arms_for("other", {"z", "y", "x"}) == Arms("x", ("y", "z"))
+    # a two-arm config compares its two arms only
+    two = _config('[experiments.e]\ncontrol = "b"\ntreatment = "a"\n')
+    assert two.arms_for("e", {"a", "b", "c"}) == Arms("b", ("a",))
+    assert two.to_json()["experiments"] == {"e": {"control": "b", "treatment": "a"}}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[experiments.e]\ntreatment = "a"\n', "needs its control"),
+    ('[experiments.e]\ncontrol = "a"\ntreatment = "a"\n', "cannot be a treatment too"),
+    ('[experiments.e]\ncontrol = "x"\nsplit = {a = 1, b = 1}\n', "arms of the split"),
+    ('[experiments.e]\ncontrl = "a"\n', "unknown setting"),
+])
+def test_experiment_tables_that_cannot_be_used_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _config(text)
+
+
+def test_a_config_file_with_three_arms(tmp_path: Path) -> None:
+    path = tmp_path / "abn.toml"
+    path.write_text('[experiments.e]\ncontrol = "a"\nsplit = {a = 2, b = 1, c = 1}\n')
+    config = load_config(str(path), environ={})
+    assert dict(config.experiments)["e"] == ExperimentSettings(
+        control="a", split=(("a", 0.5), ("b", 0.25), ("c", 0.25)))
+
+
+def _log(tmp_path: Path, arms: tuple[tuple[str, float], ...], name: str, seed: int = 5) -> Path:
+    sim = SimulationConfig(requests=4000, seed=seed, arms=arms, label_rate=0.3, duplicate_fraction=0.02)
+    path = tmp_path / name
+    path.write_bytes(b"".join(simulate_lines(sim)))
+    return path
+
+
+def _without_arm(source: Path, arm: str, target: Path) -> Path:
+    """The log without the rankings of ``arm`` (their feedback stays: orphans, which no A/B row sees)."""
+    lines = [line for line in source.read_bytes().splitlines(keepends=True)
+             if not (b'"ranking"' in line and orjson.loads(line).get("arm") == arm)]
+    target.write_bytes(b"".join(lines))
+    return target
+
+
+def test_each_treatment_is_compared_with_the_control_as_in_a_two_arm_run(tmp_path: Path) -> None:
+    config = Config(look_every=600.0)
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    three = replay([str(log)], config)
+    rows = three.ab()
+    assert {row["treatment"] for row in rows} == {"b-better", "c-worse"}
+    assert {row["control"] for row in rows} == {"a-control"}
+    for left_out, kept in (("c-worse", "b-better"), ("b-better", "c-worse")):
+        two = replay([str(_without_arm(log, left_out, tmp_path / f"no-{left_out}.jsonl"))], config)
+        expected = [{k: row[k] for k in PAIR_FIELDS} for row in two.ab()]
+        got = [{k: row[k] for k in PAIR_FIELDS} for row in rows if row["treatment"] == kept]
+        assert got == expected  # bit for bit
+    # the better arm wins, the worse loses (the simulator's qualities are far apart)
+    decided = {(row["treatment"], row["decision"]) for row in rows if row["metric"] == "nDCG@10"}
+    assert decided == {("b-better", "better"), ("c-worse", "worse")}
+    # one SRM test over the three arms
+    [srm] = three.srm()
+    units = srm["units"]
+    assert set(units) == {"a-control", "b-better", "c-worse"}
+    oracle = scipy.stats.chisquare([units[arm] for arm, _ in ARMS])
+    assert srm["chi2"] == pytest.approx(oracle.statistic, rel=1e-12)
+    assert srm["p_value"] == pytest.approx(oracle.pvalue, rel=1e-9)
+    # GSB: each treatment against the control
+    gsb = {(row["treatment"], row["source"]) for row in three.gsb_rows()}
+    assert gsb == {("b-better", "metric"), ("c-worse", "metric")}
+
+
+def test_a_configured_control_that_does_not_sort_first(tmp_path: Path) -> None:
+    config = _config('[experiments.exp1]\ncontrol = "b-better"\n')
+    engine = replay([str(_log(tmp_path, ARMS, "three.jsonl"))], config)
+    pairs = {(row["control"], row["treatment"]) for row in engine.ab()}
+    assert pairs == {("b-better", "a-control"), ("b-better", "c-worse")}
+
+
+def test_a_merger_state_written_before_a_b_n_is_read(tmp_path: Path) -> None:
+    """A checkpointed merger state of a two-arm experiment, as written before A/B/n (one pair per experiment, its
+    SRM p-value fifth), restores to the same rows."""
+    engine = replay([str(_log(tmp_path, ARMS[:2], "two.jsonl"))], Config(look_every=600.0))
+    merger = engine.ledger.merger
+    state = orjson.loads(orjson.dumps(merger.state_to_json()))
+    for name, running in state["running"].items():
+        [(pair, p, lower, upper, lift_lower, lift_upper)] = running["pairs"]
+        state["running"][name] = [pair, p, lower, upper, running["srm"], lift_lower, lift_upper]
+    restored = LookMerger(engine.config, merger.names)
+    restored.restore_json(state)
+    assert repr(restored.results()) == repr(merger.results()) and merger.results()[0]  # (NaN: compared as text)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[experiments.e]\nguardrails = {"ERR@10" = "1%"}\n', "a fall"),
+    ('[experiments.e]\nguardrails = {"nDCG@7" = "-1%"}\n', "not a metric"),
+    ('[experiments.e]\nguardrails = {"ERR@10" = "lots"}\n', "expected a number"),
+    ('[experiments.e]\nprimary = ["MRR"]\nguardrails = {"MRR" = -0.01}\n', "both primary and a guardrail"),
+])
+def test_guardrails_that_cannot_be_used_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _config(text)
+
+
+def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_path: Path) -> None:
+    """b-better is better than the control, c-worse worse. GAUC, a guardrail of -0.01 (absolute): b is shown
+    non-inferior (its sequence wholly above -0.01), c breaches it (wholly below). ERR@10, a guardrail of -50 %
+    (relative, on the lift): both are within it. So b ships and c is rolled back."""
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    config = _config('[experiments.exp1]\nguardrails = {"ERR@10" = "-50%", "GAUC" = -0.01}\n')
+    engine = replay([str(log)], config)
+    rows = {(row["treatment"], row["metric"]): row for row in engine.ab()}
+    good, bad = rows["b-better", "GAUC"], rows["c-worse", "GAUC"]
+    assert good["guardrail"] and good["margin"] == -0.01 and not good["margin_relative"]
+    assert good["non_inferior"] and not good["breached"] and good["cs_lower"] > -0.01
+    assert bad["breached"] and not bad["non_inferior"] and bad["cs_upper"] < -0.01
+    for treatment in ("b-better", "c-worse"):
+        relative = rows[treatment, "ERR@10"]
+        assert relative["margin"] == -0.5 and relative["margin_relative"] and relative["non_inferior"]
+        assert relative["lift_cs_lower"] > -0.5
+    assert not rows["b-better", "MRR"]["guardrail"] and "margin" not in rows["b-better", "MRR"]
+    recommendation = {r["treatment"]: r for r in engine.experiments()}
+    assert recommendation["c-worse"]["recommendation"] == "rollback"
+    assert recommendation["c-worse"]["breached"] == ["GAUC"]
+    assert recommendation["b-better"]["recommendation"] == "ship"
+    assert "nDCG@10" in recommendation["b-better"]["better"] and not recommendation["b-better"]["unproven"]
+    # a tighter tolerance that b has not been shown within: keep running
+    strict = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.001}\n'))
+    assert {r["treatment"]: r["recommendation"] for r in strict.experiments()}["b-better"] == "keep running"
