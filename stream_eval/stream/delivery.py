@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -756,27 +755,13 @@ class Transactions(Delivery):
         await self._close()
 
 
-async def transactions_supported(settings: WorkerSettings, health: BrokerHealth) -> bool:
+async def transactions_supported(settings: WorkerSettings) -> bool:
     """Whether the broker runs transactions: a transactional producer (id ``<prefix><group>.probe``) starts and
-    commits an empty transaction. (The development broker advertises the requests, and fails them.)"""
-    from aiokafka import AIOKafkaProducer
+    commits an empty transaction."""
+    from stream_eval.stream.kafka import idempotence_supported
 
-    from stream_eval.stream.kafka import client_options
-
-    producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, enable_idempotence=True,
-                                transactional_id=f"{settings.prefix}{settings.group}.probe",
-                                **client_options(settings.security))
-    try:
-        await asyncio.wait_for(producer.start(), 30.0)
-        await producer.begin_transaction()
-        await asyncio.wait_for(producer.commit_transaction(), 30.0)
-        return True
-    except Exception as error:
-        log.info("the broker does not run transactions (%s: %s)", type(error).__name__, error)
-        return False
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.stop(), 10.0)
+    return await idempotence_supported(settings.brokers, settings.security,
+                                       f"{settings.prefix}{settings.group}.probe")
 
 
 DELIVERIES: dict[str, type[Delivery]] = {d.name: d for d in (FencedLog, Transactions)}

@@ -444,7 +444,7 @@ class StreamWorker:
         """Transactions where the broker runs them (``delivery`` auto or transactions), else the fenced log (whose
         producer is idempotent where the broker allows it)."""
         settings = self.settings
-        supported = await transactions_supported(settings, self.health)
+        supported = await transactions_supported(settings)
         if settings.delivery == "transactions" and not supported:
             raise ConfigError(f"--delivery transactions: the broker at {','.join(settings.brokers)} does not run "
                               "transactions (use --delivery fenced-log or auto)")
