@@ -366,3 +366,25 @@ def test_outputs_go_out_in_order_to_the_key_partition_in_batches(batch_bytes: in
         expected.setdefault(choose(key, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]), []).append((key, value, ts))
     assert got == expected
     assert any(len(batch) == 1 and len(batch[0][1]) >= large for _, batch in producer.sent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker_kind", ["kafka"], indirect=True)
+def test_apache_kafka_starts_whatever_its_cluster_id(broker_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster id is 16 random bytes in URL-safe base64; one in 32 begins with ``-``, which the storage tool read
+    as an option ("usage: kafka-storage format"): a whole CI run's Apache Kafka tests failed on one such id."""
+    from types import SimpleNamespace
+
+    from support import make_broker
+
+    from stream_eval.stream import apache_kafka
+
+    leading_dash = b"\xfb" + bytes(15)
+    assert apache_kafka._base64url(leading_dash).startswith("-")
+    monkeypatch.setattr(apache_kafka.uuid, "uuid4", lambda: SimpleNamespace(bytes=leading_dash))
+    broker = make_broker(broker_kind, free_port()).start()
+    try:
+        asyncio.run(ensure_topics([broker.bootstrap], ["t"], 2, timeout=60))
+        assert asyncio.run(partitions_for([broker.bootstrap], "t")) == [0, 1]
+    finally:
+        broker.stop()

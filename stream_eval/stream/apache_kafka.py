@@ -128,7 +128,8 @@ class ApacheKafka(Broker):
                      "-Djava.awt.headless=true", "-cp", str(self.jars / "*")]
         cluster = uuid.uuid4().bytes
         cluster_id = _base64url(cluster)
-        formatted = subprocess.run([*classpath, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
+        # (one id in 32 starts with "-": as "--cluster-id=ID" it is not read as an option)
+        formatted = subprocess.run([*classpath, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                                     "--config", str(properties), "--ignore-formatted"],
                                    capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
         if formatted.returncode != 0:

@@ -124,6 +124,10 @@ class Delivery(abc.ABC):
         self.stage_consumer: Any = None
         #: Hand-over holds begun (partitions taken from an owner that had not released them): :class:`FencedLog`.
         self.handover_holds = 0
+        #: Input partitions dropped because their transaction failed, and when (:class:`Transactions`): the worker
+        #: claims one again if its consumer still holds it a session later (no one else took it).
+        self.lost: dict[int, float] = {}
+        self.lost_stages: dict[int, float] = {}  # the same for stage partitions
 
     # -- what the engines produce -------------------------------------------------------------------
     def output_partition(self, partition: int) -> int:
@@ -621,8 +625,11 @@ class Transactions(Delivery):
         from stream_eval.stream.logs import BATCH_BYTES
 
         settings = self.settings
+        # a transaction outlives the producer's resends (a broker away for minutes aborts nothing; a new owner's
+        # producer ends a dead owner's transaction at once anyway)
         producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5, acks="all",
                                     enable_idempotence=True, transactional_id=transactional_id,
+                                    transaction_timeout_ms=min(settings.produce_timeout_ms, 900_000),
                                     max_batch_size=BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
                                     **client_options(settings.security))
         await self.health.call("startup", producer.start)
@@ -664,11 +671,13 @@ class Transactions(Delivery):
         return int(stored[0].offset), len(pieces)
 
     async def _commit_transaction(self, sender: Sender, offsets: dict[Any, Any], group: str, again: bool) -> None:
-        """Add ``offsets`` of ``group`` to the sender's transaction and commit it; with ``again``, begin the next."""
+        """Add ``offsets`` of ``group`` to the sender's transaction and commit it; with ``again``, begin the next.
+        (aiokafka retries these itself: a broker that does not answer is reported, and waited for.)"""
         producer = sender.producer
         if offsets:
-            await producer.send_offsets_to_transaction(offsets, group)
-        await producer.commit_transaction()
+            await self.health.call("commit", lambda: producer.send_offsets_to_transaction(offsets, group),
+                                   retry=False)
+        await self.health.call("commit", producer.commit_transaction, retry=False)
         sender.committed()
         if again:
             await producer.begin_transaction()
@@ -707,6 +716,7 @@ class Transactions(Delivery):
             log.warning("partition %d: its transaction failed (%s: %s): given up without committing",
                         partition, type(error).__name__, error)
             self.drop(partition)
+            self.lost[partition] = time.monotonic()
             return
         if release:
             self._closing.append(self.senders.pop(partition))
@@ -748,6 +758,7 @@ class Transactions(Delivery):
             with self.lock:
                 self.stages.give_up(stage)
             self._closing.append(self.stage_senders.pop(stage))
+            self.lost_stages[stage] = time.monotonic()
 
     async def release_stages(self, stages: list[int]) -> None:
         await super().release_stages(stages)

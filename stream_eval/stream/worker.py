@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -313,16 +313,47 @@ class StreamWorker:
             for tp in assigned:
                 by_partition[tp.partition].append(tp)
             for partition, tps in sorted(by_partition.items()):
-                if partition in self.partitioned.tasks:
-                    continue
-                starts = await self.delivery.claim(partition)
-                for tp in tps:
-                    start = starts.get(self.topics.type_of(tp.topic))
-                    if start is not None:
-                        seeks.append((tp, start))
+                if partition not in self.partitioned.tasks:
+                    seeks += await self._claim(partition, tps)
             for tp, start in seeks:  # at the end, with nothing awaited after (the tasks drop what comes before)
                 self._consumer.seek(tp, start)
             log.info("assigned partitions %s", sorted(by_partition))
+
+    async def _claim(self, partition: int, tps: list[Any]) -> list[tuple[Any, int]]:
+        """Claim input partition ``partition`` (:meth:`Delivery.claim`); where to seek its topic-partitions ``tps``."""
+        starts = await self.delivery.claim(partition)
+        return [(tp, starts[kind]) for tp in tps if (kind := self.topics.type_of(tp.topic)) in starts]
+
+    async def _claim_lost(self) -> None:
+        """Claim again an input or stage partition whose transaction failed (:attr:`Transactions.lost`) when the
+        consumer still holds it a session later, with no rebalance under way: no one else took it (a transaction that
+        timed out, say, after a long broker outage); a worker that was replaced learns so from its group before then."""
+        for stage in self._lost(self.delivery.lost_stages, self._stage_consumer, self.stages.held):
+            start = await self.delivery.claim_stage(stage.partition)
+            if start is not None:
+                self._stage_consumer.seek(stage, start)
+        lost = self._lost(self.delivery.lost, self._consumer, self.partitioned.tasks)
+        for partition in sorted({tp.partition for tp in lost}):
+            tps = [tp for tp in self._consumer.assignment() if tp.partition == partition]
+            for tp, start in await self._claim(partition, tps):
+                self._consumer.seek(tp, start)
+
+    def _lost(self, lost: dict[int, float], consumer: Any, held: Mapping[int, Any]) -> list[Any]:
+        """The topic-partitions of ``consumer`` whose partition was lost (``lost``: when), is not ``held`` again, and
+        has stayed assigned here for a session since; the others leave ``lost``."""
+        if not lost or _rebalancing(consumer):
+            return []
+        assigned = sorted(consumer.assignment(), key=lambda tp: (tp.partition, tp.topic))
+        now, found = time.monotonic(), []
+        for partition, when in sorted(lost.items()):
+            if partition in held or partition not in {tp.partition for tp in assigned}:
+                del lost[partition]
+            elif now - when >= self.settings.session_timeout_ms / 1000:
+                del lost[partition]
+                log.warning("partition %d: still assigned here %.0f s after its transaction failed: claimed again",
+                            partition, now - when)
+                found += [tp for tp in assigned if tp.partition == partition]
+        return found
 
     # -- the loop -----------------------------------------------------------------------------------
     async def _handle(self, batch: dict[Any, list[Any]]) -> None:
@@ -420,6 +451,7 @@ class StreamWorker:
                 async with self._busy:
                     await self._handle(batch)
                     await self._handle_stage()
+                    await self._claim_lost()
                     if self.between_batches is not None:
                         self.between_batches()
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions
