@@ -43,6 +43,7 @@ from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid, Watermark
 from stream_eval.events.ubi import UbiSettings, ubi_config
 from stream_eval.stream.backoff import BrokerHealth, is_broker_error
+from stream_eval.stream.fetched import lean_options
 from stream_eval.stream.kafka import (
     DEFAULT_PARTITIONS,
     KafkaSecurity,
@@ -1081,7 +1082,8 @@ class StreamWorker:
                                           **security)
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
                   "session_timeout_ms": settings.session_timeout_ms,
-                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **settings.extra}
+                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **lean_options(),
+                  **settings.extra}
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group, **common,
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
