@@ -280,7 +280,7 @@ def warm_up(config: Config) -> None:
     batch keeps the group waiting (a few seconds)."""
     from stream_eval.simulate import SimulationConfig, simulate_lines
 
-    lines = list(simulate_lines(SimulationConfig(requests=40, seed=1, judgments=False)))
+    lines = [line.rstrip(b"\n") for line in simulate_lines(SimulationConfig(requests=40, seed=1, judgments=False))]
     engine = Engine(config)
     engine.labels = LabelBounds(config.max_label_values)
     RollingWindows(engine)
