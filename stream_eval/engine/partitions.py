@@ -144,20 +144,14 @@ class Requests:
         if not picked:
             return
         held, fed, waiting = join.status(rids)
+        first = np.where(np.array(is_feedback, dtype=np.bool_), ~(waiting | fed), ~held)
         new: set[str] = set()
-        for offset, rid, feedback, is_held, is_fed, is_waiting in zip(
-            picked, rids, is_feedback, held.tolist(), fed.tolist(), waiting.tolist(), strict=True
-        ):
-            if rid in new:
-                continue
-            if feedback:
-                if is_waiting or is_fed:
-                    continue
-            elif is_held:
-                continue
-            new.add(rid)
-            self.offsets.append(offset)
-            self.ids.append(rid)
+        for k in np.flatnonzero(first).tolist():
+            rid = rids[k]
+            if rid not in new:
+                new.add(rid)
+                self.offsets.append(picked[k])
+                self.ids.append(rid)
 
     def first(self, join: Join) -> int | None:
         """The smallest offset still needed (requests the join has forgotten are dropped first)."""
@@ -189,6 +183,8 @@ def _requests_of_chunk(offsets: Sequence[int], chunk: Chunk) -> tuple[list[int],
     rids = [event.request_id for _, event in kept] + [  # type: ignore[union-attr]  # rankings and feedback
         text[a:b].decode() for a, b in zip(columns.rid_start.tolist(), columns.rid_end.tolist(), strict=True)]
     is_feedback = [type(event) is Feedback for _, event in kept] + [True] * len(columns)
+    if not kept or not len(columns):  # one kind only (a topic's usual batch): in order already
+        return [offsets[at] for at in places], rids, is_feedback
     order = sorted(range(len(places)), key=places.__getitem__)
     return ([offsets[places[k]] for k in order], [rids[k] for k in order], [is_feedback[k] for k in order])
 

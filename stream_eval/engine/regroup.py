@@ -204,13 +204,12 @@ class RegroupSink:
     def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
         """A finalised request of a named session: its session id, labels, serve time, served items' scores, the
         1-based positions of the relevant ones, and its unit (written with the next record, as columns)."""
-        a, b = int(impressions.starts[i]), int(impressions.starts[i + 1])
         parts = self._parts
         parts.sessions.append(state.session_id)  # type: ignore[arg-type]  # a named session's part
         parts.experiments.append(experiment)
         parts.arms.append(arm)
         parts.served.append(state.ts)
-        parts.scores.append(impressions.scores[a:b].tolist())
+        parts.scores.append(impressions.scores_of(i))
         parts.relevant.append(impressions.relevant_positions(i))
         parts.units.append(unit_of(state))
         if impressions.satisfied is not None:  # session measures run: the query and a satisfied click

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import compress
+from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from typing import Any, cast
 
@@ -67,7 +67,7 @@ class Impressions:
     serve time (``times``), query id (``queries``) and whether it had a satisfied click (``satisfied``) too.
     """
 
-    __slots__ = ("starts", "scores", "labels", "times", "queries", "satisfied")
+    __slots__ = ("starts", "scores", "labels", "times", "queries", "satisfied", "_lists")
 
     def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints,
                  n_shown: Ints | None = None, satisfied: Bools | None = None, times: Floats | None = None) -> None:
@@ -83,17 +83,23 @@ class Impressions:
         with_scores = present(kept_scores)
         if with_scores.any():
             texts = kept_scores if with_scores.all() else list(compress(kept_scores, with_scores.tolist()))
-            try:
-                text = b"".join(texts)  # the usual batch: all kept as text
-            except TypeError:  # some kept as lists (regrouped parts)
-                text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in texts])
             scored = with_scores[part]
-            values = json_numbers(text, int(scored.sum()))
-            scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values
+            if all(type(kept) is list for kept in texts):  # regrouped parts (the stage): the floats themselves
+                scores[scored] = np.fromiter(chain.from_iterable(texts), dtype=np.float64, count=int(scored.sum()))
+            else:
+                try:
+                    text = b"".join(texts)  # the usual batch: all kept as text
+                except TypeError:  # some kept as lists
+                    text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in texts])
+                values = json_numbers(text, int(scored.sum()))
+                scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values
         labels = np.zeros(total, dtype=np.bool_)
         labels[starts[rel_req] + rel_pos - 1] = True
         self.starts, self.scores, self.labels = starts, scores, labels
         self.satisfied = satisfied
+        # (starts, scores, 1-based positions of the relevant items, where each request's positions start) as lists,
+        # made at the first call that reads one request's (most requests of a batch are read so, or none)
+        self._lists: tuple[list[int], list[float], list[int], list[int]] | None = None
         self.times: Floats | None = None
         self.queries: list[str | None] | None = None
         if satisfied is not None:  # (``times``: the serve times, when the caller has them as an array)
@@ -102,8 +108,22 @@ class Impressions:
 
     def relevant_positions(self, i: int) -> list[int]:
         """1-based positions of the relevant items of request ``i``."""
-        positions: list[int] = (np.flatnonzero(self.labels[self.starts[i] : self.starts[i + 1]]) + 1).tolist()
-        return positions
+        _, _, positions, bounds = self._as_lists()
+        return positions[bounds[i] : bounds[i + 1]]
+
+    def scores_of(self, i: int) -> list[float]:
+        """The scores of request ``i``'s served items."""
+        starts, scores, _, _ = self._as_lists()
+        return scores[starts[i] : starts[i + 1]]
+
+    def _as_lists(self) -> tuple[list[int], list[float], list[int], list[int]]:
+        if self._lists is None:
+            starts = self.starts
+            hits = np.flatnonzero(self.labels)
+            bounds = np.searchsorted(hits, starts)  # request i's relevant items: hits[bounds[i]:bounds[i + 1]]
+            owner = np.repeat(np.arange(starts.shape[0] - 1), np.diff(bounds))
+            self._lists = (starts.tolist(), self.scores.tolist(), (hits - starts[owner] + 1).tolist(), bounds.tolist())
+        return self._lists
 
 
 #: Sessions scored together when many close at once.

@@ -501,8 +501,11 @@ class RollingWindows:
             bucket, group, values = bucket[live], group[live], values[live]
         if not bucket.size:
             return
-        keys, inverse = np.unique(np.stack([bucket, group], axis=1), axis=0, return_inverse=True)
+        # the (bucket, group) cells, in that order, as one integer each (np.unique on rows sorts them as void records)
+        first, groups = int(bucket.min()), int(group.max()) + 1
+        cell_keys, inverse = np.unique((bucket - first) * groups + group, return_inverse=True)
         inverse = inverse.reshape(-1)
+        keys = np.stack([cell_keys // groups + first, cell_keys % groups], axis=1)
         present = ~np.isnan(values)
         v = np.where(present, values, 0.0)
         count = np.zeros((keys.shape[0], self.size), dtype=np.int64)

@@ -38,6 +38,7 @@ from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
 from stream_eval.stream.backoff import BrokerHealth, is_broker_error
 from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, transactions_supported
+from stream_eval.stream.fetched import lean_options
 from stream_eval.stream.kafka import (
     client_options,
     ensure_topics,
@@ -140,7 +141,7 @@ def warm_up(config: Config) -> None:
     batch keeps the group waiting (a few seconds)."""
     from stream_eval.simulate import SimulationConfig, simulate_lines
 
-    lines = list(simulate_lines(SimulationConfig(requests=40, seed=1, judgments=False)))
+    lines = [line.rstrip(b"\n") for line in simulate_lines(SimulationConfig(requests=40, seed=1, judgments=False))]
     engine = Engine(config)
     engine.labels = LabelBounds(config.max_label_values)
     RollingWindows(engine)
@@ -429,7 +430,8 @@ class StreamWorker:
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
                   "isolation_level": self.delivery.isolation_level,
                   "session_timeout_ms": settings.session_timeout_ms,
-                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **settings.extra}
+                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **lean_options(),
+                  **settings.extra}
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group, **common,
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
