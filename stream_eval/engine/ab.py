@@ -51,7 +51,7 @@ from stream_eval.config import ArmPair, Arms, Config
 from stream_eval.engine.compiled import unit_rows, unit_slots
 from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.specs import lower_is_better
-from stream_eval.stats import ArmSums, Comparison, compare, decide, e_bh, srm_test
+from stream_eval.stats import ArmSums, Comparison, PreSums, compare, decide, e_bh, srm_test
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -347,15 +347,21 @@ class ShardLook:
     overflow: int
 
     def to_json(self) -> list[Any]:
-        """JSON-ready (floats as JSON numbers: read back bit for bit)."""
-        return [self.experiment, self.shard, self.arms, [[v.tolist() for v in s._values()] for s in self.sums],
+        """JSON-ready (floats as JSON numbers: read back bit for bit). An arm's sums are its six post-period
+        arrays, followed by the ten of its pre-period covariate when it has them (CUPED)."""
+        return [self.experiment, self.shard, self.arms,
+                [[v.tolist() for v in (*s._values(), *(() if s.pre is None else s.pre._values()))] for s in self.sums],
                 self.units, self.conflicts, self.overflow]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> ShardLook:
         experiment, shard, arms, sums, units, conflicts, overflow = data
-        return cls(str(experiment), int(shard), [str(a) for a in arms],
-                   [ArmSums(*(np.array(v, dtype=np.float64) for v in arm)) for arm in sums],
+
+        def arm_sums(values: list[list[float]]) -> ArmSums:
+            arrays = [np.array(v, dtype=np.float64) for v in values]
+            return ArmSums.from_values(arrays[:6], PreSums(*arrays[6:]) if len(arrays) > 6 else None)
+
+        return cls(str(experiment), int(shard), [str(a) for a in arms], [arm_sums(arm) for arm in sums],
                    [int(u) for u in units], int(conflicts), int(overflow))
 
 
