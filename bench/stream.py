@@ -160,9 +160,9 @@ def stream_eval_cmd() -> list[str]:
     return [sys.executable, "-m", "stream_eval.cli"]
 
 
-def worker_cmd(bootstrap: str, prefix: str, group: str, port: int) -> list[str]:
+def worker_cmd(bootstrap: str, prefix: str, group: str, port: int, *extra: str) -> list[str]:
     return [*stream_eval_cmd(), "worker", "--broker", f"kafka://{bootstrap}", "--topic-prefix", prefix,
-            "--metrics-port", str(port), "--group", group]
+            "--metrics-port", str(port), "--group", group, *extra]
 
 
 #: Worker runs wait after the last request is finalised until the regroup stage's series stop changing this long.
@@ -367,15 +367,16 @@ class StreamBench:
 
     # -- 1. the worker ------------------------------------------------------------------------------
     def run_worker(self, prefix: str, group: str, events: int, requests: int,
-                   profile: Path | None = None, ab: bool = True, source: str | None = None) -> dict[str, Any]:
-        """One worker run (``ab``: A/B units on, the default), done once every event and request is counted and the
+                   profile: Path | None = None, ab: bool = True, source: str | None = None,
+                   extra: Sequence[str] = ()) -> dict[str, Any]:
+        """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments), done once every event and request is counted and the
         regroup stage has scored every session (and applied every request to its A/B unit): at the poll that showed
         the stage's series' last change."""
         from stream_eval.stream.broker import free_port
 
         port = free_port()
         url = f"http://127.0.0.1:{port}/metrics"
-        cmd = worker_cmd(self.bootstrap, prefix, group, port)
+        cmd = worker_cmd(self.bootstrap, prefix, group, port, *extra)
         if profile is not None:
             cmd = ["py-spy", "record", "--format", "raw", "--rate", "200", "-o", str(profile), "--", *cmd]
         start = time.perf_counter()

@@ -520,8 +520,11 @@ class Cluster:
         copies = sum(where.values()) - len(where)
         transactional = any(w.transactional() for w in self.workers)
         if len(where) != invalid or (copies and transactional):
+            doubled = [r for r in dead
+                       if where[tuple(dict(r.headers)[h] for h in ("topic", "partition", "offset"))] > 1]
             return [f"dead letters: {len(dead)} of {len(where)} messages for replay's {invalid} invalid events "
-                    f"({copies} copies; delivery {'transactions' if transactional else 'fenced-log'})"]
+                    f"({copies} copies; delivery {'transactions' if transactional else 'fenced-log'}); the copies: "
+                    + "; ".join(f"{dict(r.headers)} at {r.partition}@{r.offset}: {r.value[:80]!r}" for r in doubled)]
         self.note(f"dead letters: {len(where)} messages, {copies} copies "
                   f"({'transactions' if transactional else 'fenced log'})")
         return []

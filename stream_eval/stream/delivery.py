@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -266,7 +265,7 @@ class Delivery(abc.ABC):
     async def release_stages(self, stages: list[int]) -> None:
         """Commit stage partitions ``stages`` one last time and give them up (the next owner restores them)."""
         await self.commit_stages(stages)
-        for stage in stages:
+        for stage in [q for q in stages if q in self.stages.held]:  # (a failed commit gave it up already)
             with self.lock:
                 self.stages.give_up(stage)
             log.info("gave up stage partition %d", stage)
@@ -583,6 +582,14 @@ class FencedLog(Delivery):
             for stage, (_, start) in records.items()})
 
 
+def _transaction_failed() -> tuple[type[Exception], ...]:
+    """What a transaction that cannot commit raises: fenced (ProducerFenced, then IllegalOperation for every later
+    call of that producer), or an error Kafka does not retry. (aiokafka is imported only when it is needed.)"""
+    from aiokafka.errors import IllegalOperation, KafkaError
+
+    return KafkaError, IllegalOperation
+
+
 class Transactions(Delivery):
     """Exactly-once results with Kafka transactions: each input partition and each stage partition owned has a
     transactional producer of its own (transactional id ``<prefix><group>.input-<p>`` / ``.stage-<q>``), and a
@@ -600,7 +607,7 @@ class Transactions(Delivery):
         self.logs.isolation_level = "read_committed"
         self.senders: dict[int, Sender] = {}  # per input partition owned: its transactional producer
         self.stage_senders: dict[int, Sender] = {}  # per stage partition held
-        self._closing: list[Any] = []  # producers of partitions given up, to stop
+        self._closing: list[Sender] = []  # senders of partitions given up, whose producers are to stop
 
     def _transactional_id(self, kind: str, partition: int) -> str:
         return f"{self.settings.prefix}{self.settings.group}.{kind}-{partition}"
@@ -626,15 +633,16 @@ class Transactions(Delivery):
         self.consumer, self.stage_consumer = consumer, stage_consumer
 
     async def stop(self) -> None:
-        self._closing += [s.producer for s in (*self.senders.values(), *self.stage_senders.values())]
+        self._closing += [*self.senders.values(), *self.stage_senders.values()]
         self.senders, self.stage_senders = {}, {}
         await self._close()
 
     async def _close(self) -> None:
         closing, self._closing = self._closing, []
-        for producer in closing:
+        for sender in closing:
+            sender.abandon()
             try:
-                await asyncio.wait_for(producer.stop(), 30.0)
+                await asyncio.wait_for(sender.producer.stop(), 30.0)
             except Exception as error:  # (a fenced or broken producer: nothing of it counts any more)
                 log.info("a producer of a partition given up did not stop cleanly: %s: %s", type(error).__name__, error)
 
@@ -666,107 +674,94 @@ class Transactions(Delivery):
             await producer.begin_transaction()
 
     async def commit(self, partitions: list[int] | None = None, release: bool = False) -> None:
-        from aiokafka.errors import KafkaError
-
         chosen = sorted(self.partitioned.tasks if partitions is None else partitions)
-        for partition in chosen:
-            sender = self.senders.get(partition)
-            task = self.partitioned.tasks.get(partition)
-            if sender is None or task is None:
-                continue
-            try:
-                await self.send_outbox(sender, self.outbox.take({partition}))
-                checkpoint = None
-                if self._checkpointed(partition):
-                    record = self._windows_record(partition)
-                    if record is not None:
-                        where = await self._store_pieces(sender, record, self.settings.checkpoint_topic, partition,
-                                                         WINDOWS)
-                        self.partitioned.windows_stored(partition, where)
-                    checkpoint = self.partitioned.checkpoint(partition)
-                    # its commit marker goes in the same transaction: the stage counts the records when it does
-                    task.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
-                await self.send_routed(sender, self.partitioned.take_routed(partitions=[partition]), [])
-                offsets = {}
-                if checkpoint is not None:
-                    await sender.send_record(self.settings.checkpoint_topic, partition,
-                                             (CHECKPOINT, orjson.dumps(checkpoint.to_json()), None))
-                    offsets = self._offsets(partition, checkpoint)
-                await self._commit_transaction(sender, offsets, self.settings.group, again=not release)
-            except KafkaError as error:  # fenced by a new owner, or the transaction failed: nothing of it counts
-                log.warning("partition %d: its transaction failed (%s: %s): given up without committing",
-                            partition, type(error).__name__, error)
-                self.drop(partition)
-                continue
-            if release:
-                self._closing.append(self.senders.pop(partition).producer)
+        # each partition's transaction is its own: they go to the broker side by side (round trips overlap)
+        await asyncio.gather(*(self._commit_partition(p, release) for p in chosen if p in self.senders))
         if release:
             await self._close()
+
+    async def _commit_partition(self, partition: int, release: bool) -> None:
+        sender, task = self.senders[partition], self.partitioned.tasks.get(partition)
+        if task is None:
+            return
+        try:
+            await self.send_outbox(sender, self.outbox.take({partition}))
+            checkpoint = None
+            if self._checkpointed(partition):
+                record = self._windows_record(partition)
+                if record is not None:
+                    where = await self._store_pieces(sender, record, self.settings.checkpoint_topic, partition,
+                                                     WINDOWS)
+                    self.partitioned.windows_stored(partition, where)
+                checkpoint = self.partitioned.checkpoint(partition)
+                # its commit marker goes in the same transaction: the stage counts the records when it does
+                task.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
+            await self.send_routed(sender, self.partitioned.take_routed(partitions=[partition]), [])
+            offsets = {}
+            if checkpoint is not None:
+                await sender.send_record(self.settings.checkpoint_topic, partition,
+                                         (CHECKPOINT, orjson.dumps(checkpoint.to_json()), None))
+                offsets = self._offsets(partition, checkpoint)
+            await self._commit_transaction(sender, offsets, self.settings.group, again=not release)
+        except _transaction_failed() as error:  # fenced by a new owner, or the transaction failed: nothing of it counts
+            log.warning("partition %d: its transaction failed (%s: %s): given up without committing",
+                        partition, type(error).__name__, error)
+            self.drop(partition)
+            return
+        if release:
+            self._closing.append(self.senders.pop(partition))
 
     def drop(self, partition: int) -> None:
         super().drop(partition)
         sender = self.senders.pop(partition, None)
         if sender is not None:
-            self._closing.append(sender.producer)
+            self._closing.append(sender)
 
     async def claim_stage(self, stage: int) -> int | None:
         self.stage_senders[stage] = await self._open(self._transactional_id("stage", stage))
         return await super().claim_stage(stage)
 
     async def commit_stages(self, stages: list[int]) -> None:
+        await asyncio.gather(*(self._commit_stage(q) for q in sorted(stages) if q in self.stage_senders))
+
+    async def _commit_stage(self, stage: int) -> None:
         from aiokafka import TopicPartition
-        from aiokafka.errors import KafkaError
         from aiokafka.structs import OffsetAndMetadata
 
-        for stage in sorted(stages):
-            sender = self.stage_senders.get(stage)
-            if sender is None or stage not in self.stages.held:
-                continue
-            try:
-                await self.send_routed(sender, [], self.stages.take_reports(stage))
-                taken = await self._snapshot(stage)
-                if taken is not None:
-                    data, covers = taken
-                    where = await self._store_pieces(sender, data, self.settings.snapshot_topic, stage, None)
-                    self._snapshot_stored(stage, where, covers, len(data))
-                value, start = self._stage_record(stage)
-                await sender.send_record(self.settings.regroup_checkpoint_topic, stage, (CHECKPOINT, value, None))
-                offsets = {TopicPartition(self.settings.regroup_topic, stage): OffsetAndMetadata(start, "")}
-                await self._commit_transaction(sender, offsets, f"{self.settings.group}.regroup", again=True)
-            except KafkaError as error:
-                log.warning("stage partition %d: its transaction failed (%s: %s): given up without committing",
-                            stage, type(error).__name__, error)
-                with self.lock:
-                    self.stages.give_up(stage)
-                self._closing.append(self.stage_senders.pop(stage).producer)
+        sender = self.stage_senders[stage]
+        if stage not in self.stages.held:
+            return
+        try:
+            await self.send_routed(sender, [], self.stages.take_reports(stage))
+            taken = await self._snapshot(stage)
+            if taken is not None:
+                data, covers = taken
+                where = await self._store_pieces(sender, data, self.settings.snapshot_topic, stage, None)
+                self._snapshot_stored(stage, where, covers, len(data))
+            value, start = self._stage_record(stage)
+            await sender.send_record(self.settings.regroup_checkpoint_topic, stage, (CHECKPOINT, value, None))
+            offsets = {TopicPartition(self.settings.regroup_topic, stage): OffsetAndMetadata(start, "")}
+            await self._commit_transaction(sender, offsets, f"{self.settings.group}.regroup", again=True)
+        except _transaction_failed() as error:
+            log.warning("stage partition %d: its transaction failed (%s: %s): given up without committing",
+                        stage, type(error).__name__, error)
+            with self.lock:
+                self.stages.give_up(stage)
+            self._closing.append(self.stage_senders.pop(stage))
 
     async def release_stages(self, stages: list[int]) -> None:
         await super().release_stages(stages)
-        self._closing += [self.stage_senders.pop(stage).producer for stage in stages if stage in self.stage_senders]
+        self._closing += [self.stage_senders.pop(stage) for stage in stages if stage in self.stage_senders]
         await self._close()
 
 
-async def transactions_supported(settings: WorkerSettings, health: BrokerHealth) -> bool:
+async def transactions_supported(settings: WorkerSettings) -> bool:
     """Whether the broker runs transactions: a transactional producer (id ``<prefix><group>.probe``) starts and
-    commits an empty transaction. (The development broker advertises the requests, and fails them.)"""
-    from aiokafka import AIOKafkaProducer
+    commits an empty transaction."""
+    from stream_eval.stream.kafka import idempotence_supported
 
-    from stream_eval.stream.kafka import client_options
-
-    producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, enable_idempotence=True,
-                                transactional_id=f"{settings.prefix}{settings.group}.probe",
-                                **client_options(settings.security))
-    try:
-        await asyncio.wait_for(producer.start(), 30.0)
-        await producer.begin_transaction()
-        await asyncio.wait_for(producer.commit_transaction(), 30.0)
-        return True
-    except Exception as error:
-        log.info("the broker does not run transactions (%s: %s)", type(error).__name__, error)
-        return False
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.stop(), 10.0)
+    return await idempotence_supported(settings.brokers, settings.security,
+                                       f"{settings.prefix}{settings.group}.probe")
 
 
 DELIVERIES: dict[str, type[Delivery]] = {d.name: d for d in (FencedLog, Transactions)}

@@ -575,6 +575,32 @@ async def _check_topics(admin: Any, names: list[str], replication_factor: int,
             + "\n  ".join(wrong))
 
 
+async def idempotence_supported(bootstrap: list[str], security: KafkaSecurity | None = None,
+                                 transactional_id: str | None = None, timeout: float = 30.0) -> bool:
+    """Whether the broker gives producers an id (idempotent writes: a batch resent after a lost answer is stored
+    once), and with ``transactional_id`` whether it also runs transactions: such a producer starts and commits an
+    empty transaction. The development broker advertises the requests and fails them."""
+    import contextlib
+
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True,
+                                transactional_id=transactional_id, **client_options(security))
+    try:
+        await asyncio.wait_for(producer.start(), timeout)
+        if transactional_id is not None:
+            await producer.begin_transaction()
+            await asyncio.wait_for(producer.commit_transaction(), timeout)
+        return True
+    except Exception as error:
+        log.info("the broker does not run %s (%s: %s)", "transactions" if transactional_id else "idempotent producers",
+                 type(error).__name__, error)
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), 10.0)
+
+
 async def partitions_for(bootstrap: list[str], topic: str, security: KafkaSecurity | None = None) -> list[int]:
     """Sorted partition ids of ``topic`` (empty if the topic does not exist)."""
     from aiokafka import AIOKafkaClient

@@ -110,6 +110,13 @@ class Sender:
             topic, value, key=key, partition=partition, timestamp_ms=ts_ms, headers=headers))
         self._sent.append(_Sent(future, topic, partition, [record], headers))
 
+    def abandon(self) -> None:
+        """Forget the records not known to be stored (their partition is given up: a transaction that will not
+        commit); their failures are not errors to report."""
+        for sent in self._sent:
+            sent.future.add_done_callback(lambda future: future.cancelled() or future.exception())
+        self._sent.clear()
+
     def committed(self) -> None:
         """Every record sent is stored: its transaction was committed (which waits for all of them)."""
         self._sent.clear()

@@ -36,6 +36,7 @@ from stream_eval.stream.kafka import (
     client_options,
     ensure_topics,
     event_key,
+    idempotence_supported,
     kafka_security,
     parse_brokers,
 )
@@ -300,9 +301,12 @@ async def _send_lines(
     await health.call("startup", lambda: ensure_topics(servers, topics.inputs, partitions, timeout=attempt,
                                                        security=security),
                       give_up_after=broker_timeout)
+    # idempotent where the broker allows it: a batch resent after an answer lost on the way is stored once
+    idempotent = await idempotence_supported(servers, security, timeout=min(attempt, 10.0))
     producer = AIOKafkaProducer(
         bootstrap_servers=servers, linger_ms=10, max_batch_size=256 * 1024, max_request_size=8 * 1024 * 1024,
-        request_timeout_ms=int(max(timeout, broker_timeout) * 1000), **client_options(security),
+        request_timeout_ms=int(max(timeout, broker_timeout) * 1000), enable_idempotence=idempotent,
+        **client_options(security),
     )
     failures: list[str] = []
     all_partitions: dict[str, list[int]] = {}

@@ -290,9 +290,6 @@ class StreamWorker:
             return False, f"rebalancing ({type(error).__name__})"  # the assignment changed under us
         return True, f"caught up on {len(assigned)} partitions"
 
-    def _topic_of(self, kind: str) -> str:
-        return self.topics.for_type(kind)
-
     # -- rebalancing --------------------------------------------------------------------------------
     async def on_partitions_revoked(self, revoked: Any) -> None:
         asked = time.monotonic()
@@ -356,8 +353,10 @@ class StreamWorker:
     def _feed(self, partition: int, kind: str, offsets: list[int], events: Any) -> None:
         """Feed messages of one input topic-partition to the engine; the invalid ones go to the dead letters."""
         for event in self.partitioned.feed(kind, partition, offsets, events):
-            offset = int(event.where.rpartition("@")[2])
-            self.delivery.dead_letter(event, self._topic_of(kind), partition, offset)
+            # where it was read: a partition rebuilding returns, once rebuilt, what other topics held back too
+            place, _, offset = event.where.rpartition("@")
+            topic, _, number = place.rpartition("/")
+            self.delivery.dead_letter(event, topic, int(number), int(offset))
 
     async def _handle_stage(self) -> None:
         # aiokafka's getmany waits, timeout or not, for a rebalance of the consumer's group to end; the stage's
@@ -445,7 +444,7 @@ class StreamWorker:
         """Transactions where the broker runs them (``delivery`` auto or transactions), else the fenced log (whose
         producer is idempotent where the broker allows it)."""
         settings = self.settings
-        supported = await transactions_supported(settings, self.health)
+        supported = await transactions_supported(settings)
         if settings.delivery == "transactions" and not supported:
             raise ConfigError(f"--delivery transactions: the broker at {','.join(settings.brokers)} does not run "
                               "transactions (use --delivery fenced-log or auto)")
