@@ -369,9 +369,9 @@ class StreamBench:
     def run_worker(self, prefix: str, group: str, events: int, requests: int,
                    profile: Path | None = None, ab: bool = True, source: str | None = None,
                    extra: Sequence[str] = ()) -> dict[str, Any]:
-        """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments), done once every event and request is counted and the
-        regroup stage has scored every session (and applied every request to its A/B unit): at the poll that showed
-        the stage's series' last change."""
+        """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments), done once every
+        event and request is counted and the regroup stage has scored every session (and applied every request to its
+        A/B unit): at the poll that showed the stage's series' last change."""
         from stream_eval.stream.broker import free_port
 
         port = free_port()
