@@ -20,7 +20,13 @@ Reported per scenario (every rate with its Wilson 95 % interval):
 * the cluster-robust fixed interval peeked at every look and at the final look only (peeking and clustering
   are two separate errors);
 * SRM on the A/A experiments: the sequential Dirichlet-multinomial p-value against Pearson's chi-squared,
-  both peeked at every look, at 0.001 and 0.05; and detection of 49/51 and 48/52 splits.
+  both peeked at every look, at 0.001 and 0.05; and detection of 49/51 and 48/52 splits;
+* CUPED (``compare(..., cuped=True)``): units whose own pre-period value (1 + Poisson(9) requests before the
+  experiment, around the same unit mean, so that the unit-level correlation of the pre- and post-period ratios is
+  about ``rho``) is the covariate; in two scenarios a fifth of the units have no pre-period data. Per scenario
+  (A/A, +1 %, +3 % at rho 0.5 and 0.7) with and without CUPED: false alarms / decisions, the median variance
+  reduction at the last look and the median units to a decision (experiments never decided count as beyond the
+  end).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stream_eval.metrics.abtest import difference  # noqa: E402
 from stream_eval.metrics.aggregates import Moments  # noqa: E402
-from stream_eval.stats import ArmSums, compare, srm_test  # noqa: E402
+from stream_eval.stats import ArmSums, PreSums, compare, srm_test  # noqa: E402
 from stream_eval.stats.sequential import dirichlet_multinomial_log_bf  # noqa: E402
 
 Floats = npt.NDArray[np.float64]
@@ -185,6 +191,122 @@ def simulate(seed: np.random.SeedSequence, experiments: int, scenario: Scenario)
     )
 
 
+@dataclass(frozen=True)
+class CupedScenario:
+    name: str
+    rho: float  # target unit-level correlation of the pre- and post-period means
+    lift: float
+    missing: float = 0.0  # share of units without pre-period data
+
+
+CUPED_UNITS = 60_000  # (a +1 % lift needs more units than the other scenarios' 20,000 to be decided)
+
+
+CUPED_SCENARIOS = (
+    CupedScenario("A/A, rho 0.5", 0.5, 0.0),
+    CupedScenario("A/A, rho 0.5, 20 % without pre-period", 0.5, 0.0, 0.2),
+    CupedScenario("+1 %, rho 0.5", 0.5, 0.01),
+    CupedScenario("+3 %, rho 0.5", 0.5, 0.03),
+    CupedScenario("+3 %, rho 0.5, 20 % without pre-period", 0.5, 0.03, 0.2),
+    CupedScenario("+1 %, rho 0.7", 0.7, 0.01),
+    CupedScenario("+3 %, rho 0.7", 0.7, 0.03),
+)
+
+
+@dataclass
+class CupedResult:
+    first: npt.NDArray[np.int64]  # (2, experiments): first look deciding, without and with CUPED; -1 never
+    sign: npt.NDArray[np.int64]  # (2, experiments): the sign of the delta there
+    reduction: Floats  # (experiments,) variance reduction at the last look
+    imbalance: Bools  # (experiments,) the pre-period check ever below 0.05
+
+
+def cuped_simulate(seed: np.random.SeedSequence, experiments: int, scenario: CupedScenario) -> CupedResult:
+    """Units with a persistent mean ``m`` (Gaussian, sd ``SD * sqrt(ICC)``) shared by both periods and Gaussian
+    request noise; the number of requests per period, 1 + Poisson(9), makes the correlation of the periods' unit
+    ratios ``ICC / (ICC + (1 - ICC) / k)`` for ``k`` requests: the unit-mean share is set for ``rho``."""
+    rng = np.random.default_rng(seed)
+    k = 10.0  # mean requests per unit and period
+    # rho = s_m^2 / (s_m^2 + s_e^2 / k) with s_m^2 + s_e^2 = SD^2: solve for the unit-mean variance
+    unit_var = SD * SD * scenario.rho / (k * (1 - scenario.rho) + scenario.rho)
+    noise_var = SD * SD - unit_var
+    shape = (experiments, CUPED_UNITS)
+    treated = rng.random(shape) < 0.5
+    m = MEAN + rng.normal(0.0, math.sqrt(unit_var), shape)
+    n = 1.0 + rng.poisson(k - 1.0, shape)
+    q = np.where(rng.random(shape) < scenario.missing, 0.0, 1.0 + rng.poisson(k - 1.0, shape))
+    y = n * (m + np.where(treated, MEAN * scenario.lift, 0.0)) + np.sqrt(n * noise_var) * rng.normal(0.0, 1.0, shape)
+    x = q * m + np.sqrt(q * noise_var) * rng.normal(0.0, 1.0, shape)
+
+    def arm(mask: Bools) -> ArmSums:
+        def at_looks(v: Floats) -> Floats:
+            running: Floats = np.cumsum(np.where(mask, v, 0.0), axis=1)
+            return running[:, LOOK_EVERY - 1 :: LOOK_EVERY]
+
+        base = ArmSums(at_looks(np.ones_like(y)), at_looks(y), at_looks(n), at_looks(y * y), at_looks(n * n),
+                       at_looks(y * n))
+        return base.with_pre(PreSums(at_looks((q > 0).astype(np.float64)), at_looks(x), at_looks(q),
+                                     at_looks(x * x), at_looks(q * q), at_looks(x * q), at_looks(y * x),
+                                     at_looks(y * q), at_looks(n * x), at_looks(n * q)))
+
+    control, treatment = arm(~treated), arm(treated)
+    firsts, signs = [], []
+    rows = np.arange(experiments)
+    reduction = np.full(experiments, np.nan)
+    imbalance = np.zeros(experiments, dtype=np.bool_)
+    for cuped in (False, True):
+        c = compare(control, treatment, confidence=1 - ALPHA, sequential_n=SEQUENTIAL_N, cuped=cuped)
+        # the running intersection of the sequences, as the engine keeps it
+        lower, upper = np.fmax.accumulate(c.cs_lower, axis=1), np.fmin.accumulate(c.cs_upper, axis=1)
+        first = first_true((lower > 0) | (upper < 0))
+        firsts.append(first)
+        signs.append(np.where(first >= 0, np.sign(c.delta[rows, np.maximum(first, 0)]), 0).astype(np.int64))
+        if cuped:
+            reduction = c.variance_reduction[:, -1]
+            imbalance = (c.pre_p_value < 0.05).any(axis=1)
+    return CupedResult(np.stack(firsts), np.stack(signs), reduction, imbalance)
+
+
+def run_cuped(scenario: CupedScenario, experiments: int, seed: int, pool: ProcessPoolExecutor) -> CupedResult:
+    sizes = [min(CHUNK, experiments - start) for start in range(0, experiments, CHUNK)]
+    seeds = np.random.SeedSequence([seed, 7, int(scenario.rho * 1000), int(scenario.lift * 1000)]).spawn(len(sizes))
+    parts = list(pool.map(cuped_simulate, seeds, sizes, [scenario] * len(sizes)))
+    return CupedResult(np.concatenate([p.first for p in parts], axis=1),
+                       np.concatenate([p.sign for p in parts], axis=1),
+                       np.concatenate([p.reduction for p in parts]), np.concatenate([p.imbalance for p in parts]))
+
+
+def median_units(first: npt.NDArray[np.int64]) -> float:
+    """Median units to a decision, an experiment never decided counting as beyond the end (inf)."""
+    units = np.where(first >= 0, (first + 1) * LOOK_EVERY, np.inf).astype(np.float64)
+    return float(np.median(units))
+
+
+def print_cuped(results: dict[str, CupedResult], experiments: int) -> None:
+    print(f"\nCUPED: {experiments} experiments per scenario, {CUPED_UNITS:,} units, a look every {LOOK_EVERY}.\n")
+    print("| scenario | decided (plain) | decided (CUPED) | median units to a decision: plain | CUPED | fewer units "
+          "| median variance reduction | pre-period check ever < 0.05 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for scenario in CUPED_SCENARIOS:
+        r = results[scenario.name]
+        cells = [scenario.name]
+        medians = []
+        for k in (0, 1):
+            decided = r.first[k] >= 0
+            wrong = int((r.sign[k] < 0).sum()) if scenario.lift > 0 else None
+            cells.append(rate(decided) + ("" if wrong is None else f", {wrong} wrong-way"))
+            medians.append(median_units(r.first[k]))
+        if scenario.lift > 0:
+            plain, adjusted = medians
+            cells += [f"{plain:,.0f}" if math.isfinite(plain) else "> end",
+                      f"{adjusted:,.0f}" if math.isfinite(adjusted) else "> end",
+                      f"{100 * (1 - adjusted / plain):.0f} %" if math.isfinite(plain) else "-"]
+        else:
+            cells += ["-", "-", "-"]
+        cells += [f"{100 * float(np.median(r.reduction)):.1f} %", rate(r.imbalance)]
+        print("| " + " | ".join(cells) + " |")
+
+
 def run_scenario(scenario: Scenario, experiments: int, seed: int, pool: ProcessPoolExecutor) -> ChunkResult:
     sizes = [min(CHUNK, experiments - start) for start in range(0, experiments, CHUNK)]
     seeds = np.random.SeedSequence([seed, int(scenario.icc * 1000), int(scenario.lift * 1000)]).spawn(len(sizes))
@@ -245,9 +367,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiments", type=int, default=None, help="per scenario (default 1000, 200 with --quick)")
     parser.add_argument("--seed", type=int, default=20261124)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cuped-only", action="store_true", help="only the CUPED scenarios")
     args = parser.parse_args(argv)
     experiments = args.experiments or (200 if args.quick else 1000)
     started = time.perf_counter()
+    if args.cuped_only:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in CUPED_SCENARIOS}, experiments)
+        print(f"\n{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
+              f"{args.jobs} jobs, {time.perf_counter() - started:.0f} s in all.")
+        return
     results: dict[str, ChunkResult] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for scenario in SCENARIOS:
@@ -290,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
             f"SRM of a {100 * share:.0f}/{100 - 100 * share:.0f} split: sequential p < 0.001 in {rate(detected)} "
             f"of {experiments} experiments by {UNITS:,} units, median {median} units to detection."
         )
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in CUPED_SCENARIOS}, experiments)
     print(
         f"\n{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
         f"{args.jobs} jobs, {time.perf_counter() - started:.0f} s in all."

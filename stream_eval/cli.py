@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                                "rankings carry unit_id")
     simulate.add_argument("--behaviour", action="store_true",
                           help="clicks carry dwell times and some requests serve nothing (for the behaviour measures)")
+    simulate.add_argument("--pre-period", type=_duration_arg, default=0.0, metavar="DURATION",
+                          help="event time (e.g. 1d) of pre-experiment traffic first, without experiment and arm: "
+                               "the users' pre-period for CUPED (default 0)")
+    simulate.add_argument("--preference", type=_non_negative, default=0.0, metavar="X",
+                          help="with --unit user: spread of each user's persistent click propensity, so that the "
+                               "pre-period predicts (e.g. 0.8; default 0)")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
     simulate.add_argument("--broker", metavar="URL",
                           help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")
@@ -286,6 +292,15 @@ def _speed(text: str) -> float | None:
 
 def _positive(text: str) -> float:
     return _checked(text, float, lambda value: value > 0 and math.isfinite(value), "must be > 0")
+
+
+def _duration_arg(text: str) -> float:
+    from stream_eval.config import ConfigError, parse_duration
+
+    try:
+        return parse_duration(text, "duration")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative(text: str) -> float:

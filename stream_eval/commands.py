@@ -198,7 +198,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     if getattr(args, "broker", None):
         return _simulate_to_kafka(args)
     sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                           judgments=args.judgments, unit=args.unit, behaviour=args.behaviour)
+                           judgments=args.judgments, unit=args.unit, behaviour=args.behaviour,
+                           pre_period=args.pre_period, preference=args.preference)
     if args.output == "-":
         out = sys.stdout.buffer
         for line in simulate_lines(sim):
@@ -231,7 +232,8 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
     start = now if paced else now - args.requests / requests_per_second
     sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
                            judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
-                           rate=requests_per_second, behaviour=args.behaviour)
+                           rate=requests_per_second, behaviour=args.behaviour, pre_period=args.pre_period,
+                           preference=args.preference)
     return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
                            args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless,
                            security=getattr(args, "security", None))

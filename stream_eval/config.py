@@ -102,6 +102,10 @@ class Tolerance:
         return f"{self.value * 100:g}%" if self.relative else f"{self.value:g}"
 
 
+#: The default ``cuped_lookback``: 14 days of event time before a unit entered the experiment.
+CUPED_LOOKBACK = 14 * 86400.0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ExperimentSettings:
     """One ``[experiments.NAME]`` table.
@@ -109,13 +113,18 @@ class ExperimentSettings:
     ``control`` (None: the first of the sorted arms seen); ``treatments`` (empty: every other arm; a two-arm config
     names one with ``treatment``); ``split`` (each arm's expected share; empty: equal over the arms seen);
     ``primary``, the goal metrics of the false-discovery family (empty: every metric not a guardrail);
-    ``guardrails``, metric -> tolerated loss."""
+    ``guardrails``, metric -> tolerated loss; ``cuped``, regression adjustment on each unit's pre-period value
+    (README, "CUPED"), taken from the stream over ``cuped_lookback`` seconds before the unit entered, or from the
+    Parquet file ``cuped_table`` (columns unit, metric, value) when one is named."""
 
     control: str | None = None
     treatments: tuple[str, ...] = ()
     split: tuple[tuple[str, float], ...] = ()
     primary: tuple[str, ...] = ()
     guardrails: tuple[tuple[str, Tolerance], ...] = ()
+    cuped: bool = False
+    cuped_lookback: float = CUPED_LOOKBACK
+    cuped_table: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -333,6 +342,11 @@ def _settings_json(settings: ExperimentSettings) -> dict[str, Any]:
         out["primary"] = list(settings.primary)
     if settings.guardrails:
         out["guardrails"] = {metric: tolerance.label() for metric, tolerance in settings.guardrails}
+    if settings.cuped:
+        out["cuped"] = True
+        out["cuped_lookback"] = settings.cuped_lookback
+        if settings.cuped_table:
+            out["cuped_table"] = settings.cuped_table
     return out
 
 
@@ -439,14 +453,16 @@ def _names(name: str) -> Any:
 
 def _experiments(value: object) -> tuple[tuple[str, ExperimentSettings], ...]:
     """``[experiments.NAME]`` tables: ``control`` (the others are treatments), ``treatment`` (with ``control``: the
-    one treatment of a two-arm config), ``split``, ``primary``, ``guardrails``; each optional."""
+    one treatment of a two-arm config), ``split``, ``primary``, ``guardrails``, ``cuped``, ``cuped_lookback``,
+    ``cuped_table``; each optional."""
     if not isinstance(value, Mapping):
         raise ConfigError('experiments: expected tables like [experiments.exp1] control = "a"')
     out = []
     for name, table in value.items():
         if not isinstance(table, Mapping):
             raise ConfigError(f'experiments.{name}: expected a table like control = "a"')
-        unknown = set(table) - {"control", "treatment", "split", "primary", "guardrails"}
+        unknown = set(table) - {"control", "treatment", "split", "primary", "guardrails", "cuped", "cuped_lookback",
+                                "cuped_table"}
         if unknown:
             raise ConfigError(f"experiments.{name}: unknown setting(s) {', '.join(sorted(unknown))}")
         if "treatment" in table and "control" not in table:
@@ -465,7 +481,15 @@ def _experiments(value: object) -> tuple[tuple[str, ExperimentSettings], ...]:
         both = set(primary) & {metric for metric, _ in guardrails}
         if both:
             raise ConfigError(f"experiments.{name}: {', '.join(sorted(both))} cannot be both primary and a guardrail")
-        out.append((str(name), ExperimentSettings(control, treatments, split, primary, guardrails)))
+        cuped = parse_boolean(table.get("cuped", False), f"experiments.{name}.cuped")
+        lookback = parse_duration(table.get("cuped_lookback", CUPED_LOOKBACK), f"experiments.{name}.cuped_lookback")
+        if not (lookback > 0 and math.isfinite(lookback)):
+            raise ConfigError(f"experiments.{name}.cuped_lookback: must be a positive duration, got {lookback}")
+        cuped_table = str(table.get("cuped_table", ""))
+        if cuped_table and not cuped:
+            raise ConfigError(f"experiments.{name}: cuped_table needs cuped = true")
+        out.append((str(name), ExperimentSettings(control, treatments, split, primary, guardrails, cuped, lookback,
+                                                  cuped_table)))
     return tuple(out)
 
 

@@ -148,6 +148,7 @@ _STREAM_EXTRAS = 6
 _STREAM_SUBTOPICS = 7
 _STREAM_UNITS = 8
 _STREAM_BEHAVIOUR = 9
+_STREAM_PREFERENCE = 10
 
 UNITS = ("session", "user")
 """Values of ``SimulationConfig.unit``: what the arm is assigned per (``user`` also fills ``unit_id``)."""
@@ -196,6 +197,12 @@ class SimulationConfig:
         sessions_per_user: With ``unit="user"``: mean number of sessions per user (>= 1).
         behaviour: Clicks carry a ``dwell`` from the click model and :data:`ZERO_RESULT_RATE` of the requests serve
             nothing (module docstring); off: the output is the same as before the option existed.
+        pre_period: Seconds of event time from ``start_ts`` before the experiment starts: requests served then
+            carry no ``experiment`` and ``arm`` (pre-experiment traffic, served by the first arm's ranker); the
+            units that come back later have a pre-period (CUPED's covariate). 0: none.
+        preference: With ``unit="user"``: the spread of each user's persistent click propensity (a user's chance
+            to click an examined item is ``1 - (1 - p) ** exp(preference * z)``, ``z ~ N(0, 1)`` drawn once per
+            user), so that a user's metrics before the experiment predict them during it. 0: none.
     """
 
     requests: int = 1000
@@ -224,6 +231,8 @@ class SimulationConfig:
     unit: str = "session"
     sessions_per_user: float = 4.0
     behaviour: bool = False
+    pre_period: float = 0.0
+    preference: float = 0.0
 
     def __post_init__(self) -> None:
         """Reject configurations the generator cannot honour.
@@ -277,6 +286,12 @@ class SimulationConfig:
             raise ValueError("interleaving and judgments need at least two arms")
         if self.endless and self.orphan_fraction > 0:
             raise ValueError("orphan_fraction needs a finite number of requests (orphan ids follow the last one)")
+        if not (self.pre_period >= 0 and math.isfinite(self.pre_period)):
+            raise ValueError("pre_period must be >= 0")
+        if not (self.preference >= 0 and math.isfinite(self.preference)):
+            raise ValueError("preference must be >= 0")
+        if self.preference > 0 and self.unit != "user":
+            raise ValueError("preference needs unit='user' (a preference belongs to a returning user)")
         if self.interleaving and INTERLEAVED_ARM in names:
             raise ValueError(f"arm name {INTERLEAVED_ARM!r} is reserved for interleaved requests")
 
@@ -461,6 +476,8 @@ class _Generator:
         self.users = 0
         self.session_user = 0
         self.user_arm: IntArray = np.empty(0, dtype=np.int64)
+        self.preferences = _rng(config, _STREAM_PREFERENCE)
+        self.user_propensity: FloatArray = np.empty(0, dtype=np.float64)  # exp(preference * z) per user
         self.orphans = 0
         self.pending_keys: FloatArray = np.empty(0, dtype=np.float64)
         self.pending: list[Event] = []
@@ -537,6 +554,9 @@ class _Generator:
         returning = np.floor(units.random(n_new) * before).astype(np.int64)
         user = np.where(new_user, seen - 1, returning)
         self.user_arm = np.concatenate([self.user_arm, drawn[new_user]]).astype(np.int64)
+        if self.config.preference > 0:
+            z = self.preferences.normal(0.0, 1.0, int(new_user.sum()))
+            self.user_propensity = np.concatenate([self.user_propensity, np.exp(self.config.preference * z)])
         self.users = int(seen[-1]) if n_new else self.users
         return user, self.user_arm[user]
 
@@ -586,6 +606,9 @@ class _Generator:
 
         grades_int = world.grades[queries].astype(np.int64)
         grades = grades_int.astype(np.float64)
+        before = serve_raw < cfg.start_ts + cfg.pre_period  # pre-experiment traffic: the first arm's ranker
+        if cfg.pre_period > 0:
+            arm_code = np.where(before, 0, arm_code)
         order, score = self._rank(grades, self.quality[arm_code])
         shown = np.ascontiguousarray(order[:, :width])
         shown_scores = np.take_along_axis(score, shown, axis=1)
@@ -615,6 +638,8 @@ class _Generator:
 
         # Clicks.
         p_click = self.click_p[shown_grades]
+        if cfg.preference > 0 and request_user is not None:
+            p_click = 1.0 - (1.0 - p_click) ** self.user_propensity[request_user][:, None]
         attracted = rng.random((m, width)) < p_click
         if cfg.click_model == "cascade":
             stops = attracted & (rng.random((m, width)) < CASCADE_STOP_AFTER_CLICK)
@@ -696,6 +721,7 @@ class _Generator:
         events: list[Event] = []
         arm_labels = [*self.arm_names, INTERLEAVED_ARM]
         unit_ids = None if request_user is None else [f"u{user}" for user in request_user.tolist()]
+        pre_rows = before.tolist() if cfg.pre_period > 0 else None
         for i, (rid, ts, lo, n, q, sess, code) in enumerate(
             zip(
                 request_ids,
@@ -719,6 +745,8 @@ class _Generator:
                 "experiment": experiment,
                 "arm": arm_labels[code],
             }
+            if pre_rows is not None and pre_rows[i]:
+                del event["experiment"], event["arm"]
             if unit_ids is not None:
                 event["unit_id"] = unit_ids[i]
             if code == n_arms:

@@ -74,7 +74,7 @@ GSB_KEYS = {"experiment", "treatment", "source", "good", "same", "bad", "score",
             "decision"}
 AB_KEYS = {"experiment", "control", "treatment", "metric", "delta", "ci_lower", "ci_upper", "n_control",
            "n_treatment", "units_control", "units_treatment", "cs_lower", "cs_upper", "p_value", "decision", "lift",
-           "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper", "guardrail"}
+           "lift_ci_lower", "lift_ci_upper", "lift_cs_lower", "lift_cs_upper", "guardrail", "cuped"}
 PER_REQUEST_KEYS = {"request_id", "experiment", "arm", "query_id", "session_id", "metrics"}
 
 

@@ -12,6 +12,7 @@ import pytest
 from support import AbstractTimeConfig as Config
 from support import approx
 
+from stream_eval.config import ExperimentSettings
 from stream_eval.engine import snapshot
 from stream_eval.engine import snapshot as sn
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -162,17 +163,20 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     assert overall.requests == expected.overall().requests
 
 
-def _short_horizons(requests: int, seed: int, behaviour: bool,
-                    look_every: float = 3600.0) -> tuple[Config, list[bytes]]:
+def _short_horizons(requests: int, seed: int, behaviour: bool, look_every: float = 3600.0,
+                    cuped: bool = False) -> tuple[Config, list[bytes]]:
     """A config of short horizons (many sessions and query buckets close) and simulated traffic with every kind of
     event, in three arms (A/B/n: control, then the treatments treatment and worse); with ``behaviour``, the
-    behaviour and session measures and traffic with dwell."""
+    behaviour and session measures and traffic with dwell; with ``cuped``, users with persistent preferences and a
+    pre-period of a third of the log, the experiment CUPED."""
+    experiments = (("exp1", ExperimentSettings(cuped=True)),) if cuped else ()
     config = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
-                    look_every=look_every, metrics=BEHAVIOUR if behaviour else ())
+                    look_every=look_every, metrics=BEHAVIOUR if behaviour else (), experiments=experiments)
+    users = {"unit": "user", "pre_period": requests / 50.0 / 3, "preference": 0.8} if cuped else {}
     sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
                            duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
                            shuffle_window=3.0, behaviour=behaviour,
-                           arms=(("control", 0.55), ("treatment", 0.7), ("worse", 0.4)))
+                           arms=(("control", 0.55), ("treatment", 0.7), ("worse", 0.4)), **users)
     return config, list(simulate_lines(sim))
 
 
@@ -278,13 +282,15 @@ class Stages:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stages", "moves"), [(2, ""), (3, "moves"), (5, "snapshots")])
+@pytest.mark.parametrize(("stages", "moves", "cuped"), [(2, "", False), (3, "moves", False), (5, "snapshots", False),
+                                                        (3, "", True), (4, "snapshots", True)])
 def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
-                                                                        moves: str) -> None:
+                                                                        moves: str, cuped: bool) -> None:
     """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
     the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
-    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then)."""
-    config, lines = _short_horizons(3000, 21, True, look_every=60.0)
+    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then).
+    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's."""
+    config, lines = _short_horizons(3000, 21, True, look_every=60.0, cuped=cuped)
     expected, _ = _replay(lines, tmp_path, config)
     sent, _ = _route(lines)
     host = Engine(config)
@@ -312,6 +318,9 @@ def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path
     assert {(row["treatment"], row["source"]) for row in expected.gsb_rows()} >= {
         ("treatment", "metric"), ("worse", "metric"), (None, "judgment")}
     assert merged.overflow() == expected.overflow()
+    if cuped:  # (the pre-period predicts: the variance falls, so the covariates reached the rows)
+        assert all(row["cuped"] for row in expected.ab())
+        assert max(row["variance_reduction"] for row in expected.ab() if row["metric"] == "MRR") > 0.05
     shards = [set(shard for e in engine.ledger.experiments.values() for shard in e) for engine in log.engines]
     assert all(shards) and not set.intersection(*shards)  # no partition holds all units
 

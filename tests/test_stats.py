@@ -9,6 +9,7 @@ quantile of Binomial(experiments, alpha), so that a valid test fails this check 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -18,13 +19,35 @@ import pytest
 import scipy.integrate
 import scipy.stats
 from gbstats.frequentist.tests import SequentialConfig, SequentialTwoSidedTTest, TwoSidedTTest
-from gbstats.models.statistics import RatioStatistic, SampleMeanStatistic
+from gbstats.models.statistics import (
+    RatioStatistic,
+    RegressionAdjustedStatistic,
+    SampleMeanStatistic,
+    TestStatistic,
+    compute_theta,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from stream_eval.stats import ArmSums, Floats, chi2_sf, compare, decide, ratio_mean_variance, sign_test, srm_test
-from stream_eval.stats.sequential import beta_binomial_log_bf, dirichlet_multinomial_log_bf, mixture_rho
+from stream_eval.stats import (
+    ArmSums,
+    Floats,
+    PreSums,
+    adjusted,
+    chi2_sf,
+    compare,
+    decide,
+    ratio_mean_variance,
+    sign_test,
+    srm_test,
+)
+from stream_eval.stats.sequential import (
+    beta_binomial_log_bf,
+    dirichlet_multinomial_log_bf,
+    mixture_rho,
+    normal_mixture_halfwidth,
+)
 
 
 def at_most_alpha(false_alarms: int, experiments: int, alpha: float) -> bool:
@@ -118,20 +141,23 @@ def test_ratio_comparison_matches_gbstats(seed: int) -> None:
         confidence=confidence,
         sequential_n=sequential_n,
     )
-    sequential = _against_gbstats("absolute", (y_c, n_c), (y_t, n_t), confidence, sequential_n,
+    sequential = _against_gbstats("absolute", lambda: gbstats_ratio(y_c, n_c), lambda: gbstats_ratio(y_t, n_t),
+                                  confidence, sequential_n,
                                   (ours.ci_lower, ours.delta, ours.ci_upper, ours.cs_lower, ours.cs_upper))
     assert_close(float(ours.p_value[0]), sequential.p_value)
     assert sequential.p_value < 1.0  # not merely both capped at 1
 
 
-def _against_gbstats(kind: str, control: tuple[Floats, Floats], treatment: tuple[Floats, Floats], confidence: float,
-                     sequential_n: float, ours: tuple[Floats, ...]) -> SequentialTwoSidedTTest:
+def _against_gbstats(kind: str, control: Callable[[], TestStatistic], treatment: Callable[[], TestStatistic],
+                     confidence: float, sequential_n: float, ours: tuple[Floats, ...]) -> SequentialTwoSidedTTest:
     """Our (fixed lower, estimate, fixed upper, sequence lower, upper) against gbstats' ``kind`` ("absolute" or
-    "relative") sequential and fixed two-sided tests; its fixed interval uses the Student t quantile with Welch's
-    degrees of freedom where ours uses the normal one: the half-widths are compared after rescaling."""
+    "relative") sequential and fixed two-sided tests of the statistics ``control()`` and ``treatment()`` build
+    (afresh for each test: gbstats sets a regression-adjusted statistic's theta on it); its fixed interval uses the
+    Student t quantile with Welch's degrees of freedom where ours uses the normal one: the half-widths are compared
+    after rescaling."""
     config = SequentialConfig(difference_type=kind, alpha=1 - confidence, sequential_tuning_parameter=sequential_n)
-    sequential = SequentialTwoSidedTTest(gbstats_ratio(*control), gbstats_ratio(*treatment), config)
-    fixed = TwoSidedTTest(gbstats_ratio(*control), gbstats_ratio(*treatment), config)
+    sequential = SequentialTwoSidedTTest(control(), treatment(), config)
+    fixed = TwoSidedTTest(control(), treatment(), config)
     ci_lower, estimate, ci_upper, cs_lower, cs_upper = (float(v[0]) for v in ours)
     assert_close(estimate, sequential.point_estimate)
     cs = sequential.confidence_interval
@@ -155,7 +181,8 @@ def test_relative_lift_matches_gbstats(seed: int) -> None:
     y_t, n_t = ratio_arm(rng, int(rng.integers(100, 600)), [0.45, 0.5, 0.4][seed % 3])
     ours = compare(ArmSums.of_units(y_c[:, None], n_c[:, None]), ArmSums.of_units(y_t[:, None], n_t[:, None]),
                    confidence=confidence, sequential_n=sequential_n)
-    _against_gbstats("relative", (y_c, n_c), (y_t, n_t), confidence, sequential_n,
+    _against_gbstats("relative", lambda: gbstats_ratio(y_c, n_c), lambda: gbstats_ratio(y_t, n_t), confidence,
+                     sequential_n,
                      (ours.lift_ci_lower, ours.lift, ours.lift_ci_upper, ours.lift_cs_lower, ours.lift_cs_upper))
     # the lift is the delta over the control's mean, and undefined (NaN) when that mean is 0
     mean_c = y_c.sum() / n_c.sum()
@@ -481,3 +508,178 @@ def test_decide() -> None:
     assert decide(-0.1, 0.1) == "inconclusive"
     assert decide(0.0, 0.1) == "inconclusive"
     assert decide(math.nan, math.nan) == "inconclusive"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUPED (stats/cuped.py): oracle gbstats' RegressionAdjustedStatistic where it has the quantity (one request per
+# unit in both periods), and GrowthBook's matrix form of the ratio derivation elsewhere.
+
+
+def correlated_units(rng: np.random.Generator, units: int, mean: float, rho: float) -> tuple[Floats, Floats]:
+    """Per-unit (post, pre) values with correlation ``rho`` around ``mean`` (sd 1)."""
+    pre = rng.normal(0.0, 1.0, units)
+    post = rho * pre + math.sqrt(1 - rho * rho) * rng.normal(0.0, 1.0, units)
+    return mean + post, mean + pre
+
+
+def gbstats_adjusted(post: Floats, pre: Floats) -> RegressionAdjustedStatistic:
+    units = len(post)
+    return RegressionAdjustedStatistic(
+        n=units,
+        post_statistic=SampleMeanStatistic(n=units, sum=float(post.sum()), sum_squares=float((post**2).sum())),
+        pre_statistic=SampleMeanStatistic(n=units, sum=float(pre.sum()), sum_squares=float((pre**2).sum())),
+        post_pre_sum_of_products=float((post * pre).sum()),
+        theta=0,
+    )
+
+
+def one_per_unit(post: Floats, pre: Floats) -> ArmSums:
+    ones = np.ones((len(post), 1))
+    return ArmSums.of_units(post[:, None], ones, pre[:, None], ones)
+
+
+@pytest.mark.parametrize(("seed", "kind"), [(s, k) for s in range(4) for k in ("absolute", "relative")])
+def test_cuped_matches_gbstats_regression_adjusted_statistic(seed: int, kind: str) -> None:
+    """With one request per unit in both periods the ratio metric is a mean and our CUPED is gbstats': theta
+    (``compute_theta``, pooled over both arms), each arm's adjusted mean and variance, and the sequential and
+    fixed tests on the adjusted statistics, absolute and relative, to 1e-9."""
+    rng = np.random.default_rng(300 + seed)
+    confidence = [0.95, 0.9, 0.99, 0.95][seed]
+    sequential_n = [10_000.0, 500.0, 2_000.0, 800.0][seed]
+    post_c, pre_c = correlated_units(rng, int(rng.integers(150, 600)), 2.0, [0.5, 0.3, 0.8, -0.4][seed])
+    post_t, pre_t = correlated_units(rng, int(rng.integers(150, 600)), 2.1, [0.5, 0.3, 0.8, -0.4][seed])
+    control, treatment = one_per_unit(post_c, pre_c), one_per_unit(post_t, pre_t)
+    ours = compare(control, treatment, confidence=confidence, sequential_n=sequential_n, cuped=True)
+    theta = compute_theta(gbstats_adjusted(post_c, pre_c), gbstats_adjusted(post_t, pre_t))
+    assert theta != 0.0
+    assert_close(float(ours.theta[0]), theta)
+    adj = adjusted(control, treatment)
+    for arm, (post, pre) in ((0, (post_c, pre_c)), (1, (post_t, pre_t))):
+        stat = gbstats_adjusted(post, pre)
+        stat.theta = theta
+        assert_close(float((adj.mean_control, adj.mean_treatment)[arm][0]), stat.mean)
+        assert_close(float((adj.var_control, adj.var_treatment)[arm][0]), stat.variance / stat.n)
+    fields = ((ours.ci_lower, ours.delta, ours.ci_upper, ours.cs_lower, ours.cs_upper) if kind == "absolute" else
+              (ours.lift_ci_lower, ours.lift, ours.lift_ci_upper, ours.lift_cs_lower, ours.lift_cs_upper))
+    sequential = _against_gbstats(kind, lambda: gbstats_adjusted(post_c, pre_c),
+                                  lambda: gbstats_adjusted(post_t, pre_t), confidence, sequential_n, fields)
+    if kind == "absolute":
+        assert_close(float(ours.p_value[0]), sequential.p_value)
+    plain = compare(control, treatment, confidence=confidence, sequential_n=sequential_n)
+    reduction = 1 - (ours.cs_upper - ours.cs_lower) ** 2 / (plain.cs_upper - plain.cs_lower) ** 2
+    assert_close(float(ours.variance_reduction[0]), float(reduction[0]))
+
+
+Unit4 = tuple[Floats, Floats, Floats, Floats]
+
+
+def growthbook_ratio_cuped(arms: list[Unit4]) -> tuple[float, list[tuple[float, float]]]:
+    """GrowthBook's derivation for ratio metrics as its matrix form (gbstats' ``RegressionAdjustedRatioStatistic``):
+    per arm the 4 x 4 sample covariance ``Lambda`` of the per-unit (y, n, x, q), the means ``beta`` and the gradient
+    ``nabla`` of ``y/n - theta x/q``; the variance of the adjusted mean is ``nabla' Lambda nabla / units``. theta is
+    ``-cov / var_pre`` of the gradient at theta = 1 (as GrowthBook's ``compute_theta_regression_adjusted_ratio``),
+    here of the arms' units pooled into one sample. Returns theta and per arm (adjusted mean, its variance)."""
+
+    def parts(units: npt.NDArray[np.float64], theta: float) -> tuple[npt.NDArray[np.float64], ...]:
+        beta = units.mean(axis=0)
+        lam = np.cov(units, rowvar=False, ddof=1)
+        nabla = np.array([1 / beta[1], -beta[0] / beta[1] ** 2, -theta / beta[3], theta * beta[2] / beta[3] ** 2])
+        return beta, lam, nabla
+
+    pooled = np.vstack([np.column_stack(arm) for arm in arms])
+    _, lam, nabla = parts(pooled, 1.0)
+    theta = float(-(nabla[2:] @ lam[2:, :2] @ nabla[:2]) / (nabla[2:] @ lam[2:, 2:] @ nabla[2:]))
+    out = []
+    for arm in arms:
+        units = np.column_stack(arm)
+        beta, lam, nabla = parts(units, theta)
+        out.append((float(beta[0] / beta[1] - theta * beta[2] / beta[3]), float(nabla @ lam @ nabla / len(units))))
+    return theta, out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cuped_for_ratio_metrics_follows_growthbooks_derivation(seed: int) -> None:
+    """Units with several requests in each period, a quarter without pre-period data (x = q = 0): theta, the
+    adjusted means and their variances from our sums equal GrowthBook's matrix form to 1e-9; the rows' delta is
+    the difference of the adjusted means and the sequence is built on the sum of the adjusted variances."""
+    rng = np.random.default_rng(400 + seed)
+    arms = []
+    for p in (0.45, 0.48):
+        y, n = ratio_arm(rng, int(rng.integers(200, 500)), p)
+        q = rng.poisson(4.0, len(y)) * (rng.random(len(y)) > 0.25)  # a quarter (and q = 0 draws) without
+        x = np.where(q > 0, q * (0.6 * y / n + 0.4 * rng.beta(4, 5, len(y))), 0.0)
+        arms.append((y, n, x, q.astype(float)))
+    theta, reference = growthbook_ratio_cuped(arms)
+    control, treatment = (ArmSums.of_units(*(v[:, None] for v in arm)) for arm in arms)
+    adj = adjusted(control, treatment)
+    assert 0.1 < theta and adj.pre_delta.shape == (1,)
+    assert_close(float(adj.theta[0]), theta)
+    assert_close(float(adj.mean_control[0]), reference[0][0])
+    assert_close(float(adj.mean_treatment[0]), reference[1][0])
+    assert_close(float(adj.var_control[0]), reference[0][1])
+    assert_close(float(adj.var_treatment[0]), reference[1][1])
+    ours = compare(control, treatment, sequential_n=1000.0, cuped=True)
+    assert_close(float(ours.delta[0]), reference[1][0] - reference[0][0])
+    half = normal_mixture_halfwidth(reference[0][1] + reference[1][1], len(arms[0][0]) + len(arms[1][0]), 0.05,
+                                    mixture_rho(0.05, 1000.0))
+    assert_close(float(ours.cs_upper[0] - ours.delta[0]), float(half))
+    assert float(ours.variance_reduction[0]) > 0.05
+
+
+def test_cuped_sums_merge_and_fall_back_without_pre_period_data() -> None:
+    """Pre-period sums merge by + like the others; with no pre-period data in an arm theta is 0 and every number
+    is the unadjusted one; with pre-period data unrelated to the metric the reduction is about 0."""
+    rng = np.random.default_rng(7)
+    y, n = ratio_arm(rng, 300, 0.45)
+    x, q = rng.random(300) * 3, rng.poisson(2.0, 300).astype(float)
+    whole = ArmSums.of_units(y[:, None], n[:, None], x[:, None], q[:, None])
+    parts = [ArmSums.of_units(y[s, None], n[s, None], x[s, None], q[s, None])
+             for s in (slice(0, 100), slice(100, None))]
+    merged = parts[0] + parts[1]
+    assert merged.pre is not None and whole.pre is not None
+    for a, b in zip(merged.pre._values(), whole.pre._values(), strict=True):
+        assert_close(float(a[0]), float(b[0]))
+    y_t, n_t = ratio_arm(rng, 300, 0.47)
+    bare = ArmSums.of_units(y_t[:, None], n_t[:, None])
+    plain = compare(whole, bare)
+    cuped = compare(whole, bare, cuped=True)
+    assert float(cuped.theta[0]) == 0.0 and float(cuped.variance_reduction[0]) == 0.0
+    for name in ("delta", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower"):
+        assert getattr(cuped, name)[0] == getattr(plain, name)[0], name
+    x_t, q_t = rng.random(300) * 3, rng.poisson(2.0, 300).astype(float)
+    noise = compare(whole, ArmSums.of_units(y_t[:, None], n_t[:, None], x_t[:, None], q_t[:, None]), cuped=True)
+    assert abs(float(noise.variance_reduction[0])) < 0.03
+    assert math.isnan(float(plain.variance_reduction[0]))
+
+
+def test_cuped_confidence_sequence_false_alarms_and_variance_reduction() -> None:
+    """A/A experiments of units whose pre-period value predicts the post-period one, looked at every 25 units: the
+    CUPED sequence's false alarms stay at most alpha, and the variance falls by the squared correlation of the
+    units' linearised post- and pre-period values; the pre-period imbalance check, a true null too, rarely fires."""
+    rng = np.random.default_rng(2026)
+    experiments, units, step = 300, 1000, 25
+    n = 1.0 + rng.poisson(3.0, (experiments, units))
+    preference = rng.normal(0.0, 1.0, (experiments, units))
+    q = rng.poisson(3.0, (experiments, units)).astype(float)
+    y = n * (0.5 + 0.1 * preference) + 0.1 * np.sqrt(n) * rng.normal(0.0, 1.0, (experiments, units)) * 1.5
+    x = q * (0.5 + 0.1 * preference) + 0.1 * np.sqrt(q) * rng.normal(0.0, 1.0, (experiments, units)) * 1.5
+    treated = rng.random((experiments, units)) < 0.5
+
+    def arm(mask: npt.NDArray[np.bool_]) -> ArmSums:
+        def running(v: Floats) -> Floats:
+            return np.cumsum(np.where(mask, v, 0.0), axis=1)[:, step - 1 :: step]
+
+        base = ArmSums(running(np.ones_like(y)), running(y), running(n), running(y * y), running(n * n),
+                       running(y * n))
+        return base.with_pre(PreSums(running((q > 0).astype(float)), running(x), running(q), running(x * x),
+                                     running(q * q), running(x * q), running(y * x), running(y * q), running(n * x),
+                                     running(n * q)))
+
+    c = compare(arm(~treated), arm(treated), sequential_n=500.0, cuped=True)
+    assert at_most_alpha(ever((c.cs_lower > 0) | (c.cs_upper < 0)), experiments, 0.05)
+    assert at_most_alpha(ever(c.pre_p_value < 0.05), experiments, 0.05)
+    e = y - n * (y.sum(axis=1) / n.sum(axis=1))[:, None]
+    f = x - q * (x.sum(axis=1) / q.sum(axis=1))[:, None]
+    rho2 = [np.corrcoef(e[k], f[k])[0, 1] ** 2 for k in range(experiments)]
+    assert float(np.median(rho2)) > 0.2
+    assert float(np.median(c.variance_reduction[:, -1])) == pytest.approx(float(np.median(rho2)), abs=0.02)

@@ -37,6 +37,7 @@ counted (``UnitLedger.overflow``); so the bound, too, is the same whatever the n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -47,11 +48,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream_eval.config import ArmPair, Arms, Config
-from stream_eval.engine.compiled import unit_rows, unit_slots
+from stream_eval.config import ArmPair, Arms, Config, ConfigError
+from stream_eval.engine.compiled import unit_history, unit_rows, unit_slots
 from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.specs import lower_is_better
-from stream_eval.stats import ArmSums, Comparison, compare, decide, e_bh, srm_test
+from stream_eval.stats import ArmSums, Comparison, PreSums, compare, decide, e_bh, srm_test
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -103,11 +104,13 @@ class _Running:
     cs_upper: Floats
     lift_cs_lower: Floats | None = None  # (None: as wide as can be, in a merger state written before lift)
     lift_cs_upper: Floats | None = None
+    pre_p_value: Floats | None = None  # CUPED's pre-period imbalance check (None: 1, in a state written before)
 
     def to_json(self) -> list[Any]:
+        cuped = () if self.pre_p_value is None else (self.pre_p_value,)  # (as before CUPED without it)
         return [[self.pair.control, self.pair.treatment], self.p_value.tolist(), self.cs_lower.tolist(),
-                self.cs_upper.tolist(), None if self.lift_cs_lower is None else self.lift_cs_lower.tolist(),
-                None if self.lift_cs_upper is None else self.lift_cs_upper.tolist()]
+                self.cs_upper.tolist(), *(None if v is None else v.tolist()
+                                          for v in (self.lift_cs_lower, self.lift_cs_upper, *cuped))]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> _Running:
@@ -176,18 +179,25 @@ class _Experiment:
     version: int = 0
     limit: int = 2**62  # units kept (``max_units``); a new unit beyond it is not tracked
     overflow: int = 0  # contributions of units beyond ``limit``, left out
+    # CUPED (``pre``): per row the unit's pre-period sums and counts, set when it entered (UnitLedger._covariates)
+    pre: bool = False
+    x: Floats = field(default_factory=lambda: np.zeros((0, 0)))
+    q: Floats = field(default_factory=lambda: np.zeros((0, 0)))
 
     def __post_init__(self) -> None:
         self.y = np.zeros((0, self.width))
         self.n = np.zeros((0, self.width))
+        self.x = np.zeros((0, self.width))
+        self.q = np.zeros((0, self.width))
 
     def holds(self, unit: str) -> bool:
         """Whether ``unit`` is one of the units kept."""
         return bool(np.isin(unit_hashes([unit]), self.unit_key[: self.size])[0])
 
-    def rows_of(self, units: Sequence[str], arms: Sequence[str]) -> Ints:
+    def rows_of(self, units: Sequence[str], arms: Sequence[str]) -> tuple[Ints, npt.NDArray[np.bool_]]:
         """Each contribution's unit row, -1 for a conflict (a unit seen before in another arm) or a unit beyond
-        ``limit`` (not tracked: counted in ``overflow``, its arm not seen)."""
+        ``limit`` (not tracked: counted in ``overflow``, its arm not seen); and whether its unit is tracked (a
+        conflict's is)."""
         count = len(units)
         arm_code, known = self.arm_code, len(self.arms)
         new: dict[str, int] = {}  # arms not seen before, in order: kept if a unit kept comes with them
@@ -214,7 +224,7 @@ class _Experiment:
                     remap[code] = arm_code[arm] = len(self.arms)
                     self.arms.append(arm)
             self.unit_arm[before : self.size] = remap[self.unit_arm[before : self.size]]
-        return rows
+        return rows, used
 
     def _grow(self, size: int) -> None:
         """Room for ``size`` units: rows grown by an eighth (little slack per unit), the table kept at most half
@@ -229,6 +239,10 @@ class _Experiment:
             unit_key[:old], unit_arm[:old], conflicted[:old] = self.unit_key, self.unit_arm, self.conflicted
             y[:old], n[:old] = self.y, self.n
             self.unit_key, self.unit_arm, self.conflicted, self.y, self.n = unit_key, unit_arm, conflicted, y, n
+            if self.pre:
+                x, q = np.zeros((capacity, self.width)), np.zeros((capacity, self.width))
+                x[: self.x.shape[0]], q[: self.q.shape[0]] = self.x, self.q
+                self.x, self.q = x, q
         slots = self.slots.shape[0]
         while 2 * size > slots:
             slots *= 2
@@ -241,6 +255,9 @@ class _Experiment:
         if code is None:
             return ArmSums.zeros(self.width)
         mine = self.unit_arm[:size] == code
+        if self.pre:
+            return ArmSums.of_units(self.y[:size][mine], self.n[:size][mine], self.x[:size][mine],
+                                    self.q[:size][mine])
         return ArmSums.of_units(self.y[:size][mine], self.n[:size][mine])
 
     def look(self, name: str, shard: int) -> ShardLook:
@@ -252,6 +269,136 @@ class _Experiment:
     def units_per_arm(self) -> dict[str, int]:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
         return {arm: int(counts[code]) for code, arm in enumerate(self.arms)}
+
+
+#: Seconds of a day: CUPED's pre-period is kept per unit in buckets of a day of event time (of contribution keys).
+DAY = 86400.0
+
+
+def lookback_days(lookback: float) -> int:
+    """Whole days of buckets before the day of a unit's entry that its pre-period spans (``cuped_lookback``, rounded
+    up).
+
+    >>> lookback_days(14 * 86400.0), lookback_days(3600.0)
+    (14, 1)
+    """
+    return max(1, math.ceil(lookback / DAY - 1e-9))
+
+
+@dataclass
+class UnitHistory:
+    """One shard's units' recent contributions, summed per day of their key, for CUPED's pre-period.
+
+    Every contribution of a unit tracked in some experiment of the shard (whatever the experiment) adds to its
+    bucket of the day; when the unit enters a CUPED experiment, the buckets of the ``cuped_lookback`` days before
+    that day and of that day so far are its covariate (:func:`~stream_eval.engine.compiled.unit_history`). A ring of
+    ``buckets`` days per unit (the longest lookback + 1); units idle for longer are dropped when room is needed
+    (they can be in no window again, so when that happens changes no number). ``16 * buckets * width`` bytes a
+    unit: 2.4 KB with 14 days and 10 metric columns."""
+
+    width: int
+    buckets: int
+    slots: npt.NDArray[np.int32] = field(default_factory=lambda: np.full(64, -1, dtype=np.int32))
+    unit_key: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    day_tag: Ints = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    y: Floats = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    n: Floats = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    last_day: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.y.shape[1:] != (self.buckets, self.width):
+            self.day_tag = np.zeros((0, self.buckets), dtype=np.int64)
+            self.y = np.zeros((0, self.buckets, self.width))
+            self.n = np.zeros((0, self.buckets, self.width))
+
+    def apply(self, hashes: npt.NDArray[np.uint64], days: Ints, y: Floats, n: Floats, lookbacks: Ints,
+              entries: Ints, count: int) -> tuple[Floats, Floats]:
+        """Contributions in order (``entries[k]``: the index of the entry contribution ``k`` is, -1 none; ``count``
+        entries): the entries' pre-period sums and counts."""
+        out_x, out_q = np.zeros((count, self.width)), np.zeros((count, self.width))
+        done, total = 0, len(hashes)
+        while done < total:
+            stop, self.size = unit_history(hashes[done:], days[done:], y[done:], n[done:], lookbacks[done:],
+                                           entries[done:], self.slots, self.unit_key, self.day_tag, self.y, self.n,
+                                           self.last_day, self.size, out_x, out_q)
+            done += stop
+            if done < total:
+                self._make_room(int(days[done]))
+        return out_x, out_q
+
+    def _make_room(self, today: int) -> None:
+        """Room for one more unit: the units idle since before every window are dropped when they are half or more,
+        else the rows grow by an eighth when full; the table is kept at most half full."""
+        size = self.size
+        live = self.last_day[:size] >= today - (self.buckets - 1)
+        kept = int(live.sum())
+        if 2 * kept <= size:
+            self._rows(np.flatnonzero(live), max(kept + kept // 8 + 1, 64))
+        elif size + 1 > self.unit_key.shape[0]:
+            old = self.unit_key.shape[0]
+            self._rows(np.arange(size), max(size + 1, old + old // 8, 64))
+        slots = 64
+        while 2 * (self.size + 1) > slots:
+            slots *= 2
+        self.slots = unit_slots(self.unit_key, self.size, max(slots, self.slots.shape[0] if kept == size else 64))
+
+    def _rows(self, keep: Ints, capacity: int) -> None:
+        """The rows ``keep`` (in order) in arrays of ``capacity`` rows."""
+        size = len(keep)
+        unit_key = np.zeros(capacity, dtype=np.uint64)
+        day_tag = np.full((capacity, self.buckets), -1, dtype=np.int64)
+        y, n = np.zeros((capacity, self.buckets, self.width)), np.zeros((capacity, self.buckets, self.width))
+        last_day = np.zeros(capacity, dtype=np.int64)
+        unit_key[:size], day_tag[:size], y[:size], n[:size], last_day[:size] = (
+            self.unit_key[keep], self.day_tag[keep], self.y[keep], self.n[keep], self.last_day[keep])
+        self.unit_key, self.day_tag, self.y, self.n, self.last_day, self.size = unit_key, day_tag, y, n, last_day, size
+
+
+class CovariateTable:
+    """Pre-period values a warehouse exports, for lookbacks longer than the stream keeps: a Parquet file with the
+    columns ``unit`` (str), ``metric`` (an A/B row's metric name) and ``value`` (the unit's pre-period value of
+    it). A unit's value counts as one pre-period observation (``q = 1``); a unit or metric not in the file has no
+    pre-period data."""
+
+    def __init__(self, path: str, names: Sequence[str]) -> None:
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path, columns=["unit", "metric", "value"])
+        except (OSError, ValueError, KeyError) as exc:  # (pyarrow's errors derive from these)
+            raise ConfigError(f"cuped_table {path}: {exc}") from None
+        units = [str(u) for u in table.column("unit").to_pylist()]
+        metrics = [str(m) for m in table.column("metric").to_pylist()]
+        values = np.asarray(table.column("value").to_numpy(zero_copy_only=False), dtype=np.float64)
+        columns = {name: j for j, name in enumerate(names)}
+        unknown = sorted(set(metrics) - columns.keys())
+        if unknown:
+            raise ConfigError(f"cuped_table {path}: {', '.join(unknown)} is not a metric of the A/B rows (one of "
+                              f"{', '.join(names)})")
+        if not np.isfinite(values).all():
+            raise ConfigError(f"cuped_table {path}: every value must be a finite number")
+        hashes = unit_hashes(units)
+        self.keys, rows = np.unique(hashes, return_inverse=True)
+        cols = np.array([columns[m] for m in metrics], dtype=np.int64)
+        if len(np.unique(rows * len(names) + cols)) < len(rows):
+            raise ConfigError(f"cuped_table {path}: a unit has two values for one metric")
+        self.x = np.zeros((len(self.keys), len(names)))
+        self.q = np.zeros((len(self.keys), len(names)))
+        self.x[rows, cols] = values
+        self.q[rows, cols] = 1.0
+
+    def lookup(self, units: Sequence[str]) -> tuple[Floats, Floats]:
+        """The pre-period sums and counts of ``units`` (zeros for a unit not in the table)."""
+        hashes = unit_hashes(units)
+        at = np.minimum(np.searchsorted(self.keys, hashes), max(len(self.keys) - 1, 0))
+        found = (self.keys[at] == hashes) if len(self.keys) else np.zeros(len(units), dtype=np.bool_)
+        return np.where(found[:, None], self.x[at], 0.0), np.where(found[:, None], self.q[at], 0.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _covariate_table(path: str, names: tuple[str, ...]) -> CovariateTable:
+    return CovariateTable(path, names)
 
 
 class _Pending:
@@ -306,6 +453,11 @@ class AbRow:
     margin_relative: bool = False
     non_inferior: bool = False  # the confidence sequence lies wholly on the good side of ``margin``
     breached: bool = False  # ... wholly on the bad side of it
+    cuped: bool = False  # regression-adjusted on the units' pre-period values: the fields below say how
+    variance_reduction: float = math.nan  # 1 - adjusted variance of the delta / unadjusted variance
+    theta: float = math.nan
+    pre_delta: float = math.nan  # treatment - control of the pre-period means
+    pre_p_value: float = math.nan  # always-valid p-value of pre_delta == 0 (running minimum): the imbalance check
 
 
 @dataclass(frozen=True)
@@ -330,6 +482,8 @@ class SrmRow:
     p_value: float
     sequential_p_value: float
     mismatch: bool
+    cuped: bool = False  # the experiment is CUPED: the pre-period imbalance check below ran
+    pre_imbalance: list[str] = field(default_factory=list)  # metrics whose pre-period means differ (p < srm_alpha)
 
 
 @dataclass
@@ -347,15 +501,21 @@ class ShardLook:
     overflow: int
 
     def to_json(self) -> list[Any]:
-        """JSON-ready (floats as JSON numbers: read back bit for bit)."""
-        return [self.experiment, self.shard, self.arms, [[v.tolist() for v in s._values()] for s in self.sums],
+        """JSON-ready (floats as JSON numbers: read back bit for bit). An arm's sums are its six post-period
+        arrays, followed by the ten of its pre-period covariate when it has them (CUPED)."""
+        return [self.experiment, self.shard, self.arms,
+                [[v.tolist() for v in (*s._values(), *(() if s.pre is None else s.pre._values()))] for s in self.sums],
                 self.units, self.conflicts, self.overflow]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> ShardLook:
         experiment, shard, arms, sums, units, conflicts, overflow = data
-        return cls(str(experiment), int(shard), [str(a) for a in arms],
-                   [ArmSums(*(np.array(v, dtype=np.float64) for v in arm)) for arm in sums],
+
+        def arm_sums(values: list[list[float]]) -> ArmSums:
+            arrays = [np.array(v, dtype=np.float64) for v in values]
+            return ArmSums.from_values(arrays[:6], PreSums(*arrays[6:]) if len(arrays) > 6 else None)
+
+        return cls(str(experiment), int(shard), [str(a) for a in arms], [arm_sums(arm) for arm in sums],
                    [int(u) for u in units], int(conflicts), int(overflow))
 
 
@@ -454,8 +614,9 @@ class LookMerger:
             return None
         zeros = ArmSums.zeros(self.width)
         control = sums.get(arms.control, zeros)
+        cuped = self.config.settings_of(name).cuped
         comparisons = [compare(control, sums.get(treatment, zeros), confidence=self.config.confidence,
-                               sequential_n=self.config.sequential_n) for treatment in arms.treatments]
+                               sequential_n=self.config.sequential_n, cuped=cuped) for treatment in arms.treatments]
         expected = self.config.split_for(name, set(units))
         counts = [float(units.get(arm, 0)) for arm in expected]
         test = srm_test(counts, list(expected.values()))
@@ -476,10 +637,14 @@ class LookMerger:
                 was = _Running(pair, np.ones(width), np.full(width, -math.inf), np.full(width, math.inf))
             lift_lower = np.full(width, -math.inf) if was.lift_cs_lower is None else was.lift_cs_lower
             lift_upper = np.full(width, math.inf) if was.lift_cs_upper is None else was.lift_cs_upper
+            pre_p = None
+            if self.config.settings_of(name).cuped:
+                pre_p = np.fmin(np.ones(width) if was.pre_p_value is None else was.pre_p_value,
+                                comparison.pre_p_value)
             pairs[pair.treatment] = _Running(
                 pair, np.fmin(was.p_value, comparison.p_value), np.fmax(was.cs_lower, comparison.cs_lower),
                 np.fmin(was.cs_upper, comparison.cs_upper), np.fmax(lift_lower, comparison.lift_cs_lower),
-                np.fmin(lift_upper, comparison.lift_cs_upper))
+                np.fmin(lift_upper, comparison.lift_cs_upper), pre_p)
         srm_arms = tuple(now.srm.expected)
         srm_before = 1.0
         if before is not None and before.srm_arms in (None, srm_arms):
@@ -511,15 +676,18 @@ class LookMerger:
         for name in sorted(now_of):
             now = now_of[name]
             running = running_of[name]
+            cuped = self.config.settings_of(name).cuped
             rows: list[AbRow] = []
             log_e: list[float] = []
             for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True):
-                rows.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns))
+                rows.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns, cuped))
                 log_e.extend(float(comparison.log_e_value[j]) for j, _ in columns)
             ab.extend(_decided(rows, log_e, self.config))
             srm = now.srm
+            imbalanced = sorted({row.metric for row in rows if row.pre_p_value < self.config.srm_alpha})
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
-                                   running.srm_p_value, running.srm_p_value < self.config.srm_alpha))
+                                   running.srm_p_value, running.srm_p_value < self.config.srm_alpha,
+                                   cuped, imbalanced))
         return ab, srm_rows
 
     def state_to_json(self) -> dict[str, Any]:
@@ -572,6 +740,13 @@ class UnitLedger:
         self._live_changed: set[tuple[str, int]] = set()  # ... since the last live report (live_looks)
         # The regroup stage rebuilding from a snapshot: records the snapshot holds change nothing here.
         self.frozen = False
+        # CUPED: each CUPED experiment's lookback in days, its warehouse table if any; the units' recent
+        # contributions per shard (kept only when some experiment is CUPED)
+        self.cuped = {name: (lookback_days(settings.cuped_lookback),
+                             _covariate_table(settings.cuped_table, tuple(self.names)) if settings.cuped_table
+                             else None) for name, settings in config.experiments if settings.cuped}
+        self.buckets = max((days for days, table in self.cuped.values() if table is None), default=-1) + 1
+        self.history: dict[int, UnitHistory] = {}
 
     @property
     def on_look(self) -> LookListener | None:
@@ -669,12 +844,26 @@ class UnitLedger:
             return
         shards = shards_of(ready.units[start:end])
         names = ready.experiments[start:end]
+        count = end - start
+        tracked = np.zeros(count, dtype=np.bool_)  # (CUPED) the contribution's unit is tracked in its experiment
+        entry_of = np.full(count, -1, dtype=np.int64)  # (CUPED) which entry into a CUPED experiment it is
+        entered: list[tuple[_Experiment, int, str]] = []  # ... each entry's experiment, its unit row, its name
         for name, shard in sorted(set(zip(names, shards.tolist(), strict=True))):
             picked = [start + k for k in np.flatnonzero(shards == shard).tolist() if names[k] == name]
             experiment = self.experiments.setdefault(name, {}).get(shard)
             if experiment is None:
-                experiment = self.experiments[name][shard] = _Experiment(self.width, limit=_shard_limit(self.config))
-            rows = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
+                experiment = self.experiments[name][shard] = _Experiment(self.width, limit=_shard_limit(self.config),
+                                                                         pre=name in self.cuped)
+            before = experiment.size
+            rows, used = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
+            if experiment.pre or self.buckets > 0:
+                local = np.array(picked, dtype=np.int64) - start
+                tracked[local] = used
+                if experiment.pre:  # a unit's first contribution with a new row: its entry
+                    new_rows, first = np.unique(rows[rows >= before], return_index=True)
+                    for row, k in zip(new_rows.tolist(), local[rows >= before][first].tolist(), strict=True):
+                        entry_of[k] = len(entered)
+                        entered.append((experiment, row, name))
             keep = rows >= 0
             index = np.array(picked, dtype=np.int64)[keep]
             np.add.at(experiment.y, rows[keep], ready.y[index])
@@ -682,6 +871,44 @@ class UnitLedger:
             experiment.version += 1
             self._changed.add((name, shard))
             self._live_changed.add((name, shard))
+        if entered or (self.buckets > 0 and tracked.any()):
+            self._covariates(ready, start, shards, tracked, entry_of, entered)
+
+    def _covariates(self, ready: _Pending, start: int, shards: Ints, tracked: npt.NDArray[np.bool_],
+                    entry_of: Ints, entered: list[tuple[_Experiment, int, str]]) -> None:
+        """CUPED: the tracked contributions ``start:`` of ``ready`` into their shards' :class:`UnitHistory` in
+        (key, id) order, and each entry's pre-period (the history before it, or the experiment's warehouse table)
+        into its unit's row."""
+        count = len(tracked)
+        units = ready.units[start : start + count]
+        for k in np.flatnonzero(entry_of >= 0).tolist():
+            experiment, row, name = entered[int(entry_of[k])]
+            table = self.cuped[name][1]
+            if table is not None:
+                x, q = table.lookup([units[k]])
+                experiment.x[row], experiment.q[row] = x[0], q[0]
+                entry_of[k] = -1  # (not from the stream)
+        if self.buckets <= 0:
+            return
+        days = np.floor(ready.keys[start : start + count] / DAY).astype(np.int64)
+        lookbacks = np.zeros(count, dtype=np.int64)
+        for k in np.flatnonzero(entry_of >= 0).tolist():
+            lookbacks[k] = self.cuped[entered[int(entry_of[k])][2]][0]
+        hashes = unit_hashes(units)
+        for shard in sorted(set(shards[tracked].tolist())):
+            at = np.flatnonzero(tracked & (shards == shard))
+            entries = entry_of[at]
+            mine = entries >= 0
+            local = np.full(len(at), -1, dtype=np.int64)
+            local[mine] = np.arange(int(mine.sum()))
+            history = self.history.get(shard)
+            if history is None:
+                history = self.history[shard] = UnitHistory(self.width, self.buckets)
+            out_x, out_q = history.apply(hashes[at], days[at], ready.y[start + at], ready.n[start + at], lookbacks[at],
+                                         local, int(mine.sum()))
+            for j, e in enumerate(entries[mine].tolist()):
+                experiment, row, _ = entered[e]
+                experiment.x[row], experiment.q[row] = out_x[j], out_q[j]
 
     def merge(self, other: UnitLedger) -> None:
         """Take the shards ``other`` holds (the partitions of a regroup stage hold different shards; of a shard
@@ -691,6 +918,9 @@ class UnitLedger:
             for shard, experiment in shards.items():
                 if shard not in mine or other.released > self.released:
                     mine[shard] = experiment
+        for shard, history in other.history.items():
+            if shard not in self.history or other.released > self.released:
+                self.history[shard] = history
         def rank(merger: LookMerger) -> tuple[bool, bool, float, int]:
             return merger.active, merger.staged, merger.folded, merger.looks
 
@@ -754,12 +984,13 @@ def _shard_limit(config: Config) -> int:
 
 
 def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
-          columns: list[tuple[int, str]]) -> list[AbRow]:
-    """The rows of one treatment against the control, for the metric ``columns`` (index, name)."""
+          columns: list[tuple[int, str]], cuped: bool = False) -> list[AbRow]:
+    """The rows of one treatment against the control, for the metric ``columns`` (index, name); ``cuped``: with
+    CUPED's fields."""
     rows = []
     for j, metric in columns:
         lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
-        rows.append(AbRow(
+        row = AbRow(
             name, pair.control, pair.treatment, metric, float(comparison.delta[j]),
             float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
             float(running.p_value[j]) if not math.isnan(float(comparison.p_value[j])) else math.nan,
@@ -767,7 +998,15 @@ def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
             float(comparison.lift[j]), float(comparison.lift_ci_lower[j]), float(comparison.lift_ci_upper[j]),
             _bound(running.lift_cs_lower[j]) if running.lift_cs_lower is not None else math.nan,
             _bound(running.lift_cs_upper[j]) if running.lift_cs_upper is not None else math.nan,
-        ))
+        )
+        if cuped:
+            pre_p = float(comparison.pre_p_value[j])
+            if running.pre_p_value is not None and not math.isnan(pre_p):
+                pre_p = float(running.pre_p_value[j])
+            row = dataclasses.replace(row, cuped=True, variance_reduction=float(comparison.variance_reduction[j]),
+                                      theta=float(comparison.theta[j]), pre_delta=float(comparison.pre_delta[j]),
+                                      pre_p_value=pre_p)
+        rows.append(row)
     return rows
 
 

@@ -95,6 +95,19 @@ def _grouped_auc(starts: Ints, scores: Floats, labels: Bools, pairwise: int, auc
 
 
 @nb.njit(cache=True, nogil=True)
+def _probe(h: np.uint64, slots: npt.NDArray[np.int32], unit_key: npt.NDArray[np.uint64],
+           mask: np.uint64) -> tuple[np.uint64, int]:
+    """The slot of hash ``h`` in an open-addressing table of unit rows and its row (-1: not there, the slot
+    free)."""
+    i = h & mask
+    while True:
+        r = slots[i]
+        if r < 0 or unit_key[r] == h:
+            return i, r
+        i = (i + np.uint64(1)) & mask
+
+
+@nb.njit(cache=True, nogil=True)
 def unit_rows(hashes: npt.NDArray[np.uint64], codes: Ints, slots: npt.NDArray[np.int32],
               unit_key: npt.NDArray[np.uint64], unit_arm: npt.NDArray[np.int16], conflicted: Bools, size: int,
               limit: int, rows: Ints, used: Bools) -> tuple[int, int, int, int]:
@@ -110,12 +123,7 @@ def unit_rows(hashes: npt.NDArray[np.uint64], codes: Ints, slots: npt.NDArray[np
     conflicts = 0
     for k in range(hashes.shape[0]):
         h = hashes[k]
-        i = h & mask
-        while True:
-            r = slots[i]
-            if r < 0 or unit_key[r] == h:
-                break
-            i = (i + np.uint64(1)) & mask
+        i, r = _probe(h, slots, unit_key, mask)
         if r < 0:
             if size >= limit:
                 overflow += 1
@@ -153,3 +161,53 @@ def unit_slots(unit_key: npt.NDArray[np.uint64], size: int, capacity: int) -> np
             i = (i + np.uint64(1)) & mask
         slots[i] = r
     return slots
+
+
+@nb.njit(cache=True, nogil=True)
+def unit_history(hashes: npt.NDArray[np.uint64], days: Ints, y: Floats, n: Floats, lookbacks: Ints, entries: Ints,
+                 slots: npt.NDArray[np.int32], unit_key: npt.NDArray[np.uint64], day_tag: Ints, hist_y: Floats,
+                 hist_n: Floats, last_day: Ints, size: int, out_x: Floats, out_q: Floats) -> tuple[int, int]:
+    """The units' recent contributions by day (CUPED's pre-period, ``engine/ab.py``, ``UnitHistory``), in order.
+
+    Unit rows as in :func:`unit_rows` (``slots``, ``unit_key``); row r keeps per day one bucket of sums
+    ``hist_y[r, b]`` and counts ``hist_n[r, b]`` in a ring (``b = day % buckets``, ``day_tag[r, b]`` the day it
+    holds, -1 none). For contribution k: when ``entries[k] >= 0`` (its unit enters a CUPED experiment with it), the
+    buckets of days ``days[k] - lookbacks[k] .. days[k]`` before k are added to ``out_x[entries[k]]`` and
+    ``out_q[entries[k]]``; then k is added to its day's bucket. Stops when the table is full (the caller grows it
+    and goes on from there). Returns ``(contributions done, size)``."""
+    mask = np.uint64(slots.shape[0] - 1)
+    capacity = unit_key.shape[0]
+    buckets = day_tag.shape[1]
+    width = y.shape[1]
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        i, r = _probe(h, slots, unit_key, mask)
+        day = days[k]
+        if r < 0:
+            if size >= capacity or 2 * (size + 1) > slots.shape[0]:
+                return k, size
+            slots[i] = size
+            unit_key[size] = h
+            r = size
+            size += 1
+        elif entries[k] >= 0:
+            e = entries[k]
+            lo = day - lookbacks[k]
+            for b in range(buckets):
+                tag = day_tag[r, b]
+                if lo <= tag <= day:
+                    for j in range(width):
+                        out_x[e, j] += hist_y[r, b, j]
+                        out_q[e, j] += hist_n[r, b, j]
+        b = day % buckets
+        if day_tag[r, b] != day:
+            day_tag[r, b] = day
+            for j in range(width):
+                hist_y[r, b, j] = 0.0
+                hist_n[r, b, j] = 0.0
+        for j in range(width):
+            hist_y[r, b, j] += y[k, j]
+            hist_n[r, b, j] += n[k, j]
+        if day > last_day[r]:
+            last_day[r] = day
+    return hashes.shape[0], size

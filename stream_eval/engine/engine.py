@@ -737,6 +737,10 @@ class Engine:
                 "lift_cs_upper": _number(row.lift_cs_upper), "guardrail": row.guardrail,
                 **({"margin": row.margin, "margin_relative": row.margin_relative, "non_inferior": row.non_inferior,
                     "breached": row.breached} if row.guardrail else {}),
+                "cuped": row.cuped,
+                **({"variance_reduction": _number(row.variance_reduction), "theta": _number(row.theta),
+                    "pre_delta": _number(row.pre_delta), "pre_p_value": _number(row.pre_p_value)}
+                   if row.cuped else {}),
             })
         return out
 
@@ -754,7 +758,7 @@ class Engine:
         _, rows = self.ledger.results([])
         return [{"experiment": r.experiment, "units": r.units, "expected": r.expected, "chi2": _number(r.chi2),
                  "p_value": _number(r.p_value), "sequential_p_value": _number(r.sequential_p_value),
-                 "mismatch": r.mismatch} for r in rows]
+                 "mismatch": r.mismatch, **({"pre_imbalance": r.pre_imbalance} if r.cuped else {})} for r in rows]
 
 
 _FLIPPED = {"better": "worse", "worse": "better"}

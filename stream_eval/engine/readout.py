@@ -52,6 +52,10 @@ class AbReadout:
     guardrails: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
     #: ``(experiment, treatment, recommendation)`` -> 1, for each treatment's recommendation
     recommendations: Mapping[Labels, float] = field(default_factory=dict)
+    #: CUPED: ``(experiment, metric, treatment)`` -> (variance reduction, pre-period imbalance p-value) of its rows
+    cuped: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
+    #: CUPED: ``(experiment,)`` -> 1 when some metric's pre-period means differ between the arms, else 0
+    pre_imbalance: Mapping[Labels, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,9 +209,16 @@ class Reader:
         units: dict[Labels, float] = {
             (experiment, arm): float(n) for experiment, arms in ledger.units().items() for arm, n in arms.items()}
         conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()}
+        srm_rows = engine.srm()
         srm: dict[Labels, tuple[float, float]] = {
-            (row["experiment"],): (_number(row["sequential_p_value"]), float(row["mismatch"])) for row in engine.srm()}
+            (row["experiment"],): (_number(row["sequential_p_value"]), float(row["mismatch"])) for row in srm_rows}
+        cuped: dict[Labels, tuple[float, float]] = {
+            (row["experiment"], row["metric"], row["treatment"]): (_number(row["variance_reduction"]),
+                                                                   _number(row["pre_p_value"]))
+            for row in rows if row["cuped"]}
+        pre_imbalance: dict[Labels, float] = {
+            (row["experiment"],): float(bool(row["pre_imbalance"])) for row in srm_rows if "pre_imbalance" in row}
         part = AbReadout(ab=ab, units=units, conflicts=conflicts, srm=srm, guardrails=guardrails,
-                         recommendations=recommendations)
+                         recommendations=recommendations, cuped=cuped, pre_imbalance=pre_imbalance)
         self._ab = (engine, ledger, key, part)
         return part

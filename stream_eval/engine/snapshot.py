@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from stream_eval.engine.ab import UnitLedger, _Experiment, _Pending, _shard_limit
+from stream_eval.engine.ab import UnitHistory, UnitLedger, _Experiment, _Pending, _shard_limit
 from stream_eval.engine.gsb import Credit, GsbKey, gsb_key
 from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.times import array_to_json as _array
@@ -57,6 +57,13 @@ def _experiment(data: dict[str, Any]) -> _Experiment:
     return experiment
 
 
+def _history(data: dict[str, Any]) -> UnitHistory:
+    history = UnitHistory(data["width"], data["buckets"])
+    for name, value in data.items():
+        setattr(history, name, _unarray(value) if isinstance(value, dict) and "dtype" in value else value)
+    return history
+
+
 def take(engine: Engine) -> bytes:
     """The stage-held state of ``engine``, compressed."""
     ledger, gsb = engine.ledger, engine.gsb
@@ -67,6 +74,7 @@ def take(engine: Engine) -> bytes:
             "pending": [{"keys": _array(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
                          "units": p.units, "y": _array(p.y), "n": _array(p.n)} for p in ledger._pending],
             "merger": ledger.merger.state_to_json(),
+            "history": {str(shard): _fields(h) for shard, h in ledger.history.items()},
             "changed": sorted(ledger._changed),
             "times": [None if ledger.open_look is None else time_to_json(ledger.open_look),
                       time_to_json(ledger.released), time_to_json(ledger.last_key)],
@@ -88,9 +96,18 @@ def restore(engine: Engine, data: bytes) -> None:
                          "be read: start the group's regroup stage afresh (a new --group)")
     ledger.experiments = {name: {int(shard): _experiment(e) for shard, e in shards.items()}
                           for name, shards in saved["experiments"].items()}
-    for shards in ledger.experiments.values():
+    for name, shards in ledger.experiments.items():
         for experiment in shards.values():
             experiment.limit = _shard_limit(engine.config)  # the setting in force now, not the snapshot's
+            if name in ledger.cuped and not experiment.pre:  # CUPED turned on since: units so far get no covariate
+                experiment.pre = True
+                experiment.x = np.zeros((experiment.unit_key.shape[0], experiment.width))
+                experiment.q = np.zeros((experiment.unit_key.shape[0], experiment.width))
+    if ledger.buckets > 0:  # (CUPED's pre-period history: kept again only with the same ring of days)
+        for shard, fields in saved.get("history", {}).items():
+            history = _history(fields)
+            if history.buckets == ledger.buckets and history.width == ledger.width:
+                ledger.history[int(shard)] = history
     ledger._pending = [_Pending(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
                                 _unarray(p["y"]), _unarray(p["n"])) for p in saved["pending"]]
     ledger.merger = engine.ledger.merger  # (sources and listener as set up; its state from the snapshot)

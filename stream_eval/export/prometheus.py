@@ -22,9 +22,11 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   ``stream_eval_ab_unit_conflicts_total{experiment}``, ``stream_eval_srm_p_value`` / ``_mismatch{experiment}``,
   ``stream_eval_gsb_p_value{experiment,arm,source}``; the guardrails' ``stream_eval_ab_guardrail_margin`` /
   ``_lower`` / ``_upper`` / ``_breached`` / ``_non_inferior{experiment,metric,arm}`` and
-  ``stream_eval_ab_recommendation{experiment,arm,recommendation}`` = 1. The A/B units live on the worker that runs
-  the regroup stage (``engine/regroup.py``): only it exports these (cumulative since each experiment's first
-  event).
+  ``stream_eval_ab_recommendation{experiment,arm,recommendation}`` = 1; for CUPED experiments
+  ``stream_eval_ab_variance_reduction`` / ``_pre_p_value{experiment,metric,arm}`` and
+  ``stream_eval_pre_imbalance{experiment}`` (1 = the arms' pre-period means differ). The A/B units live on the
+  worker that runs the regroup stage (``engine/regroup.py``): only it exports these (cumulative since each
+  experiment's first event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
   by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
@@ -257,6 +259,13 @@ class EngineCollector(Collector):
                           "arm against the expected split).", ["experiment"], {k: v[0] for k, v in s.ab.srm.items()})
         yield self._gauge("stream_eval_srm_mismatch", "1 when the sample ratio mismatches (p-value below "
                           "srm_alpha).", ["experiment"], {k: v[1] for k, v in s.ab.srm.items()})
+        yield self._gauge("stream_eval_ab_variance_reduction", "CUPED: 1 - the adjusted variance of the A/B delta "
+                          "over the unadjusted one.", ab, {k: v[0] for k, v in s.ab.cuped.items()})
+        yield self._gauge("stream_eval_ab_pre_p_value", "CUPED: always-valid p-value of a difference between the "
+                          "arms' pre-period means (running minimum; small: the arms differed before the experiment).",
+                          ab, {k: v[1] for k, v in s.ab.cuped.items()})
+        yield self._gauge("stream_eval_pre_imbalance", "CUPED: 1 when some metric's pre-period means differ between "
+                          "the arms (pre-period p-value below srm_alpha).", ["experiment"], s.ab.pre_imbalance)
         yield self._gauge("stream_eval_gsb_p_value", "Always-valid sign-test p-value of good against bad (ties "
                           "out).", ["experiment", "arm", "source"], s.gsb_p_value)
         yield self._counter("stream_eval_events", "Input events by type and status.", ["type", "status", *extra],

@@ -8,8 +8,9 @@ No knowledge of Kafka, windows or workers: sums in, numbers out (the shape of Gr
 from __future__ import annotations
 
 from stream_eval.stats.compare import Comparison, compare, decide
+from stream_eval.stats.cuped import adjusted, pooled_theta
 from stream_eval.stats.fdr import e_bh
-from stream_eval.stats.ratio import ArmSums, ratio_mean_variance
+from stream_eval.stats.ratio import ArmSums, PreSums, ratio_mean_variance
 from stream_eval.stats.sign import SignTest, sign_test
 from stream_eval.stats.special import Floats, chi2_sf
 from stream_eval.stats.srm import SrmTest, srm_test
@@ -18,12 +19,15 @@ __all__ = [
     "ArmSums",
     "Comparison",
     "Floats",
+    "PreSums",
     "SignTest",
     "SrmTest",
+    "adjusted",
     "chi2_sf",
     "compare",
     "decide",
     "e_bh",
+    "pooled_theta",
     "ratio_mean_variance",
     "sign_test",
     "srm_test",

@@ -23,6 +23,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from stream_eval.stats.cuped import adjusted
 from stream_eval.stats.ratio import ArmSums, ratio_mean_variance
 from stream_eval.stats.sequential import (
     mixture_rho,
@@ -51,15 +52,27 @@ class Comparison:
     lift_ci_upper: Floats
     lift_cs_lower: Floats
     lift_cs_upper: Floats
+    # CUPED (``compare(..., cuped=True)``; NaN without): the pooled theta, 1 - the adjusted variance of the delta
+    # over the unadjusted one, and the pre-period imbalance check (treatment - control of the pre-period means, with
+    # its always-valid p-value AT THIS LOOK)
+    theta: Floats
+    variance_reduction: Floats
+    pre_delta: Floats
+    pre_p_value: Floats
 
 
 def compare(
-    control: ArmSums, treatment: ArmSums, *, confidence: float = 0.95, sequential_n: float = 10_000
+    control: ArmSums, treatment: ArmSums, *, confidence: float = 0.95, sequential_n: float = 10_000,
+    cuped: bool = False,
 ) -> Comparison:
     """Treatment mean - control mean for every metric, with both intervals and the always-valid p-value.
 
     ``sequential_n`` (N*, in units of both arms together) tunes the confidence sequence to be tightest there.
     NaN where an arm has fewer than 2 units for a metric or the variance is 0.
+
+    With ``cuped`` the delta is the difference of the CUPED-adjusted means and every interval, sequence, p-value and
+    e-value takes the adjusted variance (``stats/cuped.py``); the lift is that delta over the control's unadjusted
+    mean, with the adjusted variances (as gbstats' relative tests with regression adjustment).
 
     >>> import numpy as np
     >>> col = lambda *v: np.array(v, dtype=float)[:, None]  # one metric: a column of per-unit values
@@ -76,10 +89,21 @@ def compare(
     mean_c, var_c = ratio_mean_variance(control)
     mean_t, var_t = ratio_mean_variance(treatment)
     delta = mean_t - mean_c
+    nan = np.full(np.shape(delta), np.nan)
+    theta = reduction = pre_delta = pre_p = nan
+    n_total = control.units + treatment.units
+    if cuped:
+        adj = adjusted(control, treatment)
+        unadjusted = var_c + var_t
+        delta, var_c, var_t = adj.mean_treatment - adj.mean_control, adj.var_control, adj.var_treatment
+        theta = adj.theta
+        with np.errstate(divide="ignore", invalid="ignore"):
+            reduction = np.where(unadjusted > 0.0, 1.0 - (var_c + var_t) / unadjusted, np.nan)
+        pre_delta = adj.pre_delta
+        pre_p = normal_mixture_p_value(pre_delta, adj.pre_variance, n_total, rho)
     variance = var_c + var_t
     ok = np.isfinite(delta) & (variance > 0.0)
     variance = np.where(ok, variance, np.nan)
-    n_total = control.units + treatment.units
     z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     fixed_half = z * np.sqrt(variance)
     cs_half = normal_mixture_halfwidth(variance, n_total, alpha, rho)
@@ -106,6 +130,10 @@ def compare(
         lift_ci_upper=lift + lift_fixed,
         lift_cs_lower=lift - lift_cs,
         lift_cs_upper=lift + lift_cs,
+        theta=theta,
+        variance_reduction=reduction,
+        pre_delta=pre_delta,
+        pre_p_value=pre_p,
     )
 
 

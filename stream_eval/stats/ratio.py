@@ -8,12 +8,48 @@ metric is a ratio metric: unit ``i`` contributes ``y_i`` (the sum of its per-req
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_eval.stats.special import Floats
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreSums:
+    """Sufficient statistics of the pre-period covariate of an arm's units (CUPED, ``stats/cuped.py``).
+
+    Unit i has, per metric, ``x_i`` = the sum of its pre-period values and ``q_i`` = how many pre-period values
+    it has (0 and 0 for a unit without pre-period data), beside its post-period ``y_i`` and ``n_i`` of
+    :class:`ArmSums`. The sums run over the units that count for the metric (``n_i > 0``). Every field is a float64
+    array of shape (K,); they merge by ``+`` like :class:`ArmSums`.
+    """
+
+    units: Floats  # units with q_i > 0
+    x: Floats  # sum_i x_i
+    q: Floats  # sum_i q_i
+    xx: Floats  # sum_i x_i**2
+    qq: Floats  # sum_i q_i**2
+    xq: Floats  # sum_i x_i*q_i
+    yx: Floats  # sum_i y_i*x_i
+    yq: Floats  # sum_i y_i*q_i
+    nx: Floats  # sum_i n_i*x_i
+    nq: Floats  # sum_i n_i*q_i
+
+    @classmethod
+    def zeros(cls, k: int) -> PreSums:
+        return cls(*(np.zeros(k) for _ in range(10)))
+
+    def _values(self) -> tuple[Floats, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: PreSums) -> PreSums:
+        return PreSums(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
+
+    def __sub__(self, other: PreSums) -> PreSums:
+        return PreSums(*(a - b for a, b in zip(self._values(), other._values(), strict=True)))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -41,11 +77,14 @@ class ArmSums:
     yy: Floats  # sum_i y_i**2
     nn: Floats  # sum_i n_i**2
     yn: Floats  # sum_i y_i*n_i
+    pre: PreSums | None = None  # the pre-period covariate's (CUPED); None: none kept (zeros)
 
     @classmethod
-    def of_units(cls, y: npt.ArrayLike, n: npt.ArrayLike) -> ArmSums:
+    def of_units(cls, y: npt.ArrayLike, n: npt.ArrayLike, x: npt.ArrayLike | None = None,
+                 q: npt.ArrayLike | None = None) -> ArmSums:
         """From per-unit sums ``y`` and counts ``n`` of shape (U, K); a unit with ``n == 0`` for a metric does
-        not count for it (its ``y`` is ignored, even NaN)."""
+        not count for it (its ``y`` is ignored, even NaN). ``x``, ``q``: the units' pre-period sums and counts
+        (CUPED; :class:`PreSums`), same shape."""
         y_arr = np.asarray(y, dtype=np.float64)
         n_arr = np.asarray(n, dtype=np.float64)
         if y_arr.ndim != 2 or y_arr.shape != n_arr.shape:
@@ -53,6 +92,15 @@ class ArmSums:
         present = n_arr > 0.0
         y_arr = np.where(present, y_arr, 0.0)
         n_arr = np.where(present, n_arr, 0.0)
+        pre = None
+        if x is not None and q is not None:
+            q_arr = np.where(present, np.asarray(q, dtype=np.float64), 0.0)
+            x_arr = np.where(present & (q_arr > 0.0), np.asarray(x, dtype=np.float64), 0.0)
+            pre = PreSums(units=(q_arr > 0.0).sum(axis=0).astype(np.float64), x=x_arr.sum(axis=0),
+                          q=q_arr.sum(axis=0), xx=(x_arr * x_arr).sum(axis=0), qq=(q_arr * q_arr).sum(axis=0),
+                          xq=(x_arr * q_arr).sum(axis=0), yx=(y_arr * x_arr).sum(axis=0),
+                          yq=(y_arr * q_arr).sum(axis=0), nx=(n_arr * x_arr).sum(axis=0),
+                          nq=(n_arr * q_arr).sum(axis=0))
         return cls(
             units=present.sum(axis=0).astype(np.float64),
             y=y_arr.sum(axis=0),
@@ -60,26 +108,46 @@ class ArmSums:
             yy=(y_arr * y_arr).sum(axis=0),
             nn=(n_arr * n_arr).sum(axis=0),
             yn=(y_arr * n_arr).sum(axis=0),
+            pre=pre,
         )
 
     @classmethod
     def zeros(cls, k: int) -> ArmSums:
         """The empty arm (the identity of ``+``) for ``k`` metrics."""
-        return cls(*(np.zeros(k) for _ in range(6)))
+        return cls.from_values([np.zeros(k) for _ in range(6)])
+
+    @classmethod
+    def from_values(cls, values: Sequence[Floats], pre: PreSums | None = None) -> ArmSums:
+        """From the six post-period sums in field order (as :meth:`_values` gives them) and ``pre``."""
+        units, y, n, yy, nn, yn = values
+        return cls(units, y, n, yy, nn, yn, pre)
 
     def _values(self) -> tuple[Floats, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """The six post-period sums (not :attr:`pre`)."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name != "pre")
+
+    def pre_or_zeros(self) -> PreSums:
+        """:attr:`pre`, or zeros when none is kept."""
+        return self.pre if self.pre is not None else PreSums(*(np.zeros(np.shape(self.y)) for _ in range(10)))
+
+    def with_pre(self, pre: PreSums | None) -> ArmSums:
+        return replace(self, pre=pre)
 
     def __add__(self, other: ArmSums) -> ArmSums:
-        return ArmSums(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
+        pre = self.pre if other.pre is None else other.pre if self.pre is None else self.pre + other.pre
+        return ArmSums.from_values([a + b for a, b in zip(self._values(), other._values(), strict=True)], pre)
 
     def __sub__(self, other: ArmSums) -> ArmSums:
-        return ArmSums(*(a - b for a, b in zip(self._values(), other._values(), strict=True)))
+        pre = self.pre if other.pre is None else (self.pre_or_zeros() - other.pre)
+        return ArmSums.from_values([a - b for a, b in zip(self._values(), other._values(), strict=True)], pre)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ArmSums) and all(
-            np.array_equal(a, b, equal_nan=True) for a, b in zip(self._values(), other._values(), strict=True)
-        )
+        if not isinstance(other, ArmSums) or (self.pre is None) != (other.pre is None):
+            return False
+        pairs = list(zip(self._values(), other._values(), strict=True))
+        if self.pre is not None and other.pre is not None:
+            pairs += list(zip(self.pre._values(), other.pre._values(), strict=True))
+        return all(np.array_equal(a, b, equal_nan=True) for a, b in pairs)
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays inside: not hashable, like a numpy array
 
