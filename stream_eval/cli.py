@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --input-format ubi: the topic of UBI event records, after --topic-prefix; both "
                              "keyed by query_id, with the same partition count (default ubi_events)")
     _add_shared(worker)
-    demo = commands.add_parser("demo", help="broker + worker + simulated two-arm traffic with a live view")
+    demo = commands.add_parser("demo", help="broker + worker + simulated three-arm traffic with a live view")
     demo.add_argument("--port", type=_port, default=9092, help="broker port (default 9092; a free one if taken)")
     demo.add_argument("--metrics-port", type=_port, default=9464, help="worker /metrics port (default 9464)")
     demo.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",

@@ -203,6 +203,11 @@ class SimulationConfig:
         preference: With ``unit="user"``: the spread of each user's persistent click propensity (a user's chance
             to click an examined item is ``1 - (1 - p) ** exp(preference * z)``, ``z ~ N(0, 1)`` drawn once per
             user), so that a user's metrics before the experiment predict them during it. 0: none.
+        dwell_scale: With ``behaviour``: ``(arm, factor)`` pairs scaling the mean dwell after every click on a list
+            the arm served (an item of an interleaved list: its team's arm), e.g. ``(("clickbait", 0.4),)``: a ranker
+            that puts items first whose pages users leave quickly. Its clicks, and so its relevance measures, stay
+            as its quality makes them; its satisfied clicks fall and its reformulations rise. Arms not named keep
+            1; empty (the default): the output is the same as before the option existed.
     """
 
     requests: int = 1000
@@ -233,6 +238,7 @@ class SimulationConfig:
     behaviour: bool = False
     pre_period: float = 0.0
     preference: float = 0.0
+    dwell_scale: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         """Reject configurations the generator cannot honour.
@@ -294,6 +300,13 @@ class SimulationConfig:
             raise ValueError("preference needs unit='user' (a preference belongs to a returning user)")
         if self.interleaving and INTERLEAVED_ARM in names:
             raise ValueError(f"arm name {INTERLEAVED_ARM!r} is reserved for interleaved requests")
+        if self.dwell_scale and not self.behaviour:
+            raise ValueError("dwell_scale needs behaviour (dwell times)")
+        for name, factor in self.dwell_scale:
+            if name not in names:
+                raise ValueError(f"dwell_scale: {name!r} is not an arm (arms: {', '.join(names)})")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise ValueError(f"dwell_scale: the factor of {name!r} must be a positive number, not {factor}")
 
 
 def click_probabilities(max_grade: int) -> FloatArray:
@@ -466,6 +479,11 @@ class _Generator:
         # Code len(arms) is the interleaved arm; its base ranker is the first arm.
         self.quality = np.array([*qualities, qualities[0]], dtype=np.float64)
         self.click_p = click_probabilities(config.max_grade)
+        scale = dict(config.dwell_scale)
+        # Code len(arms) (interleaved) has no factor of its own: a click takes its item's team's (_chunk).
+        self.dwell_scale: FloatArray | None = (
+            np.array([scale.get(name, 1.0) for name in self.arm_names] + [1.0], dtype=np.float64) if scale else None
+        )
         pair = sorted(config.arms[:2], key=lambda arm: arm[0])
         self.quality_gap = pair[1][1] - pair[0][1] if len(pair) == 2 else 0.0
         self.next_ts = config.start_ts
@@ -559,6 +577,14 @@ class _Generator:
             self.user_propensity = np.concatenate([self.user_propensity, np.exp(self.config.preference * z)])
         self.users = int(seen[-1]) if n_new else self.users
         return user, self.user_arm[user]
+
+    def _click_arms(self, arm_code: IntArray, rows: IntArray, positions: IntArray,
+                    teams_rows: dict[int, list[str]]) -> IntArray:
+        """The arm code each click is credited to: its request's arm, or on an interleaved list its item's team."""
+        arms = arm_code[rows].copy()
+        for k in np.flatnonzero(arms == len(self.arm_names)).tolist():
+            arms[k] = self.arm_names.index(teams_rows[int(rows[k])][int(positions[k])])
+        return arms
 
     def _rank(self, grades: FloatArray, quality: FloatArray) -> tuple[IntArray, IntArray]:
         """Full ranking of each row's pool by a ranker of the row's quality, and the model score per item.
@@ -658,6 +684,8 @@ class _Generator:
         if cfg.behaviour:  # dwell after a click: longer on more relevant items
             satisfaction = (2.0 ** shown_grades[c_rows, c_pos] - 1.0) / 2.0**cfg.max_grade
             mean = DWELL_SHORT + (DWELL_LONG - DWELL_SHORT) * satisfaction
+            if self.dwell_scale is not None:
+                mean = mean * self.dwell_scale[self._click_arms(arm_code, c_rows, c_pos, teams_rows)]
             c_dwell = np.round(self.behave.exponential(mean), 1)
 
         # Editorial labels for shown and unshown judged items.
@@ -973,13 +1001,16 @@ def true_effects(
     """
     from stream_eval.config import Config
 
-    settings = evaluation if evaluation is not None else Config()
+    # Each arm runs alone, so there is nothing to compare: the A/B statistics are off (an experiment configured
+    # with a control would otherwise be tested on one arm).
+    settings = dataclasses.replace(evaluation if evaluation is not None else Config(), ab=False, experiments=())
     effects: dict[str, dict[str, float]] = {}
     for name, quality in config.arms:
         alone = dataclasses.replace(
             config,
             requests=requests,
             arms=((name, quality),),
+            dwell_scale=tuple(pair for pair in config.dwell_scale if pair[0] == name),
             endless=False,
             interleaving=False,
             judgments=False,

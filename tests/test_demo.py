@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -68,6 +69,52 @@ STRAIGHT = {"MRR": (0.041, 0.01, 0.07, 0.00001), "nDCG@10": (0.02, -0.01, 0.05, 
             "ERR@10": (-0.01, -0.02, -0.001, 0.02)}
 
 
+TRUTH3 = {"exp1": {"control": {"MRR": 0.80, "nDCG@10": 0.72, "ERR@10": 0.090, "SatClick": 0.74},
+                   "treatment": {"MRR": 0.84, "nDCG@10": 0.77, "ERR@10": 0.098, "SatClick": 0.77},
+                   "clickbait": {"MRR": 0.85, "nDCG@10": 0.78, "ERR@10": 0.100, "SatClick": 0.59}}}
+# per treatment and mean: (delta, cs_lower, cs_upper, p_value, lift, lift_cs_lower, lift_cs_upper)
+THREE = {
+    "treatment": {"MRR": (0.04, 0.01, 0.07, 0.00001, 0.05, 0.012, 0.088),
+                  "nDCG@10": (0.045, 0.02, 0.07, 0.001, 0.0625, 0.03, 0.095),
+                  "ERR@10": (0.008, -0.004, 0.02, 0.2, 0.089, -0.044, 0.22),
+                  "SatClick": (0.02, -0.01, 0.05, 0.3, 0.027, -0.014, 0.068)},
+    "clickbait": {"MRR": (0.05, 0.02, 0.08, 0.0001, 0.0625, 0.025, 0.1),
+                  "nDCG@10": (0.04, -0.01, 0.09, 0.2, 0.055, -0.014, 0.124),
+                  "ERR@10": (0.01, -0.002, 0.022, 0.1, 0.11, -0.02, 0.24),
+                  "SatClick": (-0.15, -0.2, -0.1, 0.000001, -0.2, -0.27, -0.13)},
+}
+GUARDRAILS = {"ERR@10": (-0.005, False), "SatClick": (-0.05, True)}  # tolerated loss, relative
+
+
+def _three_arms(recommendations: dict[str, str] | None = None) -> Samples:
+    """A scrape of a three-arm exp1 with the arm label on the A/B series, guardrails ERR@10 = -0.005 and SatClick
+    = -5 %, and the worker's recommendations (default: ship treatment, roll back clickbait)."""
+    recommended = {"treatment": "ship", "clickbait": "rollback"} if recommendations is None else recommendations
+    samples = _samples({}, units=(600, 620))
+    samples["stream_eval_ab_units"].append(({"experiment": "exp1", "arm": "clickbait"}, 610.0))
+    names = ("delta", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower", "lift_cs_upper")
+    for i, name in enumerate(names):
+        samples[f"stream_eval_ab_{name}"] = [({"experiment": "exp1", "metric": metric, "arm": arm}, values[i])
+                                             for arm, rows in THREE.items() for metric, values in rows.items()]
+    for name in ("margin", "lower", "upper", "breached", "non_inferior"):
+        samples[f"stream_eval_ab_guardrail_{name}"] = []
+    for arm, rows in THREE.items():
+        for metric, (margin, relative) in GUARDRAILS.items():
+            delta, lower, upper, _, _, lift_lower, lift_upper = rows[metric]
+            low, high = (lift_lower, lift_upper) if relative else (lower, upper)
+            labels = {"experiment": "exp1", "metric": metric, "arm": arm}
+            for name, value in (("margin", margin), ("lower", low), ("upper", high),
+                                ("breached", float(high < margin)), ("non_inferior", float(low > margin))):
+                samples[f"stream_eval_ab_guardrail_{name}"].append((labels, value))
+    samples["stream_eval_ab_recommendation"] = [
+        ({"experiment": "exp1", "arm": arm, "recommendation": recommendation}, 1.0)
+        for arm, recommendation in recommended.items()]
+    samples["stream_eval_gsb_total"] += [({"experiment": "exp1", "arm": "clickbait", "source": "metric",
+                                           "verdict": verdict}, n)
+                                         for verdict, n in (("good", 30.0), ("same", 10.0), ("bad", 20.0))]
+    return samples
+
+
 # -- the view, from samples ------------------------------------------------------------------------------------
 
 
@@ -84,11 +131,14 @@ def test_decide_from_the_confidence_sequence() -> None:
 def test_snapshot_reads_the_ab_section() -> None:
     snapshot = read_snapshot(_samples(STRAIGHT), TRUTH)
     (experiment,) = snapshot.experiments
-    assert (experiment.name, experiment.control, experiment.treatment) == ("exp1", "control", "treatment")
+    (treatment,) = experiment.treatments  # series without an arm label: the sorted arms' second
+    assert (experiment.name, experiment.control, treatment.arm) == ("exp1", "control", "treatment")
     assert experiment.units == {"control": 612, "treatment": 622} and experiment.total_units == 1234
-    assert [row.metric for row in experiment.ab] == ["MRR", "nDCG@10", "ERR@10"]  # the contract's order
-    assert [row.decision for row in experiment.ab] == ["better", "inconclusive", "worse"]
-    assert experiment.ab[1].true_delta == pytest.approx(0.04)
+    assert [row.metric for row in treatment.ab] == ["MRR", "nDCG@10", "ERR@10"]  # the contract's order
+    assert [row.decision for row in treatment.ab] == ["better", "inconclusive", "worse"]
+    assert treatment.ab[1].true_delta == pytest.approx(0.04)
+    assert treatment.ab[1].true_lift == pytest.approx(0.76 / 0.72 - 1)
+    assert treatment.recommendation == "" and treatment.guardrails == ()
     assert not experiment.srm_mismatch and experiment.srm_p_value == 0.77
     (gsb,) = experiment.gsb
     assert (gsb.source, gsb.good, gsb.same, gsb.bad, gsb.p_value) == ("judgment", 120, 90, 60, 0.0003)
@@ -97,11 +147,104 @@ def test_snapshot_reads_the_ab_section() -> None:
     assert snapshot.total_events == 5012
 
 
-def test_control_and_treatment_from_the_series_labels() -> None:
-    samples = _samples(STRAIGHT, control="treatment", treatment="control")
+def test_control_and_treatments_from_the_arm_labels() -> None:
+    """The A/B series name the treatment (``arm``); the control is the arm with units that is none of them."""
+    samples = _samples(STRAIGHT, units=(612, 622), arm="treatment")
+    samples["stream_eval_ab_units"].insert(0, ({"experiment": "exp1", "arm": "a-first"}, 5.0))
     (experiment,) = read_snapshot(samples, TRUTH).experiments
-    assert (experiment.control, experiment.treatment) == ("treatment", "control")
-    assert experiment.ab[1].true_delta == pytest.approx(-0.04)
+    assert experiment.control == "a-first" and [t.arm for t in experiment.treatments] == ["treatment"]
+    (experiment,) = read_snapshot(_three_arms(), TRUTH3).experiments
+    assert experiment.control == "control" and [t.arm for t in experiment.treatments] == ["clickbait", "treatment"]
+    assert experiment.arms == ["control", "clickbait", "treatment"]
+
+
+def test_three_arms_show_lift_guardrails_and_recommendations() -> None:
+    view = View(HEADER, started=100.0, truth=TRUTH3)
+    view.update(_three_arms(), now=142.0)
+    text = view.text()
+    assert ("A/B exp1: clickbait, treatment vs control · units control 600  clickbait 610  treatment 620 · "
+            "SRM p 0.7700 ok") in text
+    clickbait, treatment = text.split("  clickbait vs control: recommendation rollback\n")[1].split(
+        "  treatment vs control: recommendation ship\n")
+    assert ("  SatClick           -0.1500   [-0.2000, -0.1000]     -20.00%   [-27.00%, -13.00%]    <0.0001   worse"
+            "         breached -5%         -0.1500   -20.27%") in clickbait.splitlines()
+    assert "within -0.005" in clickbait and "GSB metric        score +0.167   good 30  same 10  bad 20" in clickbait
+    assert ("  SatClick           +0.0200   [-0.0100, +0.0500]      +2.70%   [-1.40%, +6.80%]       0.3000   "
+            "inconclusive  within -5%           +0.0300    +4.05%") in treatment.splitlines()
+    assert ("  nDCG@10            +0.0450   [+0.0200, +0.0700]      +6.25%   [+3.00%, +9.50%]       0.0010   better"
+            "                             +0.0500    +6.94%") in treatment.splitlines()
+    (experiment,) = view.snapshot.experiments if view.snapshot else ()
+    guard = {(t.arm, row.metric): row.guardrail for t in experiment.treatments for row in t.guardrails}
+    assert set(guard) == {(arm, metric) for arm in ("clickbait", "treatment") for metric in ("ERR@10", "SatClick")}
+    assert guard["clickbait", "SatClick"] is not None and guard["clickbait", "SatClick"].relative  # the lift's bounds
+    assert guard["treatment", "ERR@10"] is not None and not guard["treatment", "ERR@10"].relative
+
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(view.rich())
+    rich = console.export_text()
+    for expected in ("A/B exp1: clickbait, treatment vs control", "clickbait vs control", "treatment vs control",
+                     "recommendation  rollback ", "recommendation  ship ", "breached -5%", "within -0.005",
+                     "-20.00%", "[-27.00%, -13.00%]", "lift sequence", "guardrail", "true lift",
+                     "GSB clickbait vs control", "decisions and recommendations"):
+        assert expected in rich, expected
+
+
+def test_ship_and_rollback_are_announced_once_when_they_arrive() -> None:
+    view = View(HEADER, started=100.0, truth=TRUTH3)
+    running = view.update(_three_arms({"treatment": "keep running", "clickbait": "keep running"}), now=120.0)
+    assert not any(line.startswith("recommendation:") for line in view.text().splitlines())
+    assert {type(a).__name__ for a in running} == {"Decision"}
+
+    new = view.update(_three_arms({"treatment": "keep running", "clickbait": "rollback"}), now=142.0)
+    assert [a.text() for a in new] == [
+        "recommendation: rollback clickbait vs control after 1,830 units (00:42 after start) · guardrail SatClick "
+        "breached: [-27.00%, -13.00%] below -5% · true values: correct"]
+    new = view.update(_three_arms(), now=170.0)
+    assert [a.text() for a in new] == [
+        "recommendation: ship treatment vs control after 1,830 units (01:10 after start) · better on MRR, nDCG@10 "
+        "· guardrails within tolerance: ERR@10, SatClick · true values: correct"]
+    assert view.update(_three_arms(), now=171.0) == []  # announced once
+    lines = [line for line in view.text().splitlines() if line.startswith("recommendation:")]
+    assert [line.split(" after ")[0] for line in lines] == ["recommendation: rollback clickbait vs control",
+                                                            "recommendation: ship treatment vs control"]
+
+
+def test_recommendations_are_checked_against_the_truth() -> None:
+    """A rollback is wrong when the breached guardrail is truly within tolerance; a ship is wrong when a guardrail
+    is truly breached; unknown without the truth."""
+    fine = {"exp1": {**TRUTH3["exp1"], "clickbait": {**TRUTH3["exp1"]["clickbait"], "SatClick": 0.73}}}
+    bad = {"exp1": {**TRUTH3["exp1"], "treatment": {**TRUTH3["exp1"]["treatment"], "ERR@10": 0.08}}}
+    view = View(HEADER, started=0.0)
+    view.update(_three_arms(), now=10.0)
+    assert [r.correct for r in view.recommendations] == [None, None]
+    assert not any("true values" in r.text() for r in view.recommendations)
+    view.set_truth(fine)  # SatClick -1.4 %: within the tolerated -5 %
+    assert [(r.treatment, r.correct) for r in view.recommendations] == [("clickbait", False), ("treatment", True)]
+    assert view.recommendations[0].text().endswith("· true values: wrong")
+    view.set_truth(bad)  # ERR@10 -0.010: beyond the tolerated -0.005
+    assert [(r.treatment, r.correct) for r in view.recommendations] == [("clickbait", True), ("treatment", False)]
+
+
+def test_lower_is_better_decisions_are_checked_in_their_direction() -> None:
+    truth = {"exp1": {"control": {"Abandoned": 0.05}, "treatment": {"Abandoned": 0.07}}}
+    view = View(HEADER, started=0.0, truth=truth)
+    (decision,) = view.update(_samples({"Abandoned": (0.02, 0.01, 0.03, 0.001)}), now=5.0)
+    assert decision.text() == ("decision: treatment worse on Abandoned after 1,234 units (00:05 after start) "
+                               "· true delta +0.0200 (correct)")  # a rise of Abandoned is worse
+
+
+def test_non_terminal_display_prints_each_recommendation_once() -> None:
+    out = io.StringIO()
+    view = View(HEADER, started=0.0, truth=TRUTH3)
+    with Display(view, out, interactive=False) as display:
+        display.show(view.update(_three_arms({}), now=1.0))
+        display.show(view.update(_three_arms(), now=2.0))
+        display.show(view.update(_three_arms(), now=3.0))
+    printed = out.getvalue()
+    line = ("recommendation: rollback clickbait vs control after 1,830 units (00:02 after start) · guardrail SatClick "
+            "breached: [-27.00%, -13.00%] below -5% · true values: correct")
+    assert printed.count(line) == 3  # in the second and third blocks, and once on its own after the second
+    assert printed.count(line + "\nrecommendation: ship treatment vs control") == 3
 
 
 def test_decision_lines_appear_exactly_when_the_sequence_excludes_zero() -> None:
@@ -138,8 +281,11 @@ def test_view_text_shows_arms_units_srm_gsb_and_truth() -> None:
             "      1,900") in text
     assert "exp1 / treatment" in text and "finalised requests: exp1/control 2,000, exp1/treatment 2,100" in text
     assert "A/B exp1: treatment vs control · units control 612  treatment 622 · SRM p 0.7700 ok" in text
-    assert "  nDCG@10     +0.0200   [-0.0100, +0.0500]       0.3000   inconclusive     +0.0400" in text
-    assert "  MRR         +0.0410   [+0.0100, +0.0700]      <0.0001   better           +0.0400" in text
+    assert "  treatment vs control: recommendation -" in text  # none exported
+    assert ("  nDCG@10            +0.0200   [-0.0100, +0.0500]           -   [-, -]                 0.3000   "
+            "inconclusive                       +0.0400    +5.56%") in text
+    assert ("  MRR                +0.0410   [+0.0100, +0.0700]           -   [-, -]                <0.0001   "
+            "better                             +0.0400    +5.00%") in text
     assert "GSB exp1 judgment      score +0.222   good 120  same 90  bad 60   p 0.0003" in text
     assert "MISMATCH" not in text
 
@@ -157,10 +303,10 @@ def test_truth_arriving_late_fills_the_rows_and_the_decisions() -> None:
     view = View(HEADER, started=0.0)
     assert "true values: computing" in view.text()
     view.update(_samples(STRAIGHT), now=5.0)
-    assert view.snapshot is not None and view.snapshot.experiments[0].ab[0].true_delta is None
+    assert view.snapshot is not None and view.snapshot.experiments[0].treatments[0].ab[0].true_delta is None
     assert view.decisions[0].text().endswith("(00:05 after start)")
     view.set_truth(TRUTH)
-    assert view.snapshot.experiments[0].ab[0].true_delta == pytest.approx(0.04)
+    assert view.snapshot.experiments[0].treatments[0].ab[0].true_delta == pytest.approx(0.04)
     assert view.decisions[0].text().endswith("· true delta +0.0400 (correct)")
     view.set_truth(None, "unavailable (exit code 1)")
     assert "true values: unavailable (exit code 1)" in view.text()
@@ -210,7 +356,7 @@ def test_parse_metrics_reads_an_exposition() -> None:
     samples = parse_metrics(text)
     assert samples["stream_eval_gsb_total"] == [({"experiment": "exp1", "source": "metric", "verdict": "good"}, 3.0)]
     (experiment,) = read_snapshot(samples).experiments
-    (row,) = experiment.ab
+    (row,) = experiment.treatments[0].ab
     assert (row.metric, row.delta, row.cs_upper, row.decision) == ("nDCG@10", 0.042, math.inf, "better")
     assert experiment.units == {} and math.isnan(experiment.srm_p_value)
 
@@ -223,11 +369,16 @@ def test_format_clock() -> None:
 def test_true_effects_child_prints_json() -> None:
     """What the demo runs in the background while the broker and the worker start."""
     result = subprocess.run([sys.executable, "-m", "stream_eval.stream.demo", "true-effects", "--rate", "50",
-                             "--seed", "0", "--cutoffs", "5,10"], capture_output=True, timeout=120, check=True)
+                             "--seed", "0", "--cutoffs", "5,10", "--metrics", "default,behaviour"],
+                            capture_output=True, timeout=120, check=True)
     truth = json.loads(result.stdout)
-    assert set(truth) == {"exp1"} and set(truth["exp1"]) == {"control", "treatment"}
-    assert {"nDCG@5", "nDCG@10", "MRR", "GAUC"} <= set(truth["exp1"]["control"])
-    assert truth["exp1"]["treatment"]["nDCG@10"] > truth["exp1"]["control"]["nDCG@10"]
+    assert set(truth) == {"exp1"} and set(truth["exp1"]) == {"control", "treatment", "clickbait"}
+    arms = truth["exp1"]
+    assert {"nDCG@5", "nDCG@10", "MRR", "GAUC", "SatClick"} <= set(arms["control"])
+    assert arms["clickbait"]["nDCG@10"] > arms["treatment"]["nDCG@10"] > arms["control"]["nDCG@10"]
+    # clickbait: the better ranker, but its users leave quickly: beyond the embedded config's SatClick -5 %
+    assert arms["clickbait"]["SatClick"] / arms["control"]["SatClick"] - 1 < -0.05
+    assert arms["treatment"]["SatClick"] > arms["control"]["SatClick"]
 
 
 # -- end to end ------------------------------------------------------------------------------------------------
@@ -250,39 +401,64 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.slow
-def test_demo_shows_both_arms_and_stops_cleanly_on_ctrl_c() -> None:
-    port, metrics_port = free_port(), free_port()
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "stream_eval.cli", "demo", "--port", str(port), "--metrics-port", str(metrics_port),
-         "--rate", "100"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
+def _recommended(url: str) -> dict[str, str]:
     try:
-        deadline = time.monotonic() + 120
-        finalised: dict[str, float] = {}
+        samples = scrape(url)
+    except OSError:
+        return {}
+    return {labels["arm"]: labels["recommendation"] for labels, value in
+            samples.get("stream_eval_ab_recommendation", []) if value >= 1}
+
+
+@pytest.mark.slow
+def test_demo_runs_three_arms_announces_ship_and_rollback_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    """The demo as a user starts it (default rate, embedded config): all three arms are finalised, the worker
+    recommends ship for treatment and rollback for clickbait within the first minutes, the view announces both
+    (checked against the true values), and Ctrl-C stops everything."""
+    port, metrics_port = free_port(), free_port()
+    output = tmp_path / "view.txt"  # a file, not a pipe: the view writes a block a second
+    with open(output, "wb") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "stream_eval.cli", "demo", "--port", str(port), "--metrics-port",
+             str(metrics_port)], stdout=out, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    arms = ("control", "treatment", "clickbait")
+    try:
+        deadline = time.monotonic() + 300
+        recommended: dict[str, str] = {}
         while time.monotonic() < deadline and demo.poll() is None:
-            finalised = _finalised(url)
-            if finalised.get("control", 0) > 0 and finalised.get("treatment", 0) > 0:
+            recommended = _recommended(url)
+            if recommended.get("treatment") == "ship" and recommended.get("clickbait") == "rollback":
                 break
-            time.sleep(1)
-        assert finalised.get("control", 0) > 0 and finalised.get("treatment", 0) > 0, finalised
+            time.sleep(2)
+        assert recommended == {"treatment": "ship", "clickbait": "rollback"}, recommended
+        finalised = _finalised(url)
+        assert all(finalised.get(arm, 0) > 0 for arm in arms), finalised
         samples = scrape(url)
         windows = {(s["arm"], s["metric"], s["window"]) for s, _ in samples["stream_eval_window_mean"]}
-        for arm in ("control", "treatment"):
-            for metric in ("MRR", "nDCG@10", "ERR@10"):
+        for arm in arms:
+            for metric in ("MRR", "nDCG@10", "ERR@10", "SatClick"):
                 assert (arm, metric, "5m") in windows
         assert any(labels["source"] == "judgment" for labels, _ in samples["stream_eval_gsb_total"])
+        time.sleep(2)  # the view's next scrape
         demo.send_signal(signal.SIGINT)
-        out, err = demo.communicate(timeout=60)
+        _, err = demo.communicate(timeout=60)
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.communicate()
     assert demo.returncode == 0, err.decode()
-    view = out.decode()
-    assert "exp1 / control" in view and "exp1 / treatment" in view and "GSB exp1" in view
-    assert "A/B exp1: treatment vs control" in view
-    assert "true values exp1 / treatment: MRR" in view  # computed in the background while the worker started
+    view = output.read_text()
+    for arm in arms:
+        assert f"exp1 / {arm}" in view and f"true values exp1 / {arm}: MRR" in view
+    assert "A/B exp1: clickbait, treatment vs control" in view and "GSB exp1" in view
+    assert "  clickbait vs control: recommendation rollback" in view
+    assert "  treatment vs control: recommendation ship" in view
+    assert "breached -5%" in view and "within -0.005" in view
+    lines = {line for line in view.splitlines() if line.startswith("recommendation: ")}
+    (rollback,) = [line for line in lines if line.startswith("recommendation: rollback clickbait vs control after ")]
+    (ship,) = [line for line in lines if line.startswith("recommendation: ship treatment vs control after ")]
+    assert "guardrail SatClick breached" in rollback and rollback.endswith("· true values: correct"), rollback
+    assert "guardrails within tolerance: ERR@10, SatClick" in ship and ship.endswith("· true values: correct"), ship
+    assert len({line.split(" · ")[0] for line in lines}) == 2, lines  # announced once each (the truth may follow)
     assert not _listening(port) and not _listening(metrics_port)  # broker and worker are gone

