@@ -155,6 +155,10 @@ class Config:
     windows: tuple[float, ...] = (300.0, 3600.0)
     idle_timeout: float = 30.0
     max_label_values: int = 100
+    #: segments: fields of a ranking's ``attributes`` whose values slice the report, series, windows and A/B rows
+    segments: tuple[str, ...] = ()
+    #: distinct values kept per segment field; the rest are ``__other__``
+    max_segment_values: int = 20
     # bounds on state that distinct ids would grow (README, "Bounded state"): beyond them, overflow is counted
     max_open_sessions: int = 300_000  # open named sessions (~1 KB each with 20 items)
     max_open_queries: int = 500_000  # distinct query ids per GSB bucket (~140 bytes each)
@@ -225,6 +229,10 @@ class Config:
         if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
             raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
+        if self.max_segment_values < 1:
+            raise ConfigError(f"max_segment_values: must be positive, got {self.max_segment_values}")
+        if len(set(self.segments)) != len(self.segments):
+            raise ConfigError(f"segments: a field is named twice in {list(self.segments)}")
         for name in ("max_open_sessions", "max_open_queries", "max_units", "max_waiting_feedback"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")
@@ -320,6 +328,8 @@ class Config:
             "sat_kinds": list(self.sat_kinds),
             "reformulation_gap": self.reformulation_gap,
             "experiments": {name: _settings_json(settings) for name, settings in self.experiments},
+            **({"segments": list(self.segments), "max_segment_values": self.max_segment_values}
+               if self.segments else {}),
             "metrics": [spec.name for spec in self.specs],
         }
 
@@ -547,6 +557,8 @@ READERS: dict[str, Any] = {
     "windows": _windows,
     "idle_timeout": _duration("idle_timeout"),
     "max_label_values": _integer("max_label_values"),
+    "segments": _names("segments"),
+    "max_segment_values": _integer("max_segment_values"),
     "max_open_sessions": _integer("max_open_sessions"),
     "max_open_queries": _integer("max_open_queries"),
     "max_units": _integer("max_units"),

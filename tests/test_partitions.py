@@ -69,6 +69,23 @@ def _feed(engine: PartitionedEngine, kind: str, partition: int, batch: list[tupl
     engine.tick()
 
 
+def run_partitioned(lines: list[bytes], config: Any, collect: Collect, batch: int) -> PartitionedEngine:
+    """``lines`` through a partitioned engine of every partition, in fetches of up to ``batch`` messages per
+    topic-partition."""
+    sent, _ = _route(lines)
+    engine = PartitionedEngine(Engine(config, collect))
+    for partition in range(PARTITIONS):
+        engine.assign(partition)
+    pending: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
+    for kind, partition, offset, value in sent:
+        pending[kind, partition].append((offset, value))
+        if len(pending[kind, partition]) >= batch:
+            _feed(engine, kind, partition, pending.pop((kind, partition)))
+    for (kind, partition), rest in pending.items():
+        _feed(engine, kind, partition, rest)
+    return engine
+
+
 class Collect:
     def __init__(self) -> None:
         self.records: dict[str, dict[str, Any]] = {}
@@ -109,18 +126,8 @@ def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int, b
     config = Config(metrics=BEHAVIOUR) if behaviour else Config()
     lines = _lines(1500, seed=3, behaviour=behaviour)
     expected, expected_records = _replay(lines, tmp_path, config)
-    sent, _ = _route(lines)
     collect = Collect()
-    engine = PartitionedEngine(Engine(config, collect))
-    for partition in range(PARTITIONS):
-        engine.assign(partition)
-    pending: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
-    for kind, partition, offset, value in sent:  # fetches of up to `batch` messages per topic-partition
-        pending[kind, partition].append((offset, value))
-        if len(pending[kind, partition]) >= batch:
-            _feed(engine, kind, partition, pending.pop((kind, partition)))
-    for (kind, partition), rest in pending.items():
-        _feed(engine, kind, partition, rest)
+    engine = run_partitioned(lines, config, collect, batch)
     assert engine.watermark == math.inf
     assert _comparable(engine.totals().report()) == _comparable(expected.report())
     assert collect.records == expected_records.records

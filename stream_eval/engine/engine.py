@@ -21,7 +21,7 @@ import numpy.typing as npt
 from stream_eval.config import Arms, Config
 from stream_eval.engine.ab import UnitLedger, recommend
 from stream_eval.engine.gsb import GsbTracker
-from stream_eval.engine.labels import LabelBounds
+from stream_eval.engine.labels import MISSING, OTHER, LabelBounds
 from stream_eval.engine.plugins import Plugin, RegroupHooks
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
 from stream_eval.events.join import OVERFLOW, EventCounts, Finalised, Join
@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # the types readers get from engine.windows and engine.delays
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 GroupKey = tuple[str, str]
+#: A segment group: (experiment, arm, segment field, segment value), the value bounded (``max_segment_values``).
+SegmentKey = tuple[str, str, str, str]
 _RAW_GROUP_CACHE = 10_000
 
 
@@ -134,6 +136,12 @@ class Engine:
         self._group_index: dict[GroupKey, int] = {}
         self._raw_groups: dict[GroupKey, int] = {}
         self.groups: list[GroupStats] = []
+        # segment groups (config ``segments``): a request is in one per segment field, besides its group
+        self.segment_fields = config.segments
+        self.segment_keys: list[SegmentKey] = []
+        self._segment_index: dict[SegmentKey, int] = {}
+        self._raw_segments: dict[SegmentKey, int] = {}
+        self.segment_groups: list[GroupStats] = []
         self.arms_seen: dict[str, set[str]] = {}
         self.teams_seen: dict[str, set[str]] = {}
         self.with_subtopics = 0
@@ -380,6 +388,36 @@ class Engine:
             self._raw_groups[experiment, arm] = index
         return index
 
+    def segment_of(self, experiment: str, arm: str, field: str, value: str) -> int:
+        """Index of the segment group of an experiment, arm, segment field and value (each bounded)."""
+        raw = (experiment, arm, field, value)
+        index = self._raw_segments.get(raw)
+        if index is not None:
+            return index
+        bounded = value if value == MISSING else self.labels.segment(field, value, self.config.max_segment_values)
+        key = (*self.group_keys[self.group_of(experiment, arm)], field, bounded)
+        index = self._segment_index.get(key)
+        if index is None:
+            index = self._segment_index[key] = len(self.segment_keys)
+            self.segment_keys.append(key)
+            self.segment_groups.append(GroupStats(len(self.specs)))
+        if len(self._raw_segments) < _RAW_GROUP_CACHE:
+            self._raw_segments[raw] = index
+        return index
+
+    def segments_of(self, rankings: Sequence[Any]) -> Ints:
+        """The segment group of each request for each segment field: shape (requests, fields). A ranking without
+        the field in its ``attributes`` has the value ``__missing__``."""
+        fields = self.segment_fields
+        out = np.empty((len(rankings), len(fields)), dtype=np.int64)
+        segment_of = self.segment_of
+        for i, ranking in enumerate(rankings):
+            attributes = ranking.attributes or _NO_ATTRIBUTES
+            experiment, arm = ranking.experiment, ranking.arm
+            for f, field in enumerate(fields):
+                out[i, f] = segment_of(experiment, arm, field, attributes.get(field, MISSING))
+        return out
+
     def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
         """Per-request values of finalised requests."""
         rankings = finalised.rankings
@@ -438,6 +476,8 @@ class Engine:
                 stats.requests += int(requests[g])
                 stats.empty += int(empties[g])
                 stats.moments += moments
+        if self.segment_fields:
+            self._count_segments(states, plain_values, empty)
         relevant = batch.shown_grade >= self.config.rel_threshold
         behaviour = self.sessions.behaviour
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown,
@@ -482,6 +522,26 @@ class Engine:
             else:
                 self.on_finalised(FinalisedBatch(states, self.specs, values))
 
+    def _count_segments(self, states: Sequence[Any], values: Floats, empty: npt.NDArray[np.bool_]) -> None:
+        """Add finalised requests to their segment groups: per-request values only (no session measure: a session
+        may span segment values)."""
+        segments = self.segments_of(states)
+        if self._session_columns:
+            values = values.copy()
+            values[:, self._session_columns] = np.nan
+        n_fields = len(self.segment_fields)
+        flat = segments.reshape(-1)
+        n_segments = len(self.segment_groups)
+        requests = np.bincount(flat, minlength=n_segments)
+        empties = np.bincount(segments[empty].reshape(-1), minlength=n_segments)
+        repeated = np.repeat(values, n_fields, axis=0)
+        for s, moments in enumerate(grouped_moments(flat, repeated, n_segments)):
+            if requests[s]:
+                stats = self.segment_groups[s]
+                stats.requests += int(requests[s])
+                stats.empty += int(empties[s])
+                stats.moments += moments
+
     def _unit_contributions(self, finalised: Finalised, states: Sequence[Any], group: Ints, values: Floats,
                             interleaved: npt.NDArray[np.bool_]) -> None:
         """The A/B units' share of finalised requests (interleaved ones are no arm of a split)."""
@@ -525,6 +585,8 @@ class Engine:
         self.with_subtopics += other.with_subtopics
         for key, stats in zip(other.group_keys, other.groups, strict=True):
             self.groups[self.group_of(*key)] += stats
+        for segment, stats in zip(other.segment_keys, other.segment_groups, strict=True):
+            self.segment_groups[self.segment_of(*segment)] += stats
         for source, target in ((other.arms_seen, self.arms_seen), (other.teams_seen, self.teams_seen)):
             for experiment, arms in source.items():
                 target.setdefault(experiment, set()).update(arms)
@@ -672,12 +734,37 @@ class Engine:
             "events": self.counts.summary(),
             "overall": self._section(self.overall()),
             "groups": groups,
+            **({"segments": self.segment_rows(),
+                "segment_overflow": self.segment_overflow()}
+               if self.segment_fields else {}),
             "gsb": gsb,
             "ab": self.ab(),
             "srm": self.srm(),
             "experiments": self.experiments(),
             "overflow": self.overflow(),
         }
+
+    def segment_rows(self) -> list[dict[str, Any]]:
+        """The report's ``segments``: per experiment, arm, segment field and value, its requests and the means of
+        the per-request measures (GAUC and the session measures are not per segment)."""
+        names = [(j, name) for j, name in self._metric_names() if not self.specs[j].per_session]
+        rows = []
+        for (experiment, arm, field, value), stats in sorted(zip(self.segment_keys, self.segment_groups, strict=True),
+                                                             key=lambda s: s[0]):
+            means = stats.moments.mean()
+            rows.append({"experiment": experiment, "arm": arm, "segment": {"field": field, "value": value},
+                         "requests": stats.requests, "empty": stats.empty,
+                         "metrics": {name: _number(means[j]) for j, name in names}})
+        return rows
+
+    def segment_overflow(self) -> dict[str, int]:
+        """Finalised requests whose segment value was folded into ``__other__`` (beyond ``max_segment_values``), per
+        segment field."""
+        out = dict.fromkeys(self.segment_fields, 0)
+        for (_, _, field, value), stats in zip(self.segment_keys, self.segment_groups, strict=True):
+            if value == OTHER:
+                out[field] += stats.requests
+        return out
 
     def overflow(self) -> dict[str, int]:
         """What state caps left out (``max_open_sessions``, ``max_open_queries``, ``max_units``,
@@ -773,6 +860,7 @@ def _decision_of(lower: float | None, upper: float | None) -> str:
 
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
+_NO_ATTRIBUTES: dict[str, str] = {}
 _REQUEST_ID = attrgetter("request_id")
 _TEAMS = attrgetter("teams")
 _QUERY_ID = attrgetter("query_id")

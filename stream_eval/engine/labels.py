@@ -1,7 +1,12 @@
 """Bounded label values: at most ``max_label_values`` distinct values per label, the rest ``__other__``.
 
-Label values come from events (experiment, arm); without a bound a typo or an attack creates unbounded
-Prometheus series and report groups. Overflow is counted per label.
+Label values come from events (experiment, arm; and the segment fields of a ranking's ``attributes``, bounded to
+``max_segment_values`` each); without a bound a typo or an attack creates unbounded Prometheus series and report
+groups. Overflow is counted per label (segments: the requests of ``__other__``, per field).
+
+The values kept are the first ones met. On one engine (replay) that is the input's order; a worker's engines share
+one table. Where a label has more distinct values than its bound, workers that see the input in another order may
+keep other values than a replay (README, "Segments").
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 from collections import Counter
 
 OTHER = "__other__"
+#: The segment value of a ranking without the segment field in its ``attributes`` (never folded into ``__other__``).
+MISSING = "__missing__"
 
 
 class LabelBounds:
@@ -21,12 +28,31 @@ class LabelBounds:
     1
     """
 
-    __slots__ = ("limit", "_known", "overflow")
+    __slots__ = ("limit", "_known", "overflow", "_segments")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._known: dict[str, set[str]] = {}
         self.overflow: Counter[str] = Counter()
+        self._segments: dict[str, set[str]] = {}
+
+    def segment(self, field: str, value: str, limit: int) -> str:
+        """The value kept for segment ``field`` (``limit``: ``max_segment_values``), else ``__other__``. (The requests
+        folded are counted by the engine: its ``__other__`` segment groups.)
+
+        >>> bounds = LabelBounds(100)
+        >>> [bounds.segment("platform", p, 2) for p in ["ios", "web", "tv", "ios"]]
+        ['ios', 'web', '__other__', 'ios']
+        """
+        known = self._segments.get(field)
+        if known is None:
+            known = self._segments[field] = set()
+        if value in known:
+            return value
+        if len(known) < limit:
+            known.add(value)
+            return value
+        return OTHER
 
     def value(self, label: str, value: str) -> str:
         known = self._known.get(label)

@@ -14,7 +14,7 @@ Readers of the engine's state (shares, readouts, partitions) still find the wind
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -85,7 +85,17 @@ class EngineView(Protocol):
     @property
     def with_subtopics(self) -> int: ...
 
+    @property
+    def segment_fields(self) -> Sequence[str]: ...
+
+    @property
+    def segment_keys(self) -> Sequence[tuple[str, str, str, str]]: ...
+
     def group_of(self, experiment: str, arm: str) -> int: ...
+
+    def segment_of(self, experiment: str, arm: str, field: str, value: str) -> int: ...
+
+    def segments_of(self, rankings: Sequence[Any]) -> Ints: ...
 
     def arms_of(self, experiment: str) -> Arms | None: ...
 

@@ -72,6 +72,10 @@ class Readout:
     * ``ab``: :class:`AbReadout`;
     * ``events[type, status, *extra]``; ``invalid[type, code, *extra]`` (the invalid events by reason);
       ``label_overflow[label,]``; ``state_overflow[kind, *extra]``;
+    * segments (config ``segments``): ``segment_requests[experiment, arm, field, value, *extra]``;
+      ``segment_sum`` / ``segment_count[experiment, arm, field, value, metric, *extra]``;
+      ``segment_window[experiment, arm, field, value, metric, window]`` -> (sum, count), summed over the shares;
+      ``segment_overflow[field, *extra]`` (requests whose value was folded into ``__other__``);
     * ``delays[extra]`` -> (cumulative buckets ``(upper bound text, count)``, sum of delays);
     * ``watermark``: NaN until event time is finite; ``taken``: ``time.monotonic()`` when read.
     """
@@ -89,6 +93,11 @@ class Readout:
     label_overflow: Mapping[Labels, float] = field(default_factory=dict)
     state_overflow: Mapping[Labels, float] = field(default_factory=dict)
     delays: Mapping[Labels, tuple[list[tuple[str, float]], float]] = field(default_factory=dict)
+    segment_requests: Mapping[Labels, float] = field(default_factory=dict)
+    segment_sum: Mapping[Labels, float] = field(default_factory=dict)
+    segment_count: Mapping[Labels, float] = field(default_factory=dict)
+    segment_window: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
+    segment_overflow: Mapping[Labels, float] = field(default_factory=dict)
     watermark: float = math.nan
     taken: float = -math.inf
 
@@ -128,6 +137,11 @@ class Reader:
         delays: dict[Labels, tuple[list[tuple[str, float]], float]] = {}
         window: dict[Labels, tuple[float, float]] = {}  # summed over the shares
         verdicts: dict[Labels, GsbCounts] = {}
+        segment_requests: dict[Labels, float] = {}
+        segment_sum: dict[Labels, float] = {}
+        segment_count: dict[Labels, float] = {}
+        segment_window: dict[Labels, tuple[float, float]] = {}  # summed over the shares
+        segment_overflow: dict[Labels, float] = {}
         every: Shares = [("", "", engine)] if shares is None else shares
         for partition, generation, share in every:
             extra: Labels = () if shares is None else (partition, generation)
@@ -142,6 +156,16 @@ class Reader:
                     metric_count[experiment, arm, name, *extra] = float(count[j])
                 metric_sum[experiment, arm, "AUC", *extra] = float(stats.gauc.total[0])
                 metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
+            per_request = [(j, name) for j, name in names if not share.specs[j].per_session]
+            if share.segment_fields:
+                for segment_field, n in share.segment_overflow().items():
+                    segment_overflow[segment_field, *extra] = float(n)
+            for segment, stats in zip(share.segment_keys, share.segment_groups, strict=True):
+                segment_requests[(*segment, *extra)] = float(stats.requests)
+                total, count = stats.moments.total.tolist(), stats.moments.count.tolist()
+                for j, name in per_request:
+                    segment_sum[(*segment, name, *extra)] = total[j]
+                    segment_count[(*segment, name, *extra)] = float(count[j])
             for (experiment, treatment, source), counts in share.gsb.totals(share.arms_of).items():
                 for verdict in VERDICTS:
                     gsb[experiment, treatment, source, verdict, *extra] = float(getattr(counts, verdict))
@@ -165,6 +189,9 @@ class Reader:
                     window[key] = (before[0] + total, before[1] + count)
                 for labels, counts in share.windows.verdicts().items():
                     verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
+                for segment_key, (total, count) in share.windows.segment_snapshot().items():
+                    before = segment_window.get(segment_key, (0.0, 0.0))
+                    segment_window[segment_key] = (before[0] + total, before[1] + count)
         if shares is None:
             state_overflow[("unit",)] = float(engine.ledger.overflow)
         for partition, generation, share in shares or ():
@@ -182,7 +209,8 @@ class Reader:
             requests=requests, metric_sum=metric_sum, metric_count=metric_count, window=window, gsb=gsb,
             gsb_score=gsb_score, gsb_p_value=gsb_p_value, ab=self._read_ab(engine), events=events, invalid=invalid,
             label_overflow={(label,): float(n) for label, n in engine.labels.overflow.items()},
-            state_overflow=state_overflow, delays=delays,
+            state_overflow=state_overflow, delays=delays, segment_requests=segment_requests, segment_sum=segment_sum,
+            segment_count=segment_count, segment_window=segment_window, segment_overflow=segment_overflow,
             watermark=engine.watermark if math.isfinite(engine.watermark) else math.nan, taken=taken,
         )
 

@@ -50,6 +50,8 @@ def take(engine: Engine, windows: bool | None = False) -> dict[str, Any]:
     data: dict[str, Any] = {
         "groups": [[e, a, s.requests, s.empty, s.sessions, s.single_class, _moments(s.moments), _moments(s.gauc)]
                    for (e, a), s in zip(engine.group_keys, engine.groups, strict=True)],
+        "segments": [[e, a, f, v, s.requests, s.empty, _moments(s.moments)]
+                     for (e, a, f, v), s in zip(engine.segment_keys, engine.segment_groups, strict=True)],
         "counts": [[kind, status, n] for (kind, status), n in engine.counts.items()],
         "reasons": dict(engine.invalid_reasons),
         "subtopics": engine.with_subtopics,
@@ -76,6 +78,10 @@ def restore(engine: Engine, data: dict[str, Any], windows: dict[str, Any] | None
         stats.requests, stats.empty, stats.sessions, stats.single_class = requests, empty, sessions, single_class
         stats.moments, stats.gauc = _unmoments(moments), _unmoments(gauc)
         engine.groups[engine.group_of(e, a)] += stats
+    for e, a, f, v, requests, empty, moments in data.get("segments", ()):  # (older checkpoints have none)
+        stats = GroupStats(len(engine.specs))
+        stats.requests, stats.empty, stats.moments = requests, empty, _unmoments(moments)
+        engine.segment_groups[engine.segment_of(e, a, f, v)] += stats
     for kind, status, n in data["counts"]:
         engine.counts[kind, status] += n
     engine.invalid_reasons.update(data["reasons"])

@@ -76,6 +76,8 @@ Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 #: (experiment, arm, metric mean name, window label) -> (sum, count)
 WindowSums = dict[tuple[str, str, str, str], tuple[float, float]]
+#: (experiment, arm, segment field, segment value, metric mean name, window label) -> (sum, count)
+SegmentWindowSums = dict[tuple[str, str, str, str, str, str], tuple[float, float]]
 #: (experiment, treatment, source, window label) -> verdict counts
 WindowVerdicts = dict[tuple[str, str, str, str], GsbCounts]
 #: bucket -> group -> moments
@@ -167,6 +169,10 @@ class RollingWindows:
         self._final: Cells = {}  # bucket -> group -> final values of the finalised requests
         self._sessions: Cells = {}  # bucket -> group -> session AUCs scored
         self._verdicts: dict[int, dict[GsbKey, GsbCounts]] = {}  # bucket -> (experiment, treatment, source)
+        # segment groups (config segments): the open and final values again, per (bucket, segment group)
+        self._segment_fields = len(engine.segment_fields)
+        self._segment_cells: Cells = {}
+        self._segment_final: Cells = {}
         self._gauc_seen = {g: self._session_totals(stats) for g, stats in enumerate(engine.groups)}  # at last settle
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
         self._share_id: str | None = None  # of the last full share (taken or restored)
@@ -180,6 +186,7 @@ class RollingWindows:
         self._values: Floats = np.zeros((0, self.size))
         self._bucket: Ints = np.zeros(0, dtype=np.int64)
         self._group: Ints = np.zeros(0, dtype=np.int64)
+        self._segment: Ints = np.zeros((0, self._segment_fields), dtype=np.int64)
         self.with_subtopics = False
         engine.attach(self)
 
@@ -240,7 +247,8 @@ class RollingWindows:
         floor = bucket - max(self._spans) + 1
         if floor > self._floor:
             self._floor = floor
-            for store in (self._cells, self._final, self._sessions, self._verdicts):
+            for store in (self._cells, self._final, self._sessions, self._verdicts, self._segment_cells,
+                          self._segment_final):
                 for old in [b for b in store if b < floor]:
                     del store[old]
             self._changed = {b for b in self._changed if b >= floor}
@@ -303,6 +311,34 @@ class RollingWindows:
                     out[experiment, arm, name, label] = (float(sessions[g].total[k]), float(sessions[g].weight[k]))
         return out
 
+    def segment_snapshot(self, watermark: float | None = None) -> SegmentWindowSums:
+        """``(sum, count)`` per (experiment, arm, segment field, segment value, metric mean name, window label), for
+        every known segment group: the per-request measures only (no GAUC, no session measure)."""
+        watermark = self.watermark if watermark is None else watermark
+        engine = self.engine
+        out: SegmentWindowSums = {}
+        if not math.isfinite(watermark) or not self._segment_fields:
+            return out
+        columns = [
+            (j, spec.mean_name)
+            for j, spec in enumerate(engine.specs)
+            if (not spec.needs_subtopics or self.with_subtopics or engine.with_subtopics) and not spec.per_session
+        ]
+        current = self._bucket_of(watermark)
+        for label, span in zip(self.labels, self._spans, strict=True):
+            first = current - span + 1
+            values = [Moments(self.size) for _ in engine.segment_keys]
+            for store in (self._segment_cells, self._segment_final):
+                for b, cells in store.items():
+                    if b >= first:
+                        for g, moments in cells.items():
+                            values[g] += moments
+            for g, key in enumerate(engine.segment_keys):
+                moments = values[g]
+                for j, name in columns:
+                    out[(*key, name, label)] = (float(moments.total[j]), float(moments.weight[j]))
+        return out
+
     def verdicts(self, watermark: float | None = None) -> WindowVerdicts:
         """GSB verdicts given in each window, per (experiment, treatment, source, window label)."""
         watermark = self.watermark if watermark is None else watermark
@@ -351,6 +387,7 @@ class RollingWindows:
         else:
             buckets = sorted(b for b in self._changed if b >= self._floor)
         final = [(b, g, m) for b in buckets for g, m in sorted(self._final.get(b, {}).items())]
+        segment_final = [(b, g, m) for b in buckets for g, m in sorted(self._segment_final.get(b, {}).items())]
         sessions = [(b, g, m) for b in buckets for g, m in sorted(self._sessions.get(b, {}).items())]
         seen = sorted(self._gauc_seen.items())
         return {
@@ -374,6 +411,10 @@ class RollingWindows:
             "gauc_seen": {"group": [g for g, _ in seen], **_pack([m for _, m in seen], self._session_size,
                                                                  unit=False)},
             "gsb_seen": [[*key, c.good, c.same, c.bad] for key, c in sorted(self._gsb_seen.items())],
+            **({"segments": [list(key) for key in self.engine.segment_keys],
+                "segment_final": {"bucket": [b for b, _, _ in segment_final], "group": [g for _, g, _ in segment_final],
+                                  **_pack([m for _, _, m in segment_final], self.size, unit=True)}}
+               if self._segment_fields else {}),
         }
 
     def restore(self, full: dict[str, Any], delta: dict[str, Any] | None = None) -> None:
@@ -401,10 +442,11 @@ class RollingWindows:
             self._check(delta)
             if delta.get("full") or delta.get("base") != full.get("id"):
                 raise ValueError("the delta is not a change of this full share")
-        if self._held or self._final or self._sessions or self._verdicts:
+        if self._held or self._final or self._sessions or self._verdicts or self._segment_final:
             raise ValueError("restore into fresh windows (before the engine closes event time or adds requests)")
         final: Cells = {}
         sessions: Cells = {}
+        segment_final: Cells = {}
         verdicts: dict[int, dict[GsbKey, GsbCounts]] = {}
         last = full
         for share in (full, delta):
@@ -413,8 +455,13 @@ class RollingWindows:
             last = share
             groups = [self.engine.group_of(experiment, arm) for experiment, arm in share["groups"]]
             for b in share["buckets"]:  # a delta's buckets replace the full share's
-                for store in (final, sessions, verdicts):
+                for store in (final, sessions, verdicts, segment_final):
                     store.pop(b, None)
+            if "segment_final" in share:
+                segments = [self.engine.segment_of(*key) for key in share["segments"]]
+                part = share["segment_final"]
+                for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, self.size, True), strict=True):
+                    segment_final.setdefault(b, {})[segments[g]] = moments
             for store, part, size, unit in ((final, share["final"], self.size, True),
                                             (sessions, share["sessions"], self._session_size, False)):
                 for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, size, unit), strict=True):
@@ -425,6 +472,7 @@ class RollingWindows:
         self._final = {b: cells for b, cells in final.items() if b >= floor}
         self._sessions = {b: cells for b, cells in sessions.items() if b >= floor}
         self._verdicts = {b: cells for b, cells in verdicts.items() if b >= floor}
+        self._segment_final = {b: cells for b, cells in segment_final.items() if b >= floor}
         self._changed = {b for b in (delta or {}).get("buckets", ()) if b >= floor}
         self._share_id = full["id"]
         self._floor = floor
@@ -466,12 +514,17 @@ class RollingWindows:
         stored = rows[rows >= 0]
         if stored.shape[0]:
             self._apply(self._cells, self._bucket[stored], self._group[stored], self._values[stored], -1)
+            if self._segment_fields:
+                self._apply_segments(self._segment_cells, self._bucket[stored], self._segment[stored],
+                                     self._values[stored], -1)
             self._free.extend(stored.tolist())
         ungraded = np.flatnonzero(rows == UNGRADED).tolist()
         if ungraded:
             picked = [rankings[i] for i in ungraded]
-            self._apply(self._cells, self._buckets(picked), self._groups(picked), self._ungraded_rows(len(picked)),
-                        -1)
+            buckets, values = self._buckets(picked), self._ungraded_rows(len(picked))
+            self._apply(self._cells, buckets, self._groups(picked), values, -1)
+            if self._segment_fields:
+                self._apply_segments(self._segment_cells, buckets, self.engine.segments_of(picked), values, -1)
         self._held -= int((rows != NO_ROW).sum())
 
     def _replace(self, requests: Finalised, group: Ints, values: Floats, final: bool,
@@ -486,12 +539,24 @@ class RollingWindows:
             self.with_subtopics = True
         if live.any():
             self._apply(self._final if final else self._cells, bucket_i[live], group[live], values[live], 1)
+            segments = None
+            if self._segment_fields:
+                segments = self.engine.segments_of(rankings)
+                self._apply_segments(self._segment_final if final else self._segment_cells, bucket_i[live],
+                                     segments[live], values[live], 1)
             if not final:
                 self._held += int(live.sum())
                 rows[live] = UNGRADED
                 stored = np.flatnonzero(live & own) if own is not None else np.flatnonzero(live)
-                rows[stored] = self._store(bucket_i[stored], group[stored], values[stored])
+                rows[stored] = self._store(bucket_i[stored], group[stored], values[stored],
+                                           None if segments is None else segments[stored])
         return rows
+
+    def _apply_segments(self, store: Cells, bucket: Ints, segments: Ints, values: Floats, sign: int) -> None:
+        """:meth:`_apply` for the segment groups: each request's values go to its group of each segment field."""
+        n_fields = self._segment_fields
+        self._apply(store, np.repeat(bucket, n_fields), segments.reshape(-1), np.repeat(values, n_fields, axis=0),
+                    sign)
 
     def _apply(self, store: Cells, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
         """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells of ``store`` (the open
@@ -530,11 +595,11 @@ class RollingWindows:
                 del cells[g]
                 if not cells:
                     del store[b]
-        if store is self._final:
+        if store is self._final or store is self._segment_final:
             self._changed.update(np.unique(keys[:, 0]).tolist())
 
-    def _store(self, bucket: Ints, group: Ints, values: Floats) -> Ints:
-        """Rows for these values; returns them."""
+    def _store(self, bucket: Ints, group: Ints, values: Floats, segments: Ints | None = None) -> Ints:
+        """Rows for these values (and the requests' segment groups); returns them."""
         need = bucket.shape[0] - len(self._free)
         if need > 0:
             self._grow(need)
@@ -542,6 +607,8 @@ class RollingWindows:
         self._values[index] = values
         self._bucket[index] = bucket
         self._group[index] = group
+        if segments is not None:
+            self._segment[index] = segments
         return index
 
     def _grow(self, need: int) -> None:
@@ -550,6 +617,7 @@ class RollingWindows:
         self._values = np.concatenate([self._values, np.zeros((new - old, self.size))])
         self._bucket = np.concatenate([self._bucket, np.zeros(new - old, dtype=np.int64)])
         self._group = np.concatenate([self._group, np.zeros(new - old, dtype=np.int64)])
+        self._segment = np.concatenate([self._segment, np.zeros((new - old, self._segment_fields), dtype=np.int64)])
         self._rows = new
         self._free.extend(range(new - 1, old - 1, -1))
 

@@ -52,6 +52,7 @@ class Ranking(msgspec.Struct, tag="ranking", tag_field="type", gc=False):
     teams: list[str] | None = None
     subtopics: list[list[str]] | None = None
     unit_id: str | None = None
+    attributes: dict[str, str] | None = None
 
 
 class Feedback(msgspec.Struct, tag="feedback", tag_field="type", gc=False):
@@ -198,6 +199,7 @@ class CompactRanking(msgspec.Struct, gc=False):
     teams: list[str] | None = None
     subtopics: list[list[str]] | None = None
     unit_id: str | None = None  # the A/B randomisation unit, when the ranking names one
+    attributes: dict[str, str] | None = None  # segments are read from it (config ``segments``)
 
     @classmethod
     def of(cls, event: Ranking) -> CompactRanking:
@@ -212,7 +214,7 @@ class CompactRanking(msgspec.Struct, gc=False):
         scores = None if not event.scores else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
         return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
                    event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
-                   event.unit_id)
+                   event.unit_id, event.attributes or None)
 
 
 _RAW_ITEMS = attrgetter("items")
@@ -411,7 +413,7 @@ class Validator:
             self._check_lengths(event, n, ("teams", "subtopics"))
         return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, event.query_id,
                               event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
-                              event.unit_id)
+                              event.unit_id, event.attributes or None)
 
     def _check_items(self, items: list[str]) -> None:
         n = len(items)
@@ -477,7 +479,8 @@ _COMPACT_DECODER = msgspec.json.Decoder(_RawRanking | Feedback | Judgment | Wate
 
 #: Short reason codes for msgspec's type errors, by the field they are about.
 _FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "bad_grade", "ts": "bad_ts",
-                "dwell": "bad_dwell", "experiment": "missing_field", "query_id": "missing_field"}
+                "dwell": "bad_dwell", "experiment": "missing_field", "query_id": "missing_field",
+                "attributes": "bad_attributes"}
 
 
 #: What decoding bytes can raise: msgspec's errors, UnicodeDecodeError for bytes that are not UTF-8, and

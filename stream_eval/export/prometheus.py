@@ -199,22 +199,46 @@ class EngineCollector(Collector):
             self._high = self._seen  # series no longer exported (a partition given up) are forgotten
         yield from families
 
+    def _segment_families(self, s: Readout, extra: list[str]) -> Iterator[Metric]:
+        """The series per segment value (config ``segments``): the group's labels and ``segment_field``,
+        ``segment_value``."""
+        segment = ["experiment", "arm", "segment_field", "segment_value"]
+        metric = [*segment, "metric", *extra]
+        yield self._counter("stream_eval_segment_requests", "Finalised requests of a segment value.",
+                            [*segment, *extra], s.segment_requests)
+        yield self._counter("stream_eval_segment_metric_sum", "Sum of finalised per-request values of a segment "
+                            "value.", metric, s.segment_sum)
+        yield self._counter("stream_eval_segment_metric_count", "Number of finalised per-request values of a segment "
+                            "value.", metric, s.segment_count)
+        yield from self._window_families("stream_eval_segment_window", " of a segment value", [*segment, "metric"],
+                                         s.segment_window)
+        yield self._counter("stream_eval_segment_overflow", "Finalised requests whose segment value was folded into "
+                            "__other__ (beyond max_segment_values per field).", ["segment_field", *extra],
+                            s.segment_overflow)
+
+    def _window_families(self, name: str, of: str, labels: list[str],
+                         window: Mapping[Labels, tuple[float, float]]) -> Iterator[Metric]:
+        """``NAME_sum``, ``NAME_count`` and ``NAME_mean`` of rolling windows' ``(sum, count)`` per labels and window."""
+        labels = [*labels, "window"]
+        yield self._gauge(f"{name}_sum", f"Sum of per-request values{of} (open requests' current values included) in "
+                          "a rolling event-time window.", labels, {k: v[0] for k, v in window.items()})
+        yield self._gauge(f"{name}_count", f"Number of per-request values{of} in a rolling event-time window.", labels,
+                          {k: v[1] for k, v in window.items()})
+        yield self._gauge(f"{name}_mean", f"Mean of a metric{of} in a rolling event-time window.", labels,
+                          {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in window.items()})
+
     def _families(self, s: Readout, broker_up: Mapping[Labels, float],
                   broker_errors: Mapping[Labels, float]) -> Iterator[Metric]:
         extra = [] if self.shares is None else ["partition", "generation"]
         group, metric = ["experiment", "arm", *extra], ["experiment", "arm", "metric", *extra]
-        window = ["experiment", "arm", "metric", "window"]
         yield self._counter("stream_eval_requests", "Finalised requests.", group, s.requests)
         yield self._counter("stream_eval_metric_sum", "Sum of finalised per-request values (AUC: weighted sum of "
                             "session AUCs).", metric, s.metric_sum)
         yield self._counter("stream_eval_metric_count", "Number of finalised per-request values (AUC: sum of "
                             "session weights).", metric, s.metric_count)
-        yield self._gauge("stream_eval_window_sum", "Sum of per-request values (open requests' current values "
-                          "included) in a rolling event-time window.", window, {k: v[0] for k, v in s.window.items()})
-        yield self._gauge("stream_eval_window_count", "Number of per-request values in a rolling event-time "
-                          "window.", window, {k: v[1] for k, v in s.window.items()})
-        yield self._gauge("stream_eval_window_mean", "Mean of a metric in a rolling event-time window.", window,
-                          {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in s.window.items()})
+        yield from self._window_families("stream_eval_window", "", ["experiment", "arm", "metric"], s.window)
+        if s.segment_requests or s.segment_window or s.segment_overflow:
+            yield from self._segment_families(s, extra)
         yield self._counter("stream_eval_gsb", "GSB verdicts, treatment (arm; none for judgments) vs control.",
                             ["experiment", "arm", "source", "verdict", *extra], s.gsb)
         yield self._gauge("stream_eval_gsb_score", "GSB score (good - bad) / (good + same + bad); window=total for "

@@ -1,0 +1,255 @@
+"""Segments (config ``segments``): groups, series and rolling windows per value of a ranking's ``attributes`` field,
+bounded to ``max_segment_values`` values plus ``__other__``; the same in replay and in the partitioned engine."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections import defaultdict
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from support import AbstractTimeConfig as Config
+from support import approx
+from test_partitions import PARTITIONS, Collect, _feed, _route, run_partitioned
+
+from stream_eval.engine import shares
+from stream_eval.engine.engine import Engine
+from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.engine.replay import replay
+from stream_eval.engine.windows import RollingWindows
+from stream_eval.events.messages import decode_messages
+from stream_eval.events.schema import Feedback, Invalid, Ranking, decode_chunk
+from stream_eval.simulate import SimulationConfig, simulate_lines
+
+PLATFORMS = ("ios", "android", "web")
+LOCALES = ("en-US", "de-DE", "fr-FR", "ja-JP", "pt-BR")
+SEGMENTS = ("platform", "locale")
+T0 = 1767225600.0
+
+
+def _attributes(request_id: str) -> dict[str, str]:
+    """A request's attributes, a fixed function of its id: every platform, five locales, some without a locale."""
+    h = zlib.crc32(request_id.encode())
+    out = {"platform": PLATFORMS[h % 3], "page": "search"}
+    if h % 7:
+        out["locale"] = LOCALES[(h // 7) % 5]
+    return out
+
+
+def _with_attributes(lines: list[bytes]) -> tuple[list[bytes], dict[str, dict[str, str]]]:
+    """Simulated lines whose rankings carry ``attributes``; and the attributes of each request id."""
+    out, attributes = [], {}
+    for line in lines:
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            out.append(line)
+            continue
+        if isinstance(event, dict) and event.get("type") == "ranking" and isinstance(event.get("request_id"), str):
+            event["attributes"] = attributes.setdefault(event["request_id"], _attributes(event["request_id"]))
+            line = orjson.dumps(event) + b"\n"
+        out.append(line)
+    return out, attributes
+
+
+def _lines(requests: int, seed: int) -> tuple[list[bytes], dict[str, dict[str, str]]]:
+    sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
+                           late_fraction=0.03, duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02,
+                           arms=(("control", 0.55), ("treatment", 0.7), ("worse", 0.4)))
+    return _with_attributes(list(simulate_lines(sim)))
+
+
+def _replay(lines: list[bytes], tmp_path: Any, config: Any) -> tuple[Engine, Collect]:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"".join(lines))
+    collect = Collect()
+    return replay([str(path)], config, collect, attach=RollingWindows), collect
+
+
+def test_segment_groups_are_the_means_of_their_requests(tmp_path: Any) -> None:
+    """Oracle: each segment group's requests and means, from the per-request records and the attributes each
+    ranking carried; and per field, the values' requests add up to their group's."""
+    config = Config(segments=SEGMENTS)
+    lines, attributes = _lines(1200, seed=11)
+    engine, collect = _replay(lines, tmp_path, config)
+    report = engine.report()
+    expected: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in collect.records.values():
+        for field in SEGMENTS:
+            value = attributes[record["request_id"]].get(field, "__missing__")
+            expected[record["experiment"], record["arm"], field, value].append(record["metrics"])
+    rows = {(r["experiment"], r["arm"], r["segment"]["field"], r["segment"]["value"]): r for r in report["segments"]}
+    assert set(rows) == set(expected)
+    assert {v for (_, _, f, v) in rows if f == "locale"} == {*LOCALES, "__missing__"}
+    for key, records in expected.items():
+        assert rows[key]["requests"] == len(records)
+        for name, mean in rows[key]["metrics"].items():
+            spec_name = {"MRR": "RR", "MAP": "AP"}.get(name, name)
+            values = [m[spec_name] for m in records if m[spec_name] is not None]
+            assert mean == approx(sum(values) / len(values) if values else None), (key, name)
+    groups = {(g["experiment"], g["arm"]): g["requests"] for g in report["groups"]}
+    for field in SEGMENTS:
+        per_group: dict[tuple[str, str], int] = defaultdict(int)
+        for (e, a, f, _), row in rows.items():
+            if f == field:
+                per_group[e, a] += row["requests"]
+        assert per_group == {k: n for k, n in groups.items() if n}
+    assert report["segment_overflow"] == {"platform": 0, "locale": 0}
+    assert "segments" not in Engine(Config()).report()  # without segments, the report is as before
+
+
+def test_values_beyond_max_segment_values_are_other_and_counted(tmp_path: Any) -> None:
+    config = Config(segments=SEGMENTS, max_segment_values=2)
+    lines, attributes = _lines(300, seed=12)
+    engine, collect = _replay(lines, tmp_path, config)
+    report = engine.report()
+    # first come, first kept: the values in the order the input first has them (the windows see each ranking as it
+    # comes; without windows, finalisation would decide the order)
+    seen: dict[str, list[str]] = {field: [] for field in SEGMENTS}
+    for line in lines:
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("type") == "ranking" and event.get("request_id") in collect.records:
+            for field in SEGMENTS:
+                value = event["attributes"].get(field)
+                if value is not None and value not in seen[field]:
+                    seen[field].append(value)
+    for field in SEGMENTS:
+        values = {r["segment"]["value"] for r in report["segments"] if r["segment"]["field"] == field}
+        assert values - {"__missing__"} == {*seen[field][:2], "__other__"}
+        folded = sum(1 for rid in collect.records if attributes[rid].get(field) in seen[field][2:])
+        other = sum(r["requests"] for r in report["segments"] if r["segment"] == {"field": field, "value": "__other__"})
+        assert other == folded > 0
+        assert report["segment_overflow"][field] == folded
+
+
+def _segments_of(engine: Engine) -> Any:
+    return approx(engine.segment_rows())
+
+
+@pytest.mark.parametrize("batch", [1, 50])
+def test_partitioned_engine_gives_the_replay_segments(tmp_path: Any, batch: int) -> None:
+    config = Config(segments=SEGMENTS)
+    lines, _ = _lines(1000, seed=13)
+    expected, expected_records = _replay(lines, tmp_path, config)
+    collect = Collect()
+    engine = run_partitioned(lines, config, collect, batch)
+    assert collect.records == expected_records.records
+    totals = engine.totals()
+    assert _segments_of(totals) == expected.segment_rows()
+    assert totals.report()["groups"] == approx(expected.report()["groups"])
+
+
+def test_segments_survive_a_rebalance_from_a_checkpoint(tmp_path: Any) -> None:
+    """Partition 0 moves halfway from engine A to engine B through its checkpoint (its share holds its segment
+    groups): A's and B's totals together are the replay's."""
+    config = Config(segments=SEGMENTS)
+    lines, _ = _lines(1000, seed=14)
+    expected, _ = _replay(lines, tmp_path, config)
+    sent, log = _route(lines)
+    a, b = PartitionedEngine(Engine(config, Collect())), PartitionedEngine(Engine(config, Collect()))
+    for partition in range(PARTITIONS):
+        a.assign(partition)
+    half = len(sent) // 2
+    for kind, partition, offset, value in sent[:half]:
+        _feed(a, kind, partition, [(offset, value)])
+    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(a.checkpoint(0).to_json())))
+    a.drop(0)
+    starts = b.assign(0, checkpoint)
+    for kind in KINDS:
+        for offset, value in log[kind, 0]:
+            if starts.get(kind, 0) <= offset < checkpoint.processed.get(kind, 0):
+                _feed(b, kind, 0, [(offset, value)])
+    for kind, partition, offset, value in sent[half:]:
+        _feed(a if partition else b, kind, partition, [(offset, value)])
+    combined = Engine(config)
+    combined.merge(a.totals())
+    combined.merge(b.totals())
+    assert _segments_of(combined) == expected.segment_rows()
+
+
+def test_windows_per_segment_add_up_to_the_group_windows_and_travel_in_shares(tmp_path: Any) -> None:
+    """Per field, the values' window sums and counts are their group's (open requests included, mid-stream); a
+    share of the windows restored into fresh ones gives the same finalised part."""
+    config = Config(segments=SEGMENTS, attribution_window=60.0, allowed_lateness=0.0)
+    engine = Engine(config)
+    windows = RollingWindows(engine)
+    rng = random.Random(15)
+    events: list[Any] = []
+    for k in range(400):  # a request a second over 400 s, a click on one of its first items most of the time
+        rid, ts = f"r{k}", T0 + k
+        events.append(Ranking(rid, ["a", "b", "c"], ts=ts, experiment="e", arm=("x", "y")[k % 2],
+                              attributes=_attributes(rid)))
+        for _ in range(rng.randint(0, 2)):  # grades that change while the request is open
+            events.append(Feedback(rid, rng.choice("abc"), grade=float(rng.randint(1, 3)), ts=ts + rng.uniform(0, 50)))
+    events.sort(key=lambda e: e.ts)
+    for start in range(0, len(events), 25):  # in batches: open requests' rows are reverted and replaced
+        engine.process(events[start : start + 25])
+    assert 0 < engine.overall().requests and windows.open_rows > 0
+    main, segment = windows.snapshot(), windows.segment_snapshot()
+    assert segment
+    for field in SEGMENTS:
+        added: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for (e, a, f, _, metric, window), (total, count) in segment.items():
+            if f == field:
+                added[e, a, metric, window][0] += total
+                added[e, a, metric, window][1] += count
+        for key, (total, count) in added.items():
+            assert main[key][1] == count and main[key][0] == pytest.approx(total, rel=1e-12, abs=1e-12)
+    data = orjson.loads(orjson.dumps(shares.take(engine, windows=True)))
+    fresh = Engine(config)
+    fresh_windows = RollingWindows(fresh)
+    shares.restore(fresh, data, None)
+    assert _segments_of(fresh) == engine.segment_rows()
+    final = _final_cells(windows)
+    assert final  # the finalised requests' values (the open ones a new owner rebuilds from the input)
+    assert _final_cells(fresh_windows) == final
+
+
+def _final_cells(windows: RollingWindows) -> dict[tuple[Any, ...], list[float]]:
+    """The windows' finalised values per (bucket, segment group), by the segment group's key."""
+    keys = windows.engine.segment_keys
+    return {(b, *keys[g]): [*m.count.tolist(), *m.total.tolist()]
+            for b, cells in windows._segment_final.items() for g, m in cells.items()}
+
+
+def test_prometheus_exports_segment_series(tmp_path: Any) -> None:
+    from stream_eval.export.prometheus import EngineCollector
+
+    config = Config(segments=SEGMENTS, max_segment_values=2)
+    lines, _ = _lines(300, seed=16)
+    engine, _ = _replay(lines, tmp_path, config)
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    report = engine.report()
+    for row in report["segments"]:
+        labels = {"experiment": row["experiment"], "arm": row["arm"], "segment_field": row["segment"]["field"],
+                  "segment_value": row["segment"]["value"]}
+        assert registry.get_sample_value("stream_eval_segment_requests_total", labels) == row["requests"]
+        if row["metrics"]["MRR"] is not None:
+            total = registry.get_sample_value("stream_eval_segment_metric_sum_total", {**labels, "metric": "RR"})
+            count = registry.get_sample_value("stream_eval_segment_metric_count_total", {**labels, "metric": "RR"})
+            assert total / count == pytest.approx(row["metrics"]["MRR"], rel=1e-12)
+        assert registry.get_sample_value("stream_eval_segment_window_count",
+                                         {**labels, "metric": "MRR", "window": "1h"}) is not None
+    for field in SEGMENTS:
+        assert registry.get_sample_value("stream_eval_segment_overflow_total", {"segment_field": field}) == \
+            report["segment_overflow"][field] > 0
+
+
+def test_attributes_in_the_schema() -> None:
+    config = Config()
+    good = (b'{"type": "ranking", "request_id": "r1", "ts": 1767225600, "items": ["a"], '
+            b'"attributes": {"platform": "ios", "locale": "en-US"}}')
+    bad = b'{"type": "ranking", "request_id": "r2", "ts": 1767225600, "items": ["a"], "attributes": {"platform": 3}}'
+    listed = b'{"type": "ranking", "request_id": "r3", "ts": 1767225600, "items": ["a"], "attributes": ["ios"]}'
+    events = decode_chunk(b"\n".join([good, bad, listed]) + b"\n", config)
+    assert isinstance(events[0], Ranking) and events[0].attributes == {"platform": "ios", "locale": "en-US"}
+    assert [e.code for e in events[1:] if isinstance(e, Invalid)] == ["bad_attributes", "bad_attributes"]
+    topic = decode_messages([good], "ranking", config, [0.0], ["rankings/0@0"])
+    assert topic[0].attributes == {"platform": "ios", "locale": "en-US"}  # type: ignore[union-attr]  # a ranking
