@@ -161,3 +161,16 @@ def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_
     # a tighter tolerance that b has not been shown within: keep running
     strict = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.001}\n'))
     assert {r["treatment"]: r["recommendation"] for r in strict.experiments()}["b-better"] == "keep running"
+
+
+def test_a_configured_control_not_seen_yet_is_a_sample_ratio_mismatch_not_a_crash(tmp_path: Path) -> None:
+    """The control named in the config has no units yet (a worker's first look may see treatment traffic only):
+    the SRM test counts it with 0 units (a mismatch), where it raised "need units and expected shares for the
+    same >= 2 arms" in the look and stopped the engine."""
+    log = tmp_path / "treatment-only.jsonl"
+    log.write_bytes(b"".join(simulate_lines(SimulationConfig(requests=300, seed=5, arms=(("treat", 0.6),)))))
+    report = orjson.loads(orjson.dumps(replay([str(log)], _config('[experiments.exp1]\ncontrol = "ctl"\n')).report()))
+    (srm,) = report["srm"]
+    assert srm["units"] == {"ctl": 0, "treat": srm["units"]["treat"]} and srm["units"]["treat"] > 0
+    assert srm["mismatch"] is True
+    assert {row["treatment"] for row in report["ab"]} == {"treat"}

@@ -617,7 +617,8 @@ class LookMerger:
         cuped = self.config.settings_of(name).cuped
         comparisons = [compare(control, sums.get(treatment, zeros), confidence=self.config.confidence,
                                sequential_n=self.config.sequential_n, cuped=cuped) for treatment in arms.treatments]
-        expected = self.config.split_for(name, set(units))
+        # the arms compared count even before their first unit (a control not seen yet: 0 units, a mismatch)
+        expected = self.config.split_for(name, set(units) | {arms.control, *arms.treatments})
         counts = [float(units.get(arm, 0)) for arm in expected]
         test = srm_test(counts, list(expected.values()))
         srm = SrmRow(name, {arm: units.get(arm, 0) for arm in expected}, expected, test.chi2, test.p_value,

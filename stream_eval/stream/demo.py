@@ -602,8 +602,9 @@ class View:
 
     @property
     def several(self) -> bool:
-        """Whether the view shows more than one experiment (announcements then name theirs)."""
-        return self.snapshot is not None and len(self.snapshot.experiments) > 1
+        """Whether the view shows more than one experiment with a treatment (announcements then name theirs; the
+        traffic outside any experiment, ``default``, such as a CUPED pre-period, names none)."""
+        return self.snapshot is not None and sum(1 for e in self.snapshot.experiments if e.treatments) > 1
 
     @property
     def announcements(self) -> list[Announcement]:
