@@ -216,3 +216,25 @@ def test_a_page_with_the_behaviour_measures(tmp_path: Path) -> None:
     assert {row["metric"] for row in report["ab"]} >= {"SatClick", "Abandoned", "Reformulation", "QueriesPerSession"}
     for name in ("CTR@10", "TimeToFirstClick", "Reformulation"):
         assert name in text
+
+
+def test_the_decisions_table_shows_lift_and_each_guardrail_status(tmp_path: Path) -> None:
+    """Three arms, guardrails on ERR@10 (absolute) and MRR (relative): each ``ab`` row's lift is in the page, and
+    each guardrail row's status (breached / within / unproven) with its tolerated loss, as the report says."""
+    from stream_eval.simulate import SimulationConfig, write_jsonl
+
+    log, config = tmp_path / "three.jsonl", tmp_path / "guard.toml"
+    write_jsonl(SimulationConfig(requests=3000, seed=3, unit="user", arms=(("a", 0.55), ("b", 0.75), ("c", 0.2))),
+                str(log))
+    config.write_text('[experiments.exp1]\ncontrol = "a"\nguardrails = {"ERR@10" = -0.005, "MRR" = "-2%"}\n')
+    page, report = _replay_html(log, tmp_path, "--config", str(config))
+    text = page.read_text(encoding="utf-8")
+    guards = [row for row in report["ab"] if row["guardrail"]]
+    assert {row["metric"] for row in guards} == {"ERR@10", "MRR"} and len(guards) == 4
+    for row in guards:
+        status = "breached" if row["breached"] else "within" if row["non_inferior"] else "unproven"
+        tolerated = "-2.00%" if row["metric"] == "MRR" else "-0.0050"
+        assert f"{status} {tolerated}" in text, (row["treatment"], row["metric"], status)
+    assert any(row["breached"] for row in guards)  # c is far worse: a breach shows
+    for row in report["ab"]:
+        assert f"{100 * row['lift']:+.2f}%" in text

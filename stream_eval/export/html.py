@@ -208,6 +208,27 @@ def _badge(decision: str, text: str | None = None) -> str:
     return f'<span class="decision" style="background:{color}">{html.escape(text or decision)}</span>'
 
 
+def _percent(value: object) -> str:
+    """A relative lift as a signed percentage (``-`` when undefined)."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return "-"
+    return f"{100 * value:+.2f}%"
+
+
+def _guardrail(row: dict[str, Any]) -> str:
+    """A guardrail row's status against its tolerated loss (``breached``, ``within``, ``unproven``), blank for a
+    goal metric."""
+    if not row.get("guardrail"):
+        return ""
+    margin = row.get("margin")
+    tolerated = _percent(margin) if row.get("margin_relative") else _number(margin)
+    if row.get("breached"):
+        return _badge("worse", f"breached {tolerated}")
+    if row.get("non_inferior"):
+        return _badge("better", f"within {tolerated}")
+    return _badge("inconclusive", f"unproven {tolerated}")
+
+
 def _decisions(report: dict[str, Any]) -> str:
     parts = []
     for row in report.get("srm", []):
@@ -222,13 +243,16 @@ def _decisions(report: dict[str, Any]) -> str:
     level = f"{100 * report['config']['confidence']:g}%"
     rows = [[html.escape(a["experiment"]), f"{html.escape(a['treatment'])} - {html.escape(a['control'])}",
              html.escape(a["metric"]), _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]),
-             _number(a["p_value"]), _badge(a["decision"]), f"{a['units_control']:,} / {a['units_treatment']:,}"]
+             _percent(a.get("lift")), f"[{_percent(a.get('lift_cs_lower'))}, {_percent(a.get('lift_cs_upper'))}]",
+             _number(a["p_value"]), _badge(a["decision"]), _guardrail(a),
+             f"{a['units_control']:,} / {a['units_treatment']:,}"]
             for a in report["ab"]]
     parts.append('<p class="note">Each treatment - the control, over randomisation units. The confidence sequence '
                  "and the p-value stay valid however often they are read; the decisions are taken after "
                  "false-discovery control (e-BH over the goal metrics and treatments).</p>")
-    parts.append(_table(["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision",
-                         "units c / t"], rows, text_columns=3))
+    parts.append(_table(["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "lift",
+                         "lift's confidence sequence", "p", "decision", "guardrail", "units c / t"], rows,
+                        text_columns=3))
     recommendation_colours = {"ship": "better", "rollback": "worse", "keep running": "inconclusive"}
     recommendations = [[html.escape(r["experiment"]), html.escape(r["treatment"]),
                         _badge(recommendation_colours[r["recommendation"]], r["recommendation"]),
