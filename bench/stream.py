@@ -848,6 +848,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                       "between the others, as the same-run baseline")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
     p.add_argument("--kafka", action="store_true", help="on Apache Kafka (scripts/kafka/fetch) instead of Tansu")
+    p.add_argument("--both", action="store_true", help="on Tansu, then on Apache Kafka, the same data, in one run")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -874,29 +875,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"faust": child_faust, "raw": child_raw}[kind](rest[0], rest[1], rest[2], int(rest[3]))
         return 0
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    machine = machine_info()
-    started = time.perf_counter()
-    broker, machine["broker"] = start_broker(args.kafka)
-    with broker:
-        bench = StreamBench(args, broker.bootstrap)
-        log(f"broker on {broker.bootstrap}")
-        if "throughput" in args.only:
-            bench.throughput()
-        if "latency" in args.only:
-            bench.latency()
-    if "memory" in args.only:
-        bench.memory()
-    machine["loadavg_end"] = os.getloadavg()
-    machine["code_hash_end"] = code_hash()
-    machine["bench_seconds"] = time.perf_counter() - started
-    text = render(bench.results, machine, args)
-    name = "stream-quick" if args.quick else "stream"
-    (Path(args.out_dir) / f"{name}.md").write_text(text + "\n")
-    (Path(args.out_dir) / f"{name}.json").write_text(
-        json.dumps({"machine": machine, "args": {k: (sorted(v) if isinstance(v, set) else v)
-                                                 for k, v in vars(args).items()}, "results": bench.results},
-                   indent=1, default=str) + "\n")
-    print(text)
+    texts = []
+    # --both: the same simulated data (same seed) through Tansu and then Apache Kafka, in one run
+    for kafka in (False, True) if args.both else (args.kafka,):
+        machine = machine_info()
+        started = time.perf_counter()
+        broker, machine["broker"] = start_broker(kafka)
+        with broker:
+            bench = StreamBench(args, broker.bootstrap)
+            log(f"broker on {broker.bootstrap}")
+            if "throughput" in args.only:
+                bench.throughput()
+            if "latency" in args.only:
+                bench.latency()
+        if "memory" in args.only and not (args.both and kafka):  # (the memory runs use no broker: once)
+            bench.memory()
+        machine["loadavg_end"] = os.getloadavg()
+        machine["code_hash_end"] = code_hash()
+        machine["bench_seconds"] = time.perf_counter() - started
+        texts.append(render(bench.results, machine, args))
+        name = ("stream-quick" if args.quick else "stream") + (("-kafka" if kafka else "-tansu") if args.both else "")
+        (Path(args.out_dir) / f"{name}.md").write_text(texts[-1] + "\n")
+        (Path(args.out_dir) / f"{name}.json").write_text(
+            json.dumps({"machine": machine, "args": {k: (sorted(v) if isinstance(v, set) else v)
+                                                     for k, v in vars(args).items()}, "results": bench.results},
+                       indent=1, default=str) + "\n")
+    print("\n\n".join(texts))
     return 0
 
 

@@ -388,3 +388,37 @@ def test_apache_kafka_starts_whatever_its_cluster_id(broker_kind: str, monkeypat
         assert asyncio.run(partitions_for([broker.bootstrap], "t")) == [0, 1]
     finally:
         broker.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker_kind", ["kafka"], indirect=True)
+def test_logs_read_to_the_end_past_a_transaction_marker(broker: str) -> None:
+    """A log whose last offset is a transaction's commit marker (request-metrics after a worker with transactions,
+    read by one with the fenced log): the end offset and the keys are found, where a fetch of the last offset,
+    which returns no record, used to be retried for ever ("unreadable at offset")."""
+    from aiokafka import AIOKafkaProducer
+
+    from stream_eval.stream.backoff import BrokerHealth
+    from stream_eval.stream.logs import Logs, log
+
+    topic = f"marker-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        await ensure_topics([broker], [topic], 1, timeout=60)
+        producer = AIOKafkaProducer(bootstrap_servers=broker, transactional_id=topic, enable_idempotence=True)
+        await producer.start()
+        try:
+            await producer.begin_transaction()
+            for key in (b"r1", b"r2"):
+                await producer.send(topic, b"{}", key=key, partition=0)
+            await producer.commit_transaction()  # offsets 0, 1 and the marker at 2
+        finally:
+            await producer.stop()
+        health = BrokerHealth("test", log)
+        for isolation in ("read_uncommitted", "read_committed"):
+            logs = Logs([broker], health, isolation_level=isolation)
+            assert await asyncio.wait_for(logs.end_offset(topic, 0), 30) == 3
+            assert await asyncio.wait_for(logs.keys_since(topic, 0, 0), 30) == ({"r1", "r2"}, 3)
+        assert not health.errors  # no read had to be retried
+
+    asyncio.run(main())

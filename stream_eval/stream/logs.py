@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,8 +233,19 @@ class Logs:
             await asyncio.sleep(0)
             await reader.stop()
 
+    @classmethod
+    async def _fetch_to(cls, reader: Any, tp: Any, end: int) -> None:
+        """Fetch from the reader's position until a record comes or the position reaches ``end`` (past markers)."""
+        fetches = cls._read_to(reader, tp, end)
+        try:
+            async for records in fetches:
+                if records:
+                    return
+        finally:
+            await fetches.aclose()
+
     @staticmethod
-    async def _read_to(reader: Any, tp: Any, end: int, patience: float = 5.0) -> AsyncIterator[list[Any]]:
+    async def _read_to(reader: Any, tp: Any, end: int, patience: float = 5.0) -> AsyncGenerator[list[Any], None]:
         """The records from the reader's position to offset ``end``, as fetched. Short fetches: read
         ``read_committed``, the last offsets before ``end`` are often a transaction's marker, which takes an offset
         and returns no record (the reader's position passes it at the fetch after). A position that does not move
@@ -289,8 +300,8 @@ class Logs:
                 if end == 0:
                     return 0
                 reader.seek(tp, end - 1)
-                if not (await reader.getmany(tp, timeout_ms=5_000)).get(tp):
-                    raise TimeoutError(f"{topic}/{partition} unreadable at offset {end - 1}")
+                # (the last offset may be a transaction's marker, which no fetch returns: its position passes it)
+                await self._fetch_to(reader, tp, end)
                 return max(end, int(reader.highwater(tp) or 0))
 
         end: int = await self.health.call("checkpoint", read)
