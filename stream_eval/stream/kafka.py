@@ -586,6 +586,9 @@ async def idempotence_supported(bootstrap: list[str], security: KafkaSecurity | 
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True,
                                 transactional_id=transactional_id, **client_options(security))
+    sender_log = logging.getLogger("aiokafka.producer.sender")  # its error about a refused id is our answer here
+    quiet = _Without("Unexpected error during InitProducerIdRequest")
+    sender_log.addFilter(quiet)
     try:
         await asyncio.wait_for(producer.start(), timeout)
         if transactional_id is not None:
@@ -597,8 +600,20 @@ async def idempotence_supported(bootstrap: list[str], security: KafkaSecurity | 
                  type(error).__name__, error)
         return False
     finally:
+        sender_log.removeFilter(quiet)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(producer.stop(), 10.0)
+
+
+class _Without(logging.Filter):
+    """Drops the log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
 
 
 async def partitions_for(bootstrap: list[str], topic: str, security: KafkaSecurity | None = None) -> list[int]:
