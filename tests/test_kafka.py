@@ -415,6 +415,11 @@ def test_logs_read_to_the_end_past_a_transaction_marker(broker: str) -> None:
         finally:
             await producer.stop()
         health = BrokerHealth("test", log)
+        # the coordinator writes the marker after it answered the commit: wait until the log ends with it
+        deadline = time.monotonic() + 30
+        while await asyncio.wait_for(Logs([broker], health).end_offset(topic, 0), 30) < 3:
+            assert time.monotonic() < deadline, "the transaction's marker never reached the log"
+            await asyncio.sleep(0.1)
         for isolation in ("read_uncommitted", "read_committed"):
             logs = Logs([broker], health, isolation_level=isolation)
             assert await asyncio.wait_for(logs.end_offset(topic, 0), 30) == 3
