@@ -138,9 +138,17 @@ class Delivery(abc.ABC):
     def finalised(self, partition: int, batch: FinalisedBatch) -> None:
         """Requests of input partition ``partition`` finalised: their request-metrics records go out with the
         partition's next commit."""
+        self._outputs(partition, batch, None)
+
+    def _outputs(self, partition: int, batch: FinalisedBatch, written: set[str] | None) -> None:
+        """The request-metrics records of ``batch`` into the outbox, but for the ids in ``written`` (each skipped
+        once: a predecessor wrote it)."""
         requests = self.outbox.requests
         for state, record in zip(batch.states, batch.records(), strict=True):
             request_id = record["request_id"]
+            if written and request_id in written:
+                written.discard(request_id)
+                continue
             requests.append((request_id.encode(), orjson.dumps(record), timestamp_ms(state.ts), partition))
 
     def dead_letter(self, invalid: Invalid, topic: str, partition: int, offset: int) -> None:
@@ -348,17 +356,8 @@ class FencedLog(Delivery):
                 await asyncio.wait_for(client.stop(), 30.0)
 
     def finalised(self, partition: int, batch: FinalisedBatch) -> None:
-        written = self.written.get(partition)
-        if not written:
-            super().finalised(partition, batch)
-            return
-        requests = self.outbox.requests
-        for state, record in zip(batch.states, batch.records(), strict=True):
-            request_id = record["request_id"]
-            if request_id in written:
-                written.discard(request_id)  # written by the partition's previous owner after its checkpoint
-                continue
-            requests.append((request_id.encode(), orjson.dumps(record), timestamp_ms(state.ts), partition))
+        # (not the ids the partition's previous owner wrote after its checkpoint)
+        self._outputs(partition, batch, self.written.get(partition))
 
     def _output_end(self, partition: int) -> int | None:
         assert self.sender is not None
@@ -661,15 +660,6 @@ class Transactions(Delivery):
         log.info("partition %d: claimed (transactional id %s)", partition, self._transactional_id("input", partition))
         return starts
 
-    async def _store_pieces(self, sender: Sender, data: bytes, topic: str, partition: int,
-                            key: bytes | None) -> tuple[int, int]:
-        """Pieces of ``data`` written in the sender's transaction; where they are: (first offset, count)."""
-        producer = sender.producer
-        pieces = snapshot.chunks(data)
-        sent = [await producer.send(topic, piece, partition=partition, key=key) for piece in pieces]
-        stored = await asyncio.gather(*sent)
-        return int(stored[0].offset), len(pieces)
-
     async def _commit_transaction(self, sender: Sender, offsets: dict[Any, Any], group: str, again: bool) -> None:
         """Add ``offsets`` of ``group`` to the sender's transaction and commit it; with ``again``, begin the next.
         (aiokafka retries these itself: a broker that does not answer is reported, and waited for.)"""
@@ -699,8 +689,8 @@ class Transactions(Delivery):
             if self._checkpointed(partition):
                 record = self._windows_record(partition)
                 if record is not None:
-                    where = await self._store_pieces(sender, record, self.settings.checkpoint_topic, partition,
-                                                     WINDOWS)
+                    where = await self.logs.store_pieces(record, self.settings.checkpoint_topic, partition,
+                                                       WINDOWS, producer=sender.producer)
                     self.partitioned.windows_stored(partition, where)
                 checkpoint = self.partitioned.checkpoint(partition)
                 # its commit marker goes in the same transaction: the stage counts the records when it does
@@ -746,7 +736,8 @@ class Transactions(Delivery):
             taken = await self._snapshot(stage)
             if taken is not None:
                 data, covers = taken
-                where = await self._store_pieces(sender, data, self.settings.snapshot_topic, stage, None)
+                where = await self.logs.store_pieces(data, self.settings.snapshot_topic, stage,
+                                                   producer=sender.producer)
                 self._snapshot_stored(stage, where, covers, len(data))
             value, start = self._stage_record(stage)
             await sender.send_record(self.settings.regroup_checkpoint_topic, stage, (CHECKPOINT, value, None))

@@ -184,9 +184,11 @@ class Logs:
         stored = await self.health.call("checkpoint", write)
         return {p: int(metadata.offset) for p, metadata in zip(chosen, stored, strict=True)}
 
-    async def store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None) -> tuple[int, int]:
-        """Store ``data`` in pieces below Kafka's message size; returns where: (first offset, number of pieces)."""
-        producer = self.producer
+    async def store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None,
+                           producer: Any = None) -> tuple[int, int]:
+        """Store ``data`` in pieces below Kafka's message size (through ``producer``, default this one's: a
+        transactional producer writes them in its transaction); returns where: (first offset, number of pieces)."""
+        producer = producer or self.producer
         pieces = snapshot.chunks(data)
 
         async def write() -> list[Any]:
