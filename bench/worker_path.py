@@ -9,7 +9,8 @@ read in rounds of one fetch per topic-partition (feedback before rankings in eac
 the worker decodes it (``decode_message_chunk``) and fed to a ``PartitionedEngine`` whose engines are built as the
 worker builds them (live windows, feedback delays, regroup sinks), each finalised request written as the worker's
 request-metrics record (``orjson``), the regroup records taken with their commit markers and fed to a regroup stage
-held through ``StagePartitions``, as a worker's stage is. The compiled loops are loaded first (``warm_up``) and the
+held through ``StagePartitions``, as a worker's stage is, and a readout of every share (what ``/metrics`` exports) taken
+every ``--readout-every`` CPU-seconds, as the worker takes one a second between batches. The compiled loops are loaded first (``warm_up``) and the
 garbage collector is set as the worker sets it (``quiet_gc``). A log of ``bench/stream.py`` (``--out-dir``'s
 ``stream-log.jsonl``) gives the events the throughput rows count.
 """
@@ -30,6 +31,7 @@ from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.partitions import PartitionedEngine
+from stream_eval.engine.readout import Reader
 from stream_eval.engine.regroup import RegroupSink
 from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
@@ -47,6 +49,8 @@ def main() -> None:
     parser.add_argument("log", type=Path)
     parser.add_argument("--rankings", type=int, default=5000, help="messages per fetch of a rankings partition")
     parser.add_argument("--feedback", type=int, default=5000, help="messages per fetch of a feedback partition")
+    parser.add_argument("--readout-every", type=float, default=1.0,
+                        help="CPU-seconds between two readouts of the shares, taken after a round (default 1)")
     args = parser.parse_args()
     config = Config()
     warm_up(config)
@@ -86,7 +90,8 @@ def main() -> None:
     regroup_log: list[bytes] = []
     cpu: dict[str, float] = defaultdict(float)
     events = 0
-    start = time.process_time()
+    reader = Reader(time.process_time)
+    start = last_readout = time.process_time()
     more = True
     while more:
         more = False
@@ -111,6 +116,11 @@ def main() -> None:
         regroup_log += routed
         cpu["finalise"] += t1 - t0
         cpu["regroup records and stage"] += time.process_time() - t1
+        if time.process_time() - last_readout >= args.readout_every or not more:
+            t0 = last_readout = time.process_time()
+            shares = [(str(p), "0", task.engine) for p, task in partitioned.engines()] + stages.shares()
+            reader.read(stages.view(labels, partitioned.engine.watermark), shares)
+            cpu["readouts"] += time.process_time() - t0
     total = time.process_time() - start
     phases = ", ".join(f"{name} {seconds:.2f}" for name, seconds in cpu.items())
     print(f"{events:,} messages, {len(outputs):,} request-metrics records, {len(regroup_log):,} regroup records")

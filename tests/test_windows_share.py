@@ -294,3 +294,28 @@ def test_an_empty_share_restores_empty_windows() -> None:
     b.restore(full, _json(a.share(full=False)))
     assert b.watermark == -math.inf and b.snapshot() == {} and b.verdicts() == {}
     assert _content(b.share(full=True)) == _content(full)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_windows_read_now_and_then_hold_what_windows_refreshed_after_every_batch_hold(seed: int) -> None:
+    """The open requests are re-evaluated when the windows are read, not after every batch (``sync``): read at
+    random moments, they show what windows evaluated after every batch show, up to the order of additions."""
+    lines = list(simulate_lines(replace(SIMULATION, seed=seed)))
+    rng = random.Random(seed)
+    every, lazy = Engine(CONFIG), Engine(CONFIG)
+    eager, late = RollingWindows(every, width=WIDTH), RollingWindows(lazy, width=WIDTH)
+    reads = 0
+    for piece in _pieces(lines, rng):
+        _feed(every, piece)
+        eager.sync()  # as every batch did before
+        _feed(lazy, piece)
+        if rng.random() < 0.1:
+            reads += 1
+            assert _sums(late) == approx(_sums(eager))
+            assert late.open_rows == eager.open_rows
+    assert reads > 5
+    assert _sums(late) == approx(_sums(eager))
+    for engine in (every, lazy):
+        engine.flush()
+    assert _sums(late) == approx(_sums(eager))
+    assert late.open_rows == eager.open_rows == 0

@@ -15,8 +15,9 @@ values change the River way: revert the old contribution, add the new one.
   such request has: it holds no row (its row in the join is ``UNGRADED``) and is neither evaluated nor stored;
   the windows keep that one row, evaluated from the first such request they see.
 
-Changed requests are evaluated in batches, one :meth:`Engine.evaluate` call per :meth:`Engine.advance` (every
-:meth:`Engine.process` batch ends with one), never per event.
+Changed requests are evaluated in batches when the windows are read (:meth:`RollingWindows.sync`: a snapshot, a
+readout), one evaluation per join fed since, never per event nor per batch: the join keeps the set of its open
+requests that changed, and finalisation takes out whatever a request's row held when last evaluated.
 
 **The window.** With bucket width ``w`` and the watermark ``wm`` in bucket ``B = floor(wm / w)``, the window of
 ``W`` seconds holds the buckets ``B - ceil(W / w) + 1`` and later, i.e. the requests served at or after
@@ -188,6 +189,9 @@ class RollingWindows:
         self._group: Ints = np.zeros(0, dtype=np.int64)
         self._segment: Ints = np.zeros((0, self._segment_fields), dtype=np.int64)
         self.with_subtopics = False
+        # joins fed since the windows were last read: their open requests are re-evaluated when the windows are
+        # read (:meth:`sync`), once for many batches, not after every batch
+        self._stale: dict[int, Join] = {}
         engine.attach(self)
 
     # -- engine hooks (engine/plugins.py) -------------------------------------------------------------
@@ -195,8 +199,17 @@ class RollingWindows:
         """Nothing to do: a join's open requests enter at its first :meth:`refresh`."""
 
     def advanced(self, join: Join, muted: bool) -> None:
-        """A batch went into ``join``: :meth:`refresh` (not while muted: rebuilt requests stay in ``changed``)."""
+        """A batch went into ``join``: its open requests are re-evaluated (:meth:`refresh`) at the next read of the
+        windows (not while muted: rebuilt requests stay in ``changed``). Finalisation needs no refresh first: it
+        takes out what each request's row holds, whenever that was evaluated."""
         if not muted:
+            self._stale[id(join)] = join
+
+    def sync(self) -> None:
+        """:meth:`refresh` every join fed since the last read: the open values as if refreshed after each batch
+        (up to the order of floating-point additions)."""
+        stale, self._stale = self._stale, {}
+        for join in stale.values():
             self.refresh(join)
 
     def refresh(self, join: Join) -> None:
@@ -255,6 +268,7 @@ class RollingWindows:
 
     def drop(self, join: Join) -> None:
         """Take the open requests of a partition's ``join`` out of the windows (the partition was revoked)."""
+        self._stale.pop(id(join), None)
         requests = join.current(join.open_slots())
         self._revert(requests.rankings, requests.rows)
         join.set_rows(requests.slots, np.full(len(requests), NO_ROW, dtype=np.int64))
@@ -273,6 +287,7 @@ class RollingWindows:
         Metrics are the means of the per-request metrics (``MRR``, ``MAP``, ``nDCG@10``, ...; alpha-nDCG once a
         ranking with subtopics was seen) and ``GAUC``. Does not change the windows.
         """
+        self.sync()
         watermark = self.watermark if watermark is None else watermark
         engine = self.engine
         columns = [
@@ -314,6 +329,7 @@ class RollingWindows:
     def segment_snapshot(self, watermark: float | None = None) -> SegmentWindowSums:
         """``(sum, count)`` per (experiment, arm, segment field, segment value, metric mean name, window label), for
         every known segment group: the per-request measures only (no GAUC, no session measure)."""
+        self.sync()
         watermark = self.watermark if watermark is None else watermark
         engine = self.engine
         out: SegmentWindowSums = {}
@@ -363,6 +379,7 @@ class RollingWindows:
     @property
     def open_rows(self) -> int:
         """Open requests the windows hold (with a row of their own, or ungraded)."""
+        self.sync()
         return self._held
 
     # -- checkpoints ------------------------------------------------------------------------------------
