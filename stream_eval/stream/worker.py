@@ -52,6 +52,16 @@ log = logging.getLogger("stream_eval.worker")
 _STARTUP_ATTEMPT = 5.0
 #: Seconds the final checkpoint and the clients' shutdown may take (a broker that is down cannot hold the exit).
 _SHUTDOWN_TIMEOUT = 30.0
+#: The order in which a batch's topics are fed.
+_FEED_ORDER = {"ranking": 0, "judgment": 1, "feedback": 2}
+#: Event-time seconds a feedback partition may be read ahead of its rankings before it is paused.
+_FEEDBACK_AHEAD = 1.0
+#: Seconds without a rankings batch after which the rankings partition no longer holds its feedback back.
+_RANKINGS_QUIET = 1.0
+#: A worker that has read everything there is commits once this share of the checkpoint interval has passed.
+_CAUGHT_UP_COMMITS = 0.25
+
+
 async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int, int]:
     """Create the worker's topics that do not exist, with their settings (:meth:`WorkerSettings.topic_configs`), and
     check those that do (:func:`~stream_eval.stream.kafka.ensure_topics`), waiting up to ``timeout`` seconds for each
@@ -360,11 +370,15 @@ class StreamWorker:
     async def _handle(self, batch: dict[Any, list[Any]]) -> None:
         config = self.config
         not_after = self.wall_clock() + config.max_clock_skew
+        type_of = self.topics.type_of
+        # rankings first: feedback whose ranking came in the same batch then joins at once, not through the pending
+        # table (each source keeps its own event time, so the order of a batch's topics changes no result)
+        fetched = sorted(batch.items(), key=lambda item: _FEED_ORDER[type_of(item[0].topic)])
         with self.lock:
-            for tp, records in batch.items():
+            for tp, records in fetched:
                 if not records or tp.partition not in self.partitioned.tasks:
                     continue
-                kind = self.topics.type_of(tp.topic)
+                kind = type_of(tp.topic)
                 offsets = [r.offset for r in records]
                 task = self.partitioned.tasks[tp.partition]
                 if task.sources[kind].received is None:
@@ -382,6 +396,40 @@ class StreamWorker:
                     self._feed(partition, *released)
             self.partitioned.tick()
 
+    def _pace_feedback(self) -> None:
+        """Pause the feedback partitions read ahead of their rankings, resume the others.
+
+        A fetch holds several times more feedback events than rankings (they are smaller), so on a backlog the
+        feedback of requests whose rankings are not read yet would wait in the join's pending table, the join's
+        slow path. A feedback partition is paused while its event time is more than :data:`_FEEDBACK_AHEAD` past its
+        rankings', and those are still being read (fed within :data:`_RANKINGS_QUIET`): a rankings partition that
+        ended or went quiet never holds its feedback back. Only the reading order changes, never a result (each
+        source keeps its own event time)."""
+        consumer = self._consumer
+        if consumer is None or self.ubi is not None:
+            return
+        now = self.partitioned.clock()
+        topic = self.topics.feedback
+        pause, resume = [], []
+        paused = consumer.paused()
+        for tp in consumer.assignment():
+            if tp.topic != topic:
+                continue
+            task = self.partitioned.tasks.get(tp.partition)
+            ahead = False
+            if task is not None and not task.rebuilding:
+                rankings, feedback = task.sources["ranking"], task.sources["feedback"]
+                ahead = (feedback.watermark - rankings.watermark > _FEEDBACK_AHEAD and not rankings.ended
+                         and now - rankings.heard < _RANKINGS_QUIET)
+            if ahead and tp not in paused:
+                pause.append(tp)
+            elif not ahead and tp in paused:
+                resume.append(tp)
+        if pause:
+            consumer.pause(*pause)
+        if resume:
+            consumer.resume(*resume)
+
     def _feed(self, partition: int, kind: str, offsets: list[int], events: Any) -> None:
         """Feed messages of one input topic-partition to the engine; the invalid ones go to the dead letters."""
         for event in self.partitioned.feed(kind, partition, offsets, events):
@@ -390,16 +438,20 @@ class StreamWorker:
             topic, _, number = place.rpartition("/")
             self.delivery.dead_letter(event, topic, int(number), int(offset))
 
-    async def _handle_stage(self) -> None:
+    async def _handle_stage(self) -> int:
+        """Apply the regroup records fetched for the stage partitions held; returns how many were fetched."""
         # aiokafka's getmany waits, timeout or not, for a rebalance of the consumer's group to end; the stage's
         # rebalance callbacks wait for _busy, held here: fetching now would deadlock both groups
         if _rebalancing(self._stage_consumer):
-            return
+            return 0
         batch = await self._fetch(self._stage_consumer, 0)
+        fetched = 0
         with self.lock:
             for tp, records in batch.items():
+                fetched += len(records)
                 if records and tp.partition in self.stages.held:
                     self.stages.feed(tp.partition, [r.offset for r in records], [r.value for r in records])
+        return fetched
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Consume until ``stop`` is set (or the task is cancelled); checkpoints on the way out."""
@@ -447,19 +499,29 @@ class StreamWorker:
                                        listener=Listener(self.on_stage_revoked, self.on_stage_assigned))
         stop = stop or asyncio.Event()
         last_checkpoint = time.monotonic()
+        committed = 0  # input messages read at the last checkpoint
+        stage_records = 0
         try:
             while not stop.is_set():
-                batch = await self._fetch(self._consumer, 100)
+                # (no wait for input while the stage has records to apply)
+                batch = await self._fetch(self._consumer, 0 if stage_records else 100)
                 async with self._busy:
                     await self._handle(batch)
-                    await self._handle_stage()
+                    self._pace_feedback()
+                    stage_records = await self._handle_stage()
                     await self._claim_lost()
                     if self.between_batches is not None:
                         self.between_batches()
-                    # the outputs go with the checkpoints, once no other worker has claimed their partitions
-                    if time.monotonic() - last_checkpoint >= settings.checkpoint_interval:
+                    # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
+                    # worker that has read all there is commits what it read at once (its outputs, and the regroup
+                    # records other workers' stage partitions wait for), at most every _CAUGHT_UP_COMMITS of the
+                    # interval
+                    since = time.monotonic() - last_checkpoint
+                    caught_up = not batch and not stage_records and self.events_seen != committed
+                    if since >= settings.checkpoint_interval or (
+                            caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
                         await self.checkpoint()
-                        last_checkpoint = time.monotonic()
+                        last_checkpoint, committed = time.monotonic(), self.events_seen
         finally:
             with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
                 await asyncio.wait_for(self.checkpoint_now(release=True), _SHUTDOWN_TIMEOUT)

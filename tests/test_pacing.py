@@ -1,0 +1,87 @@
+"""The worker's reading order: feedback partitions read ahead of their rankings are paused, and only while those are
+being read (``StreamWorker._pace_feedback``); the order of a batch's topics changes no result."""
+
+from __future__ import annotations
+
+import math
+
+from aiokafka.structs import TopicPartition
+
+from stream_eval.config import Config
+from stream_eval.stream.settings import WorkerSettings
+from stream_eval.stream.worker import _FEEDBACK_AHEAD, _RANKINGS_QUIET, StreamWorker
+
+
+class FakeConsumer:
+    """What ``_pace_feedback`` uses of aiokafka's consumer."""
+
+    def __init__(self, assigned: list[TopicPartition]) -> None:
+        self.assigned = set(assigned)
+        self.paused_set: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_set)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused_set.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused_set.difference_update(tps)
+
+
+def _worker(now: list[float]) -> tuple[StreamWorker, FakeConsumer]:
+    worker = StreamWorker(WorkerSettings(["127.0.0.1:1"], prefix="pace.", group="pace", partitions=2), Config())
+    worker.partitioned.clock = lambda: now[0]
+    for partition in (0, 1):
+        worker.partitioned.assign(partition)
+    topics = worker.topics
+    consumer = FakeConsumer([TopicPartition(topic, p) for topic in topics.inputs for p in (0, 1)])
+    worker._consumer = consumer
+    return worker, consumer
+
+
+def _times(worker: StreamWorker, partition: int, rankings: float, feedback: float, heard: float) -> None:
+    sources = worker.partitioned.tasks[partition].sources
+    sources["ranking"].watermark, sources["feedback"].watermark = rankings, feedback
+    sources["ranking"].heard = heard
+
+
+def test_a_feedback_partition_ahead_of_its_rankings_is_paused_until_they_catch_up() -> None:
+    now = [100.0]
+    worker, consumer = _worker(now)
+    feedback = worker.topics.feedback
+    _times(worker, 0, rankings=1000.0, feedback=1000.0 + 5 * _FEEDBACK_AHEAD, heard=now[0])
+    _times(worker, 1, rankings=1000.0, feedback=1000.0 + _FEEDBACK_AHEAD / 2, heard=now[0])
+    worker._pace_feedback()
+    assert consumer.paused() == {TopicPartition(feedback, 0)}  # never a rankings or judgments partition
+    _times(worker, 0, rankings=1010.0, feedback=1005.0, heard=now[0])  # the rankings caught up
+    worker._pace_feedback()
+    assert consumer.paused() == set()
+
+
+def test_rankings_that_went_quiet_or_ended_never_hold_their_feedback_back() -> None:
+    now = [100.0]
+    worker, consumer = _worker(now)
+    _times(worker, 0, rankings=1000.0, feedback=2000.0, heard=now[0])
+    worker._pace_feedback()
+    assert consumer.paused()
+    now[0] += _RANKINGS_QUIET * 1.5  # nothing more read from the rankings: the end of what the topic holds
+    worker._pace_feedback()
+    assert consumer.paused() == set()
+    _times(worker, 0, rankings=1000.0, feedback=2000.0, heard=now[0])
+    worker._pace_feedback()
+    assert consumer.paused()
+    worker.partitioned.tasks[0].sources["ranking"].ended = True
+    worker._pace_feedback()
+    assert consumer.paused() == set()
+
+
+def test_no_event_time_yet_pauses_nothing() -> None:
+    now = [100.0]
+    worker, consumer = _worker(now)
+    _times(worker, 0, rankings=-math.inf, feedback=1000.0, heard=now[0] - 10 * _RANKINGS_QUIET)
+    worker._pace_feedback()
+    assert consumer.paused() == set()
