@@ -12,12 +12,12 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 from support import AbstractTimeConfig as Config
-from support import approx
-from test_partitions import PARTITIONS, Collect, _feed, _route, run_partitioned
+from support import approx, move_partition_halfway
+from test_partitions import Collect, run_partitioned
 
 from stream_eval.engine import shares
 from stream_eval.engine.engine import Engine
-from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.engine.partitions import PartitionedEngine
 from stream_eval.engine.replay import replay
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_messages
@@ -151,22 +151,8 @@ def test_segments_survive_a_rebalance_from_a_checkpoint(tmp_path: Any) -> None:
     config = Config(segments=SEGMENTS)
     lines, _ = _lines(1000, seed=14)
     expected, _ = _replay(lines, tmp_path, config)
-    sent, log = _route(lines)
     a, b = PartitionedEngine(Engine(config, Collect())), PartitionedEngine(Engine(config, Collect()))
-    for partition in range(PARTITIONS):
-        a.assign(partition)
-    half = len(sent) // 2
-    for kind, partition, offset, value in sent[:half]:
-        _feed(a, kind, partition, [(offset, value)])
-    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(a.checkpoint(0).to_json())))
-    a.drop(0)
-    starts = b.assign(0, checkpoint)
-    for kind in KINDS:
-        for offset, value in log[kind, 0]:
-            if starts.get(kind, 0) <= offset < checkpoint.processed.get(kind, 0):
-                _feed(b, kind, 0, [(offset, value)])
-    for kind, partition, offset, value in sent[half:]:
-        _feed(a if partition else b, kind, partition, [(offset, value)])
+    move_partition_halfway(lines, a, b)
     combined = Engine(config)
     combined.merge(a.totals())
     combined.merge(b.totals())
