@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from support import AbstractTimeConfig as Config
 from support import approx, move_partition_halfway
 from test_partitions import Collect, run_partitioned
 
+from stream_eval.config import ConfigError, load_config
 from stream_eval.engine import shares
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.partitions import PartitionedEngine
@@ -69,21 +72,34 @@ def _replay(lines: list[bytes], tmp_path: Any, config: Any) -> tuple[Engine, Col
     return replay([str(path)], config, collect, attach=RollingWindows), collect
 
 
-def test_segment_groups_are_the_means_of_their_requests(tmp_path: Any) -> None:
-    """Oracle: each segment group's requests and means, from the per-request records and the attributes each
-    ranking carried; and per field, the values' requests add up to their group's."""
-    config = Config(segments=SEGMENTS)
-    lines, attributes = _lines(1200, seed=11)
-    engine, collect = _replay(lines, tmp_path, config)
-    report = engine.report()
+def _expected_segments(records: Any, attributes: dict[str, dict[str, str]],
+                       limit: int | None = None) -> dict[tuple[str, str, str, str], list[dict[str, Any]]]:
+    """Oracle: the per-request metrics of each segment group shown, from the records and each ranking's attributes:
+    per experiment and field the ``limit`` values with the most requests (ties by name; None: all) and
+    ``__missing__``, the others' requests in ``__other__``."""
+    traffic: Counter[tuple[str, str, str]] = Counter()
+    for record in records.values():
+        for field in SEGMENTS:
+            traffic[record["experiment"], field, attributes[record["request_id"]].get(field, "__missing__")] += 1
+    shown = {key for key in traffic if key[2] == "__missing__"}
+    for experiment, field in {(e, f) for e, f, _ in traffic}:
+        ranked = sorted((v for e, f, v in traffic if (e, f) == (experiment, field) and v != "__missing__"),
+                        key=lambda v: (-traffic[experiment, field, v], v))
+        shown |= {(experiment, field, v) for v in ranked[:limit]}
     expected: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for record in collect.records.values():
+    for record in records.values():
         for field in SEGMENTS:
             value = attributes[record["request_id"]].get(field, "__missing__")
+            value = value if (record["experiment"], field, value) in shown else "__other__"
             expected[record["experiment"], record["arm"], field, value].append(record["metrics"])
+    return expected
+
+
+def _check_segments(report: dict[str, Any], expected: dict[tuple[str, str, str, str], list[dict[str, Any]]]) -> None:
+    """The report's segment rows are ``expected``'s groups: their requests and means; and per field, the values'
+    requests add up to their group's."""
     rows = {(r["experiment"], r["arm"], r["segment"]["field"], r["segment"]["value"]): r for r in report["segments"]}
     assert set(rows) == set(expected)
-    assert {v for (_, _, f, v) in rows if f == "locale"} == {*LOCALES, "__missing__"}
     for key, records in expected.items():
         assert rows[key]["requests"] == len(records)
         for name, mean in rows[key]["metrics"].items():
@@ -97,35 +113,106 @@ def test_segment_groups_are_the_means_of_their_requests(tmp_path: Any) -> None:
             if f == field:
                 per_group[e, a] += row["requests"]
         assert per_group == {k: n for k, n in groups.items() if n}
+    folded = {f: sum(len(records) for (_, _, f2, v), records in expected.items() if f2 == f and v == "__other__")
+              for f in SEGMENTS}
+    assert report["segment_overflow"] == folded
+
+
+def test_segment_groups_are_the_means_of_their_requests(tmp_path: Any) -> None:
+    """Oracle: each segment group's requests and means, from the per-request records and the attributes each
+    ranking carried; and per field, the values' requests add up to their group's."""
+    config = Config(segments=SEGMENTS)
+    lines, attributes = _lines(1200, seed=11)
+    engine, collect = _replay(lines, tmp_path, config)
+    report = engine.report()
+    _check_segments(report, _expected_segments(collect.records, attributes))
+    assert {r["segment"]["value"] for r in report["segments"] if r["segment"]["field"] == "locale"} == \
+        {*LOCALES, "__missing__"}
     assert report["segment_overflow"] == {"platform": 0, "locale": 0}
     assert "segments" not in Engine(Config()).report()  # without segments, the report is as before
 
 
-def test_values_beyond_max_segment_values_are_other_and_counted(tmp_path: Any) -> None:
+def test_the_values_with_the_most_requests_are_shown_and_the_rest_is_other(tmp_path: Any) -> None:
+    """``max_segment_values`` 2: per experiment and field, the two values with the most requests (ties by name) and
+    __missing__; the other values' requests are __other__'s, counted in ``segment_overflow``."""
     config = Config(segments=SEGMENTS, max_segment_values=2)
     lines, attributes = _lines(300, seed=12)
     engine, collect = _replay(lines, tmp_path, config)
     report = engine.report()
-    # first come, first kept: the values in the order the input first has them (the windows see each ranking as it
-    # comes; without windows, finalisation would decide the order)
-    seen: dict[str, list[str]] = {field: [] for field in SEGMENTS}
-    for line in lines:
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(event, dict) and event.get("type") == "ranking" and event.get("request_id") in collect.records:
-            for field in SEGMENTS:
-                value = event["attributes"].get(field)
-                if value is not None and value not in seen[field]:
-                    seen[field].append(value)
-    for field in SEGMENTS:
-        values = {r["segment"]["value"] for r in report["segments"] if r["segment"]["field"] == field}
-        assert values - {"__missing__"} == {*seen[field][:2], "__other__"}
-        folded = sum(1 for rid in collect.records if attributes[rid].get(field) in seen[field][2:])
-        other = sum(r["requests"] for r in report["segments"] if r["segment"] == {"field": field, "value": "__other__"})
-        assert other == folded > 0
-        assert report["segment_overflow"][field] == folded
+    expected = _expected_segments(collect.records, attributes, limit=2)
+    _check_segments(report, expected)
+    assert all(report["segment_overflow"].values())  # (three platforms, five locales: some are folded)
+    assert {v for (_, _, f, v) in expected if f == "locale"} == {"__missing__", "__other__", *(
+        v for (_, _, f, v) in expected if f == "locale" and v in LOCALES)}
+
+
+def test_a_listed_field_shows_its_values_and_folds_every_other(tmp_path: Any) -> None:
+    """``segment_values``: the values listed are shown, whatever ``max_segment_values`` and their traffic; the others
+    are __other__ when counted (``/metrics`` too)."""
+    config = Config(segments=SEGMENTS, max_segment_values=1, segment_values=(("locale", ("de-DE", "ja-JP", "xx")),))
+    lines, attributes = _lines(300, seed=12)
+    engine, collect = _replay(lines, tmp_path, config)
+    listed = {rid: {**a, "locale": a["locale"] if a.get("locale") in ("de-DE", "ja-JP") else "__other__"}
+              if "locale" in a else a for rid, a in attributes.items()}
+    expected = {key: rows for key, rows in _expected_segments(collect.records, listed).items()
+                if key[2] == "locale"}
+    expected.update({key: rows for key, rows in _expected_segments(collect.records, attributes, limit=1).items()
+                     if key[2] == "platform"})
+    _check_segments(engine.report(), expected)
+    counted = engine.segment_overflow(shown=False)
+    assert counted["locale"] == engine.report()["segment_overflow"]["locale"] > 0 and counted["platform"] == 0
+    with pytest.raises(ConfigError, match="segment_values.page: not a field"):
+        Config(segments=SEGMENTS, segment_values=(("page", ("a",)),))
+    with pytest.raises(ConfigError, match="distinct values"):
+        Config(segments=SEGMENTS, segment_values=(("locale", ("a", "a")),))
+    loaded = load_config(overrides={"segments": "platform", "segment_values": {"platform": ["ios", "web"]}},
+                         environ={})
+    assert loaded.segment_values == (("platform", ("ios", "web")),)
+    assert loaded.to_json()["segment_values"] == {"platform": ["ios", "web"]}
+
+
+#: Values of a field and a second field of two values, for the property below.
+_VALUE_NAMES = tuple(f"v{k}" for k in range(12))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_values_shown_do_not_depend_on_the_order_they_come_in(data: st.DataObject) -> None:
+    """Up to ``segment_cap`` (4 × ``max_segment_values``) distinct values, any order of arrival, spread over any
+    number of engines (partitions) merged: the same values shown, the same requests and means, as one engine fed
+    in time order."""
+    config = Config(segments=("platform", "page"), max_segment_values=2, attribution_window=5.0, allowed_lateness=0.0)
+    distinct = data.draw(st.integers(config.max_segment_values + 1, config.segment_cap), label="distinct values")
+    values = _VALUE_NAMES[:distinct]
+    counts = data.draw(st.lists(st.integers(1, 4), min_size=len(values), max_size=len(values)), label="requests")
+    requests = data.draw(st.permutations([v for v, n in zip(values, counts, strict=True) for _ in range(n)]),
+                         label="order")
+    parts = data.draw(st.integers(1, 4), label="engines")
+    where = data.draw(st.lists(st.integers(0, parts - 1), min_size=len(requests), max_size=len(requests)))
+    events: list[list[Any]] = [[] for _ in range(parts)]
+    for k, value in enumerate(requests):
+        rid, ts = f"r{k}", T0 + k
+        attributes = {"platform": value, "page": ("a", "b")[k % 3 == 0]}
+        for target in (events[where[k]],):
+            target.append(Ranking(rid, ["a", "b", "c"], ts=ts, experiment="e", arm=("x", "y")[k % 2],
+                                  attributes=attributes))
+            if k % 2:
+                target.append(Feedback(rid, "abc"[k % 3], ts=ts + 1.0))
+    one = Engine(config)
+    one.process(sorted((e for part in events for e in part), key=lambda e: e.ts))
+    one.flush()
+    merged = Engine(config)
+    for part in events:
+        engine = Engine(config)
+        engine.process(part)
+        engine.flush()
+        merged.merge(engine)
+    assert merged.segment_rows() == approx(one.segment_rows())
+    traffic = Counter(requests)
+    shown = sorted(values, key=lambda v: (-traffic[v], v))[:2]
+    assert {r["segment"]["value"] for r in one.segment_rows() if r["segment"]["field"] == "platform"} == \
+        {*shown, "__other__"}
+    assert one.segment_overflow()["platform"] == sum(traffic[v] for v in values if v not in shown)
 
 
 def _segments_of(engine: Engine) -> Any:
@@ -204,16 +291,20 @@ def _final_cells(windows: RollingWindows) -> dict[tuple[Any, ...], list[float]]:
             for b, cells in windows._segment_final.items() for g, m in cells.items()}
 
 
-def test_prometheus_exports_segment_series(tmp_path: Any) -> None:
+def test_prometheus_exports_every_value_tracked(tmp_path: Any) -> None:
+    """/metrics shows every value tracked (a counter cannot follow which values the report shows as their traffic
+    changes): the groups of a report that shows them all (``max_segment_values`` above the values there are);
+    ``stream_eval_segment_overflow_total`` counts what was folded when counted (a value not listed)."""
     from stream_eval.export.prometheus import EngineCollector
 
-    config = Config(segments=SEGMENTS, max_segment_values=2)
+    listed = (("locale", ("de-DE", "ja-JP")),)
     lines, _ = _lines(300, seed=16)
-    engine, _ = _replay(lines, tmp_path, config)
+    engine, _ = _replay(lines, tmp_path, Config(segments=SEGMENTS, max_segment_values=2, segment_values=listed))
+    everything = _replay(lines, tmp_path, Config(segments=SEGMENTS, segment_values=listed))[0].report()
     registry = CollectorRegistry()
     EngineCollector(engine, registry)
-    report = engine.report()
-    for row in report["segments"]:
+    assert len({r["segment"]["value"] for r in everything["segments"] if r["segment"]["field"] == "platform"}) == 3
+    for row in everything["segments"]:
         labels = {"experiment": row["experiment"], "arm": row["arm"], "segment_field": row["segment"]["field"],
                   "segment_value": row["segment"]["value"]}
         assert registry.get_sample_value("stream_eval_segment_requests_total", labels) == row["requests"]
@@ -223,9 +314,9 @@ def test_prometheus_exports_segment_series(tmp_path: Any) -> None:
             assert total / count == pytest.approx(row["metrics"]["MRR"], rel=1e-12)
         assert registry.get_sample_value("stream_eval_segment_window_count",
                                          {**labels, "metric": "MRR", "window": "1h"}) is not None
-    for field in SEGMENTS:
-        assert registry.get_sample_value("stream_eval_segment_overflow_total", {"segment_field": field}) == \
-            report["segment_overflow"][field] > 0
+    assert registry.get_sample_value("stream_eval_segment_overflow_total", {"segment_field": "platform"}) == 0
+    assert registry.get_sample_value("stream_eval_segment_overflow_total", {"segment_field": "locale"}) == \
+        everything["segment_overflow"]["locale"] > 0
 
 
 def test_attributes_in_the_schema() -> None:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from stream_eval.config import Arms, Config
 from stream_eval.engine.ab import UnitLedger, recommend
 from stream_eval.engine.gsb import GsbTracker
-from stream_eval.engine.labels import MISSING, OTHER, LabelBounds
+from stream_eval.engine.labels import MISSING, OTHER, LabelBounds, shown_segment_values
 from stream_eval.engine.plugins import Plugin, RegroupHooks
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
 from stream_eval.events.join import OVERFLOW, EventCounts, Finalised, Join
@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # the types readers get from engine.windows and engine.delays
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 GroupKey = tuple[str, str]
-#: A segment group: (experiment, arm, segment field, segment value), the value bounded (``max_segment_values``).
+#: A segment group: (experiment, arm, segment field, segment value), the value bounded (``segment_cap``, or the values
+#: listed in ``segment_values``; the report shows ``max_segment_values`` of them).
 SegmentKey = tuple[str, str, str, str]
 _RAW_GROUP_CACHE = 10_000
 
@@ -138,6 +139,7 @@ class Engine:
         self.groups: list[GroupStats] = []
         # segment groups (config ``segments``): a request is in one per segment field, besides its group
         self.segment_fields = config.segments
+        self._segment_allowed = config.segment_allowed()
         self.segment_keys: list[SegmentKey] = []
         self._segment_index: dict[SegmentKey, int] = {}
         self._raw_segments: dict[SegmentKey, int] = {}
@@ -394,7 +396,8 @@ class Engine:
         index = self._raw_segments.get(raw)
         if index is not None:
             return index
-        bounded = value if value == MISSING else self.labels.segment(field, value, self.config.max_segment_values)
+        bounded = value if value == MISSING or value == OTHER else self.labels.segment(
+            field, value, self.config.segment_cap, self._segment_allowed.get(field))
         key = (*self.group_keys[self.group_of(experiment, arm)], field, bounded)
         index = self._segment_index.get(key)
         if index is None:
@@ -745,23 +748,45 @@ class Engine:
         }
 
     def segment_rows(self) -> list[dict[str, Any]]:
-        """The report's ``segments``: per experiment, arm, segment field and value, its requests and the means of
-        the per-request measures (GAUC and the session measures are not per segment)."""
+        """The report's ``segments``: per experiment, arm, segment field and value shown (:meth:`shown_segments`), its
+        requests and the means of the per-request measures (GAUC and the session measures are not per segment)."""
         names = [(j, name) for j, name in self._metric_names() if not self.specs[j].per_session]
         rows = []
-        for (experiment, arm, field, value), stats in sorted(zip(self.segment_keys, self.segment_groups, strict=True),
-                                                             key=lambda s: s[0]):
+        for (experiment, arm, field, value), stats in sorted(self.shown_segments().items()):
             means = stats.moments.mean()
             rows.append({"experiment": experiment, "arm": arm, "segment": {"field": field, "value": value},
                          "requests": stats.requests, "empty": stats.empty,
                          "metrics": {name: _number(means[j]) for j, name in names}})
         return rows
 
-    def segment_overflow(self) -> dict[str, int]:
-        """Finalised requests whose segment value was folded into ``__other__`` (beyond ``max_segment_values``), per
-        segment field."""
+    def shown_segments(self) -> dict[SegmentKey, GroupStats]:
+        """The segment groups as the report shows them: per experiment and field, the ``max_segment_values`` values
+        with the most requests (ties by name; every value of a field listed in ``segment_values``) and
+        ``__missing__``, the other values' groups added into ``__other__`` (in the order of their names, so that the
+        sums do not depend on the order values were met)."""
+        traffic: dict[tuple[str, str], dict[str, float]] = {}
+        for (experiment, _, field, value), stats in zip(self.segment_keys, self.segment_groups, strict=True):
+            values = traffic.setdefault((experiment, field), {})
+            values[value] = values.get(value, 0) + stats.requests
+        limit = self.config.max_segment_values
+        shown = {key: shown_segment_values(values, None if key[1] in self._segment_allowed else limit)
+                 for key, values in traffic.items()}
+        out: dict[SegmentKey, GroupStats] = {}
+        for (experiment, arm, field, value), stats in sorted(zip(self.segment_keys, self.segment_groups, strict=True),
+                                                             key=lambda s: s[0]):
+            key = (experiment, arm, field, value if value in shown[experiment, field] else OTHER)
+            folded = out.get(key)
+            if folded is None:
+                folded = out[key] = GroupStats(len(self.specs))
+            folded += stats
+        return out
+
+    def segment_overflow(self, shown: bool = True) -> dict[str, int]:
+        """Finalised requests in ``__other__`` per segment field: as the report shows them (``shown``), or as they
+        were counted (values beyond ``segment_cap`` or not listed in ``segment_values``; what ``/metrics`` shows)."""
         out = dict.fromkeys(self.segment_fields, 0)
-        for (_, _, field, value), stats in zip(self.segment_keys, self.segment_groups, strict=True):
+        groups = self.shown_segments().items() if shown else zip(self.segment_keys, self.segment_groups, strict=True)
+        for (_, _, field, value), stats in groups:
             if value == OTHER:
                 out[field] += stats.requests
         return out

@@ -75,7 +75,9 @@ class Readout:
     * segments (config ``segments``): ``segment_requests[experiment, arm, field, value, *extra]``;
       ``segment_sum`` / ``segment_count[experiment, arm, field, value, metric, *extra]``;
       ``segment_window[experiment, arm, field, value, metric, window]`` -> (sum, count), summed over the shares;
-      ``segment_overflow[field, *extra]`` (requests whose value was folded into ``__other__``);
+      ``segment_overflow[field, *extra]`` (requests whose value was folded into ``__other__`` when counted): every
+      value tracked (up to ``segment_cap`` per field, or those listed), since a counter's series cannot follow the
+      values the report shows as their traffic changes;
     * ``delays[extra]`` -> (cumulative buckets ``(upper bound text, count)``, sum of delays);
     * ``watermark``: NaN until event time is finite; ``taken``: ``time.monotonic()`` when read.
     """
@@ -158,7 +160,7 @@ class Reader:
                 metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
             per_request = [(j, name) for j, name in names if not share.specs[j].per_session]
             if share.segment_fields:
-                for segment_field, n in share.segment_overflow().items():
+                for segment_field, n in share.segment_overflow(shown=False).items():
                     segment_overflow[segment_field, *extra] = float(n)
             for segment, stats in zip(share.segment_keys, share.segment_groups, strict=True):
                 segment_requests[(*segment, *extra)] = float(stats.requests)
