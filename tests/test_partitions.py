@@ -231,17 +231,11 @@ class Stages:
             self._append(0, self.stages[q].take_reports())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("stages", "moves", "cuped"), [(2, "", False), (3, "moves", False), (5, "snapshots", False),
-                                                        (3, "", True), (4, "snapshots", True)])
-def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
-                                                                        moves: str, cuped: bool) -> None:
-    """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
-    the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
-    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then).
-    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's."""
-    config, lines = _short_horizons(3000, 21, True, look_every=60.0, cuped=cuped)
-    expected, _ = _replay(lines, tmp_path, config)
+def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str = "") -> tuple[Engine, Stages]:
+    """``lines`` through a partitioned engine of every partition, one message a fetch, and a regroup log of
+    ``stages`` partitions each read by its own stage; ``moves``: partitions 0 and 1 move to new engines at a third
+    and two thirds of the stream (from their checkpoints; with ``"snapshots"``, from snapshots taken then). Returns
+    the merged totals (of the partitions, and of every stage engine, earlier owners' included) and the log."""
     sent, _ = _route(lines)
     host = Engine(config)
     host.regroup = RegroupSink()  # (the stage is run here, by partitions)
@@ -260,6 +254,21 @@ def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path
     merged.merge(partitioned.totals())
     for engine in log.engines + log.retired:
         merged.merge(engine)
+    return merged, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stages", "moves", "cuped"), [(2, "", False), (3, "moves", False), (5, "snapshots", False),
+                                                        (3, "", True), (4, "snapshots", True)])
+def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
+                                                                        moves: str, cuped: bool) -> None:
+    """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
+    the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
+    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then).
+    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's."""
+    config, lines = _short_horizons(3000, 21, True, look_every=60.0, cuped=cuped)
+    expected, _ = _replay(lines, tmp_path, config)
+    merged, log = run_with_stages(lines, config, stages, moves)
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert merged.ab() and merged.ab() == expected.ab()
     assert {row["treatment"] for row in expected.ab()} == {"treatment", "worse"}  # every treatment compared

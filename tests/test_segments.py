@@ -3,11 +3,14 @@ bounded to ``max_segment_values`` values plus ``__other__``; the same in replay 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 import zlib
 from collections import Counter, defaultdict
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,10 +18,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from support import AbstractTimeConfig as Config
 from support import approx, move_partition_halfway
-from test_partitions import Collect, run_partitioned
+from test_partitions import Collect, _short_horizons, run_partitioned, run_with_stages
 
 from stream_eval.config import ConfigError, load_config
 from stream_eval.engine import shares
+from stream_eval.engine.ab import UnitLedger
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.partitions import PartitionedEngine
 from stream_eval.engine.replay import replay
@@ -26,6 +30,7 @@ from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_messages
 from stream_eval.events.schema import Feedback, Invalid, Ranking, decode_chunk
 from stream_eval.simulate import SimulationConfig, simulate_lines
+from stream_eval.stats import ArmSums, compare, difference
 
 PLATFORMS = ("ios", "android", "web")
 LOCALES = ("en-US", "de-DE", "fr-FR", "ja-JP", "pt-BR")
@@ -230,6 +235,27 @@ def test_partitioned_engine_gives_the_replay_segments(tmp_path: Any, batch: int)
     totals = engine.totals()
     assert _segments_of(totals) == expected.segment_rows()
     assert totals.report()["groups"] == approx(expected.report()["groups"])
+    # the A/B rows per segment value: the units' sums are applied in one order whatever the partitions, bit for bit
+    assert totals.segment_ab() == expected.segment_ab() and len(expected.segment_ab()) > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stages", "moves", "cuped"), [(3, "snapshots", True), (2, "moves", False)])
+def test_segment_rows_with_a_regroup_stage_of_several_partitions(tmp_path: Any, stages: int, moves: str,
+                                                                  cuped: bool) -> None:
+    """The A/B units in shards over ``stages`` stage partitions that move mid-stream (from checkpoints, or
+    snapshots), the shards' segment looks merged on partition 0: the segment rows are replay's, bit for bit, at
+    every look (``look_every`` 30 s: a few looks, the first ones showing other values than the last)."""
+    config, lines = _short_horizons(2000, 31, False, look_every=30.0, cuped=cuped)
+    config = dataclasses.replace(config, segments=SEGMENTS, max_segment_values=3)
+    lines, _ = _with_attributes(lines)
+    expected, _ = _replay(lines, tmp_path, config)
+    merged, _ = run_with_stages(lines, config, stages, moves)
+    rows = expected.segment_ab()
+    assert rows and merged.segment_ab() == rows
+    assert {r["segment"]["value"] for r in rows if r["segment"]["field"] == "locale"} >= {"__other__", "__missing__"}
+    assert {r["treatment"] for r in rows} == {"treatment", "worse"} and all(r["cuped"] == cuped for r in rows)
+    assert _segments_of(merged) == expected.segment_rows()
 
 
 def test_segments_survive_a_rebalance_from_a_checkpoint(tmp_path: Any) -> None:
@@ -330,3 +356,164 @@ def test_attributes_in_the_schema() -> None:
     assert [e.code for e in events[1:] if isinstance(e, Invalid)] == ["bad_attributes", "bad_attributes"]
     topic = decode_messages([good], "ranking", config, [0.0], ["rankings/0@0"])
     assert topic[0].attributes == {"platform": "ios", "locale": "en-US"}  # type: ignore[union-attr]  # a ranking
+
+
+def _planted(units: int, seed: int) -> tuple[list[Any], dict[str, str]]:
+    """Rankings of ``units`` units of arms c and t, three requests each a minute apart, a click on the first or the
+    second of three items. The treatment moves the click up on ios only. Each request names a platform (the first
+    one the unit's: later ones another at random, half the time); the platform of each unit's first request."""
+    rng = random.Random(seed)
+    events: list[Any] = []
+    first: dict[str, str] = {}
+    for u in range(units):
+        unit = f"u{u}"
+        arm = ("c", "t")[zlib.crc32(unit.encode()) % 2]
+        platform = first[unit] = PLATFORMS[rng.randrange(3)]
+        for k in range(3):
+            rid, ts = f"{unit}-{k}", T0 + 60.0 * k + u * 0.01
+            given = platform if k == 0 or rng.random() < 0.5 else PLATFORMS[rng.randrange(3)]
+            events.append(Ranking(rid, ["a", "b", "c"], ts=ts, experiment="e", arm=arm, unit_id=unit,
+                                  attributes={"platform": given}))
+            up = 0.8 if arm == "t" and platform == "ios" else 0.4  # (the unit's platform: its first request's)
+            events.append(Feedback(rid, "a" if rng.random() < up else "b", grade=1.0, ts=ts + 1.0))
+    events.sort(key=lambda e: e.ts)
+    return events, first
+
+
+#: The planted events' config: one segment field, RR (and GAUC), short horizons, one look at the end.
+PLANTED = Config(segments=("platform",), metrics=("RR",), attribution_window=10.0, allowed_lateness=0.0,
+                 look_every=1e9)
+
+
+def _replayed(events: list[Any], config: Any = PLANTED) -> Engine:
+    engine = Engine(config)
+    engine.process(events)
+    engine.flush()
+    return engine
+
+
+def test_segment_rows_are_the_comparisons_of_their_units_and_find_the_segment_that_differs() -> None:
+    """Oracle: each unit in the value of its first request; per platform, the comparison of its units' sums (the
+    always-valid sequence of the one look), and its difference from the comparison of every other unit. The
+    treatment is better on ios only: ios is decided better and flagged as differing from the rest."""
+    config = PLANTED
+    events, first = _planted(900, seed=3)
+    engine = _replayed(events)
+    rows = {(r["segment"]["value"], r["metric"]): r for r in engine.segment_ab()}
+    assert set(rows) == {(p, m) for p in PLATFORMS for m in ("MRR", "GAUC")}
+    per_unit: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        if isinstance(event, Feedback):
+            per_unit[event.request_id.split("-")[0]].append(1.0 if event.item == "a" else 0.5)
+    arm_of = {u: ("c", "t")[zlib.crc32(u.encode()) % 2] for u in first}
+
+    def sums(units: list[str], arm: str) -> ArmSums:
+        mine = [u for u in units if arm_of[u] == arm]
+        return ArmSums.of_units(np.array([[sum(per_unit[u])] for u in mine]), np.array([[3.0] for _ in mine]))
+
+    for platform in PLATFORMS:
+        inside = [u for u, p in first.items() if p == platform]
+        outside = [u for u, p in first.items() if p != platform]
+        here = compare(sums(inside, "c"), sums(inside, "t"), sequential_n=config.sequential_n)
+        rest = compare(sums(outside, "c"), sums(outside, "t"), sequential_n=config.sequential_n)
+        apart = difference(here, rest, sequential_n=config.sequential_n)
+        row = rows[platform, "MRR"]
+        assert (row["units_control"], row["units_treatment"]) == (int(here.units_control[0]),
+                                                                 int(here.units_treatment[0]))
+        for name, value in (("delta", here.delta), ("cs_lower", here.cs_lower), ("cs_upper", here.cs_upper),
+                            ("p_value", here.p_value), ("lift", here.lift), ("rest_delta", apart.delta),
+                            ("rest_p_value", apart.p_value)):
+            assert row[name] == pytest.approx(float(value[0]), rel=1e-9), (platform, name)
+        assert row["exploratory"] is True and row["guardrail"] is False and "n_control" not in row
+    assert rows["ios", "MRR"]["decision"] == "better" and rows["ios", "MRR"]["differs"]
+    assert rows["web", "MRR"]["decision"] == "inconclusive"
+    # the experiment's own rows are untouched by segments: the same as without them
+    plain = _replayed(events, dataclasses.replace(config, segments=()))
+    assert engine.ab() == plain.ab() and "segment_ab" not in plain.report()
+
+
+def test_a_unit_keeps_a_small_row_with_segments() -> None:
+    """The A/B state per unit with two segment fields and nine metric columns stays under 200 bytes: 2 bytes a field
+    beside its sums (the segments' sums are per value, never per unit)."""
+    config = Config(segments=("platform", "locale"))
+    ledger = UnitLedger(config, [spec.mean_name for spec in config.specs])
+    count = 50_000
+    values = np.random.default_rng(0).random((count, len(config.specs)))
+    ledger.add_requests(np.arange(count, dtype=np.float64), [f"r{i}" for i in range(count)], ["e"] * count,
+                        [("a", "b")[i % 2] for i in range(count)], [f"u{i}" for i in range(count)], values,
+                        [(PLATFORMS[i % 3], LOCALES[i % 5]) for i in range(count)])
+    ledger.release(math.inf)
+    shards = ledger.experiments["e"].values()
+    held = sum(array.nbytes for e in shards for array in (e.slots, e.unit_key, e.unit_arm, e.conflicted, e.y, e.n,
+                                                          e.x, e.q, e.segment))
+    assert sum(e.size for e in shards) == count and ledger.width == 9
+    assert held / count < 200
+    assert {r.value for r in ledger.segment_results() if r.field == "locale"} == set(LOCALES)
+
+
+def test_prometheus_exports_the_segment_rows() -> None:
+    """``stream_eval_segment_ab_*{experiment,metric,arm,segment_field,segment_value}``: each segment row's fields;
+    the experiment's own series (``stream_eval_ab_*``, which the alerts read) carry no segment."""
+    from stream_eval.export.prometheus import EngineCollector
+
+    engine = _replayed(_planted(300, seed=4)[0])
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    rows = engine.segment_ab()
+    assert rows
+    for row in rows:
+        labels = {"experiment": row["experiment"], "metric": row["metric"], "arm": row["treatment"],
+                  "segment_field": row["segment"]["field"], "segment_value": row["segment"]["value"]}
+        for name in ("delta", "cs_lower", "cs_upper", "p_value", "lift", "rest_delta", "rest_p_value"):
+            expected = math.nan if row[name] is None else row[name]
+            assert registry.get_sample_value(f"stream_eval_segment_ab_{name}", labels) == pytest.approx(
+                expected, rel=0, abs=0, nan_ok=True), (labels, name)
+        assert registry.get_sample_value("stream_eval_segment_ab_differs", labels) == float(row["differs"])
+    exported = [s for family in registry.collect() if family.name == "stream_eval_ab_delta" for s in family.samples]
+    assert exported and all("segment_field" not in s.labels for s in exported)
+
+
+def test_the_html_report_has_a_table_of_the_segment_rows(tmp_path: Any) -> None:
+    """``--html`` with segments: a table after the decisions, a line per segment row, its value and whether it
+    differs from the rest."""
+    pytest.importorskip("plotly")
+    from stream_eval.cli import main
+
+    lines, _ = _lines(600, seed=17)
+    log, page, out, config = (tmp_path / name for name in ("log.jsonl", "page.html", "report.json", "seg.toml"))
+    log.write_bytes(b"".join(lines))
+    config.write_text('segments = ["platform", "locale"]\nmax_segment_values = 2\n')
+    assert main(["replay", str(log), "--config", str(config), "--html", str(page), "-o", str(out),
+                 "--no-progress"]) == 0
+    report = orjson.loads(out.read_bytes())
+    text = page.read_text(encoding="utf-8")
+    assert report["segment_ab"] and "Segments (exploratory)" in text
+    section = text[text.index("Segments (exploratory)"):]
+    for row in report["segment_ab"]:
+        assert f"{row['segment']['field']} = {row['segment']['value']}" in section
+    assert section.count("<tr>") >= len(report["segment_ab"])
+
+
+def test_a_boundary_s_segment_looks_go_in_records_below_kafka_s_limit() -> None:
+    """A stage partition's segment looks (up to ``segment_cap`` values a field, 16 sums of every metric with CUPED)
+    are cut into regroup records of about 512 KiB, far below Kafka's 1 MiB, and read back bit for bit."""
+    from stream_eval.engine import records
+    from stream_eval.engine.ab import look_from_json
+    from stream_eval.engine.regroup import SessionStage
+    from stream_eval.engine.segment_ab import SegmentLook
+
+    config = Config(segments=SEGMENTS)
+    stage = SessionStage(Engine(config), 1, stage=1, stages=2)
+    rng = np.random.default_rng(5)
+    values = [f"v{k}" for k in range(config.segment_cap)]
+    looks = [SegmentLook("e", shard, "locale", ["a", "b", "c"], values,
+                         rng.integers(0, 9, (len(values), 3)), rng.random((len(values), 3, 16, 9)))
+             for shard in range(4)]
+    stage._report_looks(60.0, list(looks))
+    reports = stage.take_reports()
+    assert len(reports) > 2 and max(map(len, reports)) < 900_000
+    back = [look_from_json(raw) for report in reports for raw in records.decode(report).looks]  # type: ignore[union-attr]
+    assert all(isinstance(look, SegmentLook) for look in back)
+    assert [(look.shard, look.values) for look in back] == [(look.shard, look.values) for look in looks]
+    assert all(np.array_equal(a.sums, b.sums) and np.array_equal(a.units, b.units)  # type: ignore[union-attr]
+               for a, b in zip(back, looks, strict=True))

@@ -31,6 +31,9 @@ Shares = Sequence[tuple[str, str, Engine]]
 #: The fields of an A/B row that are exported, in this order in :attr:`Readout.ab`.
 AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower",
              "lift_cs_upper")
+#: The fields of a segment A/B row that are exported, in this order in :attr:`AbReadout.segments`: an A/B row's, and
+#: its comparison with the rest of the experiment (``differs`` 0/1).
+SEGMENT_AB_FIELDS = (*AB_FIELDS, "rest_delta", "rest_p_value", "differs")
 
 
 #: A guardrail's exported fields: its tolerated loss, the bounds of the sequence compared with it (the lift's for a
@@ -56,6 +59,8 @@ class AbReadout:
     cuped: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
     #: CUPED: ``(experiment,)`` -> 1 when some metric's pre-period means differ between the arms, else 0
     pre_imbalance: Mapping[Labels, float] = field(default_factory=dict)
+    #: segments: ``(experiment, metric, treatment, segment field, segment value)`` -> :data:`SEGMENT_AB_FIELDS`
+    segments: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,7 +253,10 @@ class Reader:
             for row in rows if row["cuped"]}
         pre_imbalance: dict[Labels, float] = {
             (row["experiment"],): float(bool(row["pre_imbalance"])) for row in srm_rows if "pre_imbalance" in row}
+        segments: dict[Labels, tuple[float, ...]] = {
+            (row["experiment"], row["metric"], row["treatment"], row["segment"]["field"], row["segment"]["value"]):
+            tuple(_number(row[k]) for k in SEGMENT_AB_FIELDS) for row in engine.segment_ab()}
         part = AbReadout(ab=ab, units=units, conflicts=conflicts, srm=srm, guardrails=guardrails,
-                         recommendations=recommendations, cuped=cuped, pre_imbalance=pre_imbalance)
+                         recommendations=recommendations, cuped=cuped, pre_imbalance=pre_imbalance, segments=segments)
         self._ab = (engine, ledger, key, part)
         return part
