@@ -238,16 +238,16 @@ class Config:
         if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
             raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
-        if self.max_segment_values < 1:
-            raise ConfigError(f"max_segment_values: must be positive, got {self.max_segment_values}")
+        if not 1 <= self.max_segment_values <= 8000:  # (a unit's value of a field is a 2-byte code: segment_ab.py)
+            raise ConfigError(f"max_segment_values: must be from 1 to 8,000, got {self.max_segment_values}")
         if len(set(self.segments)) != len(self.segments):
             raise ConfigError(f"segments: a field is named twice in {list(self.segments)}")
         for segment_field, values in self.segment_values:
             if segment_field not in self.segments:
                 raise ConfigError(f"segment_values.{segment_field}: not a field of segments ({list(self.segments)})")
-            if not values or len(set(values)) != len(values) or {"", OTHER, MISSING} & set(values):
-                raise ConfigError(f"segment_values.{segment_field}: need distinct values, none empty, __other__ or "
-                                  f"__missing__, got {list(values)}")
+            if not 0 < len(set(values)) == len(values) <= 32_000 or {"", OTHER, MISSING} & set(values):
+                raise ConfigError(f"segment_values.{segment_field}: need 1 to 32,000 distinct values, none empty, "
+                                  f"__other__ or __missing__, got {list(values)[:10]}")
         for name in ("max_open_sessions", "max_open_queries", "max_units", "max_waiting_feedback"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")

@@ -10,6 +10,7 @@ import zlib
 from collections import Counter, defaultdict
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pytest
@@ -517,3 +518,20 @@ def test_a_boundary_s_segment_looks_go_in_records_below_kafka_s_limit() -> None:
     assert [(look.shard, look.values) for look in back] == [(look.shard, look.values) for look in looks]
     assert all(np.array_equal(a.sums, b.sums) and np.array_equal(a.units, b.units)  # type: ignore[union-attr]
                for a, b in zip(back, looks, strict=True))
+
+
+def test_the_ab_trace_has_the_segment_rows_of_each_look(tmp_path: Any) -> None:
+    """``--ab-trace``: each look's line carries the segment rows as they stood then (a look of the first half of
+    the units shows fewer than the last), the last line the report's."""
+    events, _ = _planted(400, seed=6)
+    path = tmp_path / "planted.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"type": "ranking" if isinstance(e, Ranking) else "feedback",
+                                            **{k: v for k, v in msgspec.structs.asdict(e).items() if v is not None}})
+                              + b"\n" for e in events))
+    lines: list[dict[str, Any]] = []
+    engine = replay([str(path)], dataclasses.replace(PLANTED, look_every=2.0), ab_trace=lines.append)
+    assert len(lines) > 2 and all("segment_ab" in line for line in lines)
+    assert lines[-1]["segment_ab"] == engine.segment_ab() == engine.report()["segment_ab"]
+    units = [sum(r["units_control"] + r["units_treatment"] for r in line["segment_ab"] if r["metric"] == "MRR")
+             for line in lines]
+    assert 0 < units[1] < units[-1] == 400

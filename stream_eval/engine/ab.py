@@ -440,14 +440,19 @@ class _Pending:
                  y: Floats, n: Floats, segments: list[Segments | None] | None = None) -> None:
         self.keys, self.ids, self.experiments, self.arms, self.units, self.y, self.n = (
             keys, ids, experiments, arms, units, y, n)
-        # each contribution's value of every segment field (None: a session's, which sets none)
-        self.segments: list[Segments | None] = [None] * len(ids) if segments is None else segments
+        # each contribution's value of every segment field (None: a session's, which sets none; all None: None)
+        self.segments = segments
+
+    def segments_of(self, picked: list[int]) -> list[Segments | None]:
+        """The segment values of the contributions ``picked``."""
+        given = self.segments
+        return [None] * len(picked) if given is None else [given[k] for k in picked]
 
     def take(self, rows: Ints) -> _Pending:
         picked = rows.tolist()
         return _Pending(self.keys[rows], [self.ids[k] for k in picked], [self.experiments[k] for k in picked],
                         [self.arms[k] for k in picked], [self.units[k] for k in picked], self.y[rows], self.n[rows],
-                        [self.segments[k] for k in picked])
+                        None if self.segments is None else self.segments_of(picked))
 
     @staticmethod
     def join(parts: list[_Pending]) -> _Pending:
@@ -456,7 +461,9 @@ class _Pending:
         return _Pending(np.concatenate([p.keys for p in parts]), [i for p in parts for i in p.ids],
                         [e for p in parts for e in p.experiments], [a for p in parts for a in p.arms],
                         [u for p in parts for u in p.units], np.concatenate([p.y for p in parts]),
-                        np.concatenate([p.n for p in parts]), [g for p in parts for g in p.segments])
+                        np.concatenate([p.n for p in parts]),
+                        None if all(p.segments is None for p in parts) else
+                        [g for p in parts for g in p.segments_of(list(range(len(p.ids))))])
 
 
 @dataclass(frozen=True)
@@ -1025,8 +1032,7 @@ class UnitLedger:
             before = experiment.size
             rows, used = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
             if self.segments is not None:
-                self.segments.assign(experiment.segment, experiment.segment_codes, rows,
-                                     [ready.segments[k] for k in picked])
+                self.segments.assign(experiment.segment, experiment.segment_codes, rows, ready.segments_of(picked))
             if experiment.pre or self.buckets > 0:
                 local = np.array(picked, dtype=np.int64) - start
                 tracked[local] = used

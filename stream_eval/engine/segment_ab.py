@@ -169,7 +169,8 @@ class SegmentGroup:
 def segment_groups(looks: Mapping[tuple[int, str], SegmentLook], rule: SegmentRule,
                    terms: int) -> list[SegmentGroup]:
     """The groups of every field of an experiment from its shards' latest looks (by (shard, field)); ``terms``: Q of
-    the sums (6, or 16 with CUPED: shorter sums are padded with zeros)."""
+    the sums (6, or 16 with CUPED: sums of another Q, from a shard kept before CUPED was turned on or off, are padded
+    with zeros or cut)."""
     out: list[SegmentGroup] = []
     for field in rule.fields:
         shards = sorted((shard, look) for (shard, f), look in looks.items() if f == field)
@@ -181,7 +182,7 @@ def segment_groups(looks: Mapping[tuple[int, str], SegmentLook], rule: SegmentRu
         per_value: dict[str, tuple[Floats, Ints]] = {}
         for _, look in shards:
             at = np.array([column[arm] for arm in look.arms], dtype=np.int64)
-            sums = look.sums
+            sums = look.sums[:, :, :terms]  # (a CUPED experiment's shards without pre-period sums: zeros)
             if sums.shape[2] < terms:
                 sums = np.concatenate([sums, np.zeros((*sums.shape[:2], terms - sums.shape[2], width))], axis=2)
             for v, value in enumerate(look.values):

@@ -121,7 +121,8 @@ def restore(engine: Engine, data: bytes) -> None:
                 ledger.history[int(shard)] = history
     ledger._pending = [_Pending(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
                                 _unarray(p["y"]), _unarray(p["n"]),
-                                [None if g is None else tuple(g) for g in p.get("segments") or [None] * len(p["ids"])])
+                                None if p.get("segments") is None else
+                                [None if g is None else tuple(g) for g in p["segments"]])
                        for p in saved["pending"]]
     ledger.merger = engine.ledger.merger  # (sources and listener as set up; its state from the snapshot)
     ledger.merger.restore_json(saved["merger"])
