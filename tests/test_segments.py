@@ -4,6 +4,7 @@ bounded to ``max_segment_values`` values plus ``__other__``; the same in replay 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import zlib
@@ -23,7 +24,7 @@ from test_partitions import Collect, _short_horizons, run_partitioned, run_with_
 
 from stream_eval.config import ConfigError, load_config
 from stream_eval.engine import shares
-from stream_eval.engine.ab import UnitLedger
+from stream_eval.engine.ab import UnitLedger, shard_of
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.partitions import PartitionedEngine
 from stream_eval.engine.replay import replay
@@ -535,3 +536,50 @@ def test_the_ab_trace_has_the_segment_rows_of_each_look(tmp_path: Any) -> None:
     units = [sum(r["units_control"] + r["units_treatment"] for r in line["segment_ab"] if r["metric"] == "MRR")
              for line in lines]
     assert 0 < units[1] < units[-1] == 400
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_segment_rows_are_the_same_however_the_shards_are_spread_and_fed(data: st.DataObject) -> None:
+    """Units with up to 12 values of a field (beyond ``segment_cap`` 8: each shard then folds some into __other__,
+    in its own order), their requests fed in any batches and any order to a ledger holding every shard, or to 2-4
+    ledgers each holding some shards, released at any event times, the others' looks merged by the first ledger's
+    merger: the segment rows are the same, bit for bit (and the experiment's rows too)."""
+    config = Config(segments=("platform",), metrics=("RR",), max_segment_values=2, look_every=10.0)
+    count = data.draw(st.integers(20, 120), label="requests")
+    values = data.draw(st.lists(st.sampled_from(_VALUE_NAMES), min_size=count, max_size=count), label="values")
+    keys = np.array(data.draw(st.lists(st.integers(0, 60), min_size=count, max_size=count)), dtype=np.float64)
+    units = [f"u{data.draw(st.integers(0, count // 2), label='unit')}" for _ in range(count)]
+    rows = [(keys[k], f"r{k}", "e", ("c", "t")[zlib.crc32(units[k].encode()) % 2], units[k], values[k])
+            for k in range(count)]
+    rr = np.random.default_rng(count).random((count, 1))
+
+    def feed(ledger: UnitLedger, picked: list[int]) -> None:
+        ledger.add_requests(keys[picked], [rows[k][1] for k in picked], ["e"] * len(picked),
+                            [rows[k][3] for k in picked], [rows[k][4] for k in picked], rr[picked],
+                            [(rows[k][5],) for k in picked])
+
+    one = UnitLedger(config, ["MRR"])
+    feed(one, list(range(count)))
+    one.release(math.inf)
+    parts = data.draw(st.integers(2, 4), label="ledgers")
+    ledgers = [UnitLedger(config, ["MRR"]) for _ in range(parts)]
+    merger = ledgers[0].merger
+    merger.progress_of = [-math.inf] * parts
+    for q, ledger in enumerate(ledgers[1:], 1):
+        ledger.on_shard_look = merger.add
+        ledger.on_progress = functools.partial(merger.progress, q)
+    order = data.draw(st.permutations(range(count)), label="arrival order")
+    marks = sorted(data.draw(st.lists(st.integers(0, 70), max_size=4), label="watermarks"))
+    for q, ledger in enumerate(ledgers):
+        mine = [k for k in order if shard_of(units[k]) % parts == q]
+        cut = data.draw(st.integers(0, len(mine)), label="batch")
+        for batch in (mine[:cut], mine[cut:]):
+            if batch:
+                feed(ledger, batch)
+        for mark in marks:
+            ledger.release(float(mark))
+    for ledger in ledgers:
+        ledger.release(math.inf)
+    assert repr(merger.segment_results()) == repr(one.segment_results())  # (NaN: compared as text)
+    assert repr(merger.results()) == repr(one.merger.results())
