@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from stream_eval.engine.labels import MISSING, OTHER
 from stream_eval.metrics.specs import DEFAULT_METRICS, MetricNameError, MetricSpec, parse, select, split_names
 
 GAINS = ("exp", "linear")
@@ -102,6 +103,11 @@ class Tolerance:
         return f"{self.value * 100:g}%" if self.relative else f"{self.value:g}"
 
 
+#: Values of a segment field (not listed) tracked exactly per value shown: ``segment_cap`` = this ×
+#: ``max_segment_values``.
+SEGMENT_CAP_FACTOR = 4
+
+
 #: The default ``cuped_lookback``: 14 days of event time before a unit entered the experiment.
 CUPED_LOOKBACK = 14 * 86400.0
 
@@ -157,8 +163,11 @@ class Config:
     max_label_values: int = 100
     #: segments: fields of a ranking's ``attributes`` whose values slice the report, series, windows and A/B rows
     segments: tuple[str, ...] = ()
-    #: distinct values kept per segment field; the rest are ``__other__``
+    #: values shown per segment field (the most traffic, ties by name); the rest are ``__other__`` (README, "Segments")
     max_segment_values: int = 20
+    #: the values of a segment field, listed (``segment_values = {platform = ["ios", "web"]}``): a listed field shows
+    #: exactly those, every other value is ``__other__``
+    segment_values: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # bounds on state that distinct ids would grow (README, "Bounded state"): beyond them, overflow is counted
     max_open_sessions: int = 300_000  # open named sessions (~1 KB each with 20 items)
     max_open_queries: int = 500_000  # distinct query ids per GSB bucket (~140 bytes each)
@@ -229,10 +238,16 @@ class Config:
         if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
             raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
-        if self.max_segment_values < 1:
-            raise ConfigError(f"max_segment_values: must be positive, got {self.max_segment_values}")
+        if not 1 <= self.max_segment_values <= 8000:  # (a unit's value of a field is a 2-byte code: segment_ab.py)
+            raise ConfigError(f"max_segment_values: must be from 1 to 8,000, got {self.max_segment_values}")
         if len(set(self.segments)) != len(self.segments):
             raise ConfigError(f"segments: a field is named twice in {list(self.segments)}")
+        for segment_field, values in self.segment_values:
+            if segment_field not in self.segments:
+                raise ConfigError(f"segment_values.{segment_field}: not a field of segments ({list(self.segments)})")
+            if not 0 < len(set(values)) == len(values) <= 32_000 or {"", OTHER, MISSING} & set(values):
+                raise ConfigError(f"segment_values.{segment_field}: need 1 to 32,000 distinct values, none empty, "
+                                  f"__other__ or __missing__, got {list(values)[:10]}")
         for name in ("max_open_sessions", "max_open_queries", "max_units", "max_waiting_feedback"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")
@@ -261,6 +276,16 @@ class Config:
                     way = "a rise (positive)" if lower[metric] else "a fall (negative)"
                     raise ConfigError(f"experiments.{name}.guardrails.{metric}: the tolerated loss of this metric is "
                                       f"{way}, got {tolerance.label()}")
+
+    @property
+    def segment_cap(self) -> int:
+        """Distinct values of a segment field not listed in ``segment_values`` whose sums are kept exactly, the first
+        met: :data:`SEGMENT_CAP_FACTOR` × ``max_segment_values`` (README, "Segments")."""
+        return SEGMENT_CAP_FACTOR * self.max_segment_values
+
+    def segment_allowed(self) -> dict[str, frozenset[str]]:
+        """The values listed per segment field (``segment_values``; a field not listed is absent)."""
+        return {segment_field: frozenset(values) for segment_field, values in self.segment_values}
 
     @property
     def kind_grades(self) -> dict[str, float]:
@@ -328,7 +353,8 @@ class Config:
             "sat_kinds": list(self.sat_kinds),
             "reformulation_gap": self.reformulation_gap,
             "experiments": {name: _settings_json(settings) for name, settings in self.experiments},
-            **({"segments": list(self.segments), "max_segment_values": self.max_segment_values}
+            **({"segments": list(self.segments), "max_segment_values": self.max_segment_values,
+                "segment_values": {f: list(values) for f, values in self.segment_values}}
                if self.segments else {}),
             "metrics": [spec.name for spec in self.specs],
         }
@@ -453,6 +479,13 @@ def _kinds(value: object) -> tuple[tuple[str, float], ...]:
     return tuple((str(k), _number(f"kinds.{k}")(v)) for k, v in value.items())
 
 
+def _segment_values(value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``{platform = ["ios", "android"], ...}``: the values of each listed segment field."""
+    if not isinstance(value, Mapping) or not all(isinstance(v, list | tuple) for v in value.values()):
+        raise ConfigError('segment_values: expected a table of field = [values], e.g. {platform = ["ios", "web"]}')
+    return tuple((str(k), tuple(str(item) for item in v)) for k, v in value.items())
+
+
 def _names(name: str) -> Any:
     def read(value: object) -> tuple[str, ...]:
         items = value if isinstance(value, list | tuple) else str(value).split(",")
@@ -559,6 +592,7 @@ READERS: dict[str, Any] = {
     "max_label_values": _integer("max_label_values"),
     "segments": _names("segments"),
     "max_segment_values": _integer("max_segment_values"),
+    "segment_values": _segment_values,
     "max_open_sessions": _integer("max_open_sessions"),
     "max_open_queries": _integer("max_open_queries"),
     "max_units": _integer("max_units"),

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from stream_eval.config import Config
+from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.events.messages import decode_message_chunk, decode_messages
+from stream_eval.events.schema import _guess_kind
 from stream_eval.stream.apache_kafka import ApacheKafka
 from stream_eval.stream.broker import Broker
 
@@ -47,6 +52,79 @@ def AbstractTimeConfig(**settings: Any) -> Config:  # noqa: N802  # stands in fo
     valid event times is widened to any time from 1800 to 5000, since by default a time before 2000-01-01 is
     invalid (docs/contract.md §1). Tests of that default use :class:`Config` itself."""
     return Config(**{"min_ts": -5.4e9, "max_ts": 9.5e10, **settings})
+
+
+#: The input partitions of the in-process partitioned runs (:func:`route`).
+PARTITIONS = 3
+#: Messages of each (kind, partition) of the input topics: (offset, value), in offset order.
+Log = dict[tuple[str, int], list[tuple[int, bytes]]]
+
+
+def route(lines: list[bytes]) -> tuple[list[tuple[str, int, int, bytes]], Log]:
+    """Messages as a producer would write them: (kind, partition, offset, value) in send order, ending with an end
+    watermark on every topic-partition; and the log of each topic-partition."""
+    sent: list[tuple[str, int, int, bytes]] = []
+    log: Log = {}
+    for line in lines:
+        try:
+            fields = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            fields = None
+        kind = fields.get("type") if isinstance(fields, dict) else None
+        if kind == "watermark":
+            continue
+        if kind not in KINDS:
+            kind = _guess_kind(line) if _guess_kind(line) in KINDS else "ranking"
+        key = ""
+        if isinstance(fields, dict):
+            key = str(fields.get("query_id" if kind == "judgment" else "request_id", ""))
+        partition = zlib.crc32(key.encode()) % PARTITIONS
+        messages = log.setdefault((kind, partition), [])
+        messages.append((len(messages), line))
+        sent.append((kind, partition, len(messages) - 1, line))
+    for kind in KINDS:
+        for partition in range(PARTITIONS):
+            messages = log.setdefault((kind, partition), [])
+            messages.append((len(messages), b'{"type": "watermark", "end": true}'))
+            sent.append((kind, partition, len(messages) - 1, b'{"type": "watermark", "end": true}'))
+    return sent, log
+
+
+def feed(engine: PartitionedEngine, kind: str, partition: int, batch: list[tuple[int, bytes]]) -> None:
+    """One fetch of messages of a topic-partition into ``engine``, then a tick."""
+    offsets = [o for o, _ in batch]
+    values = [v for _, v in batch]
+    # as the worker reads a batch: by the line reader (feedback as columns), every other batch event by event
+    decode = decode_message_chunk if sum(offsets) % 2 == 0 else decode_messages
+    events = decode(values, kind, engine.engine.config, [0.0] * len(batch),
+                    [f"{kind}/{partition}@{o}" for o in offsets])
+    engine.feed(kind, partition, offsets, events)  # type: ignore[arg-type]  # decoded events
+    engine.tick()
+
+
+def move_partition_halfway(lines: list[bytes], a: PartitionedEngine, b: PartitionedEngine,
+                           stale: bool = False) -> Checkpoint:
+    """Partition 0 moves from ``a`` (which holds every partition) to ``b`` halfway through ``lines``, one message a
+    fetch: ``a`` reads the first half, its checkpoint of 0 goes to ``b`` through JSON, ``b`` re-reads partition 0
+    from the checkpoint's start up to what ``a`` had processed (from offset 0 with ``stale``: a reset to an old
+    committed offset that won over the seek), and the second half goes on, partition 0 to ``b``. Returns the
+    checkpoint."""
+    sent, log = route(lines)
+    for partition in range(PARTITIONS):
+        a.assign(partition)
+    half = len(sent) // 2
+    for kind, partition, offset, value in sent[:half]:
+        feed(a, kind, partition, [(offset, value)])
+    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(a.checkpoint(0).to_json())))
+    a.drop(0)
+    starts = b.assign(0, checkpoint)
+    for kind in KINDS:  # b first re-reads what a had read of partition 0, from the checkpoint on
+        for offset, value in log.get((kind, 0), []):
+            if (0 if stale else starts.get(kind, 0)) <= offset < checkpoint.processed.get(kind, 0):
+                feed(b, kind, 0, [(offset, value)])
+    for kind, partition, offset, value in sent[half:]:
+        feed(a if partition else b, kind, partition, [(offset, value)])
+    return checkpoint
 
 
 async def read_topic(bootstrap: str, topic: str, expected: int = 0, timeout: float = 120) -> list[Any]:
@@ -119,8 +197,6 @@ class MemoryLogs:
 
     async def last_checkpoint(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, Any]:
         from types import SimpleNamespace
-
-        import orjson
 
         records = self.log(topic, partition)[:before]
         found = [value for key, value in records if key == b"checkpoint"]

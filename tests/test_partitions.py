@@ -3,70 +3,27 @@
 from __future__ import annotations
 
 import math
-import zlib
 from collections import defaultdict
 from typing import Any
 
 import orjson
 import pytest
+from support import PARTITIONS, Log, approx, feed, move_partition_halfway, route
 from support import AbstractTimeConfig as Config
-from support import approx
 
 from stream_eval.config import ExperimentSettings
 from stream_eval.engine import snapshot
 from stream_eval.engine import snapshot as sn
 from stream_eval.engine.engine import Engine, FinalisedBatch
-from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.engine.partitions import PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
 from stream_eval.engine.replay import replay
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import EventCounts
-from stream_eval.events.messages import decode_message_chunk, decode_messages
-from stream_eval.events.schema import _guess_kind
 from stream_eval.simulate import SimulationConfig, simulate_lines
 
-PARTITIONS = 3
-Log = dict[tuple[str, int], list[tuple[int, bytes]]]
-
-
-def _route(lines: list[bytes]) -> tuple[list[tuple[str, int, int, bytes]], Log]:
-    """Messages as a producer would write them: (kind, partition, offset, value) in send order."""
-    sent: list[tuple[str, int, int, bytes]] = []
-    log: Log = defaultdict(list)
-    for line in lines:
-        try:
-            fields = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            fields = None
-        kind = fields.get("type") if isinstance(fields, dict) else None
-        if kind == "watermark":
-            continue
-        if kind not in KINDS:
-            kind = _guess_kind(line) if _guess_kind(line) in KINDS else "ranking"
-        key = ""
-        if isinstance(fields, dict):
-            key = str(fields.get("query_id" if kind == "judgment" else "request_id", ""))
-        partition = zlib.crc32(key.encode()) % PARTITIONS
-        offset = len(log[kind, partition])
-        log[kind, partition].append((offset, line))
-        sent.append((kind, partition, offset, line))
-    for kind in KINDS:
-        for partition in range(PARTITIONS):
-            end = len(log[kind, partition])
-            log[kind, partition].append((end, b'{"type": "watermark", "end": true}'))
-            sent.append((kind, partition, end, b'{"type": "watermark", "end": true}'))
-    return sent, log
-
-
-def _feed(engine: PartitionedEngine, kind: str, partition: int, batch: list[tuple[int, bytes]]) -> None:
-    offsets = [o for o, _ in batch]
-    values = [v for _, v in batch]
-    # as the worker reads a batch: by the line reader (feedback as columns), every other batch event by event
-    decode = decode_message_chunk if sum(offsets) % 2 == 0 else decode_messages
-    events = decode(values, kind, engine.engine.config, [0.0] * len(batch),
-                    [f"{kind}/{partition}@{o}" for o in offsets])
-    engine.feed(kind, partition, offsets, events)  # type: ignore[arg-type]  # decoded events
-    engine.tick()
+# (the helpers live in support; these names are what other test modules import from here)
+_route, _feed = route, feed
 
 
 def run_partitioned(lines: list[bytes], config: Any, collect: Collect, batch: int) -> PartitionedEngine:
@@ -143,24 +100,10 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
     config = Config()
     lines = _lines(1500, seed=5)
     expected, expected_records = _replay(lines, tmp_path, config)
-    sent, log = _route(lines)
     first, second = Collect(), Collect()
     a, b = PartitionedEngine(Engine(config, first)), PartitionedEngine(Engine(config, second))
-    for partition in range(PARTITIONS):
-        a.assign(partition)
-    half = len(sent) // 2
-    for kind, partition, offset, value in sent[:half]:
-        _feed(a, kind, partition, [(offset, value)])
-    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(a.checkpoint(0).to_json())))
-    a.drop(0)
+    checkpoint = move_partition_halfway(lines, a, b, stale=stale)
     assert checkpoint.start["ranking"] < checkpoint.processed["ranking"]  # open requests are rebuilt
-    starts = b.assign(0, checkpoint)
-    for kind in KINDS:  # B first re-reads what A had read of partition 0, from the checkpoint on
-        for offset, value in log[kind, 0]:
-            if (0 if stale else starts.get(kind, 0)) <= offset < checkpoint.processed.get(kind, 0):
-                _feed(b, kind, 0, [(offset, value)])
-    for kind, partition, offset, value in sent[half:]:
-        _feed(a if partition else b, kind, partition, [(offset, value)])
     assert not set(first.records) & set(second.records)
     assert first.records | second.records == expected_records.records
     combined = EventCounts(a.totals().counts + b.totals().counts)
@@ -288,17 +231,11 @@ class Stages:
             self._append(0, self.stages[q].take_reports())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("stages", "moves", "cuped"), [(2, "", False), (3, "moves", False), (5, "snapshots", False),
-                                                        (3, "", True), (4, "snapshots", True)])
-def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
-                                                                        moves: str, cuped: bool) -> None:
-    """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
-    the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
-    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then).
-    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's."""
-    config, lines = _short_horizons(3000, 21, True, look_every=60.0, cuped=cuped)
-    expected, _ = _replay(lines, tmp_path, config)
+def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str = "") -> tuple[Engine, Stages]:
+    """``lines`` through a partitioned engine of every partition, one message a fetch, and a regroup log of
+    ``stages`` partitions each read by its own stage; ``moves``: partitions 0 and 1 move to new engines at a third
+    and two thirds of the stream (from their checkpoints; with ``"snapshots"``, from snapshots taken then). Returns
+    the merged totals (of the partitions, and of every stage engine, earlier owners' included) and the log."""
     sent, _ = _route(lines)
     host = Engine(config)
     host.regroup = RegroupSink()  # (the stage is run here, by partitions)
@@ -317,6 +254,21 @@ def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path
     merged.merge(partitioned.totals())
     for engine in log.engines + log.retired:
         merged.merge(engine)
+    return merged, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stages", "moves", "cuped"), [(2, "", False), (3, "moves", False), (5, "snapshots", False),
+                                                        (3, "", True), (4, "snapshots", True)])
+def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
+                                                                        moves: str, cuped: bool) -> None:
+    """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
+    the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
+    move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then).
+    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's."""
+    config, lines = _short_horizons(3000, 21, True, look_every=60.0, cuped=cuped)
+    expected, _ = _replay(lines, tmp_path, config)
+    merged, log = run_with_stages(lines, config, stages, moves)
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert merged.ab() and merged.ab() == expected.ab()
     assert {row["treatment"] for row in expected.ab()} == {"treatment", "worse"}  # every treatment compared

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from support import MemoryLogs, RecordingSender, approx, held_stages, read_topic, stage_sessions, stages_done
+from test_segments import SEGMENTS, _with_attributes
 
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -28,9 +29,10 @@ PARTITIONS = 4
 #: Short horizons, so that requests finalise and sessions and GSB buckets close while the stream runs (the
 #: 60 s of event time of 3,000 simulated requests): rebalances then move state that is partly finalised.
 SHORT = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0)
-#: SHORT with the behaviour and session measures too (README, "Behaviour measures").
+#: SHORT with the behaviour and session measures too (README, "Behaviour measures"), and two segment fields of
+#: the rankings' attributes (README, "Segments": 3 and 5 values, 3 shown) looked at every 30 s of event time.
 SHORT_BEHAVIOUR = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
-                         metrics=("default", "behaviour"))
+                         metrics=("default", "behaviour"), segments=SEGMENTS, max_segment_values=3, look_every=30.0)
 
 
 def _log(requests: int, seed: int, short: bool = False, behaviour: bool = False) -> list[bytes]:
@@ -143,11 +145,15 @@ def _run(main: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("short", [False, True], ids=["default-horizons", "short-horizons-behaviour"])
+@pytest.mark.parametrize("short", [False, True], ids=["default-horizons", "short-horizons-behaviour-segments"])
 def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool) -> None:
-    """With short horizons, the behaviour and session measures too, on traffic with dwell and zero results."""
+    """With short horizons, the behaviour and session measures too, on traffic with dwell and zero results; and
+    segments: the groups per value, and the A/B rows per value (their shards' looks merged on stage partition 0 of
+    the four) bit for bit, at looks every 30 s."""
     config = SHORT_BEHAVIOUR if short else Config()
     lines = _log(5000, seed=11, short=short, behaviour=short)
+    if short:
+        lines, _ = _with_attributes(lines)
     expected, expected_records = _replay(lines, tmp_path, config)
     prefix = f"parity-{short}."
     settings = WorkerSettings([broker], prefix=prefix, group=f"parity-{short}", partitions=PARTITIONS)
@@ -163,6 +169,9 @@ def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool
             assert report[section] == approx(want[section]), section
         assert report["ab"] and report["ab"] == want["ab"] and report["srm"] == want["srm"]
         assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
+        if short:
+            assert report["segments"] == approx(want["segments"])
+            assert report["segment_ab"] and report["segment_ab"] == want["segment_ab"]
         found = await read_topic(broker, topics(prefix).request_metrics, len(expected_records.by_id))
         records = {r.key.decode(): orjson.loads(r.value) for r in found}
         assert len(found) == len(records) == len(expected_records.by_id)

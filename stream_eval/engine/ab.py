@@ -29,6 +29,10 @@ its running state, and one SRM test over all the arms. A unit seen in a second
 arm is a *conflict*: counted once, kept in its first arm, and that contribution is left out of the A/B
 statistics (it still counts in its arm's means elsewhere in the report).
 
+With segments (``Config.segments``), each unit also has a value of each segment field, its first request's; each
+shard reports its units' sums per value and arm at the look boundaries, and the merger keeps the rows per segment
+value beside the experiment's (``engine/segment_ab.py``; README, "Segment A/B rows").
+
 A shard of an experiment keeps at most ``max_units / SHARDS`` units (rounded up): a contribution of a unit first
 seen beyond that, in the (key, id) order of application, is left out of the A/B statistics like a conflict and
 counted (``UnitLedger.overflow``); so the bound, too, is the same whatever the number of workers.
@@ -50,12 +54,23 @@ import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Arms, Config, ConfigError
 from stream_eval.engine.compiled import unit_history, unit_rows, unit_slots
+from stream_eval.engine.segment_ab import (
+    SegmentGroup,
+    SegmentLook,
+    SegmentRule,
+    families_rejected,
+    fit_codes,
+    segment_groups,
+    segment_looks,
+)
 from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.specs import lower_is_better
-from stream_eval.stats import ArmSums, Comparison, PreSums, compare, decide, e_bh, srm_test
+from stream_eval.stats import ArmSums, Comparison, Difference, PreSums, compare, decide, difference, srm_test
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+#: A request's value of each segment field (``Config.segments``; None: without the field in its ``attributes``).
+Segments = tuple[str | None, ...]
 #: Called with the event time of a look once it is taken (the replay's ``--ab-trace``).
 LookListener = Callable[[float], None]
 #: The A/B units of an experiment are kept in this many shards, by a hash of the unit id (:func:`shard_of`):
@@ -183,12 +198,18 @@ class _Experiment:
     pre: bool = False
     x: Floats = field(default_factory=lambda: np.zeros((0, 0)))
     q: Floats = field(default_factory=lambda: np.zeros((0, 0)))
+    # segments (``segment_ab.py``): per row the code of the unit's value of each of ``fields`` segment fields (-1: not
+    # set yet), into the tables of the values kept (per field, value -> code, in the order met)
+    fields: int = 0
+    segment: npt.NDArray[np.int16] = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int16))
+    segment_codes: list[dict[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.y = np.zeros((0, self.width))
         self.n = np.zeros((0, self.width))
         self.x = np.zeros((0, self.width))
         self.q = np.zeros((0, self.width))
+        self.segment, self.segment_codes = fit_codes(self.segment, self.segment_codes, 0, self.fields)
 
     def holds(self, unit: str) -> bool:
         """Whether ``unit`` is one of the units kept."""
@@ -243,6 +264,8 @@ class _Experiment:
                 x, q = np.zeros((capacity, self.width)), np.zeros((capacity, self.width))
                 x[: self.x.shape[0]], q[: self.q.shape[0]] = self.x, self.q
                 self.x, self.q = x, q
+            if self.fields:
+                self.segment, self.segment_codes = fit_codes(self.segment, self.segment_codes, capacity, self.fields)
         slots = self.slots.shape[0]
         while 2 * size > slots:
             slots *= 2
@@ -269,6 +292,13 @@ class _Experiment:
     def units_per_arm(self) -> dict[str, int]:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
         return {arm: int(counts[code]) for code, arm in enumerate(self.arms)}
+
+    def segment_looks(self, name: str, shard: int, rule: SegmentRule) -> list[SegmentLook]:
+        """This shard's looks per segment field (its arms in order of first unit)."""
+        size = self.size
+        pre = (self.x[:size], self.q[:size]) if self.pre else ()
+        return segment_looks(name, shard, rule, list(self.arms), self.unit_arm[:size], self.segment[:size],
+                             self.segment_codes, self.y[:size], self.n[:size], *pre)
 
 
 #: Seconds of a day: CUPED's pre-period is kept per unit in buckets of a day of event time (of contribution keys).
@@ -404,17 +434,25 @@ def _covariate_table(path: str, names: tuple[str, ...]) -> CovariateTable:
 class _Pending:
     """Contributions not applied yet, batch by batch (columns), until event time passes their keys."""
 
-    __slots__ = ("keys", "ids", "experiments", "arms", "units", "y", "n")
+    __slots__ = ("keys", "ids", "experiments", "arms", "units", "y", "n", "segments")
 
     def __init__(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str], units: list[str],
-                 y: Floats, n: Floats) -> None:
+                 y: Floats, n: Floats, segments: list[Segments | None] | None = None) -> None:
         self.keys, self.ids, self.experiments, self.arms, self.units, self.y, self.n = (
             keys, ids, experiments, arms, units, y, n)
+        # each contribution's value of every segment field (None: a session's, which sets none; all None: None)
+        self.segments = segments
+
+    def segments_of(self, picked: list[int]) -> list[Segments | None]:
+        """The segment values of the contributions ``picked``."""
+        given = self.segments
+        return [None] * len(picked) if given is None else [given[k] for k in picked]
 
     def take(self, rows: Ints) -> _Pending:
         picked = rows.tolist()
         return _Pending(self.keys[rows], [self.ids[k] for k in picked], [self.experiments[k] for k in picked],
-                        [self.arms[k] for k in picked], [self.units[k] for k in picked], self.y[rows], self.n[rows])
+                        [self.arms[k] for k in picked], [self.units[k] for k in picked], self.y[rows], self.n[rows],
+                        None if self.segments is None else self.segments_of(picked))
 
     @staticmethod
     def join(parts: list[_Pending]) -> _Pending:
@@ -423,7 +461,9 @@ class _Pending:
         return _Pending(np.concatenate([p.keys for p in parts]), [i for p in parts for i in p.ids],
                         [e for p in parts for e in p.experiments], [a for p in parts for a in p.arms],
                         [u for p in parts for u in p.units], np.concatenate([p.y for p in parts]),
-                        np.concatenate([p.n for p in parts]))
+                        np.concatenate([p.n for p in parts]),
+                        None if all(p.segments is None for p in parts) else
+                        [g for p in parts for g in p.segments_of(list(range(len(p.ids))))])
 
 
 @dataclass(frozen=True)
@@ -474,6 +514,19 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class SegmentAbRow:
+    """An A/B row within one value of a segment field (README, "Segment A/B rows"): exploratory, its decision taken
+    by e-BH over the experiment's segment rows, and its effect compared with the rest of the experiment's."""
+
+    row: AbRow
+    field: str
+    value: str
+    rest_delta: float  # the delta here minus the delta in the rest of the experiment (every other value)
+    rest_p_value: float  # always-valid p-value of rest_delta == 0 (running minimum over looks)
+    differs: bool  # rest_delta != 0 after e-BH over the same family as the decisions
+
+
+@dataclass(frozen=True)
 class SrmRow:
     experiment: str
     units: dict[str, int]
@@ -520,7 +573,36 @@ class ShardLook:
 
 
 #: Called with a look's boundary and the looks of the shards that changed since the previous one.
-ShardLookListener = Callable[[float, list[ShardLook]], None]
+ShardLookListener = Callable[[float, list[ShardLook | SegmentLook]], None]
+
+
+def look_from_json(data: list[Any] | dict[str, Any]) -> ShardLook | SegmentLook:
+    """A look as :meth:`ShardLook.to_json` (a list) or :meth:`SegmentLook.to_json` (a dict) wrote it."""
+    return SegmentLook.from_json(data) if isinstance(data, dict) else ShardLook.from_json(data)
+
+
+@dataclass
+class _SegmentRunning:
+    """The running state of one treatment's rows in one segment group: its sequences and p-values (as a treatment's,
+    :class:`_Running`), the running minimum p-value of its difference with the rest, and the values it held (from
+    scratch when they change: ``__other__`` holds other values as the ones shown change)."""
+
+    running: _Running
+    rest_p_value: Floats
+    members: tuple[str, ...]
+
+    def to_json(self) -> list[Any]:
+        return [self.running.to_json(), self.rest_p_value.tolist(), list(self.members)]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> _SegmentRunning:
+        running, rest, members = data
+        return cls(_Running.from_json(running), _array(rest), tuple(members))
+
+
+#: An experiment's segment groups at the last look: each group's comparison of each treatment with the control, and
+#: the difference of its delta with the rest's.
+_SegmentEntry = tuple[SegmentGroup, ArmPair, Comparison, Difference]
 
 
 class LookMerger:
@@ -540,8 +622,14 @@ class LookMerger:
         self.folded = -math.inf  # the last boundary folded
         self.looks = 0
         self.on_look: LookListener | None = None
-        self._queue: dict[float, list[ShardLook]] = {}  # reported, not folded yet: boundary -> looks
+        self._queue: dict[float, list[ShardLook | SegmentLook]] = {}  # reported, not folded yet: boundary -> looks
         self.latest: dict[str, dict[int, ShardLook]] = {}  # each experiment's shards as of the last fold
+        # segments: each experiment's shards' looks per field as of the last fold, (shard, field) -> look; its
+        # groups' comparisons at the last fold and their running state, by (field, value, treatment)
+        self.segments = SegmentRule.of(config)
+        self.latest_segments: dict[str, dict[tuple[int, str], SegmentLook]] = {}
+        self._segment_now: dict[str, list[_SegmentEntry]] = {}
+        self._segment_running: dict[str, dict[tuple[str, str, str], _SegmentRunning]] = {}
         self._running: dict[str, _RunningExperiment] = {}
         self._now: dict[str, _Look] = {}  # each experiment's comparisons at the last fold
         # Shards' looks since their last boundary (a stage partition reports them as it goes, for the live rows):
@@ -553,14 +641,16 @@ class LookMerger:
         self.staged = False  # a regroup stage partition's (0: the one that merges every partition's looks)
         self.version = 0  # changes with every fold and live look (the readout's cache of the rows keys on it)
 
-    def add_live(self, time: float, looks: Sequence[ShardLook]) -> None:
-        """Shards' looks at event time ``time``, between boundaries: shown by :meth:`results`, never folded."""
+    def add_live(self, time: float, looks: Sequence[ShardLook | SegmentLook]) -> None:
+        """Shards' looks at event time ``time``, between boundaries: shown by :meth:`results`, never folded (nor are
+        segment looks ever live)."""
         if time > self.folded:
             for look in looks:
-                self.live[look.experiment, look.shard] = (time, look)
+                if isinstance(look, ShardLook):
+                    self.live[look.experiment, look.shard] = (time, look)
             self.version += 1
 
-    def add(self, boundary: float, looks: Sequence[ShardLook]) -> None:
+    def add(self, boundary: float, looks: Sequence[ShardLook | SegmentLook]) -> None:
         """Shards' looks at ``boundary`` (a boundary folded already is reported again by a restarted source)."""
         if boundary > self.folded:
             self._queue.setdefault(boundary, []).extend(looks)
@@ -579,7 +669,10 @@ class LookMerger:
         queue = self._queue
         for boundary in sorted(b for b in queue if b <= ready):
             for look in queue.pop(boundary):
-                self.latest.setdefault(look.experiment, {})[look.shard] = look
+                if isinstance(look, SegmentLook):
+                    self.latest_segments.setdefault(look.experiment, {})[look.shard, look.field] = look
+                else:
+                    self.latest.setdefault(look.experiment, {})[look.shard] = look
             self._fold(boundary)
             self.live = {key: entry for key, entry in self.live.items() if entry[0] > boundary}
 
@@ -590,6 +683,8 @@ class LookMerger:
                 continue
             self._now[name] = now
             self._running[name] = self._folded(name, now)
+            if self.segments is not None:
+                self._fold_segments(name, now)
         self.folded = boundary
         self.looks += 1
         self.version += 1
@@ -630,22 +725,10 @@ class LookMerger:
         control changed), and the SRM test's (from scratch when its arms changed). NaN (undefined at this look)
         leaves a bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
         before = self._running.get(name)
-        width = self.width
-        pairs: dict[str, _Running] = {}
-        for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True):
-            was = None if before is None else before.pairs.get(pair.treatment)
-            if was is None or was.pair != pair:
-                was = _Running(pair, np.ones(width), np.full(width, -math.inf), np.full(width, math.inf))
-            lift_lower = np.full(width, -math.inf) if was.lift_cs_lower is None else was.lift_cs_lower
-            lift_upper = np.full(width, math.inf) if was.lift_cs_upper is None else was.lift_cs_upper
-            pre_p = None
-            if self.config.settings_of(name).cuped:
-                pre_p = np.fmin(np.ones(width) if was.pre_p_value is None else was.pre_p_value,
-                                comparison.pre_p_value)
-            pairs[pair.treatment] = _Running(
-                pair, np.fmin(was.p_value, comparison.p_value), np.fmax(was.cs_lower, comparison.cs_lower),
-                np.fmin(was.cs_upper, comparison.cs_upper), np.fmax(lift_lower, comparison.lift_cs_lower),
-                np.fmin(lift_upper, comparison.lift_cs_upper), pre_p)
+        cuped = self.config.settings_of(name).cuped
+        pairs = {pair.treatment: _fold_pair(None if before is None else before.pairs.get(pair.treatment), pair,
+                                            comparison, cuped)
+                 for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True)}
         srm_arms = tuple(now.srm.expected)
         srm_before = 1.0
         if before is not None and before.srm_arms in (None, srm_arms):
@@ -691,28 +774,108 @@ class LookMerger:
                                    cuped, imbalanced))
         return ab, srm_rows
 
+    def _segment_entries(self, name: str, now: _Look) -> list[_SegmentEntry]:
+        """The segment groups of an experiment from its shards' latest looks, each compared as the experiment is
+        (each treatment with the control, CUPED if it is), with the difference from the rest of the experiment."""
+        assert self.segments is not None
+        cuped = self.config.settings_of(name).cuped
+        options = {"confidence": self.config.confidence, "sequential_n": self.config.sequential_n}
+        zeros = ArmSums.zeros(self.width)
+        entries: list[_SegmentEntry] = []
+        for group in segment_groups(self.latest_segments.get(name, {}), self.segments, 16 if cuped else 6):
+            for pair in now.arms.pairs():
+                here = compare(group.sums.get(pair.control, zeros), group.sums.get(pair.treatment, zeros),
+                               cuped=cuped, **options)
+                rest = compare(group.rest.get(pair.control, zeros), group.rest.get(pair.treatment, zeros),
+                               cuped=cuped, **options)
+                entries.append((group, pair, here, difference(here, rest, **options)))
+        return entries
+
+    def _fold_segments(self, name: str, now: _Look) -> None:
+        """Fold a look into an experiment's segment rows: each (field, value, treatment)'s running state, from
+        scratch when its control or the values its group holds changed; groups no longer shown are dropped."""
+        entries = self._segment_entries(name, now)
+        before = self._segment_running.get(name, {})
+        cuped = self.config.settings_of(name).cuped
+        running: dict[tuple[str, str, str], _SegmentRunning] = {}
+        for group, pair, here, apart in entries:
+            key = (group.field, group.value, pair.treatment)
+            was = before.get(key)
+            if was is not None and was.members != group.members:
+                was = None
+            rest_p = np.ones(self.width) if was is None else was.rest_p_value
+            running[key] = _SegmentRunning(_fold_pair(None if was is None else was.running, pair, here, cuped),
+                                           np.fmin(rest_p, apart.p_value), group.members)
+        self._segment_now[name] = entries
+        self._segment_running[name] = running
+
+    def segment_results(self, names: Sequence[str] | None = None) -> list[SegmentAbRow]:
+        """The segment rows as of the last look folded (never between looks: README, "Segment A/B rows"), with
+        their decisions and the flags of a difference from the rest, each by e-BH over the experiment's segment rows
+        (goal metrics × treatments × segment values; the other metrics a family of their own)."""
+        out: list[SegmentAbRow] = []
+        if not self.active:
+            return out
+        shown = self.names if names is None else names
+        columns = [(self.names.index(name), name) for name in shown if name in self.names]
+        for name in sorted(self._segment_now):
+            cuped = self.config.settings_of(name).cuped
+            rows: list[AbRow] = []
+            log_e: list[float] = []
+            apart_e: list[float] = []
+            where: list[tuple[SegmentGroup, float, float]] = []
+            for group, pair, here, apart in self._segment_now[name]:
+                state = self._segment_running[name][group.field, group.value, pair.treatment]
+                rows.extend(_rows(name, pair, here, state.running, columns, cuped))
+                for j, _ in columns:
+                    log_e.append(float(here.log_e_value[j]))
+                    apart_e.append(float(apart.log_e_value[j]))
+                    rest_p = float(apart.p_value[j])
+                    where.append((group, float(apart.delta[j]),
+                                  rest_p if math.isnan(rest_p) else float(state.rest_p_value[j])))
+            decided = _decided(rows, log_e, self.config, exploratory=True)
+            differs = families_rejected(apart_e, _families(rows, self.config, exploratory=True),
+                                        1.0 - self.config.confidence)
+            out.extend(SegmentAbRow(row, group.field, group.value, rest_delta, rest_p, flag)
+                       for row, (group, rest_delta, rest_p), flag in zip(decided, where, differs, strict=True))
+        return out
+
     def state_to_json(self) -> dict[str, Any]:
         """What a new owner of the merger needs (it is rebuilt from this and the reports after it)."""
         return {"progress": [time_to_json(t) for t in self.progress_of], "folded": time_to_json(self.folded),
                 "looks": self.looks,
                 "queue": [[time_to_json(b), [look.to_json() for look in looks]] for b, looks in self._queue.items()],
-                "latest": [look.to_json() for shards in self.latest.values() for look in shards.values()],
-                "running": {name: r.to_json() for name, r in self._running.items()}}
+                "latest": [*(look.to_json() for shards in self.latest.values() for look in shards.values()),
+                           *(look.to_json() for shards in self.latest_segments.values() for look in shards.values())],
+                "running": {name: r.to_json() for name, r in self._running.items()},
+                "segment_running": {name: [[*key, state.to_json()] for key, state in running.items()]
+                                    for name, running in self._segment_running.items()}}
 
     def restore_json(self, data: dict[str, Any]) -> None:
         self.progress_of = [float(t) for t in data["progress"]] + self.progress_of[len(data["progress"]):]
         self.folded, self.looks = float(data["folded"]), int(data["looks"])
-        self._queue = {float(b): [ShardLook.from_json(look) for look in looks] for b, looks in data["queue"]}
-        self.latest = {}
+        self._queue = {float(b): [look_from_json(look) for look in looks] for b, looks in data["queue"]}
+        self.latest, self.latest_segments = {}, {}
         for raw in data["latest"]:
-            look = ShardLook.from_json(raw)
-            self.latest.setdefault(look.experiment, {})[look.shard] = look
+            look = look_from_json(raw)
+            if isinstance(look, SegmentLook):
+                self.latest_segments.setdefault(look.experiment, {})[look.shard, look.field] = look
+            else:
+                self.latest.setdefault(look.experiment, {})[look.shard] = look
         self._running = {name: _RunningExperiment.from_json(r) for name, r in data["running"].items()}
-        self._now = {}
+        self._segment_running = {
+            name: {(str(f), str(v), str(t)): _SegmentRunning.from_json(state) for f, v, t, state in running}
+            for name, running in data.get("segment_running", {}).items()}  # (none in a state written before)
+        self._now, self._segment_now = {}, {}
         for name in self.latest:
             now = self._merged(name)
             if now is not None:
                 self._now[name] = now
+                if self.segments is not None and name in self._segment_running:
+                    entries = self._segment_entries(name, now)
+                    running = self._segment_running[name]
+                    self._segment_now[name] = [e for e in entries if (e[0].field, e[0].value, e[1].treatment)
+                                               in running]
 
 
 class UnitLedger:
@@ -748,6 +911,7 @@ class UnitLedger:
                              else None) for name, settings in config.experiments if settings.cuped}
         self.buckets = max((days for days, table in self.cuped.values() if table is None), default=-1) + 1
         self.history: dict[int, UnitHistory] = {}
+        self.segments = SegmentRule.of(config)  # segment fields: each unit's value of each (segment_ab.py)
 
     @property
     def on_look(self) -> LookListener | None:
@@ -763,9 +927,10 @@ class UnitLedger:
 
     # -- input ------------------------------------------------------------------------------------------
     def add_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
-                     units: list[str], values: Floats) -> None:
+                     units: list[str], values: Floats, segments: Sequence[Segments] | None = None) -> None:
         """Finalised requests: finalisation points, request ids, labels, units and their per-request values
-        (NaN = no value); ``values`` has one column per name except GAUC."""
+        (NaN = no value); ``values`` has one column per name except GAUC. ``segments``: each request's value of every
+        segment field (none given: without the fields, ``__missing__``)."""
         if not len(ids) or self.frozen:
             return
         present = ~np.isnan(values)
@@ -773,7 +938,11 @@ class UnitLedger:
         n = np.zeros((len(ids), self.width))
         y[:, :-1] = np.where(present, values, 0.0)
         n[:, :-1] = present
-        self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), ids, experiments, arms, units, y, n))
+        given: list[Segments | None] | None = None
+        if self.segments is not None:
+            given = list(segments) if segments is not None else [(None,) * len(self.segments.fields)] * len(ids)
+        self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), ids, experiments, arms, units, y, n,
+                                      given))
 
     def add_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                      units: list[str], weighted_auc: Floats, weight: Floats, values: Floats | None = None,
@@ -831,7 +1000,11 @@ class UnitLedger:
     def _look(self, boundary: float) -> None:
         """The looks of the shards changed since the last one, at ``boundary``, to the merger."""
         self.open_look = None
-        looks = [self.experiments[name][shard].look(name, shard) for name, shard in sorted(self._changed)]
+        looks: list[ShardLook | SegmentLook] = [self.experiments[name][shard].look(name, shard)
+                                                for name, shard in sorted(self._changed)]
+        if self.segments is not None:  # (at the boundaries only: never live, README "Segment A/B rows")
+            looks += [look for name, shard in sorted(self._changed)
+                      for look in self.experiments[name][shard].segment_looks(name, shard, self.segments)]
         self._live_changed -= self._changed  # (looked at: no live look of them is needed)
         self._changed.clear()
         if self.on_shard_look is not None:
@@ -853,10 +1026,13 @@ class UnitLedger:
             picked = [start + k for k in np.flatnonzero(shards == shard).tolist() if names[k] == name]
             experiment = self.experiments.setdefault(name, {}).get(shard)
             if experiment is None:
-                experiment = self.experiments[name][shard] = _Experiment(self.width, limit=_shard_limit(self.config),
-                                                                         pre=name in self.cuped)
+                experiment = self.experiments[name][shard] = _Experiment(
+                    self.width, limit=_shard_limit(self.config), pre=name in self.cuped,
+                    fields=0 if self.segments is None else len(self.segments.fields))
             before = experiment.size
             rows, used = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
+            if self.segments is not None:
+                self.segments.assign(experiment.segment, experiment.segment_codes, rows, ready.segments_of(picked))
             if experiment.pre or self.buckets > 0:
                 local = np.array(picked, dtype=np.int64) - start
                 tracked[local] = used
@@ -945,6 +1121,10 @@ class UnitLedger:
         was applied since: here, and as the other stage partitions reported it."""
         return self.merger.results(names, self.live_looks())
 
+    def segment_results(self, names: Sequence[str] | None = None) -> list[SegmentAbRow]:
+        """The segment rows as of the last look (:meth:`LookMerger.segment_results`)."""
+        return self.merger.segment_results(names)
+
     def live_looks(self, since_report: bool = False) -> list[ShardLook]:
         """The looks of the shards changed since their last look (with ``since_report``: since the last call so,
         whose looks are reported as live; ``engine/regroup.py``)."""
@@ -984,6 +1164,23 @@ def _shard_limit(config: Config) -> int:
     return -(-config.max_units // SHARDS)
 
 
+def _fold_pair(was: _Running | None, pair: ArmPair, comparison: Comparison, cuped: bool) -> _Running:
+    """A treatment's running state with one more look folded in (from scratch without one, or when its control
+    changed): the running minimum of the p-values, the running intersection of the sequences. NaN (undefined at this
+    look) leaves a bound or p-value as it was (``fmin``/``fmax`` skip NaN)."""
+    width = comparison.delta.shape[0]
+    if was is None or was.pair != pair:
+        was = _Running(pair, np.ones(width), np.full(width, -math.inf), np.full(width, math.inf))
+    lift_lower = np.full(width, -math.inf) if was.lift_cs_lower is None else was.lift_cs_lower
+    lift_upper = np.full(width, math.inf) if was.lift_cs_upper is None else was.lift_cs_upper
+    pre_p = None
+    if cuped:
+        pre_p = np.fmin(np.ones(width) if was.pre_p_value is None else was.pre_p_value, comparison.pre_p_value)
+    return _Running(pair, np.fmin(was.p_value, comparison.p_value), np.fmax(was.cs_lower, comparison.cs_lower),
+                    np.fmin(was.cs_upper, comparison.cs_upper), np.fmax(lift_lower, comparison.lift_cs_lower),
+                    np.fmin(lift_upper, comparison.lift_cs_upper), pre_p)
+
+
 def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
           columns: list[tuple[int, str]], cuped: bool = False) -> list[AbRow]:
     """The rows of one treatment against the control, for the metric ``columns`` (index, name); ``cuped``: with
@@ -1011,30 +1208,36 @@ def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
     return rows
 
 
-def _decided(rows: list[AbRow], log_e: list[float], config: Config) -> list[AbRow]:
+def _families(rows: list[AbRow], config: Config, exploratory: bool = False) -> list[list[int]]:
+    """The false-discovery families of an experiment's rows (indexes): its goal metrics (``primary``, else every
+    metric not a guardrail) of every treatment; and the other metrics not guardrails, when ``primary`` names fewer
+    (``exploratory``, an experiment's segment rows: every other metric, guardrails included)."""
+    if not rows:
+        return []
+    settings = config.settings_of(rows[0].experiment)
+    guardrails = {metric for metric, _ in settings.guardrails}
+    goal = set(settings.primary) or {row.metric for row in rows} - guardrails
+    others = {row.metric for row in rows} - goal - (set() if exploratory else guardrails)
+    return [[k for k, row in enumerate(rows) if row.metric in family] for family in (goal, others)]
+
+
+def _decided(rows: list[AbRow], log_e: list[float], config: Config, exploratory: bool = False) -> list[AbRow]:
     """An experiment's rows with their decisions after false-discovery control, and its guardrails tested.
 
-    Families (README, "False discoveries"): the goal metrics (``primary``, else every metric not a guardrail) of
-    every treatment; and the other metrics not guardrails, when ``primary`` names fewer, a family of their own.
-    Each family's decisions are e-BH's at level ``1 - confidence`` on the e-values of this look: a row not
-    rejected is ``inconclusive``. A guardrail keeps its own decision (unadjusted) and gets its non-inferiority
-    test: its confidence sequence (of the lift for a relative tolerance) wholly on the good side of the tolerated
-    loss (``non_inferior``), or wholly on the bad side (``breached``)."""
+    Families (README, "False discoveries"; :func:`_families`). Each family's decisions are e-BH's at level
+    ``1 - confidence`` on the e-values of this look: a row not rejected is ``inconclusive``. A guardrail keeps its
+    own decision (unadjusted; in ``exploratory`` segment rows, it is in the second family) and gets its
+    non-inferiority test: its confidence sequence (of the lift for a relative tolerance) wholly on the good side of
+    the tolerated loss (``non_inferior``), or wholly on the bad side (``breached``)."""
     if not rows:
         return rows
-    settings = config.settings_of(rows[0].experiment)
-    guardrails = dict(settings.guardrails)
-    goal = set(settings.primary) or {row.metric for row in rows} - guardrails.keys()
-    alpha = 1.0 - config.confidence
+    guardrails = dict(config.settings_of(rows[0].experiment).guardrails)
     out = list(rows)
-    for family in (goal, {row.metric for row in rows} - goal - guardrails.keys()):
-        members = [k for k, row in enumerate(rows) if row.metric in family]
-        if not members:
-            continue
-        rejected = e_bh([log_e[k] for k in members], alpha)
-        for k, kept in zip(members, rejected.tolist(), strict=True):
-            if not kept:
-                out[k] = dataclasses.replace(rows[k], decision="inconclusive")
+    families = _families(rows, config, exploratory)
+    rejected = families_rejected(log_e, families, 1.0 - config.confidence)
+    for k in (member for family in families for member in family):
+        if not rejected[k]:
+            out[k] = dataclasses.replace(rows[k], decision="inconclusive")
     for k, row in enumerate(rows):
         tolerance = guardrails.get(row.metric)
         if tolerance is not None:

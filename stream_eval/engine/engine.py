@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Arms, Config
-from stream_eval.engine.ab import UnitLedger, recommend
+from stream_eval.engine.ab import AbRow, UnitLedger, recommend
 from stream_eval.engine.gsb import GsbTracker
-from stream_eval.engine.labels import MISSING, OTHER, LabelBounds
+from stream_eval.engine.labels import MISSING, OTHER, LabelBounds, shown_segment_values
 from stream_eval.engine.plugins import Plugin, RegroupHooks
 from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
 from stream_eval.events.join import OVERFLOW, EventCounts, Finalised, Join
@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # the types readers get from engine.windows and engine.delays
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 GroupKey = tuple[str, str]
-#: A segment group: (experiment, arm, segment field, segment value), the value bounded (``max_segment_values``).
+#: A segment group: (experiment, arm, segment field, segment value), the value bounded (``segment_cap``, or the values
+#: listed in ``segment_values``; the report shows ``max_segment_values`` of them).
 SegmentKey = tuple[str, str, str, str]
 _RAW_GROUP_CACHE = 10_000
 
@@ -126,6 +127,7 @@ class Engine:
         self._session_columns = [j for j, spec in enumerate(self.specs) if spec.per_session]
         self._record_columns = [j for j, spec in enumerate(self.specs) if not spec.per_session]
         self._record_specs = tuple(self.specs[j] for j in self._record_columns)
+        self._lower_is_better = {spec.mean_name for spec in self.specs if spec.definition.lower_is_better}
         # alpha-nDCG columns, filled here from the items' subtopics: (column, cutoff, alpha)
         self._alpha_columns = [(j, s.k or 0, float(s.resolve(config)["alpha"]))
                                for j, s in enumerate(self.specs) if s.needs_subtopics]
@@ -138,6 +140,7 @@ class Engine:
         self.groups: list[GroupStats] = []
         # segment groups (config ``segments``): a request is in one per segment field, besides its group
         self.segment_fields = config.segments
+        self._segment_allowed = config.segment_allowed()
         self.segment_keys: list[SegmentKey] = []
         self._segment_index: dict[SegmentKey, int] = {}
         self._raw_segments: dict[SegmentKey, int] = {}
@@ -394,7 +397,8 @@ class Engine:
         index = self._raw_segments.get(raw)
         if index is not None:
             return index
-        bounded = value if value == MISSING else self.labels.segment(field, value, self.config.max_segment_values)
+        bounded = value if value == MISSING or value == OTHER else self.labels.segment(
+            field, value, self.config.segment_cap, self._segment_allowed.get(field))
         key = (*self.group_keys[self.group_of(experiment, arm)], field, bounded)
         index = self._segment_index.get(key)
         if index is None:
@@ -560,10 +564,15 @@ class Engine:
         ids = list(map(_REQUEST_ID, states))
         experiments, arms = [e for e, _ in labels], [a for _, a in labels]
         units: list[str] = list(map(unit_of, states))  # type: ignore[arg-type]  # not interleaved: a str
+        segments = None
+        if self.segment_fields:  # each request's value of every segment field, for its unit's (engine/segment_ab.py)
+            fields = self.segment_fields
+            segments = [tuple(map((attributes or _NO_ATTRIBUTES).get, fields))
+                        for attributes in map(_ATTRIBUTES, states)]
         if self.regroup is None:
-            self.ledger.add_requests(keys, ids, experiments, arms, units, values)
+            self.ledger.add_requests(keys, ids, experiments, arms, units, values, segments)
         else:
-            self.regroup.unit_requests(keys, ids, experiments, arms, units, values)
+            self.regroup.unit_requests(keys, ids, experiments, arms, units, values, segments)
 
     def _regroup_session_part(self, state: CompactRanking, group: int, impressions: Impressions, i: int) -> None:
         experiment, arm = self.group_keys[group]
@@ -739,29 +748,52 @@ class Engine:
                if self.segment_fields else {}),
             "gsb": gsb,
             "ab": self.ab(),
+            **({"segment_ab": self.segment_ab()} if self.segment_fields else {}),
             "srm": self.srm(),
             "experiments": self.experiments(),
             "overflow": self.overflow(),
         }
 
     def segment_rows(self) -> list[dict[str, Any]]:
-        """The report's ``segments``: per experiment, arm, segment field and value, its requests and the means of
-        the per-request measures (GAUC and the session measures are not per segment)."""
+        """The report's ``segments``: per experiment, arm, segment field and value shown (:meth:`shown_segments`), its
+        requests and the means of the per-request measures (GAUC and the session measures are not per segment)."""
         names = [(j, name) for j, name in self._metric_names() if not self.specs[j].per_session]
         rows = []
-        for (experiment, arm, field, value), stats in sorted(zip(self.segment_keys, self.segment_groups, strict=True),
-                                                             key=lambda s: s[0]):
+        for (experiment, arm, field, value), stats in sorted(self.shown_segments().items()):
             means = stats.moments.mean()
             rows.append({"experiment": experiment, "arm": arm, "segment": {"field": field, "value": value},
                          "requests": stats.requests, "empty": stats.empty,
                          "metrics": {name: _number(means[j]) for j, name in names}})
         return rows
 
-    def segment_overflow(self) -> dict[str, int]:
-        """Finalised requests whose segment value was folded into ``__other__`` (beyond ``max_segment_values``), per
-        segment field."""
+    def shown_segments(self) -> dict[SegmentKey, GroupStats]:
+        """The segment groups as the report shows them: per experiment and field, the ``max_segment_values`` values
+        with the most requests (ties by name; every value of a field listed in ``segment_values``) and
+        ``__missing__``, the other values' groups added into ``__other__`` (in the order of their names, so that the
+        sums do not depend on the order values were met)."""
+        traffic: dict[tuple[str, str], dict[str, float]] = {}
+        for (experiment, _, field, value), stats in zip(self.segment_keys, self.segment_groups, strict=True):
+            values = traffic.setdefault((experiment, field), {})
+            values[value] = values.get(value, 0) + stats.requests
+        limit = self.config.max_segment_values
+        shown = {key: shown_segment_values(values, None if key[1] in self._segment_allowed else limit)
+                 for key, values in traffic.items()}
+        out: dict[SegmentKey, GroupStats] = {}
+        for (experiment, arm, field, value), stats in sorted(zip(self.segment_keys, self.segment_groups, strict=True),
+                                                             key=lambda s: s[0]):
+            key = (experiment, arm, field, value if value in shown[experiment, field] else OTHER)
+            folded = out.get(key)
+            if folded is None:
+                folded = out[key] = GroupStats(len(self.specs))
+            folded += stats
+        return out
+
+    def segment_overflow(self, shown: bool = True) -> dict[str, int]:
+        """Finalised requests in ``__other__`` per segment field: as the report shows them (``shown``), or as they
+        were counted (values beyond ``segment_cap`` or not listed in ``segment_values``; what ``/metrics`` shows)."""
         out = dict.fromkeys(self.segment_fields, 0)
-        for (_, _, field, value), stats in zip(self.segment_keys, self.segment_groups, strict=True):
+        groups = self.shown_segments().items() if shown else zip(self.segment_keys, self.segment_groups, strict=True)
+        for (_, _, field, value), stats in groups:
             if value == OTHER:
                 out[field] += stats.requests
         return out
@@ -794,48 +826,62 @@ class Engine:
     def ab(self) -> list[dict[str, Any]]:
         """Treatment - control per experiment and metric, over randomisation units (engine/ab.py)."""
         by_key = dict(zip(self.group_keys, self.groups, strict=True))
-        names = [name for _, name in self._metric_names()] + [GAUC]
         columns = {name: j for j, name in self._metric_names()}
-        rows, _ = self.ledger.results(names)
-        # a fall is better for these (Abandoned, TimeToFirstClick, ...): the delta's sign says which arm is better
-        lower = {spec.mean_name for spec in self.specs if spec.definition.lower_is_better}
-        out = []
+        rows, _ = self.ledger.results(self._ab_names())
         empty = GroupStats(len(self.specs))
-        for row in rows:
-            # (streaming: the regroup stage's worker holds the units; n_* count that worker's requests)
-            control = by_key.get((row.experiment, row.control), empty)
-            treatment = by_key.get((row.experiment, row.treatment), empty)
 
-            def count(stats: GroupStats, metric: str) -> int:
-                if metric == GAUC:
-                    return int(stats.gauc.count[0])
-                return int(stats.moments.count[columns[metric]])
+        def count(stats: GroupStats, metric: str) -> int:
+            if metric == GAUC:
+                return int(stats.gauc.count[0])
+            return int(stats.moments.count[columns[metric]])
 
-            out.append({
-                "experiment": row.experiment, "control": row.control, "treatment": row.treatment,
-                "metric": row.metric, "delta": _number(row.delta), "ci_lower": _number(row.ci_lower),
-                "ci_upper": _number(row.ci_upper), "n_control": count(control, row.metric),
-                "n_treatment": count(treatment, row.metric), "units_control": row.units_control,
-                "units_treatment": row.units_treatment, "cs_lower": _number(row.cs_lower),
-                "cs_upper": _number(row.cs_upper), "p_value": _number(row.p_value),
-                "decision": _FLIPPED.get(row.decision, row.decision) if row.metric in lower else row.decision,
-                "lift": _number(row.lift), "lift_ci_lower": _number(row.lift_ci_lower),
-                "lift_ci_upper": _number(row.lift_ci_upper), "lift_cs_lower": _number(row.lift_cs_lower),
-                "lift_cs_upper": _number(row.lift_cs_upper), "guardrail": row.guardrail,
-                **({"margin": row.margin, "margin_relative": row.margin_relative, "non_inferior": row.non_inferior,
-                    "breached": row.breached} if row.guardrail else {}),
-                "cuped": row.cuped,
-                **({"variance_reduction": _number(row.variance_reduction), "theta": _number(row.theta),
-                    "pre_delta": _number(row.pre_delta), "pre_p_value": _number(row.pre_p_value)}
-                   if row.cuped else {}),
-            })
-        return out
+        # (streaming: the regroup stage's worker holds the units; n_* count that worker's requests)
+        return [self._ab_row(row, (count(by_key.get((row.experiment, row.control), empty), row.metric),
+                                   count(by_key.get((row.experiment, row.treatment), empty), row.metric)))
+                for row in rows]
+
+    def segment_ab(self) -> list[dict[str, Any]]:
+        """The A/B rows per segment value, exploratory (README, "Segment A/B rows"): an ``ab`` row's fields but
+        ``n_control``/``n_treatment``, with ``segment``, ``exploratory``, ``rest_delta``, ``rest_p_value`` and
+        ``differs``; as of the last look."""
+        return [self._ab_row(r.row, None, {"segment": {"field": r.field, "value": r.value}, "exploratory": True},
+                             {"rest_delta": _number(r.rest_delta), "rest_p_value": _number(r.rest_p_value),
+                              "differs": r.differs})
+                for r in self.ledger.segment_results(self._ab_names())]
+
+    def _ab_names(self) -> list[str]:
+        return [name for _, name in self._metric_names()] + [GAUC]
+
+    def _ab_row(self, row: AbRow, requests: tuple[int, int] | None, first: dict[str, Any] | None = None,
+                last: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An A/B row as the report shows it (``requests``: ``n_control``, ``n_treatment``; ``first``, ``last``:
+        fields after the arms and at the end). A fall is better for some measures (Abandoned, TimeToFirstClick, ...):
+        the delta's sign says which arm is better."""
+        lower = row.metric in self._lower_is_better
+        return {
+            "experiment": row.experiment, "control": row.control, "treatment": row.treatment, **(first or {}),
+            "metric": row.metric, "delta": _number(row.delta), "ci_lower": _number(row.ci_lower),
+            "ci_upper": _number(row.ci_upper),
+            **({"n_control": requests[0], "n_treatment": requests[1]} if requests is not None else {}),
+            "units_control": row.units_control, "units_treatment": row.units_treatment,
+            "cs_lower": _number(row.cs_lower), "cs_upper": _number(row.cs_upper), "p_value": _number(row.p_value),
+            "decision": _FLIPPED.get(row.decision, row.decision) if lower else row.decision,
+            "lift": _number(row.lift), "lift_ci_lower": _number(row.lift_ci_lower),
+            "lift_ci_upper": _number(row.lift_ci_upper), "lift_cs_lower": _number(row.lift_cs_lower),
+            "lift_cs_upper": _number(row.lift_cs_upper), "guardrail": row.guardrail,
+            **({"margin": row.margin, "margin_relative": row.margin_relative, "non_inferior": row.non_inferior,
+                "breached": row.breached} if row.guardrail else {}),
+            "cuped": row.cuped,
+            **({"variance_reduction": _number(row.variance_reduction), "theta": _number(row.theta),
+                "pre_delta": _number(row.pre_delta), "pre_p_value": _number(row.pre_p_value)}
+               if row.cuped else {}),
+            **(last or {}),
+        }
 
     def experiments(self) -> list[dict[str, Any]]:
         """Per experiment and treatment, the recommendation (``ship``, ``rollback``, ``keep running``) with the goal
         metrics decided better, the guardrails breached and those not shown non-inferior yet."""
-        names = [name for _, name in self._metric_names()] + [GAUC]
-        rows, _ = self.ledger.results(names)
+        rows, _ = self.ledger.results(self._ab_names())
         return [{"experiment": r.experiment, "control": r.control, "treatment": r.treatment,
                  "recommendation": r.recommendation, "better": r.better, "breached": r.breached,
                  "unproven": r.unproven} for r in recommend(rows)]
@@ -860,6 +906,7 @@ def _decision_of(lower: float | None, upper: float | None) -> str:
 
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
+_ATTRIBUTES = attrgetter("attributes")
 _NO_ATTRIBUTES: dict[str, str] = {}
 _REQUEST_ID = attrgetter("request_id")
 _TEAMS = attrgetter("teams")

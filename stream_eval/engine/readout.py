@@ -31,6 +31,9 @@ Shares = Sequence[tuple[str, str, Engine]]
 #: The fields of an A/B row that are exported, in this order in :attr:`Readout.ab`.
 AB_FIELDS = ("delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower",
              "lift_cs_upper")
+#: The fields of a segment A/B row that are exported, in this order in :attr:`AbReadout.segments`: an A/B row's, and
+#: its comparison with the rest of the experiment (``differs`` 0/1).
+SEGMENT_AB_FIELDS = (*AB_FIELDS, "rest_delta", "rest_p_value", "differs")
 
 
 #: A guardrail's exported fields: its tolerated loss, the bounds of the sequence compared with it (the lift's for a
@@ -56,6 +59,8 @@ class AbReadout:
     cuped: Mapping[Labels, tuple[float, float]] = field(default_factory=dict)
     #: CUPED: ``(experiment,)`` -> 1 when some metric's pre-period means differ between the arms, else 0
     pre_imbalance: Mapping[Labels, float] = field(default_factory=dict)
+    #: segments: ``(experiment, metric, treatment, segment field, segment value)`` -> :data:`SEGMENT_AB_FIELDS`
+    segments: Mapping[Labels, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,7 +80,9 @@ class Readout:
     * segments (config ``segments``): ``segment_requests[experiment, arm, field, value, *extra]``;
       ``segment_sum`` / ``segment_count[experiment, arm, field, value, metric, *extra]``;
       ``segment_window[experiment, arm, field, value, metric, window]`` -> (sum, count), summed over the shares;
-      ``segment_overflow[field, *extra]`` (requests whose value was folded into ``__other__``);
+      ``segment_overflow[field, *extra]`` (requests whose value was folded into ``__other__`` when counted): every
+      value tracked (up to ``segment_cap`` per field, or those listed), since a counter's series cannot follow the
+      values the report shows as their traffic changes;
     * ``delays[extra]`` -> (cumulative buckets ``(upper bound text, count)``, sum of delays);
     * ``watermark``: NaN until event time is finite; ``taken``: ``time.monotonic()`` when read.
     """
@@ -158,7 +165,7 @@ class Reader:
                 metric_count[experiment, arm, "AUC", *extra] = float(stats.gauc.weight[0])
             per_request = [(j, name) for j, name in names if not share.specs[j].per_session]
             if share.segment_fields:
-                for segment_field, n in share.segment_overflow().items():
+                for segment_field, n in share.segment_overflow(shown=False).items():
                     segment_overflow[segment_field, *extra] = float(n)
             for segment, stats in zip(share.segment_keys, share.segment_groups, strict=True):
                 segment_requests[(*segment, *extra)] = float(stats.requests)
@@ -246,7 +253,10 @@ class Reader:
             for row in rows if row["cuped"]}
         pre_imbalance: dict[Labels, float] = {
             (row["experiment"],): float(bool(row["pre_imbalance"])) for row in srm_rows if "pre_imbalance" in row}
+        segments: dict[Labels, tuple[float, ...]] = {
+            (row["experiment"], row["metric"], row["treatment"], row["segment"]["field"], row["segment"]["value"]):
+            tuple(_number(row[k]) for k in SEGMENT_AB_FIELDS) for row in engine.segment_ab()}
         part = AbReadout(ab=ab, units=units, conflicts=conflicts, srm=srm, guardrails=guardrails,
-                         recommendations=recommendations, cuped=cuped, pre_imbalance=pre_imbalance)
+                         recommendations=recommendations, cuped=cuped, pre_imbalance=pre_imbalance, segments=segments)
         self._ab = (engine, ledger, key, part)
         return part

@@ -95,7 +95,8 @@ class QueryMetric(Record, tag="q"):
 
 class UnitRequests(Record, tag="U"):
     """Finalised requests' share of their A/B units, as columns: finalisation point, request id, labels, unit and
-    the per-request values (one list per request; ``None``: no value)."""
+    the per-request values (one list per request; ``None``: no value); with segments, each request's value of every
+    segment field (``None``: none)."""
 
     keys: list[float] = field(name="t")
     ids: list[str] = field(name="id")
@@ -103,6 +104,7 @@ class UnitRequests(Record, tag="U"):
     arms: list[str] = field(name="a")
     units: list[str] = field(name="u")
     values: list[list[float | None]] = field(name="v")
+    segments: list[list[str | None]] | None = field(default=None, name="g")
 
 
 class UnitSessions(Record, tag="V"):
@@ -156,11 +158,13 @@ class PartitionWatermark(Record, tag="w"):
 class LookReport(Record, tag="L"):
     """A partition of the regroup stage (``stage``) reports the looks of its shards of the A/B units changed since
     its previous look, at the boundary ``time`` (to the merger, on stage partition 0: ``engine/ab.py``). Each look
-    is :meth:`ShardLook.to_json <stream_eval.engine.ab.ShardLook.to_json>`'s list."""
+    is :meth:`ShardLook.to_json <stream_eval.engine.ab.ShardLook.to_json>`'s list, or (segments, at boundaries only)
+    :meth:`SegmentLook.to_json <stream_eval.engine.segment_ab.SegmentLook.to_json>`'s dict; a boundary's looks may
+    take several records."""
 
     stage: int = field(name="g")
     time: float | str = field(name="t")
-    looks: list[list[object]] = field(name="l")
+    looks: list[list[object] | dict[str, object]] = field(name="l")
     live: bool = field(default=False, name="v")  # looks between boundaries (shown, never folded: engine/ab.py)
 
 

@@ -50,7 +50,8 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
-from stream_eval.engine.ab import ShardLook, shard_of, shards_of
+from stream_eval.engine.ab import ShardLook, look_from_json, shard_of, shards_of
+from stream_eval.engine.segment_ab import SegmentLook
 from stream_eval.engine.sessions import Impressions, session_key, unit_of
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
@@ -63,6 +64,9 @@ UNIT_ROWS = 1000
 UNIT_ID_CHARS = 64 << 10
 #: Characters counted per number a row carries (a session part's scores) when records are cut to size.
 NUMBER_CHARS = 24
+#: Bytes of looks per :class:`~stream_eval.engine.records.LookReport` (a look larger than this goes alone): the
+#: segment looks of a shard can be large (README, "Segment A/B rows"), and Kafka's default limit is 1 MiB a message.
+REPORT_BYTES = 512 << 10
 
 
 def row_ranges(columns: list[list[str]], extra: list[int] | None = None) -> list[tuple[int, int]]:
@@ -217,10 +221,13 @@ class RegroupSink:
             parts.satisfied.append(bool(impressions.satisfied[i]))
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
-                      units: list[str], values: Floats) -> None:
+                      units: list[str], values: Floats,
+                      segments: Sequence[tuple[str | None, ...]] | None = None) -> None:
         """Finalised requests' share of their A/B units, as columns: one record per :data:`UNIT_ROWS` requests of a
-        stage partition, fewer when their ids are long (:func:`row_ranges`; NaN is written as null)."""
-        self._unit_records(records.UnitRequests, keys, ids, experiments, arms, units, values=values)
+        stage partition, fewer when their ids are long (:func:`row_ranges`; NaN is written as null); with
+        ``segments``, each request's value of every segment field."""
+        self._unit_records(records.UnitRequests, keys, ids, experiments, arms, units,
+                           None if segments is None else [list(given) for given in segments], values=values)
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
@@ -230,19 +237,23 @@ class RegroupSink:
 
     def _unit_records(self, kind: type[records.UnitRequests] | type[records.UnitSessions], keys: Floats,
                       ids: list[str], experiments: list[str], arms: list[str], units: list[str],
-                      **numbers: Floats) -> None:
-        """Records of ``kind`` with these columns (``numbers``: the arrays of the kind's other fields), each row to
-        the stage partition of its unit."""
+                      segments: list[list[str | None]] | None = None, **numbers: Floats) -> None:
+        """Records of ``kind`` with these columns (``numbers``: the arrays of the kind's other fields; ``segments``:
+        the requests' segment values), each row to the stage partition of its unit."""
         for to, rows in self._routes(units):
-            keys_, numbers_ = keys, numbers
+            keys_, numbers_, segments_ = keys, numbers, segments
             ids_, experiments_, arms_, units_ = ids, experiments, arms, units
             if rows is not None:
                 keys_, numbers_ = keys[rows], {name: array[rows] for name, array in numbers.items()}
                 ids_, experiments_, arms_, units_ = (_pick(column, rows) for column in (ids, experiments, arms, units))
-            for a, b in row_ranges([ids_, experiments_, arms_, units_]):
+                segments_ = None if segments is None else _pick(segments, rows)
+            extra = None if segments_ is None else [sum(len(v or "") for v in given) for given in segments_]
+            for a, b in row_ranges([ids_, experiments_, arms_, units_], extra):
+                others: dict[str, Any] = {name: array[a:b].tolist() for name, array in numbers_.items()}
+                if segments_ is not None:
+                    others["segments"] = segments_[a:b]
                 self._append(b"", kind(keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b],
-                                       arms=arms_[a:b], units=units_[a:b],
-                                       **{name: array[a:b].tolist() for name, array in numbers_.items()}), to=to)
+                                       arms=arms_[a:b], units=units_[a:b], **others), to=to)
 
     def query_metrics(self, groups: list[tuple[str, str]], queries: list[str], ts: list[float],
                       values: list[float]) -> None:
@@ -469,9 +480,23 @@ class SessionStage:
         ledger.on_shard_look, ledger.on_progress = self._report_looks, self._report_progress
         ledger.merger.active = False
 
-    def _report_looks(self, boundary: float, looks: list[ShardLook]) -> None:
-        self.reports.append(records.encode(records.LookReport(stage=self.stage, time=time_to_json(boundary),
-                                                              looks=[look.to_json() for look in looks])))
+    def _report_looks(self, boundary: float, looks: list[ShardLook | SegmentLook], live: bool = False) -> None:
+        """Looks at ``boundary`` (``live``: between boundaries) for partition 0, in records of about
+        :data:`REPORT_BYTES` of looks at most."""
+        batch: list[Any] = []
+        size = 0
+        for look in looks:
+            data = look.to_json()
+            length = len(msgspec.json.encode(data))
+            if batch and size + length > REPORT_BYTES:
+                self.reports.append(records.encode(records.LookReport(stage=self.stage, time=time_to_json(boundary),
+                                                                      looks=batch, live=live)))
+                batch, size = [], 0
+            batch.append(data)
+            size += length
+        if batch or not looks:
+            self.reports.append(records.encode(records.LookReport(stage=self.stage, time=time_to_json(boundary),
+                                                                  looks=batch, live=live)))
 
     def _report_progress(self, upto: float) -> None:
         """Report progress on the boundaries only (the merger folds looks there): at most once per look."""
@@ -488,9 +513,7 @@ class SessionStage:
         if self.stage != 0 and not ledger.frozen:
             live = ledger.live_looks(since_report=True)
             if live:
-                self.reports.append(records.encode(records.LookReport(
-                    stage=self.stage, time=time_to_json(ledger.released), looks=[look.to_json() for look in live],
-                    live=True)))
+                self._report_looks(ledger.released, list(live), live=True)
         taken, self.reports = self.reports, []
         return taken
 
@@ -631,7 +654,7 @@ class SessionStage:
         if kind is records.LookReport:  # (partition 0: another partition's looks; idempotent, like the units')
             if not frozen:
                 report: Any = record
-                looks = [ShardLook.from_json(look) for look in report.looks]
+                looks = [look_from_json(look) for look in report.looks]
                 merger = engine.ledger.merger
                 (merger.add_live if report.live else merger.add)(float(report.time), looks)
             return
@@ -695,7 +718,8 @@ class SessionStage:
         ledger = self.engine.ledger
         columns = (np.array(record.keys, dtype=np.float64), record.ids, record.experiments, record.arms, record.units)
         if type(record) is records.UnitRequests:
-            ledger.add_requests(*columns, np.array(record.values, dtype=np.float64))
+            given = None if record.segments is None else [tuple(g) for g in record.segments]
+            ledger.add_requests(*columns, np.array(record.values, dtype=np.float64), given)
         else:
             ledger.add_sessions(*columns, np.array(record.weighted_auc, dtype=np.float64),  # type: ignore[union-attr]
                                 np.array(record.weight, dtype=np.float64))  # type: ignore[union-attr]

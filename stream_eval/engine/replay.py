@@ -147,9 +147,9 @@ def replay(
 ) -> Engine:
     """Evaluate JSON Lines files (``-`` = stdin, gzip detected) in order, as one stream; returns the engine.
 
-    ``ab_trace`` gets the A/B sections (``ab``, ``srm``, ``gsb``) at each look (every ``look_every`` of event
-    time) and at the end, each as ``{"ts": event time, "ab": [...], "srm": [...], "gsb": [...]}``. A look at
-    time T holds the requests finalised (serve time + horizon) and sessions closed by T.
+    ``ab_trace`` gets the A/B sections (``ab``, ``srm``, ``gsb``; ``segment_ab`` with segments) at each look
+    (every ``look_every`` of event time) and at the end, each as ``{"ts": event time, "ab": [...], "srm": [...],
+    "gsb": [...]}``. A look at time T holds the requests finalised (serve time + horizon) and sessions closed by T.
 
     A path ending ``.parquet`` is read as Parquet (:mod:`stream_eval.events.parquet`), its columns named as
     ``columns`` maps them (field -> column).
@@ -184,10 +184,16 @@ def traced_engine(config: Config, on_finalised: Callable[[FinalisedBatch], None]
         attach(engine)
     if ab_trace is not None:
         def look(ts: float) -> None:
-            ab_trace({"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows()})
+            ab_trace(_look_sections(engine, ts))
 
         engine.ledger.on_look = look
     return engine
+
+
+def _look_sections(engine: Engine, ts: float | None) -> dict[str, Any]:
+    """One line of ``--ab-trace``: the A/B sections at event time ``ts`` (with segments, their A/B rows too)."""
+    return {"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows(),
+            **({"segment_ab": engine.segment_ab()} if engine.segment_fields else {})}
 
 
 def last_look(engine: Engine, ab_trace: Callable[[dict[str, Any]], None] | None) -> None:
@@ -198,8 +204,7 @@ def last_look(engine: Engine, ab_trace: Callable[[dict[str, Any]], None] | None)
     # the end of input finalises everything: the last line is as of the last finalisation point applied (or the
     # last look's boundary, after it)
     last = max(engine.watermark, engine.ledger.last_key, engine.ledger.merger.folded)
-    ab_trace({"ts": last if math.isfinite(last) else None, "ab": engine.ab(), "srm": engine.srm(),
-              "gsb": engine.gsb_rows()})
+    ab_trace(_look_sections(engine, last if math.isfinite(last) else None))
 
 
 def is_parquet(path: str) -> bool:

@@ -22,6 +22,7 @@ import orjson
 
 from stream_eval.engine.ab import UnitHistory, UnitLedger, _Experiment, _Pending, _shard_limit
 from stream_eval.engine.gsb import Credit, GsbKey, gsb_key
+from stream_eval.engine.segment_ab import fit_codes
 from stream_eval.engine.times import array_from_json as _unarray
 from stream_eval.engine.times import array_to_json as _array
 from stream_eval.engine.times import time_to_json
@@ -72,7 +73,9 @@ def take(engine: Engine) -> bytes:
             "experiments": {name: {str(shard): _fields(e) for shard, e in shards.items()}
                             for name, shards in ledger.experiments.items()},
             "pending": [{"keys": _array(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
-                         "units": p.units, "y": _array(p.y), "n": _array(p.n)} for p in ledger._pending],
+                         "units": p.units, "y": _array(p.y), "n": _array(p.n), "segments": p.segments}
+                        for p in ledger._pending],
+            "segment_fields": list(engine.config.segments),
             "merger": ledger.merger.state_to_json(),
             "history": {str(shard): _fields(h) for shard, h in ledger.history.items()},
             "changed": sorted(ledger._changed),
@@ -96,8 +99,16 @@ def restore(engine: Engine, data: bytes) -> None:
                          "be read: start the group's regroup stage afresh (a new --group)")
     ledger.experiments = {name: {int(shard): _experiment(e) for shard, e in shards.items()}
                           for name, shards in saved["experiments"].items()}
+    # the units' segment values, kept for the same fields only (else each takes the value of its next request)
+    fields = len(engine.config.segments) if saved.get("segment_fields", []) == list(engine.config.segments) else 0
     for name, shards in ledger.experiments.items():
         for experiment in shards.values():
+            capacity = experiment.unit_key.shape[0]
+            if not fields:
+                experiment.segment, experiment.segment_codes = fit_codes(experiment.segment, [], capacity, 0)
+            experiment.fields = len(engine.config.segments)
+            experiment.segment, experiment.segment_codes = fit_codes(experiment.segment, experiment.segment_codes,
+                                                                     capacity, experiment.fields)
             experiment.limit = _shard_limit(engine.config)  # the setting in force now, not the snapshot's
             if name in ledger.cuped and not experiment.pre:  # CUPED turned on since: units so far get no covariate
                 experiment.pre = True
@@ -109,7 +120,10 @@ def restore(engine: Engine, data: bytes) -> None:
             if history.buckets == ledger.buckets and history.width == ledger.width:
                 ledger.history[int(shard)] = history
     ledger._pending = [_Pending(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
-                                _unarray(p["y"]), _unarray(p["n"])) for p in saved["pending"]]
+                                _unarray(p["y"]), _unarray(p["n"]),
+                                None if p.get("segments") is None else
+                                [None if g is None else tuple(g) for g in p["segments"]])
+                       for p in saved["pending"]]
     ledger.merger = engine.ledger.merger  # (sources and listener as set up; its state from the snapshot)
     ledger.merger.restore_json(saved["merger"])
     ledger.on_shard_look, ledger.on_progress = engine.ledger.on_shard_look, engine.ledger.on_progress

@@ -1,6 +1,7 @@
 """The HTML report of ``stream-eval replay --html``: one self-contained file, plotly.js and the data inside.
 
-It shows what a ranker team looks at first: each experiment's A/B decisions, then the per-arm means over event
+It shows what a ranker team looks at first: each experiment's A/B decisions (with segments, the exploratory rows
+per segment value after them), then the per-arm means over event
 time, each A/B delta with its confidence sequence over the looks, GSB and the sample-ratio check, the feedback
 delay distribution, the per-query distributions of every metric and the queries whose metric differs most between
 the arms. The charts are plotly figures (``plotly`` is the ``html`` extra); the page needs no network.
@@ -90,6 +91,9 @@ def render_html(report: dict[str, Any], data: HtmlData, arms_of: ArmsOf, title: 
     page = _Page()
     page.heading("Decisions")
     page.raw(_decisions(report))
+    if report.get("segment_ab"):
+        page.heading("Segments (exploratory)")
+        page.raw(_segment_table(report))
     page.heading("Per-arm means over event time")
     page.note(f"Mean of the per-request values of the requests served since the start (lines) and in each "
               f"{_duration(data.timeline.width)} of event time (dots), by serve time. Pick the metric in the menu.")
@@ -262,6 +266,25 @@ def _decisions(report: dict[str, Any]) -> str:
         parts.append(_table(["experiment", "treatment", "recommendation", "better", "guardrails breached",
                              "guardrails not proven"], recommendations, text_columns=2))
     return "".join(parts)
+
+
+def _segment_table(report: dict[str, Any]) -> str:
+    """The A/B rows per segment value: exploratory, their decisions by e-BH over the experiment's segment rows, and
+    whether the effect there differs from the rest of the experiment's."""
+    level = f"{100 * report['config']['confidence']:g}%"
+    rows = [[html.escape(a["experiment"]), html.escape(f"{a['segment']['field']} = {a['segment']['value']}"),
+             f"{html.escape(a['treatment'])} - {html.escape(a['control'])}", html.escape(a["metric"]),
+             _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]), _percent(a.get("lift")),
+             _number(a["p_value"]), _badge(a["decision"]), _number(a["rest_delta"]), _number(a["rest_p_value"]),
+             _badge("worse" if a["differs"] else "inconclusive", "differs" if a["differs"] else "no"),
+             f"{a['units_control']:,} / {a['units_treatment']:,}"]
+            for a in report["segment_ab"]]
+    note = ('<p class="note">Each treatment - the control within one value of a segment field (a unit is in the value '
+            "of its first request), as of the last look. Exploratory: the decisions are taken by e-BH over the "
+            "experiment's segment rows, and \"vs rest\" is the delta here minus the delta of every other unit, "
+            "flagged when it differs (an always-valid test, e-BH over the same rows).</p>")
+    return note + _table(["experiment", "segment", "arms", "metric", "delta", f"{level} confidence sequence", "lift",
+                          "p", "decision", "vs rest", "rest p", "differs", "units c / t"], rows, text_columns=4)
 
 
 def _gsb_table(report: dict[str, Any]) -> str:

@@ -24,9 +24,11 @@ Every mean comes with its sum and count, so that several workers aggregate exact
   ``_lower`` / ``_upper`` / ``_breached`` / ``_non_inferior{experiment,metric,arm}`` and
   ``stream_eval_ab_recommendation{experiment,arm,recommendation}`` = 1; for CUPED experiments
   ``stream_eval_ab_variance_reduction`` / ``_pre_p_value{experiment,metric,arm}`` and
-  ``stream_eval_pre_imbalance{experiment}`` (1 = the arms' pre-period means differ). The A/B units live on the
-  worker that runs the regroup stage (``engine/regroup.py``): only it exports these (cumulative since each
-  experiment's first event).
+  ``stream_eval_pre_imbalance{experiment}`` (1 = the arms' pre-period means differ); with segments, the A/B rows per
+  segment value ``stream_eval_segment_ab_delta`` ... ``_lift_cs_upper``, ``_rest_delta``, ``_rest_p_value`` and
+  ``_differs{experiment,metric,arm,segment_field,segment_value}`` (exploratory: series of their own, which the alerts
+  and dashboards of the experiment's rows do not read). The A/B units live on the worker that runs the regroup stage
+  (``engine/regroup.py``): only it exports these (cumulative since each experiment's first event).
 * ``stream_eval_events_total{type,status}``, ``stream_eval_invalid_events_total{type,code}`` (the invalid ones
   by reason), ``stream_eval_feedback_delay_seconds`` (histogram),
   ``stream_eval_watermark_seconds``, and ``stream_eval_label_overflow_total{label}``: event label values folded
@@ -67,7 +69,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from stream_eval.engine.engine import Engine
-from stream_eval.engine.readout import Labels, Reader, Readout, Shares
+from stream_eval.engine.readout import SEGMENT_AB_FIELDS, Labels, Reader, Readout, Shares
 
 log = logging.getLogger("stream_eval.export")
 
@@ -244,23 +246,11 @@ class EngineCollector(Collector):
         yield self._gauge("stream_eval_gsb_score", "GSB score (good - bad) / (good + same + bad); window=total for "
                           "all verdicts.", ["experiment", "arm", "source", "window"], s.gsb_score)
         ab = ["experiment", "metric", "arm"]
-        for i, (name, doc) in enumerate((
-            ("stream_eval_ab_delta", "Treatment - control of a mean, over randomisation units."),
-            ("stream_eval_ab_ci_lower", "Lower bound of the fixed-sample (cluster-robust) interval of the A/B "
-             "delta: not valid when watched continuously."),
-            ("stream_eval_ab_ci_upper", "Upper bound of the fixed-sample (cluster-robust) interval of the A/B delta."),
-            ("stream_eval_ab_cs_lower", "Lower bound of the always-valid confidence sequence of the A/B delta "
-             "(> 0: treatment better)."),
-            ("stream_eval_ab_cs_upper", "Upper bound of the always-valid confidence sequence of the A/B delta "
-             "(< 0: treatment worse)."),
-            ("stream_eval_ab_p_value", "Always-valid p-value of the A/B delta (running minimum over looks)."),
-            ("stream_eval_ab_lift", "Relative lift of a mean: treatment / control - 1."),
-            ("stream_eval_ab_lift_cs_lower", "Lower bound of the always-valid confidence sequence of the relative "
-             "lift."),
-            ("stream_eval_ab_lift_cs_upper", "Upper bound of the always-valid confidence sequence of the relative "
-             "lift."),
-        )):
-            yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.ab.items()})
+        for i, (name, doc) in enumerate(_AB_SERIES):
+            yield self._gauge(f"stream_eval_ab_{name}", doc, ab, {k: v[i] for k, v in s.ab.ab.items()})
+        for i, (name, doc) in enumerate(_SEGMENT_AB_SERIES):  # (series of their own: alerts never read them)
+            yield self._gauge(f"stream_eval_segment_ab_{name}", f"{doc} Within a segment value (exploratory).",
+                              [*ab, "segment_field", "segment_value"], {k: v[i] for k, v in s.ab.segments.items()})
         for i, (name, doc) in enumerate((
             ("stream_eval_ab_guardrail_margin", "A guardrail's tolerated loss (on the lift when given in %, else on "
              "the delta)."),
@@ -313,6 +303,29 @@ class EngineCollector(Collector):
                           "(and before it first answered).", [], broker_up)
         yield self._counter("stream_eval_broker_errors", "Kafka broker errors and stalls (no answer for "
                             "broker_stall seconds) met by the worker, by operation.", ["operation"], broker_errors)
+
+
+#: The gauges of an A/B row (``stream_eval_ab_NAME``), in the order of ``readout.AB_FIELDS``.
+_AB_SERIES = (
+    ("delta", "Treatment - control of a mean, over randomisation units."),
+    ("ci_lower", "Lower bound of the fixed-sample (cluster-robust) interval of the A/B delta: not valid when watched "
+     "continuously."),
+    ("ci_upper", "Upper bound of the fixed-sample (cluster-robust) interval of the A/B delta."),
+    ("cs_lower", "Lower bound of the always-valid confidence sequence of the A/B delta (> 0: treatment better)."),
+    ("cs_upper", "Upper bound of the always-valid confidence sequence of the A/B delta (< 0: treatment worse)."),
+    ("p_value", "Always-valid p-value of the A/B delta (running minimum over looks)."),
+    ("lift", "Relative lift of a mean: treatment / control - 1."),
+    ("lift_cs_lower", "Lower bound of the always-valid confidence sequence of the relative lift."),
+    ("lift_cs_upper", "Upper bound of the always-valid confidence sequence of the relative lift."),
+)
+#: ... and of a segment A/B row (``stream_eval_segment_ab_NAME``), in the order of ``readout.SEGMENT_AB_FIELDS``.
+_SEGMENT_AB_SERIES = (
+    *_AB_SERIES,
+    ("rest_delta", "The A/B delta in the segment value minus the delta in the rest of the experiment."),
+    ("rest_p_value", "Always-valid p-value of that difference (running minimum over looks)."),
+    ("differs", "1 when the effect in the segment value differs from the rest's (after e-BH over the segment rows)."),
+)
+assert [name for name, _ in _SEGMENT_AB_SERIES] == list(SEGMENT_AB_FIELDS)
 
 
 Readiness = Callable[[], tuple[bool, str]]

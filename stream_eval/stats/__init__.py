@@ -7,7 +7,7 @@ No knowledge of Kafka, windows or workers: sums in, numbers out (the shape of Gr
 
 from __future__ import annotations
 
-from stream_eval.stats.compare import Comparison, compare, decide
+from stream_eval.stats.compare import Comparison, Difference, compare, decide, difference
 from stream_eval.stats.cuped import adjusted, pooled_theta
 from stream_eval.stats.fdr import e_bh
 from stream_eval.stats.ratio import ArmSums, PreSums, ratio_mean_variance
@@ -18,6 +18,7 @@ from stream_eval.stats.srm import SrmTest, srm_test
 __all__ = [
     "ArmSums",
     "Comparison",
+    "Difference",
     "Floats",
     "PreSums",
     "SignTest",
@@ -26,6 +27,7 @@ __all__ = [
     "chi2_sf",
     "compare",
     "decide",
+    "difference",
     "e_bh",
     "pooled_theta",
     "ratio_mean_variance",

@@ -59,6 +59,7 @@ class Comparison:
     variance_reduction: Floats
     pre_delta: Floats
     pre_p_value: Floats
+    variance: Floats  # the variance of ``delta`` (CUPED-adjusted with ``cuped``; NaN where not positive)
 
 
 def compare(
@@ -134,7 +135,43 @@ def compare(
         variance_reduction=reduction,
         pre_delta=pre_delta,
         pre_p_value=pre_p,
+        variance=variance,
     )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Difference:
+    """The effect (treatment - control) in a segment minus the effect in the rest of the experiment, every field an
+    array of shape (K,)."""
+
+    delta: Floats  # segment's delta - rest's delta
+    p_value: Floats  # always-valid p-value of a difference of 0 AT THIS LOOK (the caller keeps the running minimum)
+    log_e_value: Floats  # log of the mixture likelihood ratio AT THIS LOOK (an e-value, for e-BH)
+
+
+def difference(segment: Comparison, rest: Comparison, *, confidence: float = 0.95,
+               sequential_n: float = 10_000) -> Difference:
+    """Statsig's segment-vs-rest test, always valid: is the effect in a segment the effect in the rest of the
+    experiment (its complement)? The two deltas are over disjoint units, so independent: the difference has the
+    variance ``v_segment + v_rest``, and its normal-mixture p-value and e-value (as :func:`compare`'s) take the units
+    of both, ``N = `` every unit of both arms. (Statsig runs Welch's t-test on the same difference and variance, at
+    fixed looks, with a Bonferroni correction; README, "Segment A/B rows".)
+
+    >>> import numpy as np
+    >>> col = lambda *v: np.array(v, dtype=float)[:, None]
+    >>> ones = col(1, 1, 1, 1, 1, 1)
+    >>> flat = ArmSums.of_units(col(1, 2, 0, 1, 1, 0), ones)
+    >>> up = ArmSums.of_units(col(3, 4, 2, 3, 3, 2), ones)  # the effect is 2 in the segment, 0 in the rest
+    >>> d = difference(compare(flat, up, sequential_n=24), compare(flat, flat, sequential_n=24), sequential_n=24)
+    >>> round(float(d.delta[0]), 4), bool(d.p_value[0] < 0.05)
+    (2.0, True)
+    """
+    rho = mixture_rho(1.0 - confidence, sequential_n)
+    delta = segment.delta - rest.delta
+    variance = segment.variance + rest.variance
+    units = segment.units_control + segment.units_treatment + rest.units_control + rest.units_treatment
+    return Difference(delta, normal_mixture_p_value(delta, variance, units, rho),
+                      normal_mixture_log_e_value(delta, variance, units, rho))
 
 
 def decide(cs_lower: float, cs_upper: float) -> str:

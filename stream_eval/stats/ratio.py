@@ -85,31 +85,13 @@ class ArmSums:
         """From per-unit sums ``y`` and counts ``n`` of shape (U, K); a unit with ``n == 0`` for a metric does
         not count for it (its ``y`` is ignored, even NaN). ``x``, ``q``: the units' pre-period sums and counts
         (CUPED; :class:`PreSums`), same shape."""
-        y_arr = np.asarray(y, dtype=np.float64)
-        n_arr = np.asarray(n, dtype=np.float64)
-        if y_arr.ndim != 2 or y_arr.shape != n_arr.shape:
-            raise ValueError(f"y and n must both have shape (units, metrics), got {y_arr.shape} and {n_arr.shape}")
-        present = n_arr > 0.0
-        y_arr = np.where(present, y_arr, 0.0)
-        n_arr = np.where(present, n_arr, 0.0)
-        pre = None
-        if x is not None and q is not None:
-            q_arr = np.where(present, np.asarray(q, dtype=np.float64), 0.0)
-            x_arr = np.where(present & (q_arr > 0.0), np.asarray(x, dtype=np.float64), 0.0)
-            pre = PreSums(units=(q_arr > 0.0).sum(axis=0).astype(np.float64), x=x_arr.sum(axis=0),
-                          q=q_arr.sum(axis=0), xx=(x_arr * x_arr).sum(axis=0), qq=(q_arr * q_arr).sum(axis=0),
-                          xq=(x_arr * q_arr).sum(axis=0), yx=(y_arr * x_arr).sum(axis=0),
-                          yq=(y_arr * q_arr).sum(axis=0), nx=(n_arr * x_arr).sum(axis=0),
-                          nq=(n_arr * q_arr).sum(axis=0))
-        return cls(
-            units=present.sum(axis=0).astype(np.float64),
-            y=y_arr.sum(axis=0),
-            n=n_arr.sum(axis=0),
-            yy=(y_arr * y_arr).sum(axis=0),
-            nn=(n_arr * n_arr).sum(axis=0),
-            yn=(y_arr * n_arr).sum(axis=0),
-            pre=pre,
-        )
+        return cls.from_terms(unit_terms(y, n, x, q).sum(axis=0))
+
+    @classmethod
+    def from_terms(cls, terms: Floats) -> ArmSums:
+        """From the sums of :func:`unit_terms` over an arm's units: shape (6, K), or (16, K) with the pre-period's."""
+        pre = PreSums(*terms[6:]) if terms.shape[0] > 6 else None
+        return cls.from_values(list(terms[:6]), pre)
 
     @classmethod
     def zeros(cls, k: int) -> ArmSums:
@@ -150,6 +132,51 @@ class ArmSums:
         return all(np.array_equal(a, b, equal_nan=True) for a, b in pairs)
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays inside: not hashable, like a numpy array
+
+
+def unit_terms(y: npt.ArrayLike, n: npt.ArrayLike, x: npt.ArrayLike | None = None,
+               q: npt.ArrayLike | None = None) -> Floats:
+    """Per unit, the terms whose sums over an arm's units are its :class:`ArmSums` (:meth:`ArmSums.from_terms`): shape
+    (U, 6, K) in the order of :class:`ArmSums`' fields, or (U, 16, K) with ``x`` and ``q`` (the pre-period's, in the
+    order of :class:`PreSums`' fields, after them). A unit with ``n == 0`` for a metric adds nothing to it; one with
+    ``q == 0`` nothing to the pre-period's sums.
+
+    >>> import numpy as np
+    >>> unit_terms(np.array([[2.0, 1.0]]), np.array([[3.0, 0.0]]))[0].tolist()
+    [[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [4.0, 0.0], [9.0, 0.0], [6.0, 0.0]]
+    """
+    y_arr = np.asarray(y, dtype=np.float64)
+    n_arr = np.asarray(n, dtype=np.float64)
+    if y_arr.ndim != 2 or y_arr.shape != n_arr.shape:
+        raise ValueError(f"y and n must both have shape (units, metrics), got {y_arr.shape} and {n_arr.shape}")
+    present = n_arr > 0.0
+    y_arr = np.where(present, y_arr, 0.0)
+    n_arr = np.where(present, n_arr, 0.0)
+    terms = [present.astype(np.float64), y_arr, n_arr, y_arr * y_arr, n_arr * n_arr, y_arr * n_arr]
+    if x is not None and q is not None:
+        q_arr = np.where(present, np.asarray(q, dtype=np.float64), 0.0)
+        x_arr = np.where(present & (q_arr > 0.0), np.asarray(x, dtype=np.float64), 0.0)
+        terms += [(q_arr > 0.0).astype(np.float64), x_arr, q_arr, x_arr * x_arr, q_arr * q_arr, x_arr * q_arr,
+                  y_arr * x_arr, y_arr * q_arr, n_arr * x_arr, n_arr * q_arr]
+    return np.stack(terms, axis=1)
+
+
+def group_sums(terms: Floats, group: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], Floats]:
+    """:func:`unit_terms` (U, Q, K) summed per ``group`` of each unit, the units of a group in their order (one
+    ``np.add.reduceat``: the same sums for the same units in the same order, though not always bit for bit those of
+    :meth:`ArmSums.of_units`): the groups present, ascending, and their sums (G, Q, K).
+
+    >>> import numpy as np
+    >>> groups, sums = group_sums(np.arange(8.0).reshape(4, 2, 1), np.array([3, 1, 3, 1]))
+    >>> groups.tolist(), sums[:, :, 0].tolist()
+    ([1, 3], [[8.0, 10.0], [4.0, 6.0]])
+    """
+    order = np.argsort(group, kind="stable")
+    ordered = group[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(order) else order
+    if not len(order):
+        return ordered, np.zeros((0, *terms.shape[1:]))
+    return ordered[starts], np.add.reduceat(terms[order], starts, axis=0)
 
 
 def ratio_mean_variance(s: ArmSums) -> tuple[Floats, Floats]:
