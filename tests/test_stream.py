@@ -13,7 +13,7 @@ import pytest
 from support import MemoryLogs, RecordingSender, approx, held_stages, read_topic, stage_sessions, stages_done
 from test_segments import SEGMENTS, _with_attributes
 
-from stream_eval.config import Config
+from stream_eval.config import Config, ExperimentSettings, Tolerance
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.replay import replay
 from stream_eval.simulate import SimulationConfig, simulate_lines
@@ -33,6 +33,25 @@ SHORT = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, 
 #: the rankings' attributes (README, "Segments": 3 and 5 values, 3 shown) looked at every 30 s of event time.
 SHORT_BEHAVIOUR = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
                          metrics=("default", "behaviour"), segments=SEGMENTS, max_segment_values=3, look_every=30.0)
+
+
+#: SHORT with what a search team's experiment has (README, "Experiments"): three arms, a guardrail, CUPED on each
+#: user's own pre-period, and a segment field; looked at every 15 s of event time.
+SHORT_EXPERIMENT = Config(attribution_window=20.0, allowed_lateness=5.0, session_gap=20.0, gsb_window=30.0,
+                          segments=SEGMENTS[:1], max_segment_values=3, look_every=15.0,
+                          experiments=(("exp1", ExperimentSettings(
+                              control="control", guardrails=(("ERR@10", Tolerance(-0.01, relative=True)),),
+                              cuped=True)),))
+
+
+def _experiment_log(requests: int, seed: int) -> list[bytes]:
+    """Three arms (one better, one worse than control), users who come back, a 15 s pre-period, attributes."""
+    sim = SimulationConfig(requests=requests, seed=seed, arms=(("control", 0.55), ("better", 0.7), ("worse", 0.4)),
+                           unit="user", pre_period=15.0, preference=1.0, sessions_per_user=6.0, label_rate=0.3,
+                           duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, shuffle_window=3.0,
+                           max_delay=15.0)
+    lines, _ = _with_attributes(list(simulate_lines(sim)))
+    return lines
 
 
 def _log(requests: int, seed: int, short: bool = False, behaviour: bool = False) -> list[bytes]:
@@ -134,6 +153,8 @@ async def _same_totals_and_records(expected: Engine, records: Records, workers: 
         assert report[section] == approx(want[section]), section
     # the A/B units, SRM and sign tests live whole on the regroup stage's worker: replay's, bit for bit
     assert report["ab"] and report["ab"] == want["ab"] and report["srm"] == want["srm"]
+    assert report.get("experiments") == want.get("experiments")  # the recommendations
+    assert report.get("segment_ab") == want.get("segment_ab")
     assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
     found = await read_topic(broker, topics(prefix).request_metrics, len(records.by_id))
     by_id = {r.key.decode(): orjson.loads(r.value) for r in found}
@@ -186,16 +207,18 @@ def test_kafka_gives_the_replay_numbers(broker: str, tmp_path: Path, short: bool
 
 
 def test_two_workers_and_a_rebalance_count_everything_once(broker: str, tmp_path: Path) -> None:
-    """Worker A reads the first half alone; B joins (A gives up partitions mid-stream); then the second half."""
-    lines = _log(5000, seed=12, short=True)
-    expected, expected_records = _replay(lines, tmp_path, SHORT)
+    """Worker A reads the first half alone; B joins (A gives up partitions mid-stream); then the second half. A
+    three-arm experiment with a guardrail, CUPED and a segment: its rows, recommendations and segment rows are the
+    replay's, bit for bit."""
+    lines = _experiment_log(5000, seed=12)
+    expected, expected_records = _replay(lines, tmp_path, SHORT_EXPERIMENT)
     prefix = "rebalance."
     settings = WorkerSettings([broker], prefix=prefix, group="rebalance", partitions=PARTITIONS)
     half = len(lines) // 2
 
     async def main() -> None:
         await send_lines(lines[:half], [broker], topics(prefix), partitions=PARTITIONS, flush=False)
-        a, b = StreamWorker(settings, SHORT), StreamWorker(settings, SHORT)
+        a, b = StreamWorker(settings, SHORT_EXPERIMENT), StreamWorker(settings, SHORT_EXPERIMENT)
         running_a = await _running(a)
         await _until(lambda: a.events_seen >= half * 0.9, 120, "worker A to read the first half")
         running_b = await _running(b)
@@ -301,7 +324,7 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
 
     async def main() -> None:
         await send_lines(lines[:half], [broker], topics(prefix), partitions=PARTITIONS, flush=False)
-        a, b = StreamWorker(settings, SHORT), StreamWorker(settings, SHORT)
+        a, b = StreamWorker(settings, SHORT_EXPERIMENT), StreamWorker(settings, SHORT_EXPERIMENT)
         running_a = await _running(a)
         await _until(lambda: a.events_seen >= half * 0.9 and a.totals().overall().sessions > 0 and (
             not snapshots or all(h.stage.snapshot_ref is not None for h in a.stages.held.values())), 120,
