@@ -4,8 +4,8 @@
     python bench/worker_path.py LOG --rankings 7500 --feedback 40000   # fetch sizes Kafka's 4 MB limit gives
     py-spy record --native -o profile.svg -- python bench/worker_path.py LOG
     # the cost of A/B/n, guardrails, CUPED and a segment: the defaults against bench/all-on.toml on one simulated
-    # log, alternately in fresh processes, with /metrics' readout every second as the worker takes it
-    python bench/worker_path.py ab.jsonl --simulate 60000 --readout-every 1 --versus bench/all-on.toml
+    # log, alternately in fresh processes, with /metrics' readout every 30,000 events (a second of a worker)
+    python bench/worker_path.py ab.jsonl --simulate 60000 --readout-events 30000 --versus bench/all-on.toml
 
 What a worker does with a backlog, less the broker: the log's events routed to 4 partitions by request id (CRC-32),
 read in rounds of one fetch per topic-partition (feedback before rankings in each round), each fetch decoded as
@@ -17,16 +17,18 @@ garbage collector is set as the worker sets it (``quiet_gc``). A log of ``bench/
 ``stream-log.jsonl``) gives the events the throughput rows count.
 
 ``--config FILE`` evaluates with the worker's settings from that file (as ``stream-eval worker --config``; the
-``STREAM_EVAL_*`` variables count too), else the defaults. ``--readout-every S`` also takes, between two rounds, the
-readout ``/metrics`` shows once it is S seconds old (``EngineCollector.refresh`` over the partitions' shares and
-the stage's view, as the worker does every second). ``--versus FILE`` runs the log with both settings, alternately,
-each run in a fresh process, ``--repeat`` times (default 3), and prints each one's CPU seconds, events per
-CPU-second and events/s (median and range) and the cost, 1 - events per CPU-second with FILE ÷ without, run by
-run; with ``--instructions``, also the instructions of one run each way under valgrind's cachegrind, which do not
-move with what else the machine runs, less those of a run of the log's first 2,000 lines (start-up: imports, the
-compiled loops, reading). ``--simulate N`` first writes LOG: N simulated requests of an experiment ``exp1`` with a
-control and three treatments, randomised per user, after a 60 s pre-period of users with persistent preferences
-(CUPED's covariate), each ranking with a ``platform`` attribute (a segment): what ``bench/all-on.toml`` turns on.
+``STREAM_EVAL_*`` variables count too), else the defaults. ``--readout-events N`` also takes, between two rounds,
+the readout ``/metrics`` shows once N events were fed since the last (``EngineCollector.refresh`` over the
+partitions' shares and the stage's view, which the worker does every second: N stands for its events per second, a
+count of events rather than a time so that a slower run, under valgrind say, takes no more readouts).
+``--versus FILE`` runs the log with both settings, alternately, each run in a fresh process, ``--repeat`` times
+(default 3), and prints each one's CPU seconds, events per CPU-second and events/s (median and range) and the cost,
+1 - events per CPU-second with FILE ÷ without, run by run; with ``--instructions``, also the instructions of one run
+each way under valgrind's cachegrind, which do not move with what else the machine runs, less those of a run of the
+log's first 2,000 lines (start-up: imports, the compiled loops, reading). ``--simulate N`` first writes LOG: N
+simulated requests of an experiment ``exp1`` with a control and three treatments, randomised per user, after a 60 s
+pre-period of users with persistent preferences (CUPED's covariate), each ranking with a ``platform`` attribute (a
+segment): what ``bench/all-on.toml`` turns on.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def simulate(path: Path, requests: int) -> None:
             out.write(orjson.dumps(event) + b"\n")
 
 
-def measure(log: Path, config: Config, rankings: int, feedback: int, readout_every: float) -> dict[str, Any]:
+def measure(log: Path, config: Config, rankings: int, feedback: int, readout_events: int) -> dict[str, Any]:
     """One run of the worker's path over ``log``: events, outputs, CPU seconds (in all and by phase), wall time."""
     warm_up(config)
     quiet_gc()
@@ -108,7 +110,8 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
     for partition in range(PARTITIONS):
         partitioned.assign(partition)
     stages.take(0)
-    refresh = readouts(partitioned, stages, labels, template, readout_every)
+    fed = [0]  # events fed so far: the readouts' clock
+    refresh = readouts(partitioned, stages, labels, template, readout_events, lambda: fed[0])
     messages: dict[tuple[str, int], list[bytes]] = defaultdict(list)
     for line in log.read_bytes().splitlines():
         fields: dict[str, Any] = orjson.loads(line)
@@ -140,6 +143,7 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
             cpu["decode"] += t1 - t0
             cpu["feed"] += time.process_time() - t1
             events += b - a
+        fed[0] = events
         t0 = time.process_time()
         partitioned.tick()
         t1 = time.process_time()
@@ -158,9 +162,10 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
 
 
 def readouts(partitioned: PartitionedEngine, stages: StagePartitions, labels: LabelBounds, template: Engine,
-             every: float) -> Callable[[], None] | None:
-    """What the worker calls between batches when ``every`` > 0: the readout /metrics shows, taken once the last is
-    ``every`` seconds old, from the partitions' shares and the stage's view (``stream/app.py``)."""
+             every: int, fed: Callable[[], int]) -> Callable[[], None] | None:
+    """What the worker calls between batches (``stream/app.py``) when ``every`` > 0: the readout /metrics shows, from
+    the partitions' shares and the stage's view, taken once ``every`` events were ``fed`` since the last (the worker
+    takes one a second)."""
     if every <= 0:
         return None
     from prometheus_client import CollectorRegistry
@@ -171,14 +176,14 @@ def readouts(partitioned: PartitionedEngine, stages: StagePartitions, labels: La
         return [(str(p), task.generation, task.engine) for p, task in partitioned.engines()] + stages.shares()
 
     collector = EngineCollector(lambda: stages.view(labels, template.watermark), registry=CollectorRegistry(),
-                                shares=shares, refresh_every=every)
+                                shares=shares, refresh_every=1.0, clock=lambda: fed() / every)
     return collector.refresh
 
 
 def child(args: argparse.Namespace, log: Path, config: str | None) -> list[str]:
     """The command of one run of ``log`` with the settings ``config`` (None: the defaults), printing JSON."""
     command = [sys.executable, str(Path(__file__).resolve()), str(log), "--rankings", str(args.rankings), "--feedback",
-               str(args.feedback), "--readout-every", str(args.readout_every), "--json"]
+               str(args.feedback), "--readout-events", str(args.readout_events), "--json"]
     return command + (["--config", config] if config else [])
 
 
@@ -199,8 +204,8 @@ def versus(args: argparse.Namespace) -> None:
         return f"{statistics.median(values):{form}} ({min(values):{form}}–{max(values):{form}})"
 
     print(f"{base[0]['events']:,} messages of {args.log.name}, {PARTITIONS} partitions, fetches of {args.rankings:,} "
-          f"rankings / {args.feedback:,} feedback, readout every {args.readout_every:g} s; {args.repeat} runs of "
-          f"each, alternating, each in a fresh process. Median (min–max).\n")
+          f"rankings / {args.feedback:,} feedback, a readout every {args.readout_events:,} events; {args.repeat} runs "
+          f"of each, alternating, each in a fresh process. Median (min–max).\n")
     print("| settings | CPU seconds | events per CPU-second | events/s (wall) | request-metrics records |")
     print("|---|---|---|---|---|")
     for name, label in (("base", args.config or "defaults"), ("versus", args.versus)):
@@ -239,8 +244,8 @@ def main() -> None:
     parser.add_argument("--rankings", type=int, default=5000, help="messages per fetch of a rankings partition")
     parser.add_argument("--feedback", type=int, default=5000, help="messages per fetch of a feedback partition")
     parser.add_argument("--config", help="the worker's settings (TOML, as `stream-eval worker --config`)")
-    parser.add_argument("--readout-every", type=float, default=0.0, metavar="S",
-                        help="take /metrics' readout between rounds once it is S seconds old (the worker: 1)")
+    parser.add_argument("--readout-events", type=int, default=0, metavar="N",
+                        help="take /metrics' readout between rounds once N events were fed since the last (0: none)")
     parser.add_argument("--versus", metavar="FILE", help="compare with these settings, run by run (see above)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each settings with --versus (default 3)")
     parser.add_argument("--simulate", type=int, metavar="N", help="first write LOG: N simulated A/B/n requests")
@@ -254,7 +259,7 @@ def main() -> None:
         versus(args)
         return
     config = load_config(args.config) if args.config else Config()
-    result = measure(args.log, config, args.rankings, args.feedback, args.readout_every)
+    result = measure(args.log, config, args.rankings, args.feedback, args.readout_events)
     if args.json:
         print(json.dumps(result))
         return
