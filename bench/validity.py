@@ -1,6 +1,6 @@
 """Validity of the A/B statistics under continuous monitoring: simulated A/A and A/B experiments.
 
-    python bench/validity.py            # 1,000 experiments per scenario, 500 for A/B/n (~10 min on 2 cores)
+    python bench/validity.py            # 1,000 experiments per scenario, 500 for A/B/n (~15 min on 2 cores)
     python bench/validity.py --quick    # a fifth of them
     python bench/validity.py --only family,guardrails --experiments 1000   # some sections (two-arm, cuped, ...)
 
