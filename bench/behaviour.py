@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import generate as gen  # noqa: E402  (bench/ is not a package)
-from run import machine_info  # noqa: E402
+from run import count_instructions, machine_info  # noqa: E402
 
 MODES = {"off": "default", "on": "default,behaviour"}
 
@@ -55,15 +54,8 @@ def with_dwell(source: Path, target: Path) -> int:
 
 def instructions(path: Path, metrics: str) -> int:
     """Instructions of one ``stream-eval replay`` (valgrind's cachegrind, without the cache simulation)."""
-    out = Path(os.devnull)
-    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}", sys.executable,
-               "-m", "stream_eval.cli", "replay", str(path), "--metrics", metrics, "--format", "json", "-o",
-               os.devnull, "--no-progress"]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
-    if match is None:
-        raise RuntimeError(f"no instruction count in valgrind's output: {result.stderr[-500:]}")
-    return int(match.group(1).replace(",", ""))
+    return count_instructions([sys.executable, "-m", "stream_eval.cli", "replay", str(path), "--metrics", metrics,
+                               "--format", "json", "-o", os.devnull, "--no-progress"])
 
 
 def replay_once(path: Path, metrics: str) -> tuple[float, float, float]:

@@ -37,6 +37,7 @@ import gc
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -333,6 +334,18 @@ def python_loop_seconds(n: int = 20_000_000) -> float:
     for i in range(n):
         total += i
     return time.perf_counter() - started
+
+
+def count_instructions(command: Sequence[str]) -> int:
+    """Instructions the process of ``command`` runs, under valgrind's cachegrind without the cache simulation: a count
+    that does not move with what else a shared machine runs, as CPU time does. (numba caches its code per CPU, and
+    valgrind's is another: a first run under it compiles.)"""
+    result = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={os.devnull}",
+                             *command], capture_output=True, text=True, check=True)
+    match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
+    if match is None:
+        raise RuntimeError(f"no instruction count in valgrind's output: {result.stderr[-500:]}")
+    return int(match.group(1).replace(",", ""))
 
 
 def machine_info() -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Validity of the A/B statistics under continuous monitoring: simulated A/A and A/B experiments.
 
-    python bench/validity.py            # 1,000 experiments per scenario (a few minutes on 2 cores)
-    python bench/validity.py --quick    # 200 experiments per scenario
+    python bench/validity.py            # 1,000 experiments per scenario, 500 for A/B/n (~15 min on 2 cores)
+    python bench/validity.py --quick    # a fifth of them
+    python bench/validity.py --only family,guardrails --experiments 1000   # some sections (two-arm, cuped, ...)
 
 Each simulated experiment randomises 20,000 units one by one to control or treatment (50/50). A unit has
 1 + Poisson(9) requests (10 on average); a request's value is an nDCG@10-like number in [0, 1]: the unit's
@@ -26,7 +27,19 @@ Reported per scenario (every rate with its Wilson 95 % interval):
   about ``rho``) is the covariate; in two scenarios a fifth of the units have no pre-period data. Per scenario
   (A/A, +1 %, +3 % at rho 0.5 and 0.7) with and without CUPED: false alarms / decisions, the median variance
   reduction at the last look and the median units to a decision (experiments never decided count as beyond the
-  end).
+  end);
+* A/B/n through the engine's own code: 10,000 units randomised one by one to a control and 3 treatments, 9
+  correlated metrics (the A/B rows of a report without ``--metrics``), looked at every 100 units. At each look the
+  arms' sums go to the ``LookMerger`` the engine uses (``stream_eval.engine.ab``: ``compare`` per treatment, the
+  running intersection of the sequences, e-BH over the family of goal metrics × treatments, the guardrails'
+  non-inferiority tests) and ``recommend``; nothing of it is re-implemented here. Per scenario (every treatment =
+  control; or one treatment = control and the others with true effects on some metrics), for the e-BH decisions
+  and for the unadjusted ones (each row's own sequence): the share of experiments with at least one false
+  discovery and the false-discovery rate (mean false-discovery proportion), when acting at the first decision, at
+  the last look, and counting every decision ever shown; and the true effects found;
+* guardrails, through the same code: treatments exactly at the tolerated loss (relative ``-2%`` on ERR@10,
+  absolute ``-0.005`` on GAUC) and clearly beyond it: the share of experiments that ever recommend ``rollback``,
+  and the median units to it.
 """
 
 from __future__ import annotations
@@ -47,8 +60,11 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from stream_eval.config import Config, ExperimentSettings, Tolerance  # noqa: E402
+from stream_eval.engine.ab import LookMerger, ShardLook, _decision, recommend  # noqa: E402
 from stream_eval.metrics.abtest import difference  # noqa: E402
 from stream_eval.metrics.aggregates import Moments  # noqa: E402
+from stream_eval.metrics.specs import lower_is_better  # noqa: E402
 from stream_eval.stats import ArmSums, PreSums, compare, srm_test  # noqa: E402
 from stream_eval.stats.sequential import dirichlet_multinomial_log_bf  # noqa: E402
 
@@ -307,6 +323,204 @@ def print_cuped(results: dict[str, CupedResult], experiments: int) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+# ---- A/B/n: a family of tests and guardrails, through the engine's own LookMerger ---------------------------
+
+#: The A/B rows of a report without ``--metrics`` (the default measures at cutoff 10, and GAUC): nine metrics.
+NAMES = tuple(spec.mean_name for spec in Config().specs) + ("GAUC",)
+#: Each metric's control mean (ratio metrics, every request valued; one standard deviation, ``SD``, for all).
+MEANS = {"MRR": 0.55, "MAP": 0.40, "P@10": 0.25, "R@10": 0.50, "DCG@10": 0.90, "nDCG@10": 0.45, "ERR@10": 0.30,
+         "alpha-nDCG@10": 0.40, "GAUC": 0.70}
+ARMS_UNITS = 10_000  # units of every arm together, randomised one by one with equal shares
+ARMS_ICC = 0.2  # the share of a request value's variance that is its unit's
+METRIC_CORRELATION = 0.7  # correlation between metrics of a unit's means, and of a request's values
+ARMS_CHUNK = 10  # experiments simulated at once (each then looked at through a LookMerger of its own)
+EXPERIMENT = "exp"
+
+
+@dataclass(frozen=True)
+class ArmsScenario:
+    name: str
+    settings: ExperimentSettings  # the [experiments.exp] table (control "control")
+    treatments: tuple[str, ...]
+    effects: tuple[tuple[str, str, str, float], ...]  # (treatment, metric, "lift" | "delta", true value)
+
+    def means(self) -> Floats:
+        """True means, arms (control first) x metrics."""
+        means = np.tile(np.array([MEANS[name] for name in NAMES]), (1 + len(self.treatments), 1))
+        for treatment, metric, kind, value in self.effects:
+            row, column = 1 + self.treatments.index(treatment), NAMES.index(metric)
+            means[row, column] = means[0, column] * (1 + value) if kind == "lift" else means[0, column] + value
+        return means
+
+
+FAMILY_SCENARIOS = (
+    ArmsScenario("every treatment = control (27 true nulls)", ExperimentSettings(control="control"),
+                 ("t1", "t2", "t3"), ()),
+    ArmsScenario("t1 = control; t2 +5 % on MRR, MAP, nDCG@10; t3 +5 % on P@10, R@10, DCG@10, nDCG@10 and -5 % on "
+                 "ERR@10 (19 true nulls)", ExperimentSettings(control="control"), ("t1", "t2", "t3"),
+                 (*(("t2", m, "lift", 0.05) for m in ("MRR", "MAP", "nDCG@10")),
+                  *(("t3", m, "lift", 0.05) for m in ("P@10", "R@10", "DCG@10", "nDCG@10")),
+                  ("t3", "ERR@10", "lift", -0.05))),
+)
+GUARDRAILS = (("ERR@10", Tolerance(-0.02, True)), ("GAUC", Tolerance(-0.005, False)))
+GUARDRAIL_SCENARIO = ArmsScenario(
+    "guardrails ERR@10 -2 %, GAUC -0.005", ExperimentSettings(control="control", primary=("nDCG@10",),
+                                                              guardrails=GUARDRAILS),
+    ("at -2 % on ERR@10", "at -0.005 on GAUC", "-10 % on ERR@10", "-0.025 on GAUC"),
+    (("at -2 % on ERR@10", "ERR@10", "lift", -0.02), ("at -0.005 on GAUC", "GAUC", "delta", -0.005),
+     ("-10 % on ERR@10", "ERR@10", "lift", -0.10), ("-0.025 on GAUC", "GAUC", "delta", -0.025)))
+
+
+@dataclass
+class ArmsResult:
+    ebh: npt.NDArray[np.int8]  # (experiments, looks, rows): +1 decided better, -1 worse, 0 not; after e-BH
+    plain: npt.NDArray[np.int8]  # the same from each row's own confidence sequence (unadjusted)
+    rollback: Bools  # (experiments, looks, treatments): the recommendation is rollback
+
+    @staticmethod
+    def join(parts: list[ArmsResult]) -> ArmsResult:
+        return ArmsResult(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(ArmsResult)))
+
+
+_SIGN = {"better": 1, "worse": -1, "inconclusive": 0}
+
+
+def arms_simulate(seed: np.random.SeedSequence, experiments: int, scenario: ArmsScenario) -> ArmsResult:
+    """Units with a mean per metric (``ARMS_ICC`` of the variance, correlated over metrics) and Gaussian request
+    noise (correlated over metrics too), 1 + Poisson(9) requests each; every look's per-arm sums go through a
+    ``LookMerger`` and ``recommend``, as the engine's looks do."""
+    rng = np.random.default_rng(seed)
+    arms = ("control", *scenario.treatments)
+    width = len(NAMES)
+    shape = (experiments, ARMS_UNITS)
+    arm = rng.integers(0, len(arms), shape)
+    n = 1.0 + rng.poisson(9.0, shape)
+    shared, own = math.sqrt(METRIC_CORRELATION), math.sqrt(1.0 - METRIC_CORRELATION)
+
+    def correlated() -> Floats:
+        return shared * rng.normal(size=shape)[..., None] + own * rng.normal(size=(*shape, width))
+
+    unit = SD * math.sqrt(ARMS_ICC) * correlated()
+    noise = SD * math.sqrt(1.0 - ARMS_ICC) * np.sqrt(n)[..., None] * correlated()
+    y = n[..., None] * (scenario.means()[arm] + unit) + noise
+    del unit, noise
+    counts = np.broadcast_to(n[..., None], y.shape)
+    values = (np.ones_like(y), y, counts, y * y, counts * counts, y * counts)  # the six sums of ArmSums
+    looks = ARMS_UNITS // LOOK_EVERY
+    sums = np.empty((len(arms), len(values), experiments, looks, width))
+    for a in range(len(arms)):
+        mine = (arm == a)[..., None]
+        for f, v in enumerate(values):
+            sums[a, f] = np.cumsum(np.where(mine, v, 0.0), axis=1)[:, LOOK_EVERY - 1 :: LOOK_EVERY]
+    config = Config(experiments=((EXPERIMENT, scenario.settings),), confidence=1 - ALPHA, sequential_n=SEQUENTIAL_N)
+    order = {(t, m): k for k, (t, m) in enumerate((t, m) for t in scenario.treatments for m in NAMES)}
+    out = ArmsResult(np.zeros((experiments, looks, len(order)), dtype=np.int8),
+                     np.zeros((experiments, looks, len(order)), dtype=np.int8),
+                     np.zeros((experiments, looks, len(scenario.treatments)), dtype=np.bool_))
+    for e in range(experiments):
+        merger = LookMerger(config, NAMES)
+        for j in range(looks):
+            look = ShardLook(EXPERIMENT, 0, list(arms), [ArmSums.from_values(list(sums[a, :, e, j])) for a in
+                                                         range(len(arms))],
+                             [int(sums[a, 0, e, j, 0]) for a in range(len(arms))], 0, 0)
+            merger.add(float(j + 1), [look])
+            merger.progress(0, float(j + 1))
+            rows, _ = merger.results()
+            for row in rows:
+                k = order[row.treatment, row.metric]
+                out.ebh[e, j, k] = _SIGN[row.decision]
+                out.plain[e, j, k] = _SIGN[_decision(row.cs_lower, row.cs_upper)]
+            for r in recommend(rows):
+                out.rollback[e, j, scenario.treatments.index(r.treatment)] = r.recommendation == "rollback"
+    return out
+
+
+def run_arms(scenario: ArmsScenario, experiments: int, seed: int, pool: ProcessPoolExecutor) -> ArmsResult:
+    sizes = [min(ARMS_CHUNK, experiments - start) for start in range(0, experiments, ARMS_CHUNK)]
+    seeds = np.random.SeedSequence([seed, 11, len(scenario.effects), len(scenario.settings.guardrails)]).spawn(
+        len(sizes))
+    return ArmsResult.join(list(pool.map(arms_simulate, seeds, sizes, [scenario] * len(sizes))))
+
+
+@dataclass
+class FamilyRates:
+    """Per experiment, at one moment: whether it shows a false discovery, its false-discovery proportion, and the
+    share of the true effects it shows in their true direction."""
+
+    false_any: Bools
+    fdp: Floats
+    found: Floats
+
+
+def family_rates(decisions: npt.NDArray[np.int8], truth: npt.NDArray[np.int64]) -> dict[str, FamilyRates]:
+    """At the first look with a decision (else the last), at the last look, and over every look (a row counts as
+    discovered if it was ever decided, falsely if ever decided against its true sign: 0 for a true null)."""
+    decided = decisions != 0
+    wrong = decided & (decisions != truth)
+    right = decided & (decisions == truth) & (truth != 0)
+    first = first_true(decided.any(axis=2))
+    stop = np.where(first >= 0, first, decisions.shape[1] - 1)
+    rows = np.arange(decisions.shape[0])
+    effects = max(int((truth != 0).sum()), 1)
+    moments = {"at the first decision": (wrong[rows, stop], decided[rows, stop], right[rows, stop]),
+               "at the last look": (wrong[:, -1], decided[:, -1], right[:, -1]),
+               "ever, over all looks": (wrong.any(axis=1), decided.any(axis=1), right.any(axis=1))}
+    out = {}
+    for name, (false, shown, true) in moments.items():
+        fdp = false.sum(axis=1) / np.maximum(shown.sum(axis=1), 1)
+        out[name] = FamilyRates(false.any(axis=1), fdp, true.sum(axis=1) / effects)
+    return out
+
+
+def mean_rate(values: Floats) -> str:
+    """A mean of values in [0, 1] with the Wilson interval (valid there: such a value's variance is at most
+    mean (1 - mean), the binomial's)."""
+    lo, hi = wilson(float(values.sum()), int(values.size))
+    return f"{100 * float(values.mean()):.1f} % ({100 * lo:.1f}-{100 * hi:.1f})"
+
+
+def print_family(results: dict[str, ArmsResult], experiments: int) -> None:
+    print(f"\nA/B/n: {experiments} experiments per scenario, {ARMS_UNITS:,} units in 4 arms (control, t1, t2, t3), "
+          f"{len(NAMES)} metrics ({', '.join(NAMES)}; a unit's metrics correlated {METRIC_CORRELATION}, ICC "
+          f"{ARMS_ICC}), a look every {LOOK_EVERY} units; decisions and rows from the engine's LookMerger. Family: "
+          f"the 27 rows (goal metrics x treatments), alpha {ALPHA}. A false discovery: a true null decided, or an "
+          "effect decided the wrong way. Rates with Wilson 95 % intervals (for the FDR, on the mean false-discovery "
+          "proportion).\n")
+    print("| scenario | decisions | when | experiments with a false discovery | FDR | true effects found |")
+    print("|---|---|---|---|---|---|")
+    for scenario in FAMILY_SCENARIOS:
+        r = results[scenario.name]
+        truth = np.sign(scenario.means()[1:] - scenario.means()[0]).astype(np.int64).ravel()
+        assert not any(lower_is_better(name) for name in NAMES)  # (+1 is a rise here)
+        for method, decisions in (("e-BH (the product's)", r.ebh), ("unadjusted", r.plain)):
+            for when, rates in family_rates(decisions, truth).items():
+                found = f"{100 * float(rates.found.mean()):.0f} %" if truth.any() else "-"
+                print(f"| {scenario.name} | {method} | {when} | {rate(rates.false_any)} | {mean_rate(rates.fdp)} "
+                      f"| {found} |")
+
+
+def print_guardrails(result: ArmsResult, experiments: int) -> None:
+    scenario = GUARDRAIL_SCENARIO
+    margins = ", ".join(f"{metric} {tolerance.label()}" for metric, tolerance in GUARDRAILS)
+    print(f"\nGuardrails ({margins}; primary nDCG@10): {experiments} experiments, {ARMS_UNITS:,} units in "
+          f"{1 + len(scenario.treatments)} arms, a look every {LOOK_EVERY} units; recommendations from the engine's "
+          "LookMerger and recommend(). Each treatment is at or beyond the tolerated loss on one guardrail and equal "
+          "to the control elsewhere. Units: of the experiment (all arms) at the look; an experiment never rolled back "
+          "counts as beyond the end.\n")
+    print("| treatment | true value | ever recommended rollback | median units to rollback | ... of those rolled "
+          "back |")
+    print("|---|---|---|---|---|")
+    for k, (treatment, metric, kind, value) in enumerate(scenario.effects):
+        ever = result.rollback[:, :, k].any(axis=1)
+        first = first_true(result.rollback[:, :, k])
+        units = (first[first >= 0] + 1) * LOOK_EVERY
+        median = median_units(first)
+        true = f"{100 * value:+g} % lift" if kind == "lift" else f"{value:+g} delta"
+        print(f"| {treatment} | {metric} {true} | {rate(ever)} | "
+              f"{f'{median:,.0f}' if math.isfinite(median) else '> end'} | "
+              f"{f'{np.median(units):,.0f}' if units.size else '-'} |")
+
+
 def run_scenario(scenario: Scenario, experiments: int, seed: int, pool: ProcessPoolExecutor) -> ChunkResult:
     sizes = [min(CHUNK, experiments - start) for start in range(0, experiments, CHUNK)]
     seeds = np.random.SeedSequence([seed, int(scenario.icc * 1000), int(scenario.lift * 1000)]).spawn(len(sizes))
@@ -317,7 +531,7 @@ def run_scenario(scenario: Scenario, experiments: int, seed: int, pool: ProcessP
     return ChunkResult(**joined, check=max(p.check for p in parts))
 
 
-def wilson(successes: int, trials: int, z: float = 1.959963984540054) -> tuple[float, float]:
+def wilson(successes: float, trials: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion (Wilson 1927)."""
     if trials == 0:
         return math.nan, math.nan
@@ -361,27 +575,13 @@ def srm_broken_split(experiments: int, seed: int, share: float = 0.49) -> tuple[
     return first >= 0, ((first[first >= 0] + 1) * LOOK_EVERY).astype(np.float64)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="200 experiments per scenario")
-    parser.add_argument("--experiments", type=int, default=None, help="per scenario (default 1000, 200 with --quick)")
-    parser.add_argument("--seed", type=int, default=20261124)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--cuped-only", action="store_true", help="only the CUPED scenarios")
-    args = parser.parse_args(argv)
-    experiments = args.experiments or (200 if args.quick else 1000)
-    started = time.perf_counter()
-    if args.cuped_only:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in CUPED_SCENARIOS}, experiments)
-        print(f"\n{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
-              f"{args.jobs} jobs, {time.perf_counter() - started:.0f} s in all.")
-        return
+def two_arm(experiments: int, seed: int, jobs: int) -> None:
+    """The two-arm A/A and A/B scenarios and SRM."""
     results: dict[str, ChunkResult] = {}
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
         for scenario in SCENARIOS:
             t0 = time.perf_counter()
-            results[scenario.name] = run_scenario(scenario, experiments, args.seed, pool)
+            results[scenario.name] = run_scenario(scenario, experiments, seed, pool)
             print(f"# {scenario.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     gap = max(r.check for r in results.values())
     assert gap < 1e-9, f"vectorised Welch differs from abtest.difference by {gap}"
@@ -413,14 +613,53 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {rate(flags)} |")
     print()
     for share in (0.49, 0.48):
-        detected, units = srm_broken_split(experiments, args.seed + 1, share)
+        detected, units = srm_broken_split(experiments, seed + 1, share)
         median = f"{np.median(units):,.0f}" if units.size else "-"
         print(
             f"SRM of a {100 * share:.0f}/{100 - 100 * share:.0f} split: sequential p < 0.001 in {rate(detected)} "
             f"of {experiments} experiments by {UNITS:,} units, median {median} units to detection."
         )
+
+
+SECTIONS = ("two-arm", "cuped", "family", "guardrails")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a fifth of the experiments per scenario")
+    parser.add_argument("--experiments", type=int, default=None,
+                        help="per scenario (default 1000, and 500 for family and guardrails; a fifth with --quick)")
+    parser.add_argument("--seed", type=int, default=20261124)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default all)")
+    parser.add_argument("--cuped-only", action="store_true", help="only the CUPED scenarios (--only cuped)")
+    args = parser.parse_args(argv)
+    only = {"cuped"} if args.cuped_only else set(args.only.split(","))
+    unknown = only - set(SECTIONS)
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}")
+    experiments = args.experiments or (200 if args.quick else 1000)
+    # the A/B/n sections go through the engine's merger look by look: fewer experiments by default
+    engine_experiments = args.experiments or (100 if args.quick else 500)
+    started = time.perf_counter()
+    if "two-arm" in only:
+        two_arm(experiments, args.seed, args.jobs)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in CUPED_SCENARIOS}, experiments)
+        if "cuped" in only:
+            print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in CUPED_SCENARIOS}, experiments)
+        if "family" in only:
+            family = {}
+            for scenario in FAMILY_SCENARIOS:
+                t0 = time.perf_counter()
+                family[scenario.name] = run_arms(scenario, engine_experiments, args.seed, pool)
+                print(f"# {scenario.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            print_family(family, engine_experiments)
+        if "guardrails" in only:
+            t0 = time.perf_counter()
+            guarded = run_arms(GUARDRAIL_SCENARIO, engine_experiments, args.seed, pool)
+            print(f"# {GUARDRAIL_SCENARIO.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            print_guardrails(guarded, engine_experiments)
     print(
         f"\n{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
         f"{args.jobs} jobs, {time.perf_counter() - started:.0f} s in all."

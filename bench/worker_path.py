@@ -3,35 +3,55 @@
     python bench/worker_path.py LOG                         # fetches of 5,000 messages per topic-partition
     python bench/worker_path.py LOG --rankings 7500 --feedback 40000   # fetch sizes Kafka's 4 MB limit gives
     py-spy record --native -o profile.svg -- python bench/worker_path.py LOG
+    # the cost of A/B/n, guardrails, CUPED and a segment: the defaults against bench/all-on.toml on one simulated
+    # log, alternately in fresh processes, with /metrics' readout every 30,000 events (a second of a worker)
+    python bench/worker_path.py ab.jsonl --simulate 60000 --readout-events 30000 --versus bench/all-on.toml
 
 What a worker does with a backlog, less the broker: the log's events routed to 4 partitions by request id (CRC-32),
 read in rounds of one fetch per topic-partition (feedback before rankings in each round), each fetch decoded as
 the worker decodes it (``decode_message_chunk``) and fed to a ``PartitionedEngine`` whose engines are built as the
 worker builds them (live windows, feedback delays, regroup sinks), each finalised request written as the worker's
 request-metrics record (``orjson``), the regroup records taken with their commit markers and fed to a regroup stage
-held through ``StagePartitions``, as a worker's stage is, and a readout of every share (what ``/metrics`` exports) taken
-every ``--readout-every`` CPU-seconds, as the worker takes one a second between batches. The compiled loops are loaded first (``warm_up``) and the
+held through ``StagePartitions``, as a worker's stage is. The compiled loops are loaded first (``warm_up``) and the
 garbage collector is set as the worker sets it (``quiet_gc``). A log of ``bench/stream.py`` (``--out-dir``'s
 ``stream-log.jsonl``) gives the events the throughput rows count.
+
+``--config FILE`` evaluates with the worker's settings from that file (as ``stream-eval worker --config``; the
+``STREAM_EVAL_*`` variables count too), else the defaults. ``--readout-events N`` also takes, between two rounds,
+the readout ``/metrics`` shows once N events were fed since the last (``EngineCollector.refresh`` over the
+partitions' shares and the stage's view, which the worker does every second: N stands for its events per second, a
+count of events rather than a time so that a slower run, under valgrind say, takes no more readouts).
+``--versus FILE`` runs the log with both settings, alternately, each run in a fresh process, ``--repeat`` times
+(default 3), and prints each one's CPU seconds, events per CPU-second and events/s (median and range) and the cost,
+1 - events per CPU-second with FILE ÷ without, run by run; with ``--instructions``, also the instructions of one run
+each way under valgrind's cachegrind, which do not move with what else the machine runs, less those of a run of the
+log's first 2,000 lines (start-up: imports, the compiled loops, reading). ``--simulate N`` first writes LOG: N
+simulated requests of an experiment ``exp1`` with a control and three treatments, randomised per user, after a 60 s
+pre-period of users with persistent preferences (CUPED's covariate), each ranking with a ``platform`` attribute (a
+segment): what ``bench/all-on.toml`` turns on.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
+import sys
 import time
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from stream_eval.config import Config
+from stream_eval.config import Config, load_config
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.labels import LabelBounds
 from stream_eval.engine.partitions import PartitionedEngine
-from stream_eval.engine.readout import Reader
 from stream_eval.engine.regroup import RegroupSink
 from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
@@ -40,19 +60,32 @@ from stream_eval.stream.app import quiet_gc
 from stream_eval.stream.produce import END_WATERMARK
 from stream_eval.stream.worker import warm_up
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import count_instructions  # noqa: E402  (bench/ is not a package)
+
 PARTITIONS = 4
 KINDS = ("feedback", "ranking", "judgment")
+#: ``--simulate``: the arms of the experiment (a control and three treatments) and the platforms of the segment
+SIMULATED_ARMS = (("control", 0.55), ("bm25-tuned", 0.6), ("dense", 0.7), ("hybrid", 0.65))
+PLATFORMS = ("ios", "android", "web")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", type=Path)
-    parser.add_argument("--rankings", type=int, default=5000, help="messages per fetch of a rankings partition")
-    parser.add_argument("--feedback", type=int, default=5000, help="messages per fetch of a feedback partition")
-    parser.add_argument("--readout-every", type=float, default=1.0,
-                        help="CPU-seconds between two readouts of the shares, taken after a round (default 1)")
-    args = parser.parse_args()
-    config = Config()
+def simulate(path: Path, requests: int) -> None:
+    """``--simulate``: A/B/n traffic per user with a pre-period, each ranking with ``attributes.platform``."""
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    config = SimulationConfig(requests=requests, items_per_request=20, seed=11, rate=200.0, arms=SIMULATED_ARMS,
+                              unit="user", pre_period=60.0, preference=0.8)
+    with path.open("wb") as out:
+        for line in simulate_lines(config):
+            event = orjson.loads(line)
+            if event["type"] == "ranking":
+                event["attributes"] = {"platform": PLATFORMS[zlib.crc32(event["unit_id"].encode()) % 3]}
+            out.write(orjson.dumps(event) + b"\n")
+
+
+def measure(log: Path, config: Config, rankings: int, feedback: int, readout_events: int) -> dict[str, Any]:
+    """One run of the worker's path over ``log``: events, outputs, CPU seconds (in all and by phase), wall time."""
     warm_up(config)
     quiet_gc()
     labels = LabelBounds(config.max_label_values)
@@ -71,13 +104,16 @@ def main() -> None:
         outputs.extend((record["request_id"].encode(), orjson.dumps(record)) for record in batch.records())
 
     stages = StagePartitions(engine, PARTITIONS, 1)
-    partitioned = PartitionedEngine(engine(), time.monotonic, finalised)
+    template = engine()
+    partitioned = PartitionedEngine(template, time.monotonic, finalised)
     partitioned.stage_engines = stages.engines
     for partition in range(PARTITIONS):
         partitioned.assign(partition)
     stages.take(0)
+    fed = [0]  # events fed so far: the readouts' clock
+    refresh = readouts(partitioned, stages, labels, template, readout_events, lambda: fed[0])
     messages: dict[tuple[str, int], list[bytes]] = defaultdict(list)
-    for line in args.log.read_bytes().splitlines():
+    for line in log.read_bytes().splitlines():
         fields: dict[str, Any] = orjson.loads(line)
         if fields["type"] in KINDS:
             key = str(fields.get("query_id" if fields["type"] == "judgment" else "request_id", ""))
@@ -85,13 +121,12 @@ def main() -> None:
     for kind in KINDS:
         for partition in range(PARTITIONS):
             messages[kind, partition].append(END_WATERMARK)
-    size = {"ranking": args.rankings, "feedback": args.feedback, "judgment": args.rankings}
+    size = {"ranking": rankings, "feedback": feedback, "judgment": rankings}
     read: dict[tuple[str, int], int] = defaultdict(int)
     regroup_log: list[bytes] = []
     cpu: dict[str, float] = defaultdict(float)
     events = 0
-    reader = Reader(time.process_time)
-    start = last_readout = time.process_time()
+    start, wall = time.process_time(), time.perf_counter()
     more = True
     while more:
         more = False
@@ -108,6 +143,7 @@ def main() -> None:
             cpu["decode"] += t1 - t0
             cpu["feed"] += time.process_time() - t1
             events += b - a
+        fed[0] = events
         t0 = time.process_time()
         partitioned.tick()
         t1 = time.process_time()
@@ -115,16 +151,125 @@ def main() -> None:
         stages.feed(0, range(len(regroup_log), len(regroup_log) + len(routed)), routed)
         regroup_log += routed
         cpu["finalise"] += t1 - t0
-        cpu["regroup records and stage"] += time.process_time() - t1
-        if time.process_time() - last_readout >= args.readout_every or not more:
-            t0 = last_readout = time.process_time()
-            shares = [(str(p), "0", task.engine) for p, task in partitioned.engines()] + stages.shares()
-            reader.read(stages.view(labels, partitioned.engine.watermark), shares)
-            cpu["readouts"] += time.process_time() - t0
-    total = time.process_time() - start
-    phases = ", ".join(f"{name} {seconds:.2f}" for name, seconds in cpu.items())
-    print(f"{events:,} messages, {len(outputs):,} request-metrics records, {len(regroup_log):,} regroup records")
-    print(f"CPU {total:.2f} s: {events / total:,.0f} messages per CPU-second ({phases})")
+        t2 = time.process_time()
+        cpu["regroup records and stage"] += t2 - t1
+        if refresh is not None:
+            refresh()
+            cpu["readout"] += time.process_time() - t2
+    total, seconds = time.process_time() - start, time.perf_counter() - wall
+    return {"events": events, "outputs": len(outputs), "regroup": len(regroup_log), "cpu": total,
+            "seconds": seconds, "phases": dict(cpu)}
+
+
+def readouts(partitioned: PartitionedEngine, stages: StagePartitions, labels: LabelBounds, template: Engine,
+             every: int, fed: Callable[[], int]) -> Callable[[], None] | None:
+    """What the worker calls between batches (``stream/app.py``) when ``every`` > 0: the readout /metrics shows, from
+    the partitions' shares and the stage's view, taken once ``every`` events were ``fed`` since the last (the worker
+    takes one a second)."""
+    if every <= 0:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from stream_eval.export.prometheus import EngineCollector
+
+    def shares() -> list[tuple[str, str, Engine]]:
+        return [(str(p), task.generation, task.engine) for p, task in partitioned.engines()] + stages.shares()
+
+    collector = EngineCollector(lambda: stages.view(labels, template.watermark), registry=CollectorRegistry(),
+                                shares=shares, refresh_every=1.0, clock=lambda: fed() / every)
+    return collector.refresh
+
+
+def child(args: argparse.Namespace, log: Path, config: str | None) -> list[str]:
+    """The command of one run of ``log`` with the settings ``config`` (None: the defaults), printing JSON."""
+    command = [sys.executable, str(Path(__file__).resolve()), str(log), "--rankings", str(args.rankings), "--feedback",
+               str(args.feedback), "--readout-events", str(args.readout_events), "--json"]
+    return command + (["--config", config] if config else [])
+
+
+def versus(args: argparse.Namespace) -> None:
+    """``--versus``: the two settings alternately, each run in a fresh process; medians, ranges and the cost."""
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "versus": []}
+    for i in range(args.repeat):
+        for name, config in (("base", args.config), ("versus", args.versus)):
+            command = child(args, args.log, config)
+            result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+            runs[name].append(result)
+            print(f"# run {i + 1} {name}: {result['cpu']:.2f} CPU-s, {result['events'] / result['cpu']:,.0f} events "
+                  f"per CPU-second", file=sys.stderr, flush=True)
+    base, other = runs["base"], runs["versus"]
+    assert {r["events"] for r in base} == {r["events"] for r in other}, "the two settings read other events"
+
+    def spread(values: list[float], form: str = ",.0f") -> str:
+        return f"{statistics.median(values):{form}} ({min(values):{form}}–{max(values):{form}})"
+
+    print(f"{base[0]['events']:,} messages of {args.log.name}, {PARTITIONS} partitions, fetches of {args.rankings:,} "
+          f"rankings / {args.feedback:,} feedback, a readout every {args.readout_events:,} events; {args.repeat} runs "
+          f"of each, alternating, each in a fresh process. Median (min–max).\n")
+    print("| settings | CPU seconds | events per CPU-second | events/s (wall) | request-metrics records |")
+    print("|---|---|---|---|---|")
+    for name, label in (("base", args.config or "defaults"), ("versus", args.versus)):
+        rs = runs[name]
+        print(f"| {label} | {spread([r['cpu'] for r in rs], '.2f')} | "
+              f"{spread([r['events'] / r['cpu'] for r in rs])} | {spread([r['events'] / r['seconds'] for r in rs])} "
+              f"| {rs[0]['outputs']:,} |")
+    per_cpu = [1 - (o["events"] / o["cpu"]) / (b["events"] / b["cpu"]) for b, o in zip(base, other, strict=True)]
+    per_s = [1 - (o["events"] / o["seconds"]) / (b["events"] / b["seconds"]) for b, o in zip(base, other, strict=True)]
+    print(f"\nCost of {args.versus} (1 - with ÷ without, run by run): events per CPU-second "
+          f"{spread([100 * c for c in per_cpu], '.1f')} %, events/s {spread([100 * c for c in per_s], '.1f')} %.")
+    phases = sorted({phase for r in base + other for phase in r["phases"]})
+    print("\nCPU seconds by phase (median): " + "; ".join(
+        f"{phase} {statistics.median(r['phases'].get(phase, 0.0) for r in base):.2f} → "
+        f"{statistics.median(r['phases'].get(phase, 0.0) for r in other):.2f}" for phase in phases) + ".")
+    if args.instructions:
+        head = args.log.with_suffix(".head.jsonl")
+        head.write_bytes(b"".join(args.log.read_bytes().splitlines(keepends=True)[:2000]))
+        counts = {}
+        for name, config in (("base", args.config), ("versus", args.versus)):
+            count_instructions(child(args, head, config))  # (numba compiles for valgrind's CPU once)
+            counts[name] = (count_instructions(child(args, head, config)), count_instructions(child(args, args.log,
+                                                                                                  config)))
+            print(f"# instructions {name}: start-up {counts[name][0] / 1e9:.2f} G, run {counts[name][1] / 1e9:.2f} G",
+                  file=sys.stderr, flush=True)
+        (start, whole), (other_start, other_whole) = counts["base"], counts["versus"]
+        print(f"\nInstructions (cachegrind), one run each way: {whole / 1e9:.2f} G and {other_whole / 1e9:.2f} G; "
+              f"less the start-up (a run of the log's first 2,000 lines: {start / 1e9:.2f} G and "
+              f"{other_start / 1e9:.2f} G), {args.versus} costs "
+              f"{100 * ((other_whole - other_start) / (whole - start) - 1):+.1f} %.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--rankings", type=int, default=5000, help="messages per fetch of a rankings partition")
+    parser.add_argument("--feedback", type=int, default=5000, help="messages per fetch of a feedback partition")
+    parser.add_argument("--config", help="the worker's settings (TOML, as `stream-eval worker --config`)")
+    parser.add_argument("--readout-events", type=int, default=50_000, metavar="N",
+                        help="take /metrics' readout between rounds once N events were fed since the last (default "
+                             "50,000, about a worker's events per second: the live windows are evaluated when read; "
+                             "0: none)")
+    parser.add_argument("--versus", metavar="FILE", help="compare with these settings, run by run (see above)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each settings with --versus (default 3)")
+    parser.add_argument("--simulate", type=int, metavar="N", help="first write LOG: N simulated A/B/n requests")
+    parser.add_argument("--instructions", action="store_true",
+                        help="with --versus: also count instructions under cachegrind (one run each way; slow)")
+    parser.add_argument("--json", action="store_true", help="print one run's numbers as JSON")
+    args = parser.parse_args()
+    if args.simulate:
+        simulate(args.log, args.simulate)
+    if args.versus:
+        versus(args)
+        return
+    config = load_config(args.config) if args.config else Config()
+    result = measure(args.log, config, args.rankings, args.feedback, args.readout_events)
+    if args.json:
+        print(json.dumps(result))
+        return
+    total = result["cpu"]
+    phases = ", ".join(f"{name} {seconds:.2f}" for name, seconds in result["phases"].items())
+    print(f"{result['events']:,} messages, {result['outputs']:,} request-metrics records, {result['regroup']:,} "
+          f"regroup records")
+    print(f"CPU {total:.2f} s: {result['events'] / total:,.0f} messages per CPU-second ({phases})")
 
 
 if __name__ == "__main__":

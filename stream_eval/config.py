@@ -107,6 +107,8 @@ class Tolerance:
 #: ``max_segment_values``.
 SEGMENT_CAP_FACTOR = 4
 
+#: The experiment of a ranking that names none (docs/contract.md §1): the traffic outside any experiment.
+NO_EXPERIMENT = "default"
 
 #: The default ``cuped_lookback``: 14 days of event time before a unit entered the experiment.
 CUPED_LOOKBACK = 14 * 86400.0
@@ -296,15 +298,27 @@ class Config:
         """The ``[experiments.NAME]`` table of ``experiment`` (the defaults when there is none)."""
         return dict(self.experiments).get(experiment, _NO_SETTINGS)
 
+    def compares(self, experiment: str) -> bool:
+        """Whether the arms of ``experiment`` are compared (A/B and SRM rows, metric and interleaving GSB, its units
+        on ``/metrics``): those of every experiment, except the traffic outside any experiment (:data:`NO_EXPERIMENT`,
+        ``default``: a pre-period, unrandomised traffic) once the config names experiments and not ``default``.
+
+        >>> Config().compares("default"), Config(experiments=(("e", ExperimentSettings()),)).compares("default")
+        (True, False)
+        """
+        return experiment != NO_EXPERIMENT or not self.experiments or NO_EXPERIMENT in dict(self.experiments)
+
     def arms_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> Arms | None:
         """Control and treatments of ``experiment``. The control is configured (``control``), else the first of the
         sorted arms seen. The treatments are the configured ``treatment``, else every other arm seen, sorted. None:
-        no treatment.
+        no treatment, or an experiment not compared (:meth:`compares`).
 
         >>> config = Config(experiments=(("e", ExperimentSettings(control="b")),))
         >>> config.arms_for("e", {"a", "b", "c"}), config.arms_for("f", {"a", "b", "c"})
         (Arms(control='b', treatments=('a', 'c')), Arms(control='a', treatments=('b', 'c')))
         """
+        if not self.compares(experiment):
+            return None
         settings = self.settings_of(experiment)
         arms = set(arms_seen)
         control = settings.control

@@ -982,8 +982,8 @@ def true_effects(
     the same seeded queries, noise and click draws (common random numbers): the arms differ only by their ranker,
     so the difference of two arms is far less noisy than two independent runs would make it (the standard error
     of the nDCG@10 delta of the default arms is about 0.001 at the default size). The truth is of the click model
-    itself: interleaving, judgments and every fault (late, duplicate, orphan, invalid, shuffled events) are off;
-    the rest of ``config`` (arms, lists, queries, click model, labels, seed) is used as given.
+    itself: interleaving, judgments, the pre-period and every fault (late, duplicate, orphan, invalid, shuffled events)
+    are off; the rest of ``config`` (arms, lists, queries, click model, labels, preference, seed) is used as given.
 
     Args:
         config: The simulation whose arms are measured.
@@ -1019,6 +1019,7 @@ def true_effects(
             orphan_fraction=0.0,
             invalid_fraction=0.0,
             shuffle_window=0.0,
+            pre_period=0.0,
         )
         effects[name] = _evaluate(alone, settings).get((config.experiment, name), {})
     return effects

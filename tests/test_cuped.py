@@ -143,3 +143,28 @@ def test_simulated_users_with_a_pre_period_give_a_variance_reduction_on_metrics(
     assert registry.get_sample_value("stream_eval_ab_variance_reduction", labels) == rows["MRR"]["variance_reduction"]
     assert registry.get_sample_value("stream_eval_ab_pre_p_value", labels) == rows["MRR"]["pre_p_value"]
     assert registry.get_sample_value("stream_eval_pre_imbalance", {"experiment": "exp1"}) == 0.0
+
+
+def test_traffic_outside_any_experiment_is_not_compared_once_experiments_are_configured(tmp_path: Path) -> None:
+    """Requests that name no experiment (``default``: a pre-period, or traffic outside every experiment, here with
+    two arm labels) give no A/B rows, SRM row or units on /metrics once the config names experiments, yet still feed
+    CUPED's pre-period; without an ``[experiments]`` table, or with ``[experiments.default]``, they are compared."""
+    events: list[dict[str, Any]] = []
+    for i in range(60):
+        outside = _request(f"p{i}", T0 + 10 * i, f"u{i}", i % 3 == 0)
+        outside[0]["arm"] = ("legacy", "canary")[i % 2]  # an arm, but no experiment
+        events += [*outside, *_request(f"e{i}", T0 + 3600 + 10 * i, f"u{i}", i % 2 == 0, "exp", "ab"[i % 2])]
+    engine = _replay(tmp_path, events, _cuped())
+    assert {row["experiment"] for row in engine.ab()} == {"exp"}
+    assert [row["experiment"] for row in engine.srm()] == ["exp"]
+    assert _covariate(engine, "exp", "u3", "MRR") == (1.0, 1.0)  # its request outside any experiment
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    assert registry.get_sample_value("stream_eval_ab_units", {"experiment": "exp", "arm": "a"}) == 30.0
+    assert registry.get_sample_value("stream_eval_ab_units", {"experiment": "default", "arm": "legacy"}) is None
+    assert registry.get_sample_value("stream_eval_srm_p_value", {"experiment": "default"}) is None
+    for compared in (Config(), Config(experiments=(("exp", ExperimentSettings(control="a")),
+                                                   ("default", ExperimentSettings(control="legacy"))))):
+        engine = _replay(tmp_path, events, compared)
+        assert {row["experiment"] for row in engine.ab()} == {"default", "exp"}
+        assert [row["experiment"] for row in engine.srm()] == ["default", "exp"]

@@ -189,6 +189,40 @@ def test_three_arms_show_lift_guardrails_and_recommendations() -> None:
         assert expected in rich, expected
 
 
+def test_cuped_rows_show_cuped_true_and_their_variance_reduction() -> None:
+    """A CUPED experiment (the worker exports its pre-period check): the title line says ``cuped: true`` and how the
+    check stands, each row its variance reduction; traffic outside any experiment with units of one arm (an older
+    worker exported them) makes no A/B section, and announcements then name no experiment."""
+    samples = _three_arms()
+    samples["stream_eval_pre_imbalance"] = [({"experiment": "exp1"}, 0.0)]
+    samples["stream_eval_ab_variance_reduction"] = [
+        ({"experiment": "exp1", "metric": metric, "arm": arm}, 0.0123 * (k + 1))
+        for arm in THREE for k, metric in enumerate(THREE[arm])]
+    samples["stream_eval_ab_units"].append(({"experiment": "default", "arm": "default"}, 812.0))
+    view = View(HEADER, started=100.0, truth=TRUTH3)
+    view.update(samples, now=142.0)
+    text = view.text()
+    assert ("A/B exp1: clickbait, treatment vs control · units control 600  clickbait 610  treatment 620 · "
+            "SRM p 0.7700 ok · cuped: true · pre-period check ok") in text.splitlines()
+    assert "A/B default" not in text and "vs default" not in text and not view.several
+    treatment = text.split("  treatment vs control: recommendation ship\n")[1]
+    assert treatment.splitlines()[0].endswith("true delta true lift  var. red.")
+    assert ("  nDCG@10            +0.0450   [+0.0200, +0.0700]      +6.25%   [+3.00%, +9.50%]       0.0010   better"
+            "                             +0.0500    +6.94%       2.5%") in treatment.splitlines()
+    assert treatment.splitlines()[1].endswith("       1.2%")  # MRR, the first row
+    console = Console(file=io.StringIO(), width=220, record=True)
+    console.print(view.rich())
+    rich = console.export_text()
+    assert "cuped: true · pre-period check ok" in rich and "var. red." in rich and "4.9%" in rich
+
+    samples["stream_eval_pre_imbalance"] = [({"experiment": "exp1"}, 1.0)]
+    view.update(samples, now=143.0)
+    assert "cuped: true · PRE-PERIOD IMBALANCE: the arms differed before the experiment" in view.text()
+    plain = View(HEADER, started=100.0, truth=TRUTH3)
+    plain.update(_three_arms(), now=142.0)  # not CUPED: no such column
+    assert "cuped" not in plain.text() and "var. red." not in plain.text()
+
+
 def test_ship_and_rollback_are_announced_once_when_they_arrive() -> None:
     view = View(HEADER, started=100.0, truth=TRUTH3)
     running = view.update(_three_arms({"treatment": "keep running", "clickbait": "keep running"}), now=120.0)
@@ -414,7 +448,8 @@ def _recommended(url: str) -> dict[str, str]:
 def test_demo_runs_three_arms_announces_ship_and_rollback_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     """The demo as a user starts it (default rate, embedded config): all three arms are finalised, the worker
     recommends ship for treatment and rollback for clickbait within the first minutes, the view announces both
-    (checked against the true values), and Ctrl-C stops everything."""
+    (checked against the true values), and Ctrl-C stops everything. CUPED is on: the pre-period traffic (no
+    experiment) is no A/B experiment of its own, and the rows carry their variance reduction."""
     port, metrics_port = free_port(), free_port()
     output = tmp_path / "view.txt"  # a file, not a pipe: the view writes a block a second
     with open(output, "wb") as out:
@@ -440,6 +475,12 @@ def test_demo_runs_three_arms_announces_ship_and_rollback_and_stops_cleanly_on_c
             for metric in ("MRR", "nDCG@10", "ERR@10", "SatClick"):
                 assert (arm, metric, "5m") in windows
         assert any(labels["source"] == "judgment" for labels, _ in samples["stream_eval_gsb_total"])
+        assert {labels["experiment"] for labels, _ in samples["stream_eval_ab_units"]} == {"exp1"}
+        assert ("default", "default") in {(s["experiment"], s["arm"]) for s, _ in samples["stream_eval_window_mean"]}
+        reductions = {(labels["arm"], labels["metric"]): value
+                      for labels, value in samples["stream_eval_ab_variance_reduction"]}
+        assert {arm for arm, _ in reductions} == {"treatment", "clickbait"}
+        assert reductions["treatment", "MRR"] > 0 and reductions["treatment", "nDCG@10"] > 0, reductions
         time.sleep(2)  # the view's next scrape
         demo.send_signal(signal.SIGINT)
         _, err = demo.communicate(timeout=60)
@@ -452,6 +493,7 @@ def test_demo_runs_three_arms_announces_ship_and_rollback_and_stops_cleanly_on_c
     for arm in arms:
         assert f"exp1 / {arm}" in view and f"true values exp1 / {arm}: MRR" in view
     assert "A/B exp1: clickbait, treatment vs control" in view and "GSB exp1" in view
+    assert "A/B default" not in view and "cuped: true · pre-period check ok" in view and "var. red." in view
     assert "  clickbait vs control: recommendation rollback" in view
     assert "  treatment vs control: recommendation ship" in view
     assert "breached -5%" in view and "within -0.005" in view

@@ -241,9 +241,11 @@ class Reader:
                     float(row["non_inferior"]))
         recommendations: dict[Labels, float] = {
             (r["experiment"], r["treatment"], r["recommendation"]): 1.0 for r in engine.experiments()}
-        units: dict[Labels, float] = {
-            (experiment, arm): float(n) for experiment, arms in ledger.units().items() for arm, n in arms.items()}
-        conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()}
+        compared = engine.config.compares  # (the traffic outside any experiment is tracked for CUPED, not shown)
+        units: dict[Labels, float] = {(experiment, arm): float(n) for experiment, arms in ledger.units().items()
+                                      if compared(experiment) for arm, n in arms.items()}
+        conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()
+                                          if compared(experiment)}
         srm_rows = engine.srm()
         srm: dict[Labels, tuple[float, float]] = {
             (row["experiment"],): (_number(row["sequential_p_value"]), float(row["mismatch"])) for row in srm_rows}

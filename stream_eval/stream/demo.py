@@ -8,7 +8,10 @@ Prometheus scrapes. Ctrl-C (or ``--duration``) stops the simulator, then the wor
 The simulated arms have a known true effect (:data:`DEMO_ARMS`): ``treatment`` is a better ranker than
 ``control``; ``clickbait`` ranks better still, but users leave the pages it puts first quickly (its dwell times
 are cut), so it breaks the ``SatClick`` guardrail of the demo's embedded config (:data:`DEMO_CONFIG`). The worker
-recommends ``ship`` for the one and ``rollback`` for the other, and the view announces each as it arrives. A third
+recommends ``ship`` for the one and ``rollback`` for the other, and the view announces each as it arrives. The
+traffic starts with a pre-period (:data:`DEMO_PRE_PERIOD`) that names no experiment, from users whose click
+propensity persists (:data:`DEMO_PREFERENCE`): the config turns CUPED on, and the view shows each row's variance
+reduction. A third
 child process computes each arm's expected metrics under the simulator's click model
 (:func:`stream_eval.simulate.true_effects`, a few seconds), and the view puts the true delta and lift next to each
 estimate, so that a decision or a recommendation can be checked. The traffic is randomised per user
@@ -69,15 +72,22 @@ DEMO_CONFIG = """\
 control = "control"
 primary = ["nDCG@10", "MRR"]
 guardrails = {"ERR@10" = -0.005, "SatClick" = "-5%"}
+cuped = true
 """
 """The demo's embedded config, given to the worker as ``--config`` unless the user names one: every arm but
 ``control`` is a treatment; a treatment ships when nDCG@10 or MRR is better (after false-discovery control) and
 it is shown that ERR@10 has not fallen by more than 0.005 (absolute) nor SatClick by more than 5 % (relative); it
-is rolled back when one of them has."""
+is rolled back when one of them has. CUPED adjusts every row on the users' pre-period."""
 DEMO_ARMS = (("control", 0.55), ("treatment", 0.75), ("clickbait", 0.8))
 """The simulated arms' ranker qualities (:class:`~stream_eval.simulate.SimulationConfig`)."""
 DEMO_DWELL_SCALE = (("clickbait", 0.5),)
 """``clickbait``'s pages hold users half as long: fewer satisfied clicks, the SatClick guardrail breached."""
+DEMO_PRE_PERIOD = 20.0
+"""Seconds of traffic before the experiment starts (no experiment, no arm): CUPED's pre-period. Short, so that the
+demo decides about as soon as without it; the users who come back in the experiment carry it."""
+DEMO_PREFERENCE = 0.5
+"""The spread of each user's persistent click propensity (:class:`~stream_eval.simulate.SimulationConfig`), so that a
+user's pre-period predicts the experiment."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 VIEW_METRICS = ("MRR", "nDCG@10", "ERR@10", "GAUC", "SatClick", "Abandoned")
 """The headline means: the columns of the per-arm table and the true values in the header."""
@@ -106,11 +116,12 @@ class DemoOptions:
 def demo_simulation(rate: float, seed: int, start_ts: float = SimulationConfig.start_ts) -> SimulationConfig:
     """The demo's traffic: three arms (:data:`DEMO_ARMS`), interleaving of the first two, judgments, a few faults,
     randomised per user; clicks with dwell times (cut for ``clickbait``) and some zero-result requests (the
-    behaviour measures)."""
+    behaviour measures); a pre-period of users with persistent preferences first (CUPED)."""
     return SimulationConfig(endless=True, start_ts=start_ts, rate=rate, max_delay=15.0, seed=seed,
                             arms=DEMO_ARMS, interleaving=True, judgments=True, label_rate=0.1,
                             duplicate_fraction=0.02, late_fraction=0.01, invalid_fraction=0.002, unit="user",
-                            behaviour=True, dwell_scale=DEMO_DWELL_SCALE)
+                            behaviour=True, dwell_scale=DEMO_DWELL_SCALE, pre_period=DEMO_PRE_PERIOD,
+                            preference=DEMO_PREFERENCE)
 
 
 def _seconds(label: str) -> float:
@@ -204,6 +215,7 @@ class AbRow:
     lift_cs_upper: float = math.nan
     true_lift: float | None = None
     guardrail: Guardrail | None = None
+    variance_reduction: float = math.nan  # CUPED: 1 - the adjusted variance of the delta / the unadjusted one
 
     @property
     def decision(self) -> str:
@@ -253,6 +265,8 @@ class ExperimentView:
     unit_conflicts: float
     treatments: tuple[TreatmentView, ...]
     gsb: tuple[GsbRow, ...]  # side-by-side judgments: of the experiment, no arm
+    cuped: bool = False  # the rows are CUPED-adjusted (the worker exports the pre-period check)
+    pre_imbalance: bool = False  # CUPED: the arms' pre-period means differ (do not trust the adjusted rows)
 
     @property
     def total_units(self) -> float:
@@ -308,12 +322,15 @@ def _ab_order(metric: str) -> tuple[int, str]:
 def _arms(treatments: set[str], units: dict[str, float]) -> tuple[str, tuple[str, ...]]:
     """Control and treatments: the treatments are the ``arm`` labels of the A/B series, the control the arm
     with units that is none of them; series without an ``arm`` label (one treatment) fall back on the sorted
-    arms with units, the evaluator's default (docs/contract.md §3)."""
+    arms with units, the evaluator's default (docs/contract.md §3); without A/B series, the arms with units but
+    the first are the treatments (none for one arm)."""
     named = sorted(treatments - {""})
     if named:
         others = sorted(set(units) - set(named))
         return (others[0] if others else "control", tuple(named))
     arms = sorted(units)
+    if "" not in treatments:
+        return (arms[0] if arms else "control", tuple(arms[1:]))
     return (arms[0] if arms else "control", (arms[1] if len(arms) > 1 else "treatment",))
 
 
@@ -360,10 +377,11 @@ def read_snapshot(samples: Samples, truth: Truth | None = None) -> Snapshot:
     ab = {name: _by(samples, f"stream_eval_ab_{name}", "experiment", "arm", "metric")
           for name in ("delta", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower", "lift_cs_upper",
                        "guardrail_margin", "guardrail_lower", "guardrail_upper", "guardrail_breached",
-                       "guardrail_non_inferior")}
+                       "guardrail_non_inferior", "variance_reduction")}
     units = _by(samples, "stream_eval_ab_units", "experiment", "arm")
     srm_p = _by(samples, "stream_eval_srm_p_value", "experiment")
     srm_mismatch = _by(samples, "stream_eval_srm_mismatch", "experiment")
+    pre_imbalance = _by(samples, "stream_eval_pre_imbalance", "experiment")  # exported for CUPED experiments only
     conflicts = _by(samples, "stream_eval_ab_unit_conflicts_total", "experiment")
     gsb_total = _by(samples, "stream_eval_gsb_total", "experiment", "arm", "source", "verdict")
     gsb_p = _by(samples, "stream_eval_gsb_p_value", "experiment", "arm", "source")
@@ -396,7 +414,8 @@ def read_snapshot(samples: Samples, truth: Truth | None = None) -> Snapshot:
         name, metric = key[0], key[2]
         return AbRow(metric, get("delta"), get("cs_lower"), get("cs_upper"), get("p_value"),
                      true_delta(truth, name, control, treatment, metric), get("lift"), get("lift_cs_lower"),
-                     get("lift_cs_upper"), true_lift(truth, name, control, treatment, metric), guardrail)
+                     get("lift_cs_upper"), true_lift(truth, name, control, treatment, metric), guardrail,
+                     get("variance_reduction"))
 
     experiments = []
     for name in sorted(names):
@@ -409,9 +428,12 @@ def read_snapshot(samples: Samples, truth: Truth | None = None) -> Snapshot:
             keys = sorted((key for key in ab["delta"] if key[:2] == (name, label)), key=lambda k: _ab_order(k[2]))
             treatments.append(TreatmentView(arm, tuple(row(key, control, arm) for key in keys),
                                             gsb_rows(name, arm) if label else (), recommended.get((name, arm), "")))
-        experiments.append(ExperimentView(name, control, arm_units, srm_p.get((name,), math.nan),
-                                          srm_mismatch.get((name,), 0.0) >= 1, conflicts.get((name,), 0.0),
-                                          tuple(treatments), gsb_rows(name, "")))
+        judged = gsb_rows(name, "")
+        if treatments or judged:  # (one arm and no judgments: nothing to compare)
+            experiments.append(ExperimentView(name, control, arm_units, srm_p.get((name,), math.nan),
+                                              srm_mismatch.get((name,), 0.0) >= 1, conflicts.get((name,), 0.0),
+                                              tuple(treatments), judged, (name,) in pre_imbalance,
+                                              pre_imbalance.get((name,), 0.0) >= 1))
     return Snapshot(dict(events), watermark, windows, finalised, tuple(experiments))
 
 
@@ -545,6 +567,20 @@ def _srm(experiment: ExperimentView) -> str:
         return "SRM -"
     status = "MISMATCH: the split is off, do not trust the A/B rows" if experiment.srm_mismatch else "ok"
     return f"SRM p {_p(experiment.srm_p_value)} {status}"
+
+
+def _cuped(experiment: ExperimentView) -> str:
+    """``cuped: true · pre-period check ok`` (or the imbalance) for a CUPED experiment, else empty."""
+    if not experiment.cuped:
+        return ""
+    check = ("PRE-PERIOD IMBALANCE: the arms differed before the experiment, do not trust the adjusted rows"
+             if experiment.pre_imbalance else "pre-period check ok")
+    return f"cuped: true · {check}"
+
+
+def _share(value: float) -> str:
+    """A variance reduction: ``0.031`` -> ``3.1%``."""
+    return "-" if math.isnan(value) else f"{value * 100:.1f}%"
 
 
 def _units(experiment: ExperimentView) -> str:
@@ -705,19 +741,22 @@ class View:
             done = ", ".join(f"{e}/{a} {int(v):,}" for (e, a), v in sorted(snapshot.finalised.items()))
             lines.append(f"finalised requests: {done}")
         for experiment in snapshot.experiments:
-            lines += ["", f"{_title(experiment)} · {_units(experiment)} · {_srm(experiment)}"]
+            cuped = _cuped(experiment)
+            lines += ["", f"{_title(experiment)} · {_units(experiment)} · {_srm(experiment)}"
+                          + (f" · {cuped}" if cuped else "")]
             for treatment in experiment.treatments:
                 lines.append(f"  {treatment.arm} vs {experiment.control}: recommendation {_recommendation(treatment)}")
                 if treatment.ab:
                     lines.append(f"  {'metric':<17}{'delta':>9}   {'confidence sequence':<22}{'lift':>8}   "
                                  f"{'lift sequence':<20}{'p-value':>9}   {'decision':<14}{'guardrail':<18}"
-                                 f"{'true delta':>10}{'true lift':>10}")
+                                 f"{'true delta':>10}{'true lift':>10}" + (f"{'var. red.':>11}" if cuped else ""))
                 for ab in treatment.ab:
                     interval = f"[{_number(ab.cs_lower)}, {_number(ab.cs_upper)}]"
                     lift = f"[{_percent(ab.lift_cs_lower)}, {_percent(ab.lift_cs_upper)}]"
                     lines.append(f"  {ab.metric:<17}{_number(ab.delta):>9}   {interval:<22}{_percent(ab.lift):>8}   "
                                  f"{lift:<20}{_p(ab.p_value):>9}   {ab.decision:<14}{_guardrail_cell(ab):<18}"
-                                 f"{_number(ab.true_delta):>10}{_percent(ab.true_lift):>10}")
+                                 f"{_number(ab.true_delta):>10}{_percent(ab.true_lift):>10}"
+                                 + (f"{_share(ab.variance_reduction):>11}" if cuped else ""))
                 for gsb in treatment.gsb:
                     lines.append(f"  GSB {gsb.source:<13} score {_number(gsb.score, '+.3f')}   good {int(gsb.good):,}  "
                                  f"same {int(gsb.same):,}  bad {int(gsb.bad):,}   p {_p(gsb.p_value)}")
@@ -781,15 +820,16 @@ class View:
             for name, justify in (("metric", "left"), ("delta", "right"), ("confidence sequence", "center"),
                                   ("lift", "right"), ("lift sequence", "center"), ("p-value", "right"),
                                   ("decision", "left"), ("guardrail", "left"), ("true delta", "right"),
-                                  ("true lift", "right")):
-                table.add_column(name, justify=justify)  # type: ignore[arg-type]  # literal justify values
+                                  ("true lift", "right"), *((("var. red.", "right"),) if experiment.cuped else ())):
+                table.add_column(name, justify=justify)
             for row in treatment.ab:
                 guardrail = Text(_guardrail_cell(row),
                                  style=_GUARDRAIL_STYLE[row.guardrail.status] if row.guardrail else "")
                 table.add_row(row.metric, _number(row.delta), f"[{_number(row.cs_lower)}, {_number(row.cs_upper)}]",
                               _percent(row.lift), f"[{_percent(row.lift_cs_lower)}, {_percent(row.lift_cs_upper)}]",
                               _p(row.p_value), Text(row.decision, style=_DECISION_STYLE[row.decision]), guardrail,
-                              _number(row.true_delta), _percent(row.true_lift))
+                              _number(row.true_delta), _percent(row.true_lift),
+                              *((_share(row.variance_reduction),) if experiment.cuped else ()))
             parts.append(table)
         if treatment.gsb:
             parts.append(self._gsb(treatment.gsb, f"GSB {treatment.arm} vs {experiment.control}"))
@@ -798,7 +838,8 @@ class View:
     def _experiment(self, experiment: ExperimentView) -> Panel:
         parts: list[RenderableType] = []
         srm = Text(_srm(experiment), style="bold white on red" if experiment.srm_mismatch else "green")
-        parts.append(Text.assemble(_units(experiment), "   ", srm))
+        cuped = Text(_cuped(experiment), style="bold white on red" if experiment.pre_imbalance else "green")
+        parts.append(Text.assemble(_units(experiment), "   ", srm, *(("   ", cuped) if experiment.cuped else ())))
         parts += [self._treatment(experiment, treatment) for treatment in experiment.treatments]
         if experiment.gsb:
             parts.append(self._gsb(experiment.gsb, "GSB (side-by-side judgments)"))
