@@ -324,7 +324,7 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
 
     async def main() -> None:
         await send_lines(lines[:half], [broker], topics(prefix), partitions=PARTITIONS, flush=False)
-        a, b = StreamWorker(settings, SHORT_EXPERIMENT), StreamWorker(settings, SHORT_EXPERIMENT)
+        a, b = StreamWorker(settings, SHORT), StreamWorker(settings, SHORT)
         running_a = await _running(a)
         await _until(lambda: a.events_seen >= half * 0.9 and a.totals().overall().sessions > 0 and (
             not snapshots or all(h.stage.snapshot_ref is not None for h in a.stages.held.values())), 120,
