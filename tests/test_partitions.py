@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from typing import Any
@@ -21,6 +22,7 @@ from stream_eval.engine.replay import replay
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import EventCounts
 from stream_eval.simulate import SimulationConfig, simulate_lines
+from stream_eval.stream.backoff import BrokerHealth, SilenceClock
 
 # (the helpers live in support; these names are what other test modules import from here)
 _route, _feed = route, feed
@@ -348,6 +350,65 @@ def test_an_idle_partition_stops_holding_event_time_back() -> None:
     assert collect.records["b"]["metrics"]["RR"] == 1.0
     send(1, "ranking", 1, {"request_id": "c", "items": ["x"], "ts": 90.0})  # partition 1 speaks again
     assert engine.watermark == 200.5  # (event time never goes back)
+
+
+@pytest.mark.parametrize("silence", [True, False])
+def test_a_broker_outage_is_no_silence(silence: bool) -> None:
+    """A worker counts a source's silence on :class:`SilenceClock`: an outage of the broker (or a stop of the
+    process) longer than ``idle_timeout`` leaves no source idle, so feedback read again before its rankings waits
+    for them instead of becoming an orphan. With the plain clock (``silence=False``) it would (the bug this fixes)."""
+    now = [0.0]
+    health = BrokerHealth("w", logging.getLogger("test.silence"), clock=lambda: now[0])
+    clock = SilenceClock(health, clock=lambda: now[0]) if silence else (lambda: now[0])
+    config = Config(attribution_window=10.0, allowed_lateness=0.0)
+    collect = Collect()
+    engine = PartitionedEngine(Engine(config, collect), clock=clock)
+    engine.assign(0)
+    health.answered()
+
+    def send(kind: str, offset: int, fields: dict[str, Any]) -> None:
+        _feed(engine, kind, 0, [(offset, orjson.dumps({"type": kind, **fields}))])
+        engine.tick()
+
+    send("ranking", 0, {"request_id": "a", "items": ["x", "y"], "ts": 100.0})
+    send("feedback", 0, {"request_id": "a", "item": "y", "ts": 101.0})
+    now[0] += 0.5
+    health.failed("fetch", "frozen")
+    for _ in range(60):  # the broker frozen for 60 s (idle_timeout: 30 s), the loop ticking
+        now[0] += 1.0
+        engine.tick()
+    health.answered()
+    now[0] += 0.1
+    send("feedback", 1, {"request_id": "b", "item": "x", "ts": 150.0})  # feedback is read again first
+    send("feedback", 2, {"request_id": "d", "item": "x", "ts": 170.0})
+    send("ranking", 1, {"request_id": "b", "items": ["x"], "ts": 149.0})
+    send("ranking", 2, {"request_id": "d", "items": ["x"], "ts": 165.0})
+    send("ranking", 3, {"request_id": "c", "items": ["x"], "ts": 200.0})
+    send("feedback", 3, {"request_id": "c", "item": "x", "ts": 200.0})
+    counts = engine.totals().counts
+    assert counts["feedback", "orphan"] == (0 if silence else 1)
+    assert ("b" in collect.records and collect.records["b"]["metrics"]["RR"] == 1.0) == silence
+
+
+def test_the_silence_clock_stands_while_the_broker_is_down_or_the_process_stopped() -> None:
+    now = [10.0]
+    health = BrokerHealth("w", logging.getLogger("test.silence"), clock=lambda: now[0])
+    silence = SilenceClock(health, clock=lambda: now[0], max_step=1.0)
+    now[0] += 5.0
+    assert silence() == 10.0  # nothing answered yet
+    health.answered()
+    for _ in range(8):
+        now[0] += 0.5
+        silence()
+    assert silence() == 14.0
+    health.failed("fetch", "down")
+    now[0] += 60.0
+    assert silence() == 14.0
+    health.answered()
+    now[0] += 0.25
+    assert silence() == 14.25
+    now[0] += 100.0  # SIGSTOP, or a call blocked for 100 s: one step counts max_step
+    assert silence() == 15.25
 
 
 def _one_user_log(ts_field: str) -> list[bytes]:

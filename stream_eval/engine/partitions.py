@@ -13,7 +13,8 @@ Event time (docs/contract.md §1):
   ranking in another topic is never late because of the other topic.
 * The engine's sessions and GSB buckets close on the minimum over every rankings and feedback source
   (judgments join nothing and count at once, so a quiet judgments topic holds nothing back).
-* A source silent for ``idle_timeout`` seconds of wall clock stops holding event time back until it speaks.
+* A source silent for ``idle_timeout`` seconds of the ``clock`` given (a worker's leaves broker outages out)
+  stops holding event time back until it speaks.
 
 Recoverable state (at-least-once delivery without double counting): :meth:`PartitionedEngine.checkpoint`
 gives, per task, the offsets to resume reading from (``start``: the first event of every request still

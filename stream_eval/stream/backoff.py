@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ["Backoff", "BrokerHealth", "BrokerTimeout", "is_broker_error"]
+__all__ = ["Backoff", "BrokerHealth", "BrokerTimeout", "SilenceClock", "is_broker_error"]
 
 _T = TypeVar("_T")
 
@@ -209,3 +209,29 @@ class BrokerHealth:
 
     def _at(self) -> str:
         return f" at {self.where}" if self.where else ""
+
+
+class SilenceClock:
+    """Seconds of wall clock that count as an input source's silence (``idle_timeout``): the clock stands still
+    while the broker is unreachable, and a step longer than ``max_step`` between two readings (the process was
+    stopped, or blocked on a call) counts as ``max_step``.
+
+    A source cannot be heard while nothing can be read: without this, every source would look idle the moment a
+    long outage ends, and the first topic read again (feedback, say) would move event time past requests whose
+    rankings are only a fetch away, making their feedback orphans. Monotonic; read once per loop step at least.
+    """
+
+    __slots__ = ("clock", "health", "max_step", "_last", "_value")
+
+    def __init__(self, health: BrokerHealth, clock: Callable[[], float] = time.monotonic,
+                 max_step: float = 1.0) -> None:
+        self.clock, self.health, self.max_step = clock, health, max_step
+        self._last = clock()
+        self._value = self._last
+
+    def __call__(self) -> float:
+        now = self.clock()
+        step, self._last = now - self._last, now
+        if self.health.up and step > 0:
+            self._value += min(step, self.max_step)
+        return self._value

@@ -37,7 +37,7 @@ from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
-from stream_eval.stream.backoff import BrokerHealth, is_broker_error
+from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_error
 from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, transactions_supported
 from stream_eval.stream.fetched import lean_options
 from stream_eval.stream.kafka import (
@@ -198,17 +198,19 @@ class StreamWorker:
         self.stages = StagePartitions(self._stage_engine, self.partition_count, settings.stage_partitions or 1)
         self._stage_consumer: Any = None
         # each input partition gets an engine of its own, built like self.engine: its totals are its share
-        self.partitioned = PartitionedEngine(self.engine, clock, lambda p, batch: self.delivery.finalised(p, batch))
+        #: The broker's health as this worker sees it: ``stream_eval_broker_up``, ``..._broker_errors_total``.
+        self.health = BrokerHealth("stream-eval worker", log, stall=settings.broker_stall)
+        # a source's silence is counted while the broker answers and the worker runs (an outage is no silence)
+        silence = SilenceClock(self.health, clock)
+        self.partitioned = PartitionedEngine(self.engine, silence, lambda p, batch: self.delivery.finalised(p, batch))
         self.partitioned.stage_engines = self.stages.engines
         self.ubi: UbiTopics | None = None  # the UBI records of the partitions owned, with --input-format ubi
         if settings.input_format == "ubi":
-            self.ubi = UbiTopics(config, settings.ubi, clock)
+            self.ubi = UbiTopics(config, settings.ubi, silence)
         self.topics = settings.topics
         self._consumer: Any = None
         self._busy = asyncio.Lock()
         self.events_seen = 0
-        #: The broker's health as this worker sees it: ``stream_eval_broker_up``, ``..._broker_errors_total``.
-        self.health = BrokerHealth("stream-eval worker", log, stall=settings.broker_stall)
         self._fetch_backoff = self.health.backoff()
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
