@@ -310,16 +310,32 @@ def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wr
     asyncio.run(main())
 
 
+async def _log_starts(broker: str, names: list[str]) -> dict[str, list[int]]:
+    """The first offset kept of each partition of the topics ``names`` (``PARTITIONS`` each)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=[broker])
+    await consumer.start()
+    try:
+        wanted = [TopicPartition(name, p) for name in names for p in range(PARTITIONS)]
+        found = await consumer.beginning_offsets(wanted)
+        return {name: [found[tp] for tp in wanted if tp.topic == name] for name in names}
+    finally:
+        await consumer.stop()
+
+
 @pytest.mark.parametrize("snapshots", [False, True], ids=["no-snapshot", "snapshots"])
-def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: str, tmp_path: Path,
-                                                                       snapshots: bool) -> None:
+def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: str, broker_kind: str,
+                                                                       tmp_path: Path, snapshots: bool) -> None:
     """A reads the first half and stops; B takes every partition and the session stage and reads the rest (with
-    ``snapshots``, B restores the A/B state from A's latest snapshot instead of re-reading the log's start)."""
+    ``snapshots``, B restores the A/B state from A's latest snapshot instead of re-reading the log's start). With
+    snapshots on Apache Kafka, A also trims the logs kept forever every 0.5 s (DeleteRecords), and B restores from
+    what is left of them."""
     lines = _log(6000, seed=13, short=True)
     expected, expected_records = _replay(lines, tmp_path, SHORT)
     prefix = f"handover-{snapshots}."
     settings = WorkerSettings([broker], prefix=prefix, group="handover", partitions=PARTITIONS,
-                              snapshot_interval=0.5 if snapshots else 3600.0)
+                              snapshot_interval=0.5 if snapshots else 3600.0, trim_interval=0.5)
     half = len(lines) // 2
 
     async def main() -> None:
@@ -330,7 +346,14 @@ def test_a_worker_stopping_hands_partitions_and_the_regroup_stage_over(broker: s
             not snapshots or all(h.stage.snapshot_ref is not None for h in a.stages.held.values())), 120,
             "worker A to read the first half, score sessions (and store a snapshot of its stage partitions)")
         scored = stage_sessions(a)  # named sessions scored by A's regroup stage partitions
+        if snapshots and broker_kind == "kafka":
+            await _until(lambda: {t for t, _ in a.delivery.trimmed} == {  # type: ignore[attr-defined]
+                settings.checkpoint_topic, settings.regroup_topic, settings.snapshot_topic}, 60, "A to trim its logs")
         await _stop(running_a)
+        if snapshots and broker_kind == "kafka":
+            starts = await _log_starts(broker, [settings.checkpoint_topic, settings.regroup_topic,
+                                                settings.snapshot_topic])
+            assert all(max(by_partition) > 0 for by_partition in starts.values()), starts
         running_b = await _running(b)
         await send_lines(lines[half:], [broker], topics(prefix), partitions=PARTITIONS)
         await _until(lambda: _done(expected, b), 120, "worker B to finish")

@@ -42,7 +42,8 @@ def test_each_topic_is_created_with_the_settings_it_needs(broker: str) -> None:
     settings = WorkerSettings([broker], prefix="topics-new.", group="g", partitions=3)
     asyncio.run(prepare_topics(settings, 30))
     found = asyncio.run(_describe(broker, list(settings.topic_configs())))
-    kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "min.insync.replicas": "1"}
+    kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "min.insync.replicas": "1",
+            "segment.ms": "3600000"}  # (hourly segments: what the worker trims leaves the disk within the hour)
     for name in (settings.checkpoint_topic, settings.regroup_topic, settings.snapshot_topic):
         assert {k: found[name][k] for k in kept} == kept, name  # logs re-read from an offset: never deleted
     assert found[settings.regroup_checkpoint_topic]["cleanup.policy"] == "compact"  # the latest record alone

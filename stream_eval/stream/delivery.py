@@ -193,6 +193,10 @@ class Delivery(abc.ABC):
     async def stop(self) -> None:
         """Stop those clients (after the last commit)."""
 
+    async def trim(self) -> None:
+        """Delete what no reader needs any more of the internal logs kept forever, when due (:class:`Transactions`;
+        a fenced log keeps them whole: its claims and probes read back past its checkpoints)."""
+
     # -- input partitions ---------------------------------------------------------------------------
     @abc.abstractmethod
     async def claim(self, partition: int) -> dict[str, int]:
@@ -611,6 +615,13 @@ class Transactions(Delivery):
         self.senders: dict[int, Sender] = {}  # per input partition owned: its transactional producer
         self.stage_senders: dict[int, Sender] = {}  # per stage partition held
         self._closing: list[Sender] = []  # senders of partitions given up, whose producers are to stop
+        #: Per (topic, partition) of the logs kept forever, the offset before which a committed checkpoint needs
+        #: nothing, and the offset deleted before so far (:meth:`trim`).
+        self.trim_wanted: dict[tuple[str, int], int] = {}
+        self.trimmed: dict[tuple[str, int], int] = {}
+        self._trim_due = time.monotonic() + self.settings.trim_interval
+        self._trim_failed = False
+        self._trimming: asyncio.Future[None] | None = None
 
     def _transactional_id(self, kind: str, partition: int) -> str:
         return f"{self.settings.prefix}{self.settings.group}.{kind}-{partition}"
@@ -642,6 +653,44 @@ class Transactions(Delivery):
         self._closing += [*self.senders.values(), *self.stage_senders.values()]
         self.senders, self.stage_senders = {}, {}
         await self._close()
+        if self._trimming is not None and not self._trimming.done():
+            self._trimming.cancel()
+        await self.logs.close()
+
+    def _trim_to(self, topic: str, partition: int, offset: int | None) -> None:
+        """A committed checkpoint needs nothing of ``topic``'s ``partition`` before ``offset`` any more."""
+        if offset is not None and offset > self.trim_wanted.get((topic, partition), 0):
+            self.trim_wanted[topic, partition] = offset
+
+    async def trim(self) -> None:
+        """Every ``trim_interval`` seconds, delete the records before what the latest committed checkpoints need:
+        of an input partition's checkpoint topic, everything before the windows share its checkpoint names (the
+        checkpoint comes after it); of a stage partition's regroup log, everything before the offset its checkpoint
+        re-reads from; of its A/B snapshots, everything before the snapshot its checkpoint names. A new owner reads
+        nothing before those (it restores the latest committed checkpoint, which is this one or a later one), so
+        a trim never races a hand-over. A failure (a broker without DeleteRecords, an ACL missing) is logged once
+        and retried at the next interval: the logs only keep growing meanwhile."""
+        interval = self.settings.trim_interval
+        if interval <= 0 or time.monotonic() < self._trim_due:
+            return
+        self._trim_due = time.monotonic() + interval
+        due = {key: offset for key, offset in self.trim_wanted.items() if offset > self.trimmed.get(key, 0)}
+        if due and (self._trimming is None or self._trimming.done()):  # in the background: the loop goes on
+            self._trimming = asyncio.ensure_future(self._trim(due))
+
+    async def _trim(self, due: dict[tuple[str, int], int]) -> None:
+        try:
+            await asyncio.wait_for(self.logs.delete_before(due), 60.0)
+        except Exception as error:
+            if not self._trim_failed:
+                log.warning("could not delete the records the internal logs no longer need (%s: %s); they keep "
+                            "growing until this succeeds (docs/operations.md)", type(error).__name__, error)
+            self._trim_failed = True
+            return
+        if self._trim_failed:
+            log.warning("the records the internal logs no longer need are deleted again")
+        self._trim_failed = False
+        self.trimmed.update(due)
 
     async def _close(self) -> None:
         closing, self._closing = self._closing, []
@@ -702,6 +751,8 @@ class Transactions(Delivery):
                                          (CHECKPOINT, orjson.dumps(checkpoint.to_json()), None))
                 offsets = self._offsets(partition, checkpoint)
             await self._commit_transaction(sender, offsets, self.settings.group, again=not release)
+            if checkpoint is not None and checkpoint.windows is not None:
+                self._trim_to(self.settings.checkpoint_topic, partition, checkpoint.windows[0])
         except _transaction_failed() as error:  # fenced by a new owner, or the transaction failed: nothing of it counts
             log.warning("partition %d: its transaction failed (%s: %s): given up without committing",
                         partition, type(error).__name__, error)
@@ -743,6 +794,9 @@ class Transactions(Delivery):
             await sender.send_record(self.settings.regroup_checkpoint_topic, stage, (CHECKPOINT, value, None))
             offsets = {TopicPartition(self.settings.regroup_topic, stage): OffsetAndMetadata(start, "")}
             await self._commit_transaction(sender, offsets, f"{self.settings.group}.regroup", again=True)
+            self._trim_to(self.settings.regroup_topic, stage, start)
+            ref = self.stages.held[stage].stage.snapshot_ref if stage in self.stages.held else None
+            self._trim_to(self.settings.snapshot_topic, stage, None if ref is None else ref[0][0])
         except _transaction_failed() as error:
             log.warning("stage partition %d: its transaction failed (%s: %s): given up without committing",
                         stage, type(error).__name__, error)

@@ -161,6 +161,7 @@ class Logs:
         self.security = security
         self.isolation_level = isolation_level
         self.producer: Any = None
+        self._admin: Any = None  # for DeleteRecords, started when first needed
 
     async def store(self, topic: str, value: bytes, partition: int, key: bytes = CHECKPOINT) -> int:
         """Write one record and wait until it is stored, again after a broker error (a second copy of a checkpoint
@@ -223,8 +224,10 @@ class Logs:
         """A consumer of its own (no group) started and assigned to one partition: ``(consumer, partition)``."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
+        # (an offset before the log's start, records deleted by a trim, reads from its start)
         reader = AIOKafkaConsumer(bootstrap_servers=self.brokers, enable_auto_commit=False, fetch_max_wait_ms=50,
-                                  isolation_level=self.isolation_level, **client_options(self.security), **options)
+                                  isolation_level=self.isolation_level, **client_options(self.security),
+                                  **{"auto_offset_reset": "earliest", **options})
         try:
             await reader.start()
             tp = TopicPartition(topic, partition)
@@ -261,6 +264,25 @@ class Logs:
                 moved = loop.time()
             elif loop.time() - moved >= patience:
                 raise TimeoutError(f"{tp.topic}/{tp.partition} unreadable at offset {at}")
+
+    async def delete_before(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Delete the records before ``offsets[(topic, partition)]`` (Kafka's DeleteRecords: the partition's log
+        start moves there; the broker frees the segments wholly before it). One attempt: an error is raised."""
+        from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+        from aiokafka.structs import TopicPartition
+
+        if self._admin is None:
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.brokers, **client_options(self.security))
+            await self._admin.start()
+        wanted = {TopicPartition(topic, partition): RecordsToDelete(offset)
+                  for (topic, partition), offset in offsets.items()}
+        await self._admin.delete_records(wanted, timeout_ms=30_000)
+
+    async def close(self) -> None:
+        """Close the admin client, if one was started."""
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()
 
     async def last_checkpoint(self, topic: str, partition: int, before: int | None = None) -> tuple[Any, Any]:
         """The last checkpoint record (key :data:`CHECKPOINT`) of a checkpoint topic's partition before offset

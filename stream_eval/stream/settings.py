@@ -59,6 +59,10 @@ class WorkerSettings:
     #: How the results are made exactly-once (stream/delivery.py): ``transactions`` (Kafka transactions),
     #: ``fenced-log`` (no transactions), or ``auto``: transactions where the broker runs them.
     delivery: str = "auto"
+    #: Seconds between deletions (Kafka's DeleteRecords) of what no reader needs any more of the checkpoint, regroup
+    #: and A/B snapshot topics, which are kept forever otherwise (docs/operations.md); with transactions only (a
+    #: fenced log's claims read further back). 0: never.
+    trim_interval: float = 60.0
 
     def __post_init__(self) -> None:
         if self.delivery not in ("auto", *DELIVERY_NAMES):
@@ -102,11 +106,13 @@ class WorkerSettings:
         (docs/operations.md says why each needs them). Only the latest record of each key of the regroup
         checkpoints is read: compacted. The checkpoint topic (windows shares in pieces, read by offset), the regroup
         log (re-read from a stage checkpoint's offset) and the A/B snapshots (pieces, read by offset) are logs that
-        must be kept whole: deleted never. Inputs and outputs are plain logs (never compacted: feedback shares its
+        retention must never delete (the worker trims what no reader needs: ``Delivery.trim``). Inputs and outputs are plain logs (never compacted: feedback shares its
         request's key, dead letters have none); their retention is the operator's."""
         isr = {"min.insync.replicas": str(self.min_insync_replicas)}
         plain = {"cleanup.policy": "delete", **isr}
-        kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", **isr}
+        # (segments roll hourly, so that what the worker trims leaves the disk within the hour)
+        kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "segment.ms": "3600000",
+                **isr}
         compacted = {"cleanup.policy": "compact", "segment.ms": str(3_600_000), **isr}  # compacted hourly
         names = self.topics
         return {

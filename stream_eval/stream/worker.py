@@ -254,6 +254,8 @@ class StreamWorker:
         await self.delivery.commit(partitions, release)
         if partitions is None:
             await self.delivery.commit_stages(sorted(self.stages.held))
+            if not release:
+                await self.delivery.trim()
 
     async def on_stage_revoked(self, revoked: Any) -> None:
         async with self._busy:
