@@ -23,8 +23,8 @@ Reported per scenario (every rate with its Wilson 95 % interval):
 * SRM on the A/A experiments: the sequential Dirichlet-multinomial p-value against Pearson's chi-squared,
   both peeked at every look, at 0.001 and 0.05; and detection of 49/51 and 48/52 splits;
 * CUPED (``compare(..., cuped=True)``): units whose own pre-period value (1 + Poisson(9) requests before the
-  experiment, around the same unit mean, so that the unit-level correlation of the pre- and post-period ratios is
-  about ``rho``) is the covariate; in two scenarios a fifth of the units have no pre-period data. Per scenario
+  experiment, around the same unit mean, so that the unit-level correlation of the pre- and post-period values as
+  CUPED linearises them is ``rho``, measured too) is the covariate; in two scenarios a fifth of the units have no pre-period data. Per scenario
   (A/A, +1 %, +3 % at rho 0.5 and 0.7) with and without CUPED: false alarms / decisions, the median variance
   reduction at the last look and the median units to a decision (experiments never decided count as beyond the
   end);
@@ -235,16 +235,22 @@ class CupedResult:
     sign: npt.NDArray[np.int64]  # (2, experiments): the sign of the delta there
     reduction: Floats  # (experiments,) variance reduction at the last look
     imbalance: Bools  # (experiments,) the pre-period check ever below 0.05
+    correlation: Floats  # (experiments,) the units' correlation of the linearised pre- and in-experiment values
 
 
 def cuped_simulate(seed: np.random.SeedSequence, experiments: int, scenario: CupedScenario) -> CupedResult:
-    """Units with a persistent mean ``m`` (Gaussian, sd ``SD * sqrt(ICC)``) shared by both periods and Gaussian
-    request noise; the number of requests per period, 1 + Poisson(9), makes the correlation of the periods' unit
-    ratios ``ICC / (ICC + (1 - ICC) / k)`` for ``k`` requests: the unit-mean share is set for ``rho``."""
+    """Units with a persistent mean ``m`` (Gaussian, variance ``s``) shared by both periods and Gaussian request noise
+    (variance ``SD**2 - s``); ``n`` and ``q`` requests in the two periods, each 1 + Poisson(k - 1).
+
+    What CUPED uses of a ratio metric is the unit's linearised value, ``y - R n`` and ``x - R_x q``; their
+    correlation is ``k**2 s / ((k**2 + k - 1) s + k (SD**2 - s))`` (the counts are independent of ``m``, and
+    ``E[n**2] = k**2 + k - 1``): ``s`` is set so that it is ``rho``, and the variance reduction is ``rho**2``. The
+    correlation is also measured on the data (``CupedResult.correlation``)."""
     rng = np.random.default_rng(seed)
     k = 10.0  # mean requests per unit and period
-    # rho = s_m^2 / (s_m^2 + s_e^2 / k) with s_m^2 + s_e^2 = SD^2: solve for the unit-mean variance
-    unit_var = SD * SD * scenario.rho / (k * (1 - scenario.rho) + scenario.rho)
+    rho = scenario.rho
+    # rho ((k^2 + k - 1) s + k (SD^2 - s)) = k^2 s: solve for the unit-mean variance s
+    unit_var = rho * k * SD * SD / (k * k - rho * (k * k - 1.0))
     noise_var = SD * SD - unit_var
     shape = (experiments, CUPED_UNITS)
     treated = rng.random(shape) < 0.5
@@ -280,7 +286,17 @@ def cuped_simulate(seed: np.random.SeedSequence, experiments: int, scenario: Cup
         if cuped:
             reduction = c.variance_reduction[:, -1]
             imbalance = (c.pre_p_value < 0.05).any(axis=1)
-    return CupedResult(np.stack(firsts), np.stack(signs), reduction, imbalance)
+    return CupedResult(np.stack(firsts), np.stack(signs), reduction, imbalance, linearised_correlation(y, n, x, q))
+
+
+def linearised_correlation(y: Floats, n: Floats, x: Floats, q: Floats) -> Floats:
+    """Per experiment (row), the correlation over units of ``y - R n`` and ``x - R_x q`` (``R``: the ratio of the
+    sums), the quantities whose regression CUPED's delta method makes for ratio metrics."""
+    ly = y - (y.sum(axis=1) / n.sum(axis=1))[:, None] * n
+    lx = x - (x.sum(axis=1) / np.maximum(q.sum(axis=1), 1e-300))[:, None] * q
+    ly -= ly.mean(axis=1, keepdims=True)
+    lx -= lx.mean(axis=1, keepdims=True)
+    return (ly * lx).sum(axis=1) / np.sqrt((ly * ly).sum(axis=1) * (lx * lx).sum(axis=1))
 
 
 def run_cuped(scenario: CupedScenario, experiments: int, seed: int, pool: ProcessPoolExecutor) -> CupedResult:
@@ -289,7 +305,8 @@ def run_cuped(scenario: CupedScenario, experiments: int, seed: int, pool: Proces
     parts = list(pool.map(cuped_simulate, seeds, sizes, [scenario] * len(sizes)))
     return CupedResult(np.concatenate([p.first for p in parts], axis=1),
                        np.concatenate([p.sign for p in parts], axis=1),
-                       np.concatenate([p.reduction for p in parts]), np.concatenate([p.imbalance for p in parts]))
+                       np.concatenate([p.reduction for p in parts]), np.concatenate([p.imbalance for p in parts]),
+                       np.concatenate([p.correlation for p in parts]))
 
 
 def median_units(first: npt.NDArray[np.int64]) -> float:
@@ -301,8 +318,8 @@ def median_units(first: npt.NDArray[np.int64]) -> float:
 def print_cuped(results: dict[str, CupedResult], experiments: int) -> None:
     print(f"\nCUPED: {experiments} experiments per scenario, {CUPED_UNITS:,} units, a look every {LOOK_EVERY}.\n")
     print("| scenario | decided (plain) | decided (CUPED) | median units to a decision: plain | CUPED | fewer units "
-          "| median variance reduction | pre-period check ever < 0.05 |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| median variance reduction | measured correlation (median) | pre-period check ever < 0.05 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for scenario in CUPED_SCENARIOS:
         r = results[scenario.name]
         cells = [scenario.name]
@@ -319,7 +336,8 @@ def print_cuped(results: dict[str, CupedResult], experiments: int) -> None:
                       f"{100 * (1 - adjusted / plain):.0f} %" if math.isfinite(plain) else "-"]
         else:
             cells += ["-", "-", "-"]
-        cells += [f"{100 * float(np.median(r.reduction)):.1f} %", rate(r.imbalance)]
+        cells += [f"{100 * float(np.median(r.reduction)):.1f} %", f"{float(np.median(r.correlation)):.3f}",
+                  rate(r.imbalance)]
         print("| " + " | ".join(cells) + " |")
 
 
