@@ -154,6 +154,8 @@ def test_prometheus_loads_the_mounted_rules_and_reaches_alertmanager() -> None:
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 
+#: The segment A/B series the dashboards must show (the lift and the fixed interval are the A/B panels' alone).
+SEGMENT_AB_SHOWN = ("delta", "cs_lower", "cs_upper", "p_value", "rest_delta", "rest_p_value", "differs")
 # Every stream_eval series a dashboard may query (docs/contract.md §5, §6, and export/prometheus.py), and whether the
 # dashboards must show it. A name not listed here (a typo, a recording rule) fails the test.
 SERIES = {
@@ -191,9 +193,21 @@ SERIES = {
     "stream_eval_feedback_delay_seconds_count": False,
     "stream_eval_watermark_seconds": True,
     "stream_eval_label_overflow_total": False,
+    # segments (README, "Segments"): the series per segment value and the exploratory segment A/B rows
+    "stream_eval_segment_requests_total": True,
+    "stream_eval_segment_metric_sum_total": True,
+    "stream_eval_segment_metric_count_total": True,
+    "stream_eval_segment_window_sum": True,
+    "stream_eval_segment_window_count": True,
+    "stream_eval_segment_window_mean": False,  # one worker's mean, as stream_eval_window_mean
+    "stream_eval_segment_overflow_total": True,
+    **{f"stream_eval_segment_ab_{name}": name in SEGMENT_AB_SHOWN for name in (
+        "delta", "ci_lower", "ci_upper", "cs_lower", "cs_upper", "p_value", "lift", "lift_cs_lower", "lift_cs_upper",
+        "rest_delta", "rest_p_value", "differs")},
 }
 # The variables a query may use, with the values the promtool check substitutes.
-VARIABLES = {"experiment": "exp", "arm": "control", "metric": "MRR", "__rate_interval": "1m", "__interval": "15s"}
+VARIABLES = {"experiment": "exp", "arm": "control", "metric": "MRR", "segment": "platform", "__rate_interval": "1m",
+             "__interval": "15s"}
 
 
 def _datasource_uid() -> str:
@@ -305,7 +319,8 @@ def test_a_b_gauges_are_taken_with_max_and_units_summed() -> None:
               "stream_eval_srm_mismatch", "stream_eval_gsb_p_value", "stream_eval_ab_lift",
               "stream_eval_ab_lift_cs_lower", "stream_eval_ab_lift_cs_upper", "stream_eval_ab_recommendation",
               *(f"stream_eval_ab_guardrail_{name}" for name in ("margin", "lower", "upper", "breached",
-                                                                "non_inferior"))}
+                                                                "non_inferior")),
+              *(f"stream_eval_segment_ab_{name}" for name in SEGMENT_AB_SHOWN)}
     summed = {"stream_eval_ab_units", "stream_eval_ab_unit_conflicts_total"}
     checked = set()
     for _, panel, target in _queries():
@@ -315,7 +330,8 @@ def test_a_b_gauges_are_taken_with_max_and_units_summed() -> None:
             checked.add(name)
     assert {"stream_eval_ab_delta", "stream_eval_srm_p_value", "stream_eval_gsb_p_value",
             "stream_eval_ab_units", "stream_eval_ab_lift", "stream_eval_ab_recommendation",
-            "stream_eval_ab_guardrail_breached"} <= checked
+            "stream_eval_ab_guardrail_breached", "stream_eval_segment_ab_delta",
+            "stream_eval_segment_ab_differs"} <= checked
 
 
 def _promtool() -> str:
@@ -373,7 +389,8 @@ def _target(title: str, ref_id: str) -> str:
 def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
     """A few queries evaluated by promtool on made-up series of two workers: the decision mapping, means as sums
     over workers, the GSB score from the counts, the event-time lag, the recommendation and guardrail status per
-    treatment (a worker that exported them before a hand-over keeps its old values until they go stale)."""
+    treatment (a worker that exported them before a hand-over keeps its old values until they go stale), a segment
+    value's means and its exploratory row's flag."""
     def series(name: str, values: str, **labels: str) -> dict[str, str]:
         return {"series": name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": values}
 
@@ -414,7 +431,24 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
         for name, value in (("non_inferior", non_inferior), ("breached", breached)):
             inputs.append(series(f"stream_eval_ab_guardrail_{name}", f"{value}x5", experiment="exp", arm=arm,
                                  metric="SatClick", instance="w1"))
+    segment = {"experiment": "exp", "segment_field": "platform", "segment_value": "ios"}
+    for instance, window_sum, total, differs in (("w1", "1", "0+3x5", "1x5"), ("w2", "2", "0+1x5", "0x5")):
+        labels = {**segment, "arm": "control", "instance": instance}
+        inputs += [
+            series("stream_eval_segment_window_sum", f"{window_sum}x5", metric="MRR", window="1h", **labels),
+            series("stream_eval_segment_window_count", "2x5", metric="MRR", window="1h", **labels),
+            series("stream_eval_segment_window_sum", "9x5", metric="MRR", window="5m", **labels),  # not read
+            series("stream_eval_segment_metric_sum_total", total, metric="MRR", **labels),
+            series("stream_eval_segment_metric_count_total", "0+4x5", metric="MRR", **labels),
+            series("stream_eval_segment_ab_differs", differs, metric="MRR", **{**labels, "arm": "treatment"}),
+        ]
     checks = [
+        # (1 + 2) / (2 + 2) in the last hour; (3 + 1) * 5 / (4 + 4) * 5 cumulative
+        (_target("$metric per arm and segment value", "A"), [sample(0.75, arm="control", **segment)]),
+        (_target("$metric per arm and segment value", "B"), [sample(0.5, arm="control", **segment)]),
+        # w2's 0 is a stale value from before a hand-over: the row is flagged (max over workers)
+        (_target("Segment rows: each treatment vs control within a segment value", "A"),
+         [sample(1, arm="treatment", metric="MRR", **segment)]),
         (_target("Decisions: each treatment vs control, every metric", "A"),
          [sample(1, experiment="exp", metric="MRR"), sample(-1, experiment="exp", metric="nDCG@10"),
           sample(0, experiment="exp", metric="ERR@10"), sample(0, experiment="exp", metric="GAUC"),

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,9 @@ SEEDS = {WORSE: 1, AA: 2, GUARD: 3}
 #: test): within -3.5 %, breach -26 %.
 TOLERANCE = -0.12
 CONFIG = f"""\
+segments = ["platform"]
+look_every = 20.0
+
 [experiments.{GUARD}]
 control = "control"
 guardrails = {{"ERR@10" = "{TOLERANCE * 100:g}%"}}
@@ -75,7 +79,9 @@ RATE = 60.0
 #: Grafana's variables in the dashboards' queries, as the test substitutes them.
 #: Multi-value variables as Grafana writes a selection of several into a regex matcher: ``(a|b)``.
 VARIABLES = {"experiment": f"({WORSE}|{AA}|{GUARD})", "arm": "(control|treatment|within|breach)", "metric": "nDCG@10",
-             "__rate_interval": "1m", "__interval": "1m", "__range": "5m", "__range_s": "300"}
+             "segment": "platform", "__rate_interval": "1m", "__interval": "1m", "__range": "5m", "__range_s": "300"}
+#: The values of the segment field ``platform`` (config ``segments``) the rankings carry, by request id.
+PLATFORMS = ("ios", "android", "web")
 
 MAX_LABEL_VALUES = 5
 """The worker keeps 5 values per label (default 100): experiments worse, aa, guard and overflow, arms control,
@@ -210,7 +216,8 @@ def test_the_rollback_webhook_is_called_for_the_arm_truly_worse_on_a_guardrail(t
 
 
 def _renamed(line: bytes, prefix: str) -> bytes:
-    """The line with its request, session and unit ids prefixed, so that two simulations do not collide."""
+    """The line with its request, session and unit ids prefixed, so that two simulations do not collide; a ranking
+    gets a platform (its segment, for the dashboards' segment panels)."""
     try:
         event = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -220,6 +227,8 @@ def _renamed(line: bytes, prefix: str) -> bytes:
     for key in ("request_id", "session_id", "unit_id"):
         if isinstance(event.get(key), str):
             event[key] = prefix + event[key]
+    if event.get("type") == "ranking" and isinstance(event.get("request_id"), str):
+        event["attributes"] = {"platform": PLATFORMS[zlib.crc32(event["request_id"].encode()) % len(PLATFORMS)]}
     return orjson.dumps(event) + b"\n"
 
 
@@ -241,10 +250,8 @@ def traffic_lines(start: float) -> Iterator[bytes]:
                                experiment=experiment, arms=arms,
                                judgments=True, label_rate=0.1, duplicate_fraction=0.01,
                                invalid_fraction=0.002 if experiment == WORSE else 0.0)
-        lines = simulate_lines(sim)
-        if experiment != WORSE:
-            lines = (_renamed(line, f"{experiment}-") for line in lines)
-        streams.append(_timed(lines, start))
+        prefix = "" if experiment == WORSE else f"{experiment}-"
+        streams.append(_timed((_renamed(line, prefix) for line in simulate_lines(sim)), start))
     overflow = [(start + 5.0 + k, orjson.dumps({"type": "ranking", "request_id": f"overflow-{k}", "ts": start + 5.0 + k,
                                                 "items": ["q0-d0", "q0-d1"], "experiment": "overflow",
                                                 "arm": f"zz-{k}"}) + b"\n") for k in (1, 2, 3)]

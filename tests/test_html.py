@@ -42,6 +42,21 @@ def simulated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def segmented_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two arms (users as units) whose rankings carry a platform and a locale (some none): segment groups and
+    segment A/B rows."""
+    from test_segments import _with_attributes
+
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    path = tmp_path_factory.mktemp("seg") / "segments.jsonl"
+    lines, _ = _with_attributes(list(simulate_lines(SimulationConfig(requests=4000, seed=5, unit="user"))))
+    path.write_bytes(b"".join(lines))
+    (path.parent / "segments.toml").write_text('segments = ["platform", "locale"]\nmax_segment_values = 3\n')
+    return path
+
+
 def _replay_html(log: Path, out: Path, *options: str) -> tuple[Path, dict[str, Any]]:
     """``stream-eval replay LOG --html`` (in process); the page and the JSON report."""
     page, report = out / f"{log.stem}.html", out / f"{log.stem}.json"
@@ -50,10 +65,12 @@ def _replay_html(log: Path, out: Path, *options: str) -> tuple[Path, dict[str, A
 
 
 @pytest.fixture(scope="module")
-def pages(simulated_log: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+def pages(simulated_log: Path, segmented_log: Path, tmp_path_factory: pytest.TempPathFactory,
+          ) -> dict[str, tuple[Path, dict[str, Any]]]:
     out = tmp_path_factory.mktemp("html")
     return {"example": _replay_html(EXAMPLE, out, "--look-every", "5m"),
-            "simulated": _replay_html(simulated_log, out, "--look-every", "15s")}
+            "simulated": _replay_html(simulated_log, out, "--look-every", "15s"),
+            "segments": _replay_html(segmented_log, out, "--config", str(segmented_log.with_suffix(".toml")))}
 
 
 # -- what is collected ----------------------------------------------------------------------------------------
@@ -122,6 +139,39 @@ def test_the_page_is_self_contained(pages: dict[str, tuple[Path, dict[str, Any]]
     assert {row["decision"] for row in report["ab"] if row["metric"] == "nDCG@10"} == {"better"}
 
 
+def _section_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells (text, tags removed) of each body row of the table under ``<h2>heading</h2>``."""
+    section = text[text.index(f"<h2>{heading}</h2>"):]
+    table = section[section.index("<tbody>"):section.index("</tbody>")]
+    return [[re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", table)]
+
+
+def _segment_mean_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The rows the page must show for the report's segment groups, written from the report (a mean to 4 places)."""
+    names = list(report["segments"][0]["metrics"])
+    rows = sorted(report["segments"], key=lambda g: (g["experiment"], g["segment"]["field"], g["segment"]["value"],
+                                                     g["arm"]))
+    return [[g["experiment"], f"{g['segment']['field']} = {g['segment']['value']}", g["arm"], f"{g['requests']:,}",
+             f"{g['empty']:,}", *("-" if g["metrics"][n] is None else f"{g['metrics'][n]:.4f}" for n in names)]
+            for g in rows]
+
+
+def test_the_segment_means_table_shows_each_segment_group(pages: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """With segments, a table of each segment value's per-arm requests and means (the report's ``segments``)
+    follows the exploratory A/B rows; the metrics in its header; pages without segments have none."""
+    page, report = pages["segments"]
+    text = page.read_text(encoding="utf-8")
+    assert text.index("Segments (exploratory)") < text.index("Segment means") < text.index("Per-arm means over")
+    values = {g["segment"]["value"] for g in report["segments"]}
+    assert {"ios", "android", "web", "__missing__", "__other__"} <= values  # 5 locales, 3 shown
+    assert len({g["arm"] for g in report["segments"]}) == 2
+    assert _section_rows(text, "Segment means") == _segment_mean_rows(report)
+    header = text[text.index("<h2>Segment means</h2>"):].split("</thead>")[0]
+    assert all(f">{name}<" in header for name in report["segments"][0]["metrics"])
+    assert "Segment means" not in pages["simulated"][0].read_text(encoding="utf-8")
+
+
 def test_labels_from_the_log_are_escaped(tmp_path: Path) -> None:
     hostile = '<script>alert(1)</script><b onmouseover="x">'
     lines = []
@@ -162,10 +212,10 @@ def _chromium(page: Path, *options: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("log", ["example", "simulated"])
+@pytest.mark.parametrize("log", ["example", "simulated", "segments"])
 def test_every_chart_renders_in_chromium_without_errors(pages: dict[str, tuple[Path, dict[str, Any]]],
                                                          log: str) -> None:
-    page, _ = pages[log]
+    page, report = pages[log]
     done = _chromium(page, "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
     root = re.search(r"<html[^>]*>", done.stdout)
@@ -180,6 +230,8 @@ def test_every_chart_renders_in_chromium_without_errors(pages: dict[str, tuple[P
     assert len(re.findall(r'class="trace (?:scatter|bars)', done.stdout)) >= expected
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], "the page logged to the console:\n" + "\n".join(console)
+    if report.get("segments"):  # the segment tables are in the page the browser built, a row per report row
+        assert _section_rows(done.stdout, "Segment means") == _segment_mean_rows(report)
 
 
 @pytest.mark.slow

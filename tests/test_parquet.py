@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_segments import _attributes
 
 from stream_eval.config import Config
 from stream_eval.engine.replay import replay
@@ -32,6 +33,7 @@ SCHEMA = pa.schema([
     ("experiment", pa.string()), ("arm", pa.string()), ("unit_id", pa.string()), ("teams", pa.list_(pa.string())),
     ("subtopics", pa.list_(pa.list_(pa.string()))), ("item", pa.string()), ("kind", pa.string()),
     ("grade", pa.float64()), ("verdict", pa.string()), ("dwell", pa.float64()),
+    ("attributes", pa.map_(pa.string(), pa.string())),
 ])
 
 
@@ -201,6 +203,9 @@ def event_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
                 row["scores"] = draw(st.lists(st.floats(-5, 5, allow_nan=False), min_size=len(items),
                                               max_size=len(items) + draw(st.integers(0, 1))))
             row["arm"] = draw(st.sampled_from([None, "a", "b\u00e9"]))
+            # a map with any keys; a null value is invalid (bad_attributes) as JSON's null is
+            row["attributes"] = draw(st.one_of(st.none(), st.dictionaries(NAMES, st.one_of(NAMES, st.none()),
+                                                                          max_size=3)))
         else:
             row = {"type": "feedback", "request_id": rid, "ts": ts, "item": draw(NAMES),
                    "kind": draw(st.sampled_from([None, "click", "label", "view"])),
@@ -214,7 +219,8 @@ def event_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=event_rows())
 def test_parquet_equals_jsonl_on_generated_rows(rows: list[dict[str, Any]], tmp_path: Path) -> None:
-    from_jsonl, from_parquet = reports(rows, tmp_path, Config(attribution_window=600.0), batch=7)
+    from_jsonl, from_parquet = reports(rows, tmp_path, Config(attribution_window=600.0, segments=("a", "b")),
+                                        batch=7)
     assert from_parquet == from_jsonl
     assert not math.isnan(from_jsonl["events"]["invalid"])
 
@@ -238,3 +244,64 @@ def test_rows_too_large_are_invalid_as_their_json_lines_are(tmp_path: Path) -> N
     from_jsonl, from_parquet = reports(rows, tmp_path)
     assert from_parquet == from_jsonl
     assert from_jsonl["events"]["invalid"] == 4 and from_jsonl["overall"]["requests"] == 2
+
+
+SEGMENTED = Config(segments=("platform", "locale"), max_segment_values=3)
+
+
+def _with_attributes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` whose rankings carry attributes (:func:`test_segments._attributes`), a few of them invalid ones."""
+    out = []
+    for k, row in enumerate(rows):
+        if row.get("type") == "ranking" and isinstance(row.get("request_id"), str):
+            row = {**row, "attributes": _attributes(row["request_id"])}
+            if k % 401 == 0:  # null is not a value (bad_attributes, in JSON Lines as in Parquet)
+                row["attributes"] = {**row["attributes"], "platform": None}
+        out.append(row)
+    return out
+
+
+def test_parquet_attributes_give_the_jsonl_segments(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
+    """A ``map<string, string>`` column of attributes: the segment groups and the segment A/B rows of the JSON
+    Lines log, exactly (rankings with attributes in the fast path and in the slow one: interleaved ones)."""
+    rows = _with_attributes(simulated)
+    from_jsonl, from_parquet = reports(rows, tmp_path, SEGMENTED, batch=513)
+    assert from_parquet == from_jsonl
+    values = {(s["segment"]["field"], s["segment"]["value"]) for s in from_jsonl["segments"]}
+    assert {("platform", p) for p in ("ios", "android", "web")} <= values and ("locale", "__missing__") in values
+    assert {row["segment"]["value"] for row in from_jsonl["segment_ab"]} >= {"ios", "android", "web"}
+    assert from_jsonl["events"]["invalid"] > 10  # the null attributes
+
+
+def test_struct_attributes_as_pyarrow_json_reads_them(simulated: list[dict[str, Any]], tmp_path: Path) -> None:
+    """The README's conversion (``pyarrow.json.read_json``) makes ``attributes`` a struct of the keys met: its null
+    fields are absent keys, so the report is the JSON Lines log's."""
+    import pyarrow.json as pj
+
+    rows = [row for row in _with_attributes(simulated)  # (a struct cannot tell a null value from an absent key)
+            if None not in (row.get("attributes") or {}).values()]
+    write_jsonl_rows(rows, tmp_path / "log.jsonl")
+    table = pj.read_json(tmp_path / "log.jsonl")
+    assert pa.types.is_struct(table.schema.field("attributes").type)
+    pq.write_table(table, tmp_path / "log.parquet", row_group_size=700)
+    from_jsonl = replay([str(tmp_path / "log.jsonl")], SEGMENTED).report()
+    assert replay([str(tmp_path / "log.parquet")], SEGMENTED).report() == from_jsonl
+    assert from_jsonl["segment_ab"]
+
+
+def test_attributes_of_another_type_are_invalid_as_in_json(tmp_path: Path) -> None:
+    """A text column of attributes (JSON text, say) is ``bad_attributes``, as a string is in a JSON line; a map of
+    a key given twice keeps its last value, as a JSON object does."""
+    table = pa.table({"type": ["ranking", "ranking"], "request_id": ["a", "b"], "ts": [T0, T0 + 1],
+                      "items": [["x"], ["y"]], "attributes": ['{"platform": "ios"}', None]})
+    pq.write_table(table, tmp_path / "text.parquet")
+    report = replay([str(tmp_path / "text.parquet")], SEGMENTED).report()
+    assert report["events"]["invalid"] == 1 and report["events"]["ranking"] == 1
+    twice = pa.array([[("platform", "ios"), ("platform", "web")]], pa.map_(pa.string(), pa.string()))
+    pq.write_table(pa.table({"request_id": ["a"], "ts": [T0], "items": [["x"]], "attributes": twice}),
+                   tmp_path / "twice.parquet")
+    (tmp_path / "twice.jsonl").write_bytes(b'{"type": "ranking", "request_id": "a", "ts": %d, "items": ["x"], '
+                                           b'"attributes": {"platform": "ios", "platform": "web"}}\n' % T0)
+    from_parquet = replay([str(tmp_path / "twice.parquet")], SEGMENTED).report()
+    assert from_parquet == replay([str(tmp_path / "twice.jsonl")], SEGMENTED).report()
+    assert [s["segment"]["value"] for s in from_parquet["segments"] if s["segment"]["field"] == "platform"] == ["web"]

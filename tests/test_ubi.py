@@ -168,6 +168,11 @@ def hand_converted(queries: list[dict[str, Any]], events: list[dict[str, Any]]) 
                    "unit_id": query["client_id"],
                    "experiment": query.get("query_attributes", {}).get("experiment", "default"),
                    "arm": query.get("query_attributes", {}).get("arm", "default")}
+        attributes = {key: value if isinstance(value, str) else json.dumps(value)
+                      for key, value in query.get("query_attributes", {}).items()
+                      if value not in ("", None) and not isinstance(value, dict | list)}
+        if attributes:
+            ranking["attributes"] = attributes
         if query["query_id"] in session_of:
             ranking["session_id"] = session_of[query["query_id"]]
         out.append((ranking["ts"], 0, ranking))
@@ -275,6 +280,31 @@ def test_parquet_exports_equal_json_lines(log: tuple[Path, Path, Any, Any], tmp_
                              pa.array(moments, pa.timestamp("ms", tz="UTC")))
     pq.write_table(timed, tmp_path / "timed.parquet")
     assert ubi_replayed(tmp_path / "timed.parquet", log[1])[0] == reference
+
+
+def test_segments_come_from_query_attributes(log: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
+    """``segments = ["platform", "page"]`` finds ``query_attributes.platform`` (and the number ``page`` as its JSON
+    text): the segment groups and A/B rows of the hand-converted JSON Lines, from UBI JSON Lines and Parquet, and
+    from a flattened export (keys ``query_attributes.platform``)."""
+    queries = [dict(query) for query in log[2]]
+    for k, query in enumerate(queries):
+        if "query_attributes" in query and k % 5:  # the rest: no platform (__missing__)
+            query["query_attributes"] = {**query["query_attributes"], "platform": ("ios", "android", "web")[k % 3],
+                                         "nested": {"no": "segment"}}
+    (tmp_path / "seg.toml").write_text('segments = ["platform", "page"]\n' + KINDS)
+    config = ("--config", tmp_path / "seg.toml")
+    hand = jsonl(tmp_path / "hand.jsonl", hand_converted(queries, log[3]))
+    expected, _ = replayed(hand, *config)
+    assert {row["segment"]["value"] for row in expected["segment_ab"]} >= {"ios", "android", "web", "__missing__"}
+    assert {s["segment"]["value"] for s in expected["segments"] if s["segment"]["field"] == "page"} >= {"1"}
+    ubi_queries = jsonl(tmp_path / "queries.jsonl", queries)
+    assert without_ubi(ubi_replayed(ubi_queries, log[1], *config)[0]) == expected
+    pq.write_table(table(queries), tmp_path / "queries.parquet", row_group_size=50)  # query_attributes: a struct
+    assert without_ubi(ubi_replayed(tmp_path / "queries.parquet", log[1], *config)[0]) == expected
+    flattened = [{**{k: v for k, v in q.items() if k != "query_attributes"},
+                  **{f"query_attributes.{k}": v for k, v in q.get("query_attributes", {}).items()}} for q in queries]
+    flat_queries = jsonl(tmp_path / "flat.jsonl", flattened)
+    assert without_ubi(ubi_replayed(flat_queries, log[1], *config)[0]) == expected
 
 
 def test_search_hits_bulk_bodies_responses_and_epoch_milliseconds_equal_plain_records(

@@ -12,7 +12,8 @@ unpinned install picks whichever Grafana version was built last, and each build 
 Queries read the raw series of docs/contract.md §5 and §6, never recording rules, so the dashboard works without
 them. Means are ratios of sums taken over workers (``sum(..._sum) / sum(..._count)``); the A/B, SRM and GSB p-value
 gauges come from one worker of a group and are taken with ``max by (...)``, never summed. Only the variables
-``$experiment``, ``$arm``, ``$metric`` and ``$__rate_interval`` appear in queries.
+``$experiment``, ``$arm``, ``$metric``, ``$segment`` (the segment fields, config ``segments``) and
+``$__rate_interval`` appear in queries.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ ALL = VariableOption(selected=True, text="All", value="$__all")
 EXP = 'experiment=~"$experiment"'
 EXP_ARM = 'experiment=~"$experiment", arm=~"$arm"'
 EXP_METRIC = 'experiment=~"$experiment", metric=~"$metric"'
+SEGMENT = 'segment_field=~"$segment"'
+#: The labels of a segment value's series, besides the group's (docs/contract.md §5).
+SEGMENT_BY = "segment_field, segment_value"
 
 # (name of the mean in the window and A/B series, per-request name in the finalised series, what it measures)
 QUALITY = (
@@ -113,9 +117,10 @@ def _query(ref_id: str, expr: str, legend: str, *, instant: bool = False) -> pro
     return query.range()
 
 
-def _ratio(sum_series: str, count_series: str, selector: str) -> str:
-    """Mean per (experiment, arm) over workers; no value rather than NaN while nothing has been counted."""
-    by = "sum by (experiment, arm)"
+def _ratio(sum_series: str, count_series: str, selector: str, by_labels: str = "experiment, arm") -> str:
+    """Mean per (experiment, arm) (or ``by_labels``) over workers; no value rather than NaN while nothing has been
+    counted."""
+    by = f"sum by ({by_labels})"
     return f"{by} ({sum_series}{{{selector}}})\n  / ({by} ({count_series}{{{selector}}}) > 0)"
 
 
@@ -196,10 +201,11 @@ def _ab(series: str, selector: str = f'{EXP_METRIC}, arm=~"$arm"') -> str:
 
 
 def _status_table(panel: table.Panel, columns: dict[str, tuple[str, str]], status: str,
-                  states: dict[str, tuple[str, str]]) -> table.Panel:
-    """An instant table of one row per (experiment, arm, metric): the columns' queries merged, the ``status`` column
-    (the first) mapped to the names and colours of ``states``."""
-    names = ["experiment", "arm", "metric", *(f"Value #{ref}" for ref in columns)]
+                  states: dict[str, tuple[str, str]], keys: Sequence[str] = ("experiment", "arm", "metric"),
+                  ) -> table.Panel:
+    """An instant table of one row per ``keys`` (experiment, arm, metric): the columns' queries merged, the
+    ``status`` column (the first) mapped to the names and colours of ``states``."""
+    names = [*keys, *(f"Value #{ref}" for ref in columns)]
     panel = (
         panel
         .with_transformation(DataTransformerConfig(id_val="merge", options={}))
@@ -479,6 +485,83 @@ def health_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
     ]
 
 
+def _segment_ab(series: str, selector: str = f'{EXP_METRIC}, arm=~"$arm", {SEGMENT}') -> str:
+    """An exploratory A/B series per treatment, metric and segment value (max over the workers exporting it)."""
+    return f"max by (experiment, arm, metric, {SEGMENT_BY}) ({series}{{{selector}}})"
+
+
+def segment_panels(ids: Iterator[int]) -> list[Builder[Panel]]:
+    """Per segment value (config ``segments``; README, "Segments"): traffic, per-arm means and the exploratory A/B
+    rows. Exploratory: nothing here is an alert or a decision of the experiment."""
+    by = f"sum by (experiment, arm, {SEGMENT_BY})"
+    window = f'{EXP_ARM}, {SEGMENT}, metric=~"$metric", window="1h"'
+    columns = {  # ref id: (series or expression, column name)
+        "A": (_segment_ab("stream_eval_segment_ab_differs", f"{EXP}, {SEGMENT}"), "differs from the rest"),
+        "B": (_segment_ab("stream_eval_segment_ab_delta", f"{EXP}, {SEGMENT}"), "delta"),
+        "C": (_segment_ab("stream_eval_segment_ab_cs_lower", f"{EXP}, {SEGMENT}"), "cs lower"),
+        "D": (_segment_ab("stream_eval_segment_ab_cs_upper", f"{EXP}, {SEGMENT}"), "cs upper"),
+        "E": (_segment_ab("stream_eval_segment_ab_p_value", f"{EXP}, {SEGMENT}"), "p-value (always valid)"),
+        "F": (_segment_ab("stream_eval_segment_ab_rest_delta", f"{EXP}, {SEGMENT}"), "delta - rest's delta"),
+        "G": (_segment_ab("stream_eval_segment_ab_rest_p_value", f"{EXP}, {SEGMENT}"), "rest p-value"),
+    }
+    rows = (
+        table.Panel().id(next(ids)).title("Segment rows: each treatment vs control within a segment value")
+        .description(
+            "Exploratory A/B rows: one line per treatment arm, metric and value of a segment field ($segment). A "
+            "unit is in the value of its first request. 'delta' .. 'p-value' as in the decisions table, within the "
+            "value, their decisions by e-BH over the experiment's segment rows only; 'delta - rest's delta' is the "
+            "delta here minus the delta over every other unit, and 'differs from the rest' = yes when that "
+            "difference is significant (always-valid test, e-BH). These rows never enter the experiment's "
+            "decisions, recommendation or alerts: read them as where to look, not as results.")
+        .datasource(DATASOURCE).span(24).height(8).decimals(4)
+    )
+    return [
+        _graph(next(ids), "Requests per segment value",
+               "Finalised requests per second of each value of the segment fields ($segment) per arm, summed over "
+               "workers. __missing__: rankings without the field in their attributes; __other__: values beyond the "
+               "segment_cap tracked (or not listed in segment_values), whose rate is also shown per field.",
+               unit="suffix:/s")
+        .with_target(_query("A", f"{by} (rate(stream_eval_segment_requests_total{{{EXP_ARM}, {SEGMENT}}}"
+                                 "[$__rate_interval]))", "{{segment_field}}={{segment_value}} {{arm}}"))
+        .with_target(_query("B", f"sum by (segment_field) (rate(stream_eval_segment_overflow_total{{{SEGMENT}}}"
+                                 "[$__rate_interval]))", "{{segment_field}} folded into __other__")),
+        _graph(next(ids), "$metric per arm and segment value",
+               "Mean of $metric per arm within each segment value ($segment), over the requests served in the "
+               "last hour of event time (open requests' current values included), summed over workers first "
+               "(sum of sums / sum of counts). 'cumulative': every finalised request of the value so far (measures "
+               "whose per-request name differs, MRR = mean RR, show their 1h line only). Session measures (GAUC, "
+               "QueriesPerSession, Reformulation) are not per segment.")
+        .decimals(3).min(0)
+        .with_target(_query("A", _ratio("stream_eval_segment_window_sum", "stream_eval_segment_window_count", window,
+                                        f"experiment, arm, {SEGMENT_BY}"),
+                            "{{segment_field}}={{segment_value}} {{arm}} 1h"))
+        .with_target(_query("B", _ratio("stream_eval_segment_metric_sum_total",
+                                        "stream_eval_segment_metric_count_total",
+                                        f'{EXP_ARM}, {SEGMENT}, metric=~"$metric"', f"experiment, arm, {SEGMENT_BY}"),
+                            "{{segment_field}}={{segment_value}} {{arm}} cumulative"))
+        .override_by_regexp("/ cumulative$/", [DynamicConfigValue("custom.lineWidth", 3)]),
+        _status_table(rows, columns, "differs from the rest", {"1": ("yes", WARN), "0": ("no", NEUTRAL)},
+                      keys=("experiment", "arm", "metric", "segment_field", "segment_value")),
+        _graph(next(ids), "$metric within each segment value: treatment - control, with its confidence sequence",
+               "Exploratory: each treatment arm minus control of $metric within each segment value ($segment), "
+               "with the bounds of its always-valid confidence sequence, and the delta minus the rest of the "
+               "experiment's (dashed). A segment whose band lies apart from the others' is where the effect "
+               "differs; the experiment's decision stays the one of the A/B row above.", w=24, h=9)
+        .thresholds(_thresholds("transparent", (0, BAD))).thresholds_style(_line())
+        .with_target(_query("A", _segment_ab("stream_eval_segment_ab_delta"),
+                            "{{arm}} {{segment_field}}={{segment_value}} delta"))
+        .with_target(_query("B", _segment_ab("stream_eval_segment_ab_cs_lower"),
+                            "{{arm}} {{segment_field}}={{segment_value}} cs lower"))
+        .with_target(_query("C", _segment_ab("stream_eval_segment_ab_cs_upper"),
+                            "{{arm}} {{segment_field}}={{segment_value}} cs upper"))
+        .with_target(_query("D", _segment_ab("stream_eval_segment_ab_rest_delta"),
+                            "{{arm}} {{segment_field}}={{segment_value}} vs rest"))
+        .override_by_regexp("/ delta$/", [DynamicConfigValue("custom.lineWidth", 2)])
+        .override_by_regexp("/ vs rest$/", [DynamicConfigValue("custom.lineStyle", {"fill": "dash",
+                                                                                      "dash": [10, 6]})]),
+    ]
+
+
 def build() -> dash.Dashboard:
     ids = itertools.count(1)
     board = (
@@ -503,6 +586,11 @@ def build() -> dash.Dashboard:
             .query('label_values(stream_eval_ab_delta{experiment=~"$experiment"}, metric)')
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
             .multi(True).include_all(True).all_value(".*").current(ALL))
+        .with_variable(
+            dash.QueryVariable("segment").label("segment field").datasource(DATASOURCE)
+            .query('label_values(stream_eval_segment_requests_total{experiment=~"$experiment"}, segment_field)')
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*").current(ALL))
     )
     sections: list[tuple[str, Callable[[Iterator[int]], Sequence[Builder[Panel]]]]] = [
         ("Ranking quality per arm", quality_panels),
@@ -514,6 +602,7 @@ def build() -> dash.Dashboard:
             lift_panel(next(ids))]),
         ("Sample ratio", srm_panels),
         ("Good / same / bad", gsb_panels),
+        ("Segments of $experiment (exploratory)", segment_panels),
         ("Pipeline health", health_panels),
     ]
     for title, panels in sections:  # a row, then its panels (rows stay expanded: panels at the top level)

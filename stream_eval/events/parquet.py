@@ -5,7 +5,9 @@ A file holds rows of events, one column per field of docs/contract.md §1 (``--c
 request_id=req_id,items=doc_ids`` maps a field to a column of another name). A ``type`` column says what each row
 is; without one, a row with ``items`` is a ranking, else one with ``item`` is feedback, else one with ``verdict`` a
 judgment. A null cell is an absent field. ``ts`` may be a number (epoch seconds), a timestamp (UTC when it has no
-time zone) or an ISO-8601 string.
+time zone) or an ISO-8601 string. ``attributes`` (a ranking's segment fields) is a ``map<string, string>`` column,
+which holds any JSON object of string values, or a struct of string fields (what ``pyarrow.json`` infers from JSON
+Lines), whose null fields are absent keys: each row's value becomes the dict a JSON line's object would.
 
 The file is read in record batches. The plainest rows, as in the JSON Lines reader, never become Python objects
 one by one: feedback goes straight from Arrow's string buffers into :class:`~stream_eval.events.schema.FeedbackColumns`,
@@ -54,7 +56,7 @@ Bools = npt.NDArray[np.bool_]
 
 #: The fields a column can hold (docs/contract.md §1, all event types).
 FIELDS = ("type", "request_id", "ts", "items", "scores", "query_id", "session_id", "experiment", "arm", "unit_id",
-          "teams", "subtopics", "item", "kind", "grade", "verdict", "end", "dwell")
+          "teams", "subtopics", "item", "kind", "grade", "verdict", "end", "dwell", "attributes")
 #: Rows read at a time. 64k rows is ~2 MB of the benchmark's columns, like the JSON reader's chunks.
 BATCH_ROWS = 65_536
 _NO_BYTES = np.zeros(0, dtype=np.uint8)
@@ -149,6 +151,8 @@ def decode_batch(fields: Mapping[str, Any], n: int, config: Config, source: str 
     events, in the same order, as the JSON lines of the same rows give. ``first_row`` numbers the rows (from 0) in
     the reasons of invalid ones."""
     fields = dict(fields)
+    # attributes become the Python dicts a ranking keeps, once per batch; the Arrow columns go on without them
+    attributes = _attribute_values(fields.pop("attributes", None), n)
     bad_text = np.zeros(n, dtype=np.bool_)
     for field, array in fields.items():
         if field not in ("ts", "grade", "end", "items", "scores", "teams", "subtopics", "dwell"):
@@ -159,16 +163,16 @@ def decode_batch(fields: Mapping[str, Any], n: int, config: Config, source: str 
     check = validator(config)
     ts_ok = (ts >= check.min_ts) & (ts <= check.max_ts)  # NaN (null, text): not here
     rid_ok = _valid(fields.get("request_id"), n) & (_lengths(fields.get("request_id"), n) > 0)
-    ok = ts_ok & rid_ok & ~_maybe_too_large(fields, n)
+    ok = ts_ok & rid_ok & ~_maybe_too_large(fields, n, attributes)
     feedback = np.flatnonzero((kind == _FEEDBACK) & ok & _plain_feedback(fields, n, check.graded_kinds,
                                                                           check.default_grades))
-    ranked = np.flatnonzero((kind == _RANKING) & ok & _plain_ranking_rows(fields, n))
+    ranked = np.flatnonzero((kind == _RANKING) & ok & _plain_ranking_rows(fields, n) & _plain_attributes(attributes))
     plain = None
     rankings: list[CompactRanking] = []
     if ranked.shape[0]:
         take = pa.array(ranked)
         plain, read = _plain_rankings({f: a.take(take) for f, a in fields.items() if f in _RANKING_FIELDS},
-                                      ts[ranked], config.max_items)
+                                      ts[ranked], config.max_items, [attributes[k] for k in ranked.tolist()])
         ranked = ranked[read]
         rankings = plain.rankings
     fast = np.zeros(n, dtype=np.int8)
@@ -177,7 +181,7 @@ def decode_batch(fields: Mapping[str, Any], n: int, config: Config, source: str 
     events: list[Any] = rankings
     slow = np.flatnonzero(fast == 0)
     if slow.shape[0]:
-        decoded = [_slow_row(fields, int(k), bool(bad_text[k]), config, f"{source}:row {first_row + int(k) + 1}")
+        decoded = [_slow_row(fields, k, attributes[k], bool(bad_text[k]), config, f"{source}:row {first_row + k + 1}")
                    for k in slow.tolist()]
         merged = np.empty(objects_at.shape[0], dtype=object)
         is_slow = fast[objects_at] == 0
@@ -231,11 +235,38 @@ def _valid(array: Any, n: int) -> Bools:
     return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
-def _maybe_too_large(fields: Mapping[str, Any], n: int) -> Bools:
-    """Rows whose text (every text field, and the text in lists: items, teams, subtopics) is more than half of
-    ``scan.MAX_EVENT_BYTES``: they go the slow way, whose JSON line :func:`decode_line` measures, so that a row is
-    ``too_large`` exactly when its line in a JSON Lines log would be."""
+def _attribute_values(array: Any, n: int) -> list[Any]:
+    """Each row's ``attributes`` as its JSON line would hold them: ``None`` where null (or no column), a dict for a
+    map (a key given twice: the last value, as a JSON object's) or a struct (its null fields left out), and for a
+    column of another type its Python value, which the JSON decoder then rejects (``bad_attributes``)."""
+    if array is None:
+        return [None] * n
+    values = array.to_pylist()
+    if pa.types.is_map(array.type):
+        return [None if pairs is None else dict(pairs) for pairs in values]
+    if pa.types.is_struct(array.type):
+        return [None if row is None else {k: v for k, v in row.items() if v is not None} for row in values]
+    return values  # type: ignore[no-any-return]  # Python objects
+
+
+def _plain_attributes(attributes: list[Any]) -> Bools:
+    """Which rows' attributes a ranking can keep as they are: none, or a dict of text to text."""
+    if attributes.count(None) == len(attributes):  # no column, or none given: the common case, at C speed
+        return np.ones(len(attributes), dtype=np.bool_)
+    return np.fromiter((value is None or (type(value) is dict and all(type(v) is str for v in value.values()))
+                        for value in attributes), dtype=np.bool_, count=len(attributes))
+
+
+def _maybe_too_large(fields: Mapping[str, Any], n: int, attributes: list[Any]) -> Bools:
+    """Rows whose text (every text field, the text in lists: items, teams, subtopics, and the keys and values of
+    ``attributes``) is more than half of ``scan.MAX_EVENT_BYTES``: they go the slow way, whose JSON line
+    :func:`decode_line` measures, so that a row is ``too_large`` exactly when its line in a JSON Lines log would
+    be."""
     total = np.zeros(n, dtype=np.int64)
+    if attributes.count(None) != n:
+        total += np.fromiter((0 if type(value) is not dict else sum(
+            len(k.encode()) + (len(v.encode()) if type(v) is str else 0) for k, v in value.items())
+            for value in attributes), dtype=np.int64, count=n)
     for array in fields.values():
         if array is None:
             continue
@@ -404,11 +435,13 @@ def _plain_ranking_rows(fields: Mapping[str, Any], n: int) -> Bools:
     return np.asarray(ok, dtype=np.bool_)
 
 
-def _plain_rankings(fields: Mapping[str, Any], ts: Floats, max_items: int) -> tuple[PlainRankings, Bools]:
-    """Rankings (rows already screened by :func:`_plain_ranking_rows`) whose items are in the plainest form: Arrow
-    writes each as ``request_id["a","b",...]`` into one buffer, checked by :func:`compiled.simple_rankings` as a
-    JSON ranking's items are (ASCII without quotes or backslashes, all different, at most ``max_items``); those
-    become compact rankings with their items left in the buffer. Returns them and which rows they are."""
+def _plain_rankings(fields: Mapping[str, Any], ts: Floats, max_items: int, attributes: list[Any],
+                    ) -> tuple[PlainRankings, Bools]:
+    """Rankings (rows already screened by :func:`_plain_ranking_rows` and :func:`_plain_attributes`, whose
+    ``attributes`` are given) whose items are in the plainest form: Arrow writes each as
+    ``request_id["a","b",...]`` into one buffer, checked by :func:`compiled.simple_rankings` as a JSON ranking's
+    items are (ASCII without quotes or backslashes, all different, at most ``max_items``); those become compact
+    rankings with their items left in the buffer. Returns them and which rows they are."""
     items = fields["items"].cast(pa.large_list(pa.large_string()))
     rid = fields["request_id"]
     n = len(rid)
@@ -444,7 +477,8 @@ def _plain_rankings(fields: Mapping[str, Any], ts: Floats, max_items: int) -> tu
                     ts[rows].tolist(), _score_texts(fields.get("scores"), rows.shape[0]),
                     values("query_id", None, True), values("session_id", None, False),
                     values("experiment", "default", True), values("arm", "default", True), repeat(None),
-                    repeat(None), values("unit_id", None, False)))
+                    repeat(None), values("unit_id", None, False),
+                    [attributes[k] or None for k in rows.tolist()]))  # ({}: none, as a JSON ranking's)
     text = raw.tobytes().decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
     return PlainRankings(made, raw, text, columns), plain
 
@@ -478,10 +512,13 @@ def _strings(array: Any) -> list[Any]:
     return array.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]  # objects
 
 
-def _slow_row(fields: Mapping[str, Any], k: int, bad_text: bool, config: Config, where: str) -> Any:
-    """Row ``k`` as :func:`decode_line` reads it written as a JSON line (null cells left out); a ranking becomes a
-    :class:`CompactRanking`, as the join keeps it."""
+def _slow_row(fields: Mapping[str, Any], k: int, attributes: Any, bad_text: bool, config: Config, where: str) -> Any:
+    """Row ``k`` (its ``attributes`` given apart, as :func:`_attribute_values` reads them) as :func:`decode_line`
+    reads it written as a JSON line (null cells left out); a ranking becomes a :class:`CompactRanking`, as the join
+    keeps it."""
     row = {field: array[k].as_py() for field, array in fields.items() if array[k].is_valid}
+    if attributes is not None:
+        row["attributes"] = attributes
     if "type" not in fields and (kind := _inferred_type(fields, k)) is not None:
         row["type"] = kind
     kind = str(row["type"]) if row.get("type") in ("ranking", "feedback", "judgment") else "unknown"

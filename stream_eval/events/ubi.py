@@ -7,7 +7,8 @@ a UBI log is accepted, rejected and counted exactly as the same events written b
 
 - a query is a ranking: ``request_id`` = ``query_id``, ``items`` = ``query_response_hit_ids`` in order, ``ts`` =
   ``timestamp``, ``query_id`` = ``user_query`` (normalised: :func:`normalise_query`), ``unit_id`` = ``client_id``,
-  ``session_id``, ``experiment`` and ``arm`` from the fields named in the ``[ubi]`` table of ``--config``;
+  ``session_id``, ``experiment`` and ``arm`` from the fields named in the ``[ubi]`` table of ``--config``, and
+  ``attributes`` (the segment fields of config ``segments``) from the query's ``query_attributes``;
 - an event is feedback when its ``action_name`` maps to a feedback kind (``[ubi.actions]``; by default ``click``
   and ``click_through`` are clicks, ``add_to_cart`` and ``purchase`` kinds of their own): ``request_id`` = its
   ``query_id``, ``item`` = ``event_attributes.object.object_id``, ``dwell`` from ``event_attributes.dwell_time``
@@ -99,6 +100,8 @@ class UbiSettings(NamedTuple):
     unit_field: str = "client_id"
     session_field: str = "session_id"
     dwell_field: str = "event_attributes.dwell_time"
+    #: the object of the query record whose values become the ranking's ``attributes`` (segments)
+    attributes_field: str = "query_attributes"
     normalise_query: bool = True
     check_ordinal: bool = True
     ordinal_base: int = 1
@@ -106,7 +109,7 @@ class UbiSettings(NamedTuple):
     hold: float | None = None
 
 
-_TEXT_SETTINGS = ("experiment_field", "arm_field", "unit_field", "session_field", "dwell_field")
+_TEXT_SETTINGS = ("experiment_field", "arm_field", "unit_field", "session_field", "dwell_field", "attributes_field")
 
 
 def ubi_settings(path: str | None) -> UbiSettings:
@@ -421,6 +424,7 @@ class _Query(NamedTuple):
     unit_id: str | None
     id_field: str | None
     where: str
+    attributes: dict[str, str] | None = None
 
 
 class _Event(NamedTuple):
@@ -507,9 +511,9 @@ class UbiConverter:
         self.hold = horizon if settings.hold is None else settings.hold
         self.keep = 2 * horizon  # how long a query's hits are kept to check its events, after it is released
         self.counts = counts or UbiCounts()
-        self._experiment, self._arm, self._unit, self._session, self._dwell = (
+        self._experiment, self._arm, self._unit, self._session, self._dwell, self._attributes = (
             _Path(path) for path in (settings.experiment_field, settings.arm_field, settings.unit_field,
-                                     settings.session_field, settings.dwell_field))
+                                     settings.session_field, settings.dwell_field, settings.attributes_field))
         self._heap: list[tuple[float, int, int, _Query | _Event]] = []
         self._seq = 0
         # queries read (their hits, to check events) and the first session named by an event of each query, both in
@@ -630,7 +634,8 @@ class UbiConverter:
         experiment, arm = _label(self._experiment(record)), _label(self._arm(record))
         query = _Query(request_id, ts, hits, {}, query_id or None,  # type: ignore[arg-type]  # no None in hits
                        _label(self._session(record)), experiment or "default", arm or "default",
-                       _label(self._unit(record)), _id(record.get("object_id_field")), where)
+                       _label(self._unit(record)), _id(record.get("object_id_field")), where,
+                       self._attributes_of(record))
         if request_id not in self._queries:
             self._queries[request_id] = query
             self._query_times.append((ts, request_id))
@@ -638,6 +643,23 @@ class UbiConverter:
             self.counts.no_hits += 1
             return ts
         return query
+
+    def _attributes_of(self, record: dict[str, Any]) -> dict[str, str] | None:
+        """A query's ``attributes``: each key of the object at ``attributes_field`` (a JSON object, a Parquet struct
+        or map; in a flattened export the record's keys ``query_attributes.KEY``) whose value is a label, as
+        :func:`_label` makes experiment and arm (text as it is; a number or a boolean as its JSON text). Other
+        values (nested objects, lists, null, empty text) are left out: they cannot be a segment's value, and a
+        missing field is the segment ``__missing__``."""
+        node = self._attributes(record)
+        pairs = node.items() if type(node) is dict else node if type(node) is list else ()
+        prefix = self._attributes.path + "."
+        flat = [(key[len(prefix):], value) for key, value in record.items() if key.startswith(prefix)]
+        attributes = {}
+        for pair in itertools.chain(pairs, flat):
+            if type(pair) is tuple and len(pair) == 2 and isinstance(pair[0], str) and (
+                    value := _label(pair[1])) is not None:
+                attributes[pair[0]] = value
+        return attributes or None
 
     def _event(self, where: str, record: dict[str, Any]) -> _Event | float | None:
         action = record.get("action_name")
@@ -699,6 +721,8 @@ class UbiConverter:
             if value is not None:
                 event[name] = value
         event["experiment"], event["arm"] = query.experiment, query.arm
+        if query.attributes is not None:
+            event["attributes"] = query.attributes
         self.counts.rankings += 1
         return UbiLine(query.where, orjson.dumps(event))
 

@@ -1,7 +1,7 @@
 """The HTML report of ``stream-eval replay --html``: one self-contained file, plotly.js and the data inside.
 
 It shows what a ranker team looks at first: each experiment's A/B decisions (with segments, the exploratory rows
-per segment value after them), then the per-arm means over event
+per segment value and the per-arm means of each segment value after them), then the per-arm means over event
 time, each A/B delta with its confidence sequence over the looks, GSB and the sample-ratio check, the feedback
 delay distribution, the per-query distributions of every metric and the queries whose metric differs most between
 the arms. The charts are plotly figures (``plotly`` is the ``html`` extra); the page needs no network.
@@ -94,6 +94,9 @@ def render_html(report: dict[str, Any], data: HtmlData, arms_of: ArmsOf, title: 
     if report.get("segment_ab"):
         page.heading("Segments (exploratory)")
         page.raw(_segment_table(report))
+    if report.get("segments"):
+        page.heading("Segment means")
+        page.raw(_segment_means_table(report))
     page.heading("Per-arm means over event time")
     page.note(f"Mean of the per-request values of the requests served since the start (lines) and in each "
               f"{_duration(data.timeline.width)} of event time (dots), by serve time. Pick the metric in the menu.")
@@ -285,6 +288,24 @@ def _segment_table(report: dict[str, Any]) -> str:
             "flagged when it differs (an always-valid test, e-BH over the same rows).</p>")
     return note + _table(["experiment", "segment", "arms", "metric", "delta", f"{level} confidence sequence", "lift",
                           "p", "decision", "vs rest", "rest p", "differs", "units c / t"], rows, text_columns=4)
+
+
+def _segment_means_table(report: dict[str, Any]) -> str:
+    """The report's segment groups: per experiment, segment field and value shown, each arm's requests and means
+    of the per-request measures, so that a segment A/B row can be read against the levels it compares (a delta of
+    0.02 on a mean of 0.1 is not one on 0.8), and a value's traffic seen per arm."""
+    rows = sorted(report["segments"], key=lambda g: (g["experiment"], g["segment"]["field"], g["segment"]["value"],
+                                                     g["arm"]))
+    names = list(dict.fromkeys(name for group in rows for name in group["metrics"]))
+    body = [[html.escape(g["experiment"]), html.escape(f"{g['segment']['field']} = {g['segment']['value']}"),
+             html.escape(g["arm"]), f"{g['requests']:,}", f"{g['empty']:,}",
+             *(_number(g["metrics"].get(name)) for name in names)] for g in rows]
+    folded = ", ".join(f"{field} {count:,}" for field, count in report.get("segment_overflow", {}).items() if count)
+    note = ('<p class="note">Mean of the per-request values of the requests in each segment value, per arm (a request '
+            "is in the value its ranking's attributes carry; <code>__missing__</code>: without the field, "
+            "<code>__other__</code>: the values beyond those shown"
+            + (f"; requests folded into it: {html.escape(folded)}" if folded else "") + ").</p>")
+    return note + _table(["experiment", "segment", "arm", "requests", "empty", *names], body, text_columns=3)
 
 
 def _gsb_table(report: dict[str, Any]) -> str:
