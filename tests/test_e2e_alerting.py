@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
 import json
 import math
 import os
@@ -250,8 +251,10 @@ def traffic_lines(start: float) -> Iterator[bytes]:
                                experiment=experiment, arms=arms,
                                judgments=True, label_rate=0.1, duplicate_fraction=0.01,
                                invalid_fraction=0.002 if experiment == WORSE else 0.0)
+        # (map binds this loop's prefix now: a generator expression would read the variable when it runs, and every
+        # stream would take the last experiment's prefix, their request ids colliding)
         prefix = "" if experiment == WORSE else f"{experiment}-"
-        streams.append(_timed((_renamed(line, prefix) for line in simulate_lines(sim)), start))
+        streams.append(_timed(map(_renamed, simulate_lines(sim), itertools.repeat(prefix)), start))
     overflow = [(start + 5.0 + k, orjson.dumps({"type": "ranking", "request_id": f"overflow-{k}", "ts": start + 5.0 + k,
                                                 "items": ["q0-d0", "q0-d1"], "experiment": "overflow",
                                                 "arm": f"zz-{k}"}) + b"\n") for k in (1, 2, 3)]
