@@ -10,7 +10,9 @@ items per ranking, ~4 feedback events per request) is produced once, with end-of
 input topics of one prefix. Then, interleaved run by run (fresh consumer group each, so each run reads the same
 topics from the start):
 
-1. ``stream-eval worker`` as a child process. Its ``/metrics`` is polled every ``--poll`` s; the run is done when
+1. ``stream-eval worker`` as a child process. Its ``/metrics`` is polled every ``--poll`` s (0.25: each scrape
+   costs the worker's process a few milliseconds of CPU, counted in its CPU seconds, and Prometheus scrapes every 15 s
+   or so: polled too often, the benchmark would measure its own polls); the run is done when
    the summed ``stream_eval_events_total`` equals the events produced and the summed
    ``stream_eval_requests_total`` the requests. events/s = events counted after the first poll that showed any
    / time from that poll to done: group join and startup are left out.
@@ -840,7 +842,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--probes", type=int, help="latency probes (default 200; 50 with --quick)")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of traffic before the probes (default 10)")
     p.add_argument("--scrape-every", type=float, default=0.02, help="seconds between /metrics scrapes (latency)")
-    p.add_argument("--poll", type=float, default=0.1, help="seconds between /metrics polls (throughput)")
+    p.add_argument("--poll", type=float, default=0.25, help="seconds between /metrics polls (throughput)")
     p.add_argument("--memory-requests", type=int, help="open requests (default 100,000; 30,000 with --quick)")
     p.add_argument("--only", help="comma-separated subset of: throughput,latency,memory")
     p.add_argument("--profile", action="store_true", help="also one worker run under py-spy")
