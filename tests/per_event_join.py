@@ -24,7 +24,7 @@ from stream_eval.events.join import DueBySecond, EventCounts
 from stream_eval.events.schema import SEP, CompactRanking, Feedback, Ranking, item_list, score_list
 
 #: :attr:`RequestState.row` (unused here: the live windows read the columnar join).
-NO_ROW = -2
+NO_ROW = -1
 _SHORT_SEEN = 8
 
 

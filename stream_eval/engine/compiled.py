@@ -7,6 +7,9 @@ rarer class against the other beats sorting (measured against the numpy version 
 docs/benchmarks.md). A session where both classes are many is sorted instead, so a long session never
 costs quadratic time. Both count in half-units (ties 1/2) in integers: the AUC is one division of exact
 numbers, the same float as the numpy version's. Scores are finite (the event schema rejects others).
+
+Also compiled here: the A/B units' tables (``engine/ab.py``) and the sums of the live windows' cells
+(:func:`cell_sums`, ``engine/windows.py``), each a loop per row that numpy could only run as a slower scatter.
 """
 
 from __future__ import annotations
@@ -211,3 +214,28 @@ def unit_history(hashes: npt.NDArray[np.uint64], days: Ints, y: Floats, n: Float
         if day > last_day[r]:
             last_day[r] = day
     return hashes.shape[0], size
+
+
+@nb.njit(cache=True, nogil=True)
+def cell_sums(cell: Ints, values: Floats, cells: int) -> tuple[Ints, Floats, Floats]:
+    """Per cell of the live windows (``engine/windows.py``; ``cell``: each row's, ``0 .. cells - 1``) the count, sum
+    and sum of squares of each column's values, a NaN (no value) left out. Rows are added in order, so the sums are
+    the floats ``np.add.at`` gives, without its cost per element.
+
+    >>> count, total, total_sq = cell_sums(np.array([1, 0, 1]), np.array([[1.0, np.nan], [2.0, 3.0], [4.0, 5.0]]), 2)
+    >>> count.tolist(), total.tolist(), total_sq.tolist()
+    ([[1, 1], [2, 1]], [[2.0, 3.0], [5.0, 5.0]], [[4.0, 9.0], [17.0, 25.0]])
+    """
+    size = values.shape[1]
+    count = np.zeros((cells, size), dtype=np.int64)
+    total = np.zeros((cells, size))
+    total_sq = np.zeros((cells, size))
+    for i in range(cell.shape[0]):
+        c = cell[i]
+        for j in range(size):
+            v = values[i, j]
+            if not np.isnan(v):
+                count[c, j] += 1
+                total[c, j] += v
+                total_sq[c, j] += v * v
+    return count, total, total_sq

@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -411,15 +412,21 @@ class Engine:
 
     def segments_of(self, rankings: Sequence[Any]) -> Ints:
         """The segment group of each request for each segment field: shape (requests, fields). A ranking without
-        the field in its ``attributes`` has the value ``__missing__``."""
+        the field in its ``attributes`` has the value ``__missing__``. (Per field, the rankings' raw values are looked
+        up in :meth:`segment_of`'s cache by ``map``, in C; only values not cached yet go through it, one by one.)"""
         fields = self.segment_fields
         out = np.empty((len(rankings), len(fields)), dtype=np.int64)
-        segment_of = self.segment_of
-        for i, ranking in enumerate(rankings):
-            attributes = ranking.attributes or _NO_ATTRIBUTES
-            experiment, arm = ranking.experiment, ranking.arm
-            for f, field in enumerate(fields):
-                out[i, f] = segment_of(experiment, arm, field, attributes.get(field, MISSING))
+        if not len(rankings):
+            return out
+        experiments, arms = list(map(_EXPERIMENT, rankings)), list(map(_ARM, rankings))
+        attributes = _attributes_of(rankings)
+        cache = self._raw_segments
+        for f, field in enumerate(fields):
+            raw = list(zip(experiments, arms, repeat(field), map(dict.get, attributes, repeat(field), repeat(MISSING))))
+            found = list(map(cache.get, raw))
+            if None in found:
+                found = [self.segment_of(*key) if s is None else s for s, key in zip(found, raw, strict=True)]
+            out[:, f] = found
         return out
 
     def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
@@ -566,9 +573,8 @@ class Engine:
         units: list[str] = list(map(unit_of, states))  # type: ignore[arg-type]  # not interleaved: a str
         segments = None
         if self.segment_fields:  # each request's value of every segment field, for its unit's (engine/segment_ab.py)
-            fields = self.segment_fields
-            segments = [tuple(map((attributes or _NO_ATTRIBUTES).get, fields))
-                        for attributes in map(_ATTRIBUTES, states)]
+            attributes = _attributes_of(states)
+            segments = list(zip(*(map(dict.get, attributes, repeat(field)) for field in self.segment_fields)))
         if self.regroup is None:
             self.ledger.add_requests(keys, ids, experiments, arms, units, values, segments)
         else:
@@ -906,8 +912,20 @@ def _decision_of(lower: float | None, upper: float | None) -> str:
 
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
+_EXPERIMENT = attrgetter("experiment")
+_ARM = attrgetter("arm")
 _ATTRIBUTES = attrgetter("attributes")
 _NO_ATTRIBUTES: dict[str, str] = {}
+
+
+def _attributes_of(rankings: Sequence[Any]) -> list[dict[str, str]]:
+    """Each ranking's ``attributes``, an empty dict for a ranking without."""
+    attributes: list[dict[str, str] | None] = list(map(_ATTRIBUTES, rankings))
+    if None in attributes:
+        return [a if a is not None else _NO_ATTRIBUTES for a in attributes]
+    return attributes  # type: ignore[return-value]  # none is None
+
+
 _REQUEST_ID = attrgetter("request_id")
 _TEAMS = attrgetter("teams")
 _QUERY_ID = attrgetter("query_id")

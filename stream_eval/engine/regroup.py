@@ -227,7 +227,7 @@ class RegroupSink:
         stage partition, fewer when their ids are long (:func:`row_ranges`; NaN is written as null); with
         ``segments``, each request's value of every segment field."""
         self._unit_records(records.UnitRequests, keys, ids, experiments, arms, units,
-                           None if segments is None else [list(given) for given in segments], values=values)
+                           None if segments is None else list(map(list, segments)), values=values)
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
@@ -247,7 +247,7 @@ class RegroupSink:
                 keys_, numbers_ = keys[rows], {name: array[rows] for name, array in numbers.items()}
                 ids_, experiments_, arms_, units_ = (_pick(column, rows) for column in (ids, experiments, arms, units))
                 segments_ = None if segments is None else _pick(segments, rows)
-            extra = None if segments_ is None else [sum(len(v or "") for v in given) for given in segments_]
+            extra = None if segments_ is None else _characters(segments_)
             for a, b in row_ranges([ids_, experiments_, arms_, units_], extra):
                 others: dict[str, Any] = {name: array[a:b].tolist() for name, array in numbers_.items()}
                 if segments_ is not None:
@@ -298,6 +298,14 @@ class RegroupSink:
         if self.stages != 1:
             raise ValueError("records for several stage partitions: take_routed")
         return [(key, value) for _, key, value in self.take_routed()]
+
+
+def _characters(rows: list[list[str | None]]) -> list[int]:
+    """The characters of each row's strings (None: none), a column at a time (not a generator per row)."""
+    columns = [[len(v) if v else 0 for v in column] for column in zip(*rows, strict=True)]
+    if len(columns) == 1:
+        return columns[0]
+    return list(map(sum, zip(*columns, strict=True))) if columns else [0] * len(rows)
 
 
 def _pick(column: list[Any], rows: list[int]) -> list[Any]:
@@ -718,7 +726,7 @@ class SessionStage:
         ledger = self.engine.ledger
         columns = (np.array(record.keys, dtype=np.float64), record.ids, record.experiments, record.arms, record.units)
         if type(record) is records.UnitRequests:
-            given = None if record.segments is None else [tuple(g) for g in record.segments]
+            given = None if record.segments is None else list(map(tuple, record.segments))
             ledger.add_requests(*columns, np.array(record.values, dtype=np.float64), given)
         else:
             ledger.add_sessions(*columns, np.array(record.weighted_auc, dtype=np.float64),  # type: ignore[union-attr]

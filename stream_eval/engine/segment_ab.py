@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -73,7 +75,7 @@ class SegmentRule:
         first of their contributions that is a request (``values``: its value of each field; None: a session)."""
         if not len(rows):
             return
-        requests = np.fromiter((v is not None for v in values), dtype=np.bool_, count=len(values))
+        requests = np.fromiter(map(is_not, values, repeat(None)), dtype=np.bool_, count=len(values))
         candidates = np.flatnonzero((rows >= 0) & requests)
         if not len(candidates):
             return

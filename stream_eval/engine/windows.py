@@ -63,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import format_duration
+from stream_eval.engine.compiled import cell_sums
 from stream_eval.engine.gsb import GsbKey, gsb_key
 from stream_eval.engine.plugins import EngineView, GroupTotals
 from stream_eval.engine.times import array_from_json as _unarray
@@ -97,6 +98,21 @@ def _has_row(requests: Finalised) -> npt.NDArray[np.bool_]:
     return requests.graded | special
 
 
+def _numbered(keys: Ints) -> tuple[Ints, Ints]:
+    """``np.unique(keys, return_inverse=True)`` of non-negative keys; without sorting when they span a small range
+    (the windows' cells: a few hundred buckets of a few groups)."""
+    span = int(keys.max()) + 1
+    if span > 4 * keys.shape[0] + 4096:
+        unique, inverse = np.unique(keys, return_inverse=True)
+        return unique, inverse.reshape(-1)
+    seen = np.zeros(span, dtype=np.bool_)
+    seen[keys] = True
+    unique = np.flatnonzero(seen)
+    number = np.empty(span, dtype=np.int64)
+    number[unique] = np.arange(unique.shape[0])
+    return unique, number[keys]
+
+
 def _pack(moments: Sequence[Moments], size: int, unit: bool) -> dict[str, Any]:
     """``Moments`` of ``size`` metrics as two arrays with a row each: ``count``, and ``sums`` (weight, squared
     weight, total, squared total). ``unit``: of values of unit weight, whose weight and squared weight are their
@@ -125,6 +141,38 @@ def _unpack(data: dict[str, Any], size: int, unit: bool) -> list[Moments]:
             m.weight_sq = count[i].astype(np.float64)
         out.append(m)
     return out
+
+
+class _CellSums:
+    """The totals and weights of the cells of ``stores`` per group, over the buckets of a window: each cell's added
+    in the stores' order, as adding their ``Moments`` one by one would (the same floats), but the cells are walked
+    once for every window and added by numpy, not a ``Moments`` at a time."""
+
+    def __init__(self, stores: Sequence[Cells], groups: int, size: int) -> None:
+        self.groups, self.size = groups, size
+        bucket: list[int] = []
+        group: list[int] = []
+        total: list[Floats] = []
+        weight: list[Floats] = []
+        for store in stores:
+            for b, cells in store.items():
+                bucket += [b] * len(cells)
+                group += cells.keys()
+                for moments in cells.values():
+                    total.append(moments.total)
+                    weight.append(moments.weight)
+        self.bucket = np.array(bucket, dtype=np.int64)
+        self.group = np.array(group, dtype=np.int64)
+        self.total = np.array(total).reshape(-1, size)
+        self.weight = np.array(weight).reshape(-1, size)
+
+    def since(self, first: int) -> tuple[list[list[float]], list[list[float]]]:
+        """Per group and column, the total and the weight of the cells of buckets ``first`` and later."""
+        total, weight = np.zeros((self.groups, self.size)), np.zeros((self.groups, self.size))
+        picked = self.bucket >= first
+        np.add.at(total, self.group[picked], self.total[picked])  # (in order, row by row)
+        np.add.at(weight, self.group[picked], self.weight[picked])
+        return total.tolist(), weight.tolist()
 
 
 class RollingWindows:
@@ -188,6 +236,9 @@ class RollingWindows:
         self._bucket: Ints = np.zeros(0, dtype=np.int64)
         self._group: Ints = np.zeros(0, dtype=np.int64)
         self._segment: Ints = np.zeros((0, self._segment_fields), dtype=np.int64)
+        # an ungraded request's segment groups, as a code in its join row (UNGRADED - code): code -> segment groups
+        self._combos: Ints = np.zeros((1, self._segment_fields), dtype=np.int64)  # (code 0: none, without fields)
+        self._combo_of: dict[tuple[int, ...], int] = {}
         self.with_subtopics = False
         # joins fed since the windows were last read: their open requests are re-evaluated when the windows are
         # read (:meth:`sync`), once for many batches, not after every batch
@@ -270,7 +321,7 @@ class RollingWindows:
         """Take the open requests of a partition's ``join`` out of the windows (the partition was revoked)."""
         self._stale.pop(id(join), None)
         requests = join.current(join.open_slots())
-        self._revert(requests.rankings, requests.rows)
+        self._revert(requests)
         join.set_rows(requests.slots, np.full(len(requests), NO_ROW, dtype=np.int64))
         if join.changed is not None:
             join.changed.clear()
@@ -301,15 +352,11 @@ class RollingWindows:
         if not math.isfinite(watermark):
             return out
         current = self._bucket_of(watermark)
+        sums = _CellSums((self._cells, self._final), len(engine.group_keys), self.size)
         for label, span in zip(self.labels, self._spans, strict=True):
             first = current - span + 1
-            values = [Moments(self.size) for _ in engine.group_keys]
+            total, weight = sums.since(first)
             sessions = [Moments(self._session_size) for _ in engine.group_keys]
-            for store in (self._cells, self._final):
-                for b, cells in store.items():
-                    if b >= first:
-                        for g, moments in cells.items():
-                            values[g] += moments
             for b, cells in self._sessions.items():
                 if b >= first:
                     for g, moments in cells.items():
@@ -318,9 +365,8 @@ class RollingWindows:
                 for g, moments in pending.items():
                     sessions[g] += moments
             for g, (experiment, arm) in enumerate(engine.group_keys):
-                moments = values[g]
                 for j, name in columns:
-                    out[experiment, arm, name, label] = (float(moments.total[j]), float(moments.weight[j]))
+                    out[experiment, arm, name, label] = (total[g][j], weight[g][j])
                 out[experiment, arm, GAUC, label] = (float(sessions[g].total[0]), float(sessions[g].weight[0]))
                 for k, name in enumerate(session_names, start=1):
                     out[experiment, arm, name, label] = (float(sessions[g].total[k]), float(sessions[g].weight[k]))
@@ -341,18 +387,12 @@ class RollingWindows:
             if (not spec.needs_subtopics or self.with_subtopics or engine.with_subtopics) and not spec.per_session
         ]
         current = self._bucket_of(watermark)
+        sums = _CellSums((self._segment_cells, self._segment_final), len(engine.segment_keys), self.size)
         for label, span in zip(self.labels, self._spans, strict=True):
-            first = current - span + 1
-            values = [Moments(self.size) for _ in engine.segment_keys]
-            for store in (self._segment_cells, self._segment_final):
-                for b, cells in store.items():
-                    if b >= first:
-                        for g, moments in cells.items():
-                            values[g] += moments
+            total, weight = sums.since(current - span + 1)
             for g, key in enumerate(engine.segment_keys):
-                moments = values[g]
                 for j, name in columns:
-                    out[(*key, name, label)] = (float(moments.total[j]), float(moments.weight[j]))
+                    out[(*key, name, label)] = (total[g][j], weight[g][j])
         return out
 
     def verdicts(self, watermark: float | None = None) -> WindowVerdicts:
@@ -517,17 +557,19 @@ class RollingWindows:
     def _bucket_of(self, ts: float) -> int:
         return math.floor(ts / self.width)
 
-    def _buckets(self, rankings: Sequence[CompactRanking]) -> Ints:
-        ts = np.fromiter((r.ts for r in rankings), dtype=np.float64, count=len(rankings))
-        out: Ints = np.floor(ts / self.width).astype(np.int64)
+    def _buckets(self, serve: Floats) -> Ints:
+        """The bucket of each serve time (the join's ``serve`` is each ranking's ``ts``)."""
+        out: Ints = np.floor(serve / self.width).astype(np.int64)
         return out
 
     def _ungraded_rows(self, n: int) -> Floats:
         """``n`` rows of the values every request without grades or subtopics has (known once one was seen)."""
         return np.tile(self._ungraded, (n, 1))  # type: ignore[arg-type]  # set with the first such request
 
-    def _revert(self, rankings: Sequence[CompactRanking], rows: Ints) -> None:
-        """Take the current contribution of requests out of the cells: their rows (``NO_ROW``: not held)."""
+    def _revert(self, requests: Finalised) -> None:
+        """Take the current contribution of requests out of the cells: their rows (``NO_ROW``: not held; ungraded:
+        ``UNGRADED - code``, the code of their segment groups)."""
+        rows = requests.rows
         stored = rows[rows >= 0]
         if stored.shape[0]:
             self._apply(self._cells, self._bucket[stored], self._group[stored], self._values[stored], -1)
@@ -535,39 +577,75 @@ class RollingWindows:
                 self._apply_segments(self._segment_cells, self._bucket[stored], self._segment[stored],
                                      self._values[stored], -1)
             self._free.extend(stored.tolist())
-        ungraded = np.flatnonzero(rows == UNGRADED).tolist()
-        if ungraded:
-            picked = [rankings[i] for i in ungraded]
-            buckets, values = self._buckets(picked), self._ungraded_rows(len(picked))
-            self._apply(self._cells, buckets, self._groups(picked), values, -1)
+        ungraded = np.flatnonzero(rows <= UNGRADED)
+        if ungraded.shape[0]:
+            picked = ungraded.tolist()
+            buckets, values = self._buckets(requests.serve[ungraded]), self._ungraded_rows(len(picked))
+            self._apply(self._cells, buckets, self._groups([requests.rankings[i] for i in picked]), values, -1)
             if self._segment_fields:
-                self._apply_segments(self._segment_cells, buckets, self.engine.segments_of(picked), values, -1)
+                self._apply_segments(self._segment_cells, buckets, self._combos[UNGRADED - rows[ungraded]], values, -1)
         self._held -= int((rows != NO_ROW).sum())
 
     def _replace(self, requests: Finalised, group: Ints, values: Floats, final: bool,
                  own: npt.NDArray[np.bool_] | None = None) -> Ints:
         """Revert the requests' rows, add their values; returns their new rows (``final``: none)."""
         rankings = requests.rankings
-        self._revert(rankings, requests.rows)
+        segments = self._segments(requests) if self._segment_fields else None  # (before their rows are freed)
+        self._revert(requests)
         rows = np.full(len(rankings), NO_ROW, dtype=np.int64)
-        bucket_i = self._buckets(rankings)
+        bucket_i = self._buckets(requests.serve)
         live = bucket_i >= self._floor
         if not self.with_subtopics and any(r.subtopics is not None for r in rankings):
             self.with_subtopics = True
         if live.any():
             self._apply(self._final if final else self._cells, bucket_i[live], group[live], values[live], 1)
-            segments = None
-            if self._segment_fields:
-                segments = self.engine.segments_of(rankings)
+            if segments is not None:
                 self._apply_segments(self._segment_final if final else self._segment_cells, bucket_i[live],
                                      segments[live], values[live], 1)
             if not final:
                 self._held += int(live.sum())
-                rows[live] = UNGRADED
+                rows[live] = UNGRADED if segments is None else UNGRADED - self._codes(segments[live])
                 stored = np.flatnonzero(live & own) if own is not None else np.flatnonzero(live)
                 rows[stored] = self._store(bucket_i[stored], group[stored], values[stored],
                                            None if segments is None else segments[stored])
         return rows
+
+    def _segments(self, requests: Finalised) -> Ints:
+        """The segment groups of requests (``Engine.segments_of``), looked up once per request: when the windows
+        first take it; then kept in its row, or as the code of its join row while ungraded."""
+        rows = requests.rows
+        out = np.empty((len(rows), self._segment_fields), dtype=np.int64)
+        stored = rows >= 0
+        out[stored] = self._segment[rows[stored]]
+        ungraded = rows <= UNGRADED
+        out[ungraded] = self._combos[UNGRADED - rows[ungraded]]
+        new = np.flatnonzero(rows == NO_ROW)
+        if new.shape[0]:
+            rankings = requests.rankings
+            out[new] = self.engine.segments_of(rankings if new.shape[0] == len(rankings) else
+                                               [rankings[i] for i in new.tolist()])
+        return out
+
+    def _codes(self, segments: Ints) -> Ints:
+        """The code of each request's segment groups (one of each segment field), new combinations numbered as met."""
+        n_segments = len(self.engine.segment_keys)
+        if n_segments ** self._segment_fields < 2**62:  # each combination as one integer
+            _, first, inverse = np.unique(segments @ n_segments ** np.arange(self._segment_fields), return_index=True,
+                                          return_inverse=True)
+            combos = segments[first]
+        else:
+            combos, inverse = np.unique(segments, axis=0, return_inverse=True)
+        codes = []
+        for combo in map(tuple, combos.tolist()):
+            code = self._combo_of.get(combo)
+            if code is None:
+                code = self._combo_of[combo] = len(self._combo_of)
+                if code >= self._combos.shape[0]:
+                    self._combos = np.concatenate([self._combos, np.zeros_like(self._combos)])
+                self._combos[code] = combo
+            codes.append(code)
+        out: Ints = np.array(codes, dtype=np.int64)[inverse.reshape(-1)]
+        return out
 
     def _apply_segments(self, store: Cells, bucket: Ints, segments: Ints, values: Floats, sign: int) -> None:
         """:meth:`_apply` for the segment groups: each request's values go to its group of each segment field."""
@@ -583,19 +661,14 @@ class RollingWindows:
             bucket, group, values = bucket[live], group[live], values[live]
         if not bucket.size:
             return
-        # the (bucket, group) cells, in that order, as one integer each (np.unique on rows sorts them as void records)
+        # the (bucket, group) cells, in that order, as one integer each
         first, groups = int(bucket.min()), int(group.max()) + 1
-        cell_keys, inverse = np.unique((bucket - first) * groups + group, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        cell_keys, inverse = _numbered((bucket - first) * groups + group)
         keys = np.stack([cell_keys // groups + first, cell_keys % groups], axis=1)
-        present = ~np.isnan(values)
-        v = np.where(present, values, 0.0)
-        count = np.zeros((keys.shape[0], self.size), dtype=np.int64)
-        total = np.zeros((keys.shape[0], self.size))
-        total_sq = np.zeros((keys.shape[0], self.size))
-        np.add.at(count, inverse, present.astype(np.int64))
-        np.add.at(total, inverse, v)
-        np.add.at(total_sq, inverse, v * v)
+        count, total, total_sq = cell_sums(inverse, values, cell_keys.shape[0])
+        if sign < 0:
+            count, total, total_sq = -count, -total, -total_sq
+        weight = count.astype(np.float64)
         for i, (b, g) in enumerate(keys.tolist()):
             cells = store.get(b)
             if cells is None:
@@ -603,11 +676,11 @@ class RollingWindows:
             cell = cells.get(g)
             if cell is None:
                 cell = cells[g] = Moments(self.size)
-            cell.count += sign * count[i]
-            cell.weight += sign * count[i]
-            cell.weight_sq += sign * count[i]
-            cell.total += sign * total[i]
-            cell.total_sq += sign * total_sq[i]
+            cell.count += count[i]
+            cell.weight += weight[i]
+            cell.weight_sq += weight[i]
+            cell.total += total[i]
+            cell.total_sq += total_sq[i]
             if sign < 0 and not cell.count.any():  # every value reverted: exactly nothing (no rounding residue)
                 del cells[g]
                 if not cells:

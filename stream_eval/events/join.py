@@ -174,9 +174,10 @@ def _by_second(dues: Floats) -> list[tuple[int, Ints]]:
     return [(int(seconds[part[0]]), part) for part in np.split(order, cuts) if part.shape[0]]
 
 
-#: A request's row in the live windows when they do not hold it, and when they hold it as ungraded.
-NO_ROW = -2
-UNGRADED = -1
+#: A request's row in the live windows when they do not hold it, and when they hold it as ungraded: ``UNGRADED - k``
+#: (``k`` >= 0, the windows' code of the request's segment groups, so that taking it out reads no ranking again).
+NO_ROW = -1
+UNGRADED = -2
 
 
 #: Slots per block of feedback rows: finalising requests reads and rewrites the rows of their blocks only.
