@@ -30,7 +30,7 @@ from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.labels import LabelBounds
-from stream_eval.engine.partitions import PartitionedEngine, Task
+from stream_eval.engine.partitions import PartitionedEngine
 from stream_eval.engine.regroup import RegroupSink
 from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
@@ -59,8 +59,6 @@ _FEED_ORDER = {"ranking": 0, "judgment": 1, "feedback": 2}
 _FEEDBACK_AHEAD = 1.0
 #: Seconds without a rankings batch after which the rankings partition no longer holds its feedback back.
 _RANKINGS_QUIET = 1.0
-#: Wall-clock seconds feedback records fetched ahead of their rankings wait at most before they are fed anyway.
-_HOLD_AT_MOST = 1.0
 #: A worker that has read everything there is commits once this share of the checkpoint interval has passed.
 _CAUGHT_UP_COMMITS = 0.25
 #: Seconds after the stage last fetched records during which the input fetch waits 10 ms, not 100 ms.
@@ -213,10 +211,6 @@ class StreamWorker:
         self._consumer: Any = None
         self._busy = asyncio.Lock()
         self.events_seen = 0
-        #: Per feedback topic-partition, records fetched ahead of the partition's rankings, not fed yet: the task
-        #: they were fetched for (a new claim drops them: its consumer reads them again), the records, and since when
-        #: they wait (:meth:`_hold_ahead`).
-        self._ahead: dict[Any, tuple[Task, list[Any], float]] = {}
         self._fetch_backoff = self.health.backoff()
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
@@ -386,22 +380,14 @@ class StreamWorker:
         type_of = self.topics.type_of
         # rankings first: feedback whose ranking came in the same batch then joins at once, not through the pending
         # table (each source keeps its own event time, so the order of a batch's topics changes no result)
-        ahead, self._ahead = self._ahead, {}
-        for tp, (task, held, _) in ahead.items():  # fetched ahead before: first, in offset order
-            if self.partitioned.tasks.get(tp.partition) is task:
-                batch = {**batch, tp: held + batch.get(tp, [])}
         fetched = sorted(batch.items(), key=lambda item: _FEED_ORDER[type_of(item[0].topic)])
         with self.lock:
             for tp, records in fetched:
                 if not records or tp.partition not in self.partitioned.tasks:
                     continue
                 kind = type_of(tp.topic)
-                task = self.partitioned.tasks[tp.partition]
-                if kind == "feedback" and self.ubi is None:
-                    records = self._hold_ahead(tp, task, records, ahead.get(tp))
-                    if not records:
-                        continue
                 offsets = [r.offset for r in records]
+                task = self.partitioned.tasks[tp.partition]
                 if task.sources[kind].received is None:
                     log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
                 if self.ubi is not None and kind != "judgment":  # UBI records, released as converted
@@ -416,27 +402,6 @@ class StreamWorker:
                 for partition, released in self.ubi.release(self.partitioned.tasks, not_after):
                     self._feed(partition, *released)
             self.partitioned.tick()
-
-    def _hold_ahead(self, tp: Any, task: Task, records: list[Any],
-                    held: tuple[Task, list[Any], float] | None) -> list[Any]:
-        """The feedback ``records`` of ``tp`` to feed now: those before the first one stamped more than
-        :data:`_FEEDBACK_AHEAD` seconds past the partition's rankings (its Kafka timestamp, which ``produce`` sets to
-        the event's ``ts``); the rest wait in :attr:`_ahead` for the rankings to catch up. A fetch brings several times
-        more feedback than rankings (they are smaller), and feedback fed before its ranking goes through the join's
-        pending table, its slow path. Nothing waits once the rankings ended or went quiet (:data:`_RANKINGS_QUIET`),
-        nor for more than :data:`_HOLD_AT_MOST` seconds (timestamps that are not event times hold nothing up for
-        long); only the reading order changes, never a result (each source keeps its own event time)."""
-        rankings = task.sources["ranking"]
-        now = time.monotonic()
-        since = now if held is None else held[2]
-        if (task.rebuilding or rankings.ended or self.partitioned.clock() - rankings.heard >= _RANKINGS_QUIET
-                or now - since >= _HOLD_AT_MOST):
-            return records
-        cutoff = (rankings.watermark + _FEEDBACK_AHEAD) * 1000.0
-        cut = next((k for k, record in enumerate(records) if record.timestamp > cutoff), len(records))
-        if cut < len(records):
-            self._ahead[tp] = (task, records[cut:], since)
-        return records[:cut]
 
     def _pace_feedback(self) -> None:
         """Pause the feedback partitions read ahead of their rankings, resume the others.
@@ -461,8 +426,8 @@ class StreamWorker:
             ahead = False
             if task is not None and not task.rebuilding:
                 rankings, feedback = task.sources["ranking"], task.sources["feedback"]
-                ahead = tp in self._ahead or (feedback.watermark - rankings.watermark > _FEEDBACK_AHEAD
-                                              and not rankings.ended and now - rankings.heard < _RANKINGS_QUIET)
+                ahead = (feedback.watermark - rankings.watermark > _FEEDBACK_AHEAD and not rankings.ended
+                         and now - rankings.heard < _RANKINGS_QUIET)
             if ahead and tp not in paused:
                 pause.append(tp)
             elif not ahead and tp in paused:
