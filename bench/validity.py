@@ -24,7 +24,8 @@ Reported per scenario (every rate with its Wilson 95 % interval):
   both peeked at every look, at 0.001 and 0.05; and detection of 49/51 and 48/52 splits;
 * CUPED (``compare(..., cuped=True)``): units whose own pre-period value (1 + Poisson(9) requests before the
   experiment, around the same unit mean, so that the unit-level correlation of the pre- and post-period values as
-  CUPED linearises them is ``rho``, measured too) is the covariate; in two scenarios a fifth of the units have no pre-period data. Per scenario
+  CUPED linearises them is ``rho``, measured too) is the covariate; in two scenarios a fifth of the units have no
+  pre-period data. Per scenario
   (A/A, +1 %, +3 % at rho 0.5 and 0.7) with and without CUPED: false alarms / decisions, the median variance
   reduction at the last look and the median units to a decision (experiments never decided count as beyond the
   end);

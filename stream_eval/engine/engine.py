@@ -574,7 +574,8 @@ class Engine:
         segments = None
         if self.segment_fields:  # each request's value of every segment field, for its unit's (engine/segment_ab.py)
             attributes = _attributes_of(states)
-            segments = list(zip(*(map(dict.get, attributes, repeat(field)) for field in self.segment_fields)))
+            segments = list(zip(*(map(dict.get, attributes, repeat(field)) for field in self.segment_fields),
+                                strict=True))
         if self.regroup is None:
             self.ledger.add_requests(keys, ids, experiments, arms, units, values, segments)
         else:

@@ -196,6 +196,7 @@ class Delivery(abc.ABC):
     async def trim(self) -> None:
         """Delete what no reader needs any more of the internal logs kept forever, when due (:class:`Transactions`;
         a fenced log keeps them whole: its claims and probes read back past its checkpoints)."""
+        return None
 
     # -- input partitions ---------------------------------------------------------------------------
     @abc.abstractmethod

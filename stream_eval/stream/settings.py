@@ -106,8 +106,9 @@ class WorkerSettings:
         (docs/operations.md says why each needs them). Only the latest record of each key of the regroup
         checkpoints is read: compacted. The checkpoint topic (windows shares in pieces, read by offset), the regroup
         log (re-read from a stage checkpoint's offset) and the A/B snapshots (pieces, read by offset) are logs that
-        retention must never delete (the worker trims what no reader needs: ``Delivery.trim``). Inputs and outputs are plain logs (never compacted: feedback shares its
-        request's key, dead letters have none); their retention is the operator's."""
+        retention must never delete (the worker trims what no reader needs: ``Delivery.trim``). Inputs and outputs
+        are plain logs (never compacted: feedback shares its request's key, dead letters have none); their retention
+        is the operator's."""
         isr = {"min.insync.replicas": str(self.min_insync_replicas)}
         plain = {"cleanup.policy": "delete", **isr}
         # (segments roll hourly, so that what the worker trims leaves the disk within the hour)
