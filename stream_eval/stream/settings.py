@@ -111,10 +111,10 @@ class WorkerSettings:
         is the operator's."""
         isr = {"min.insync.replicas": str(self.min_insync_replicas)}
         plain = {"cleanup.policy": "delete", **isr}
-        # (segments roll hourly, so that what the worker trims leaves the disk within the hour)
-        kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "segment.ms": "3600000",
-                **isr}
-        compacted = {"cleanup.policy": "compact", "segment.ms": str(3_600_000), **isr}  # compacted hourly
+        # segments roll hourly: compacted within the hour, and what the worker trims leaves the disk within the hour
+        hourly = {"segment.ms": str(3_600_000), **isr}
+        kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", **hourly}
+        compacted = {"cleanup.policy": "compact", **hourly}
         names = self.topics
         return {
             **{name: plain for name in (*names.inputs, names.request_metrics, names.dead_letters, self.control_topic)},
