@@ -72,9 +72,12 @@ class FinalisedBatch:
     def records(self) -> Iterable[dict[str, Any]]:
         """One docs/contract.md §4 per-request record per request (NaN becomes ``None``)."""
         names = [spec.name for spec in self.specs]
-        for (rid, experiment, arm, query, session), row in zip(self.ids(), self.values.tolist(), strict=True):
+        with_nan = np.isnan(self.values).any(axis=1).tolist()
+        for (rid, experiment, arm, query, session), row, nan in zip(self.ids(), self.values.tolist(), with_nan,
+                                                                     strict=True):
             yield {"request_id": rid, "experiment": experiment, "arm": arm, "query_id": query, "session_id": session,
-                   "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)}}
+                   "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)} if nan
+                   else dict(zip(names, row, strict=True))}
 
 
 class SessionRows(NamedTuple):
