@@ -370,7 +370,7 @@ class StreamBench:
     # -- 1. the worker ------------------------------------------------------------------------------
     def run_worker(self, prefix: str, group: str, events: int, requests: int,
                    profile: Path | None = None, ab: bool = True, source: str | None = None,
-                   extra: Sequence[str] = ()) -> dict[str, Any]:
+                   extra: Sequence[str] = (), native: bool = False) -> dict[str, Any]:
         """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments), done once every
         event and request is counted and the regroup stage has scored every session (and applied every request to its
         A/B unit): at the poll that showed the stage's series' last change."""
@@ -380,7 +380,8 @@ class StreamBench:
         url = f"http://127.0.0.1:{port}/metrics"
         cmd = worker_cmd(self.bootstrap, prefix, group, port, *extra)
         if profile is not None:
-            cmd = ["py-spy", "record", "--format", "raw", "--rate", "200", "-o", str(profile), "--", *cmd]
+            cmd = ["py-spy", "record", "--format", "raw", "--rate", "200", *(["--native"] if native else []),
+                   "-o", str(profile), "--", *cmd]
         start = time.perf_counter()
         errors = tempfile.TemporaryFile()
         env = {**os.environ, "STREAM_EVAL_AB": "true" if ab else "false"}
@@ -513,7 +514,8 @@ class StreamBench:
                 log("py-spy not found: no profile")
                 return
             raw = Path(self.args.out_dir) / "stream-worker.pyspy.txt"
-            self.run_worker(prefix, "profiled", data["events"], data["requests"], profile=raw)
+            self.run_worker(prefix, "profiled", data["events"], data["requests"], profile=raw,
+                            native=self.args.native)
             if raw.exists():
                 self.results["profile"] = summarise_collapsed(raw)
 
@@ -846,6 +848,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-requests", type=int, help="open requests (default 100,000; 30,000 with --quick)")
     p.add_argument("--only", help="comma-separated subset of: throughput,latency,memory")
     p.add_argument("--profile", action="store_true", help="also one worker run under py-spy")
+    p.add_argument("--native", action="store_true", help="the py-spy profile with native frames (C, numba)")
     p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its worker runs too, "
                                       "between the others, as the same-run baseline")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")

@@ -52,7 +52,7 @@ import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from statistics import NormalDist
 
@@ -214,6 +214,7 @@ class CupedScenario:
     rho: float  # target unit-level correlation of the pre- and post-period means
     lift: float
     missing: float = 0.0  # share of units without pre-period data
+    sequential_n: float = SEQUENTIAL_N  # N*: the units the confidence sequences are tuned for
 
 
 CUPED_UNITS = 60_000  # (a +1 % lift needs more units than the other scenarios' 20,000 to be decided)
@@ -278,7 +279,7 @@ def cuped_simulate(seed: np.random.SeedSequence, experiments: int, scenario: Cup
     reduction = np.full(experiments, np.nan)
     imbalance = np.zeros(experiments, dtype=np.bool_)
     for cuped in (False, True):
-        c = compare(control, treatment, confidence=1 - ALPHA, sequential_n=SEQUENTIAL_N, cuped=cuped)
+        c = compare(control, treatment, confidence=1 - ALPHA, sequential_n=scenario.sequential_n, cuped=cuped)
         # the running intersection of the sequences, as the engine keeps it
         lower, upper = np.fmax.accumulate(c.cs_lower, axis=1), np.fmin.accumulate(c.cs_upper, axis=1)
         first = first_true((lower > 0) | (upper < 0))
@@ -316,8 +317,9 @@ def median_units(first: npt.NDArray[np.int64]) -> float:
     return float(np.median(units))
 
 
-def print_cuped(results: dict[str, CupedResult], experiments: int) -> None:
-    print(f"\nCUPED: {experiments} experiments per scenario, {CUPED_UNITS:,} units, a look every {LOOK_EVERY}.\n")
+def print_cuped(results: dict[str, CupedResult], experiments: int, sequential_n: float) -> None:
+    print(f"\nCUPED: {experiments} experiments per scenario, {CUPED_UNITS:,} units, a look every {LOOK_EVERY}, "
+          f"N* = {sequential_n:,.0f}.\n")
     print("| scenario | decided (plain) | decided (CUPED) | median units to a decision: plain | CUPED | fewer units "
           "| median variance reduction | measured correlation (median) | pre-period check ever < 0.05 |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -653,6 +655,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default all)")
     parser.add_argument("--cuped-only", action="store_true", help="only the CUPED scenarios (--only cuped)")
+    parser.add_argument("--sequential-n", type=float, default=SEQUENTIAL_N,
+                        help=f"N* of the CUPED scenarios' confidence sequences (default {SEQUENTIAL_N:,.0f}): the "
+                             "same data, the sequences tuned for fewer or more units")
     args = parser.parse_args(argv)
     only = {"cuped"} if args.cuped_only else set(args.only.split(","))
     unknown = only - set(SECTIONS)
@@ -666,7 +671,9 @@ def main(argv: list[str] | None = None) -> None:
         two_arm(experiments, args.seed, args.jobs)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         if "cuped" in only:
-            print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in CUPED_SCENARIOS}, experiments)
+            scenarios = [replace(s, sequential_n=args.sequential_n) for s in CUPED_SCENARIOS]
+            print_cuped({s.name: run_cuped(s, experiments, args.seed, pool) for s in scenarios}, experiments,
+                        args.sequential_n)
         if "family" in only:
             family = {}
             for scenario in FAMILY_SCENARIOS:
