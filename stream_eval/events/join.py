@@ -674,17 +674,16 @@ class Join:
             remembered = ~missing & ~opened_later & alive & final
             if remembered.any():
                 counts["feedback", "late"] += int(remembered.sum())
-            odd = np.flatnonzero(~regular & ~remembered).tolist()
+            odd = np.flatnonzero(~regular & ~remembered)
             take = np.flatnonzero(regular)
             rows_slot = slot_index[take] + self.base
             rows_at = rows_seq = at[take]
             rows_mark = fb_mark[take]
             rows_feedback = feedback.take(take) if take.shape[0] != len(feedback) else feedback
-            if odd:
+            if odd.shape[0]:
                 waiting_rows += self._odd_feedback(
-                    [(feedback.event(k), int(at[k]), float(fb_mark[k]), int(found[k])) for k in odd], first_new, new_at,
-                    replaced,
-                    early_here, marks)
+                    list(zip(feedback.events(odd), at[odd].tolist(), fb_mark[odd].tolist(), found[odd].tolist(),
+                             strict=True)), first_new, new_at, replaced, early_here, marks)
         # 3. Rows: orphans, late, then apply.
         if waiting_rows:
             w_slot, w_feedback, w_at, w_seq, w_mark, w_waits = zip(*waiting_rows, strict=True)

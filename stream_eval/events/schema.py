@@ -142,8 +142,17 @@ class FeedbackColumns:
         return Feedback(self.request_id(k), self.item(k), KIND_NAMES[int(self.kind[k])], float(self.grade[k]),
                         float(self.ts[k]), None if dwell != dwell else dwell)
 
-    def events(self) -> list[Feedback]:
-        return [self.event(k) for k in range(len(self))]
+    def events(self, at: Ints | None = None) -> list[Feedback]:
+        """The events at ``at`` (all by default), in that order, as :class:`Feedback` (each as :meth:`event`)."""
+        pick = slice(None) if at is None else at
+        raw = self.text.tobytes()
+        names = KIND_NAMES
+        return [Feedback(raw[a:b].decode(), raw[c:d].decode(), names[kind], grade, ts,
+                         None if dwell != dwell else dwell)
+                for a, b, c, d, kind, grade, ts, dwell in zip(
+                    *(column[pick].tolist() for column in (self.rid_start, self.rid_end, self.item_start,
+                                                           self.item_end, self.kind, self.grade, self.ts,
+                                                           self.dwell)), strict=True)]
 
 
 #: No feedback, as columns.
