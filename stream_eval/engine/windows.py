@@ -634,7 +634,7 @@ class RollingWindows:
                  own: npt.NDArray[np.bool_] | None = None) -> Ints:
         """Revert the requests' rows, add their values; returns their new rows (``final``: none)."""
         rankings = requests.rankings
-        segments = self._segments(requests) if self._segment_fields else None  # (before their rows are freed)
+        segments = self._segments(requests, group) if self._segment_fields else None  # (before their rows are freed)
         self._revert(requests)
         rows = np.full(len(rankings), NO_ROW, dtype=np.int64)
         bucket_i = self._buckets(requests.serve)
@@ -654,7 +654,7 @@ class RollingWindows:
                                            None if segments is None else segments[stored])
         return rows
 
-    def _segments(self, requests: Finalised) -> Ints:
+    def _segments(self, requests: Finalised, group: Ints) -> Ints:
         """The segment groups of requests (``Engine.segments_of``), looked up once per request: when the windows
         first take it; then kept in its row, or as the code of its join row while ungraded."""
         rows = requests.rows
@@ -666,8 +666,10 @@ class RollingWindows:
         new = np.flatnonzero(rows == NO_ROW)
         if new.shape[0]:
             rankings = requests.rankings
-            out[new] = self.engine.segments_of(rankings if new.shape[0] == len(rankings) else
-                                               [rankings[i] for i in new.tolist()])
+            if new.shape[0] == len(rankings):
+                out[new] = self.engine.segments_of(rankings, group)
+            else:
+                out[new] = self.engine.segments_of([rankings[i] for i in new.tolist()], group[new])
         return out
 
     def _codes(self, segments: Ints) -> Ints:
