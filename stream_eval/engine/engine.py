@@ -429,10 +429,9 @@ class Engine:
         attributes = _attributes_of(rankings)
         for f, field in enumerate(fields):
             values = list(map(dict.get, attributes, repeat(field), repeat(MISSING)))
-            found = list(map(self._value_codes[f].get, values))
-            if None in found:
-                found = [self._value_code(f, v) if c is None else c for c, v in zip(found, values, strict=True)]
-            code = np.array(found, dtype=np.int64)  # -1: a value without a code
+            code = np.fromiter(map(self._value_codes[f].get, values, repeat(-2)), dtype=np.int64, count=len(values))
+            for i in np.flatnonzero(code == -2).tolist():  # values met for the first time
+                code[i] = self._value_code(f, values[i])  # (-1: a value without a code)
             table = self._segment_table[f]
             rows, columns = int(group.max()) + 1, int(code.max()) + 1
             if rows > table.shape[0] or columns > table.shape[1]:
@@ -440,8 +439,7 @@ class Engine:
                 grown[:table.shape[0], :table.shape[1]] = table
                 table = self._segment_table[f] = grown
             index = table[group, code]
-            if found.count(-1):
-                index[code < 0] = -1
+            index[code < 0] = -1
             missing = np.flatnonzero(index < 0)
             for i in missing.tolist():
                 g, c = int(group[i]), int(code[i])
@@ -527,7 +525,7 @@ class Engine:
                 stats.empty += int(empties[g])
                 stats.moments += moments
         if self.segment_fields:
-            self._count_segments(states, group, plain_values, empty)
+            self._count_segments(finalised, group, plain_values, empty)
         relevant = batch.shown_grade >= self.config.rel_threshold
         behaviour = self.sessions.behaviour
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown,
@@ -572,11 +570,14 @@ class Engine:
             else:
                 self.on_finalised(FinalisedBatch(states, self.specs, values))
 
-    def _count_segments(self, states: Sequence[Any], group: Ints, values: Floats,
+    def _count_segments(self, finalised: Finalised, group: Ints, values: Floats,
                         empty: npt.NDArray[np.bool_]) -> None:
         """Add finalised requests (of groups ``group``) to their segment groups: per-request values only (no session
-        measure: a session may span segment values)."""
-        segments = self.segments_of(states, group)
+        measure: a session may span segment values). The live windows know the segment groups of the requests they
+        hold (:meth:`RollingWindows.segments <stream_eval.engine.windows.RollingWindows.segments>`)."""
+        windows = self.windows
+        segments = (self.segments_of(finalised.rankings, group) if windows is None else
+                    windows.segments(finalised, group))
         if self._session_columns:
             values = values.copy()
             values[:, self._session_columns] = np.nan

@@ -634,7 +634,7 @@ class RollingWindows:
                  own: npt.NDArray[np.bool_] | None = None) -> Ints:
         """Revert the requests' rows, add their values; returns their new rows (``final``: none)."""
         rankings = requests.rankings
-        segments = self._segments(requests, group) if self._segment_fields else None  # (before their rows are freed)
+        segments = self.segments(requests, group) if self._segment_fields else None  # (before their rows are freed)
         self._revert(requests)
         rows = np.full(len(rankings), NO_ROW, dtype=np.int64)
         bucket_i = self._buckets(requests.serve)
@@ -654,9 +654,10 @@ class RollingWindows:
                                            None if segments is None else segments[stored])
         return rows
 
-    def _segments(self, requests: Finalised, group: Ints) -> Ints:
-        """The segment groups of requests (``Engine.segments_of``), looked up once per request: when the windows
-        first take it; then kept in its row, or as the code of its join row while ungraded."""
+    def segments(self, requests: Finalised, group: Ints) -> Ints:
+        """The segment groups of requests (of groups ``group``; ``Engine.segments_of``), looked up once per request:
+        when the windows first take it; then kept in its row, or as the code of its join row while ungraded (also
+        for the engine's counts when it finalises them, before the windows take their rows)."""
         rows = requests.rows
         out = np.empty((len(rows), self._segment_fields), dtype=np.int64)
         stored = rows >= 0
