@@ -45,6 +45,8 @@ GroupKey = tuple[str, str]
 #: listed in ``segment_values``; the report shows ``max_segment_values`` of them).
 SegmentKey = tuple[str, str, str, str]
 _RAW_GROUP_CACHE = 10_000
+#: Raw values of a segment field given a code for :meth:`Engine.segments_of`'s table (others are looked up one by one).
+_SEGMENT_VALUE_CODES = 1024
 
 
 #: The ids of a per-request record (docs/contract.md §4), in the order of its keys (:meth:`FinalisedBatch.ids`).
@@ -148,6 +150,9 @@ class Engine:
         self.segment_keys: list[SegmentKey] = []
         self._segment_index: dict[SegmentKey, int] = {}
         self._raw_segments: dict[SegmentKey, int] = {}
+        # per segment field: each raw value's code, and the segment group of each (group, code) met, -1 if none yet
+        self._value_codes: list[dict[str, int]] = [{} for _ in self.segment_fields]
+        self._segment_table: list[Ints] = [np.full((0, 0), -1, dtype=np.int64) for _ in self.segment_fields]
         self.segment_groups: list[GroupStats] = []
         self.arms_seen: dict[str, set[str]] = {}
         self.teams_seen: dict[str, set[str]] = {}
@@ -413,24 +418,60 @@ class Engine:
             self._raw_segments[raw] = index
         return index
 
-    def segments_of(self, rankings: Sequence[Any]) -> Ints:
-        """The segment group of each request for each segment field: shape (requests, fields). A ranking without
-        the field in its ``attributes`` has the value ``__missing__``. (Per field, the rankings' raw values are looked
-        up in :meth:`segment_of`'s cache by ``map``, in C; only values not cached yet go through it, one by one.)"""
+    def segments_of(self, rankings: Sequence[Any], group: Ints | None = None) -> Ints:
+        """The segment group of each request for each segment field: shape (requests, fields); ``group``: the
+        requests' groups (:meth:`group_of`), if known. A ranking without the field in its ``attributes`` has the value
+        ``__missing__``. (Per field, each raw value has a code, found by ``map`` in C, and a table the segment group of
+        each (group, code) met, read by numpy; only pairs not met yet go through :meth:`segment_of`, one by one.)"""
         fields = self.segment_fields
         out = np.empty((len(rankings), len(fields)), dtype=np.int64)
         if not len(rankings):
             return out
-        experiments, arms = list(map(_EXPERIMENT, rankings)), list(map(_ARM, rankings))
+        if group is None:
+            group = self._groups_of(rankings)
         attributes = _attributes_of(rankings)
-        cache = self._raw_segments
         for f, field in enumerate(fields):
-            raw = list(zip(experiments, arms, repeat(field), map(dict.get, attributes, repeat(field), repeat(MISSING))))
-            found = list(map(cache.get, raw))
-            if None in found:
-                found = [self.segment_of(*key) if s is None else s for s, key in zip(found, raw, strict=True)]
-            out[:, f] = found
+            values = list(map(dict.get, attributes, repeat(field), repeat(MISSING)))
+            code = np.fromiter(map(self._value_codes[f].get, values, repeat(-2)), dtype=np.int64, count=len(values))
+            for i in np.flatnonzero(code == -2).tolist():  # values met for the first time
+                code[i] = self._value_code(f, values[i])  # (-1: a value without a code)
+            table = self._segment_table[f]
+            rows, columns = int(group.max()) + 1, int(code.max()) + 1
+            if rows > table.shape[0] or columns > table.shape[1]:
+                grown = np.full((max(rows, 2 * table.shape[0]), max(columns, 2 * table.shape[1])), -1, dtype=np.int64)
+                grown[:table.shape[0], :table.shape[1]] = table
+                table = self._segment_table[f] = grown
+            index = table[group, code]
+            index[code < 0] = -1
+            missing = np.flatnonzero(index < 0)
+            for i in missing.tolist():
+                g, c = int(group[i]), int(code[i])
+                s = int(table[g, c]) if c >= 0 else -1
+                if s < 0:
+                    s = self.segment_of(rankings[i].experiment, rankings[i].arm, field, values[i])
+                    if c >= 0:
+                        table[g, c] = s
+                index[i] = s
+            out[:, f] = index
         return out
+
+    def _value_code(self, f: int, value: str) -> int:
+        """The code of a raw value of segment field ``f`` (numbered as met; -1 beyond the codes kept)."""
+        codes = self._value_codes[f]
+        code = codes.get(value)
+        if code is None:
+            if len(codes) >= _SEGMENT_VALUE_CODES:
+                return -1
+            code = codes[value] = len(codes)
+        return code
+
+    def _groups_of(self, states: Sequence[Any]) -> Ints:
+        """The group of each request (:meth:`group_of`), looked up in its cache by ``map``."""
+        pairs = list(map(_EXPERIMENT_ARM, states))
+        found = list(map(self._raw_groups.get, pairs))
+        if None in found:
+            found = [self.group_of(*pair) if g is None else g for g, pair in zip(found, pairs, strict=True)]
+        return np.array(found, dtype=np.int64)
 
     def evaluate_finalised(self, finalised: Finalised) -> tuple[Floats, JudgedBatch, npt.NDArray[np.bool_]]:
         """Per-request values of finalised requests."""
@@ -475,11 +516,7 @@ class Engine:
             plain_values = values.copy()
             for j in self._session_columns:
                 values[alone, j] = 1.0 if self.specs[j].family == "QueriesPerSession" else 0.0
-        pairs = list(map(_EXPERIMENT_ARM, states))
-        found = list(map(self._raw_groups.get, pairs))
-        if None in found:
-            found = [self.group_of(*pair) if g is None else g for g, pair in zip(found, pairs, strict=True)]
-        group = np.array(found, dtype=np.int64)
+        group = self._groups_of(states)
         teams_of, queries = list(map(_TEAMS, states)), list(map(_QUERY_ID, states))
         n_groups = len(self.groups)
         requests = np.bincount(group, minlength=n_groups)
@@ -491,7 +528,7 @@ class Engine:
                 stats.empty += int(empties[g])
                 stats.moments += moments
         if self.segment_fields:
-            self._count_segments(states, plain_values, empty)
+            self._count_segments(finalised, group, plain_values, empty)
         relevant = batch.shown_grade >= self.config.rel_threshold
         behaviour = self.sessions.behaviour
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown,
@@ -536,10 +573,14 @@ class Engine:
             else:
                 self.on_finalised(FinalisedBatch(states, self.specs, values))
 
-    def _count_segments(self, states: Sequence[Any], values: Floats, empty: npt.NDArray[np.bool_]) -> None:
-        """Add finalised requests to their segment groups: per-request values only (no session measure: a session
-        may span segment values)."""
-        segments = self.segments_of(states)
+    def _count_segments(self, finalised: Finalised, group: Ints, values: Floats,
+                        empty: npt.NDArray[np.bool_]) -> None:
+        """Add finalised requests (of groups ``group``) to their segment groups: per-request values only (no session
+        measure: a session may span segment values). The live windows know the segment groups of the requests they
+        hold (:meth:`RollingWindows.segments <stream_eval.engine.windows.RollingWindows.segments>`)."""
+        windows = self.windows
+        segments = (self.segments_of(finalised.rankings, group) if windows is None else
+                    windows.segments(finalised, group))
         if self._session_columns:
             values = values.copy()
             values[:, self._session_columns] = np.nan
@@ -916,8 +957,6 @@ def _decision_of(lower: float | None, upper: float | None) -> str:
 
 
 _EXPERIMENT_ARM = attrgetter("experiment", "arm")
-_EXPERIMENT = attrgetter("experiment")
-_ARM = attrgetter("arm")
 _ATTRIBUTES = attrgetter("attributes")
 _NO_ATTRIBUTES: dict[str, str] = {}
 

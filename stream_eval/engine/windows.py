@@ -82,8 +82,41 @@ WindowSums = dict[tuple[str, str, str, str], tuple[float, float]]
 SegmentWindowSums = dict[tuple[str, str, str, str, str, str], tuple[float, float]]
 #: (experiment, treatment, source, window label) -> verdict counts
 WindowVerdicts = dict[tuple[str, str, str, str], GsbCounts]
-#: bucket -> group -> moments
+#: bucket -> group -> moments (the scored sessions)
 Cells = dict[int, dict[int, Moments]]
+
+
+class _Cell:
+    """A (bucket, group) cell of per-request values (open or final): the rows of ``sums`` are each column's count,
+    total and squared total, added by one numpy operation. The values have unit weight, so a ``Moments``' weight and
+    squared weight are the count (as floats: exact); ``count``, ``weight``, ``weight_sq``, ``total`` and ``total_sq``
+    read a cell as its ``Moments``."""
+
+    __slots__ = ("sums",)
+
+    def __init__(self, size: int) -> None:
+        self.sums: Floats = np.zeros((3, size))
+
+    @property
+    def count(self) -> Floats:
+        row: Floats = self.sums[0]
+        return row
+
+    weight = weight_sq = count
+
+    @property
+    def total(self) -> Floats:
+        row: Floats = self.sums[1]
+        return row
+
+    @property
+    def total_sq(self) -> Floats:
+        row: Floats = self.sums[2]
+        return row
+
+
+#: bucket -> group -> cell (the open and the final values)
+ValueCells = dict[int, dict[int, _Cell]]
 _BUCKETS_PER_SHORTEST_WINDOW = 30
 #: The format of :meth:`RollingWindows.share`.
 SHARE_VERSION = 1
@@ -113,7 +146,7 @@ def _numbered(keys: Ints) -> tuple[Ints, Ints]:
     return unique, number[keys]
 
 
-def _pack(moments: Sequence[Moments], size: int, unit: bool) -> dict[str, Any]:
+def _pack(moments: Sequence[Moments] | Sequence[_Cell], size: int, unit: bool) -> dict[str, Any]:
     """``Moments`` of ``size`` metrics as two arrays with a row each: ``count``, and ``sums`` (weight, squared
     weight, total, squared total). ``unit``: of values of unit weight, whose weight and squared weight are their
     count; ``sums`` has only their total and squared total."""
@@ -125,21 +158,30 @@ def _pack(moments: Sequence[Moments], size: int, unit: bool) -> dict[str, Any]:
     return {"count": _array(count), "sums": _array(sums.reshape(-1, len(names), size))}
 
 
-def _unpack(data: dict[str, Any], size: int, unit: bool) -> list[Moments]:
-    """The ``Moments`` that :func:`_pack` packed."""
+def _unpack(data: dict[str, Any], size: int) -> list[Moments]:
+    """The ``Moments`` that :func:`_pack` packed (``unit`` False)."""
     count = _unarray(data["count"]).astype(np.int64).reshape(-1, size)
-    names = _FLOAT_FIELDS[2:] if unit else _FLOAT_FIELDS
-    sums = _unarray(data["sums"]).reshape(-1, len(names), size)
+    sums = _unarray(data["sums"]).reshape(-1, len(_FLOAT_FIELDS), size)
     out = []
     for i in range(count.shape[0]):
         m = Moments(size)
         m.count = count[i].copy()
-        for k, name in enumerate(names):
+        for k, name in enumerate(_FLOAT_FIELDS):
             setattr(m, name, sums[i, k].copy())
-        if unit:
-            m.weight = count[i].astype(np.float64)
-            m.weight_sq = count[i].astype(np.float64)
         out.append(m)
+    return out
+
+
+def _unpack_cells(data: dict[str, Any], size: int) -> list[_Cell]:
+    """The cells that :func:`_pack` packed (``unit`` True)."""
+    count = _unarray(data["count"]).astype(np.int64).reshape(-1, size)
+    sums = _unarray(data["sums"]).reshape(-1, 2, size)
+    out = []
+    for i in range(count.shape[0]):
+        cell = _Cell(size)
+        cell.sums[0] = count[i]
+        cell.sums[1:] = sums[i]
+        out.append(cell)
     return out
 
 
@@ -148,7 +190,7 @@ class _CellSums:
     in the stores' order, as adding their ``Moments`` one by one would (the same floats), but the cells are walked
     once for every window and added by numpy, not a ``Moments`` at a time."""
 
-    def __init__(self, stores: Sequence[Cells], groups: int, size: int) -> None:
+    def __init__(self, stores: Sequence[ValueCells], groups: int, size: int) -> None:
         self.groups, self.size = groups, size
         bucket: list[int] = []
         group: list[int] = []
@@ -214,14 +256,14 @@ class RollingWindows:
         self.watermark = -math.inf
         self._current: int | None = None  # bucket of the watermark
         self._floor = -(2**62)  # buckets below are dropped for good
-        self._cells: Cells = {}  # bucket -> group -> current values of the open requests
-        self._final: Cells = {}  # bucket -> group -> final values of the finalised requests
+        self._cells: ValueCells = {}  # bucket -> group -> current values of the open requests
+        self._final: ValueCells = {}  # bucket -> group -> final values of the finalised requests
         self._sessions: Cells = {}  # bucket -> group -> session AUCs scored
         self._verdicts: dict[int, dict[GsbKey, GsbCounts]] = {}  # bucket -> (experiment, treatment, source)
         # segment groups (config segments): the open and final values again, per (bucket, segment group)
         self._segment_fields = len(engine.segment_fields)
-        self._segment_cells: Cells = {}
-        self._segment_final: Cells = {}
+        self._segment_cells: ValueCells = {}
+        self._segment_final: ValueCells = {}
         self._gauc_seen = {g: self._session_totals(stats) for g, stats in enumerate(engine.groups)}  # at last settle
         self._gsb_seen = engine.gsb.totals(engine.arms_of)
         self._share_id: str | None = None  # of the last full share (taken or restored)
@@ -501,9 +543,9 @@ class RollingWindows:
                 raise ValueError("the delta is not a change of this full share")
         if self._held or self._final or self._sessions or self._verdicts or self._segment_final:
             raise ValueError("restore into fresh windows (before the engine closes event time or adds requests)")
-        final: Cells = {}
+        final: ValueCells = {}
         sessions: Cells = {}
-        segment_final: Cells = {}
+        segment_final: ValueCells = {}
         verdicts: dict[int, dict[GsbKey, GsbCounts]] = {}
         last = full
         for share in (full, delta):
@@ -517,12 +559,14 @@ class RollingWindows:
             if "segment_final" in share:
                 segments = [self.engine.segment_of(*key) for key in share["segments"]]
                 part = share["segment_final"]
-                for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, self.size, True), strict=True):
-                    segment_final.setdefault(b, {})[segments[g]] = moments
-            for store, part, size, unit in ((final, share["final"], self.size, True),
-                                            (sessions, share["sessions"], self._session_size, False)):
-                for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, size, unit), strict=True):
-                    store.setdefault(b, {})[groups[g]] = moments
+                for b, g, cell in zip(part["bucket"], part["group"], _unpack_cells(part, self.size), strict=True):
+                    segment_final.setdefault(b, {})[segments[g]] = cell
+            part = share["final"]
+            for b, g, cell in zip(part["bucket"], part["group"], _unpack_cells(part, self.size), strict=True):
+                final.setdefault(b, {})[groups[g]] = cell
+            part = share["sessions"]
+            for b, g, moments in zip(part["bucket"], part["group"], _unpack(part, self._session_size), strict=True):
+                sessions.setdefault(b, {})[groups[g]] = moments
             for b, *key, good, same, bad in share["verdicts"]:
                 verdicts.setdefault(b, {})[gsb_key(key)] = GsbCounts(good, same, bad)
         floor = int(last["floor"])
@@ -539,7 +583,7 @@ class RollingWindows:
         groups = [self.engine.group_of(experiment, arm) for experiment, arm in last["groups"]]
         seen = last["gauc_seen"]
         self._gauc_seen = {groups[g]: moments
-                           for g, moments in zip(seen["group"], _unpack(seen, self._session_size, unit=False),
+                           for g, moments in zip(seen["group"], _unpack(seen, self._session_size),
                                                  strict=True)}
         self._gsb_seen = {gsb_key(key): GsbCounts(good, same, bad) for *key, good, same, bad in last["gsb_seen"]}
 
@@ -590,7 +634,7 @@ class RollingWindows:
                  own: npt.NDArray[np.bool_] | None = None) -> Ints:
         """Revert the requests' rows, add their values; returns their new rows (``final``: none)."""
         rankings = requests.rankings
-        segments = self._segments(requests) if self._segment_fields else None  # (before their rows are freed)
+        segments = self.segments(requests, group) if self._segment_fields else None  # (before their rows are freed)
         self._revert(requests)
         rows = np.full(len(rankings), NO_ROW, dtype=np.int64)
         bucket_i = self._buckets(requests.serve)
@@ -610,9 +654,10 @@ class RollingWindows:
                                            None if segments is None else segments[stored])
         return rows
 
-    def _segments(self, requests: Finalised) -> Ints:
-        """The segment groups of requests (``Engine.segments_of``), looked up once per request: when the windows
-        first take it; then kept in its row, or as the code of its join row while ungraded."""
+    def segments(self, requests: Finalised, group: Ints) -> Ints:
+        """The segment groups of requests (of groups ``group``; ``Engine.segments_of``), looked up once per request:
+        when the windows first take it; then kept in its row, or as the code of its join row while ungraded (also
+        for the engine's counts when it finalises them, before the windows take their rows)."""
         rows = requests.rows
         out = np.empty((len(rows), self._segment_fields), dtype=np.int64)
         stored = rows >= 0
@@ -622,8 +667,10 @@ class RollingWindows:
         new = np.flatnonzero(rows == NO_ROW)
         if new.shape[0]:
             rankings = requests.rankings
-            out[new] = self.engine.segments_of(rankings if new.shape[0] == len(rankings) else
-                                               [rankings[i] for i in new.tolist()])
+            if new.shape[0] == len(rankings):
+                out[new] = self.engine.segments_of(rankings, group)
+            else:
+                out[new] = self.engine.segments_of([rankings[i] for i in new.tolist()], group[new])
         return out
 
     def _codes(self, segments: Ints) -> Ints:
@@ -647,13 +694,13 @@ class RollingWindows:
         out: Ints = np.array(codes, dtype=np.int64)[inverse.reshape(-1)]
         return out
 
-    def _apply_segments(self, store: Cells, bucket: Ints, segments: Ints, values: Floats, sign: int) -> None:
+    def _apply_segments(self, store: ValueCells, bucket: Ints, segments: Ints, values: Floats, sign: int) -> None:
         """:meth:`_apply` for the segment groups: each request's values go to its group of each segment field."""
         n_fields = self._segment_fields
         self._apply(store, np.repeat(bucket, n_fields), segments.reshape(-1), np.repeat(values, n_fields, axis=0),
                     sign)
 
-    def _apply(self, store: Cells, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
+    def _apply(self, store: ValueCells, bucket: Ints, group: Ints, values: Floats, sign: int) -> None:
         """Add (``sign`` 1) or revert (-1) rows of values into their (bucket, group) cells of ``store`` (the open
         or the final values); a cell left with no value is removed (its sums are zero)."""
         live = bucket >= self._floor
@@ -666,22 +713,19 @@ class RollingWindows:
         cell_keys, inverse = _numbered((bucket - first) * groups + group)
         keys = np.stack([cell_keys // groups + first, cell_keys % groups], axis=1)
         count, total, total_sq = cell_sums(inverse, values, cell_keys.shape[0])
+        sums = np.stack([count.astype(np.float64), total, total_sq], axis=1)  # (cells, 3, columns)
         if sign < 0:
-            count, total, total_sq = -count, -total, -total_sq
-        weight = count.astype(np.float64)
-        for i, (b, g) in enumerate(keys.tolist()):
+            np.negative(sums, out=sums)
+        size = self.size
+        for (b, g), added in zip(keys.tolist(), sums, strict=True):
             cells = store.get(b)
             if cells is None:
                 cells = store[b] = {}
             cell = cells.get(g)
             if cell is None:
-                cell = cells[g] = Moments(self.size)
-            cell.count += count[i]
-            cell.weight += weight[i]
-            cell.weight_sq += weight[i]
-            cell.total += total[i]
-            cell.total_sq += total_sq[i]
-            if sign < 0 and not cell.count.any():  # every value reverted: exactly nothing (no rounding residue)
+                cell = cells[g] = _Cell(size)
+            cell.sums += added
+            if sign < 0 and not cell.sums[0].any():  # every value reverted: exactly nothing (no rounding residue)
                 del cells[g]
                 if not cells:
                     del store[b]
