@@ -282,6 +282,16 @@ class ScaleBench:
                 stop_process(proc)
         if done is None or first is None or counted_at is None or settled is None:
             last = polls[-1] if polls else Poll(n)
+            seen = last.summed_ab()
+            if seen.get("auc_count"):
+                seen["gauc"] = seen["auc_sum"] / seen["auc_count"]
+            for key, value in sorted(self.expected.items()):  # what the group had not reached
+                got = seen.get(key)
+                if got is None or not math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12):
+                    log(f"not reached: {key}: replay {value!r}, the group {got!r}")
+            for k, err in enumerate(errors):  # (the workers' logs are temporary files: their ends, kept here)
+                err.seek(0)
+                log(f"worker {k}'s log ends:\n" + err.read().decode(errors="replace")[-2000:])
             raise RuntimeError(f"{n} worker(s) did not finish in {args.timeout} s: events {sum(last.events)}, "
                                f"requests {sum(last.requests)}, A/B {'complete' if done is not None else 'not yet'}")
         if done <= first:
