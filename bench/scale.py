@@ -138,14 +138,17 @@ def expected_ab(log_path: Path) -> dict[str, float]:
     return out
 
 
+def ab_not_reached(seen: dict[str, float], expected: dict[str, float]) -> list[tuple[str, float, float | None]]:
+    """The replay's A/B figures that the group's readout (summed over its workers) does not equal yet: (key, the
+    replay's value, the group's or None)."""
+    got = {**seen, "gauc": seen["auc_sum"] / seen["auc_count"]} if seen.get("auc_count") else seen
+    return [(key, value, got.get(key)) for key, value in sorted(expected.items())
+            if key not in got or not math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-12)]
+
+
 def ab_complete(seen: dict[str, float], expected: dict[str, float]) -> bool:
-    """The group's A/B readout (summed over its workers) equals the replay's: every unit applied, every session
-    scored."""
-    if not seen.get("auc_count") or not math.isclose(seen["auc_sum"] / seen["auc_count"], expected["gauc"],
-                                                     rel_tol=1e-9):
-        return False
-    return all(key in seen and math.isclose(seen[key], value, rel_tol=1e-9, abs_tol=1e-12)
-               for key, value in expected.items() if key != "gauc")
+    """The group's A/B readout equals the replay's: every unit applied, every session scored."""
+    return not ab_not_reached(seen, expected)
 
 
 # ==========================================================================================================
@@ -282,13 +285,8 @@ class ScaleBench:
                 stop_process(proc)
         if done is None or first is None or counted_at is None or settled is None:
             last = polls[-1] if polls else Poll(n)
-            seen = last.summed_ab()
-            if seen.get("auc_count"):
-                seen["gauc"] = seen["auc_sum"] / seen["auc_count"]
-            for key, value in sorted(self.expected.items()):  # what the group had not reached
-                got = seen.get(key)
-                if got is None or not math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12):
-                    log(f"not reached: {key}: replay {value!r}, the group {got!r}")
+            for key, value, got in ab_not_reached(last.summed_ab(), self.expected):
+                log(f"not reached: {key}: replay {value!r}, the group {got!r}")
             for k, err in enumerate(errors):  # (the workers' logs are temporary files: their ends, kept here)
                 err.seek(0)
                 log(f"worker {k}'s log ends:\n" + err.read().decode(errors="replace")[-2000:])

@@ -130,20 +130,11 @@ class FeedbackColumns:
               for name in ("rid_start", "rid_end", "item_start", "item_end")),
             *(np.concatenate([getattr(p, name) for p in parts]) for name in ("kind", "grade", "ts", "dwell")))
 
-    def request_id(self, k: int) -> str:
-        return self.text[self.rid_start[k] : self.rid_end[k]].tobytes().decode()
-
     def item(self, k: int) -> str:
         return self.text[self.item_start[k] : self.item_end[k]].tobytes().decode()
 
-    def event(self, k: int) -> Feedback:
-        """Event ``k`` as a :class:`Feedback`."""
-        dwell = float(self.dwell[k])
-        return Feedback(self.request_id(k), self.item(k), KIND_NAMES[int(self.kind[k])], float(self.grade[k]),
-                        float(self.ts[k]), None if dwell != dwell else dwell)
-
     def events(self, at: Ints | None = None) -> list[Feedback]:
-        """The events at ``at`` (all by default), in that order, as :class:`Feedback` (each as :meth:`event`)."""
+        """The events at ``at`` (all by default), in that order, as :class:`Feedback` (a NaN dwell as ``None``)."""
         pick = slice(None) if at is None else at
         raw = self.text.tobytes()
         names = KIND_NAMES
