@@ -12,12 +12,29 @@ from stream_eval.stream.settings import WorkerSettings
 from stream_eval.stream.worker import _FEEDBACK_AHEAD, _RANKINGS_QUIET, StreamWorker
 
 
+class _Position:
+    def __init__(self, position: int) -> None:
+        self.position, self.has_valid_position = position, True
+
+
 class FakeConsumer:
-    """What ``_pace_feedback`` uses of aiokafka's consumer."""
+    """What ``_pace_feedback`` uses of aiokafka's consumer: assignment, pause/resume, and per partition the fetch
+    position and the latest high-water mark (``behind``: their difference; 0 unless set)."""
 
     def __init__(self, assigned: list[TopicPartition]) -> None:
         self.assigned = set(assigned)
         self.paused_set: set[TopicPartition] = set()
+        self.behind: dict[TopicPartition, int] = {}
+        positions = self
+
+        class _Assignment:
+            def state_value(self, tp: TopicPartition) -> _Position:
+                return _Position(1000 - positions.behind.get(tp, 0))
+
+        self._subscription = type("S", (), {"subscription": type("A", (), {"assignment": _Assignment()})()})()
+
+    def highwater(self, tp: TopicPartition) -> int:
+        return 1000
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -83,5 +100,24 @@ def test_no_event_time_yet_pauses_nothing() -> None:
     now = [100.0]
     worker, consumer = _worker(now)
     _times(worker, 0, rankings=-math.inf, feedback=1000.0, heard=now[0] - 10 * _RANKINGS_QUIET)
+    worker._pace_feedback()
+    assert consumer.paused() == set()
+
+
+def test_rankings_the_broker_still_holds_keep_their_feedback_paused_though_quiet() -> None:
+    """A worker blocked a while (a long checkpoint) has fed no rankings for longer than the quiet time; they are not
+    caught up while the broker holds rankings not handed out yet, and feedback read on would wait past
+    ``max_waiting_feedback`` (given up: orphans replay does not have)."""
+    now = [100.0]
+    worker, consumer = _worker(now)
+    rankings = TopicPartition(worker.topics.rankings, 0)
+    consumer.behind[rankings] = 5000
+    _times(worker, 0, rankings=1000.0, feedback=2000.0, heard=now[0])
+    worker._pace_feedback()
+    assert consumer.paused() == {TopicPartition(worker.topics.feedback, 0)}
+    now[0] += _RANKINGS_QUIET * 10
+    worker._pace_feedback()
+    assert consumer.paused() == {TopicPartition(worker.topics.feedback, 0)}
+    consumer.behind[rankings] = 0  # every ranking handed out: caught up, and quiet
     worker._pace_feedback()
     assert consumer.paused() == set()

@@ -134,6 +134,17 @@ def _rebalancing(consumer: Any) -> bool:
     return bool(consumer._subscription.reassignment_in_progress)  # aiokafka has no public reading of it
 
 
+def _behind(consumer: Any, tp: Any) -> int | None:
+    """Messages of ``tp`` that the consumer has not handed out yet, by its latest fetch response's high-water mark;
+    ``None`` before the first fetch answered."""
+    # aiokafka has no synchronous position(): the fetch position sits next to highwater() in its state
+    state = consumer._subscription.subscription.assignment.state_value(tp)
+    highwater = consumer.highwater(tp)
+    if highwater is None or not state.has_valid_position:
+        return None
+    return max(0, int(highwater) - int(state.position))
+
+
 def _quiet_client_debug_logs() -> None:
     """Keep aiokafka's per-message debug logging off unless a real log handler takes DEBUG records.
 
@@ -295,15 +306,13 @@ class StreamWorker:
                 where = f"{tp.topic}/{tp.partition}"
                 if tp.partition not in self.partitioned.tasks:
                     return False, f"{where}: being assigned"
-                # aiokafka has no synchronous position(): the fetch position sits next to highwater() in its state
-                state = consumer._subscription.subscription.assignment.state_value(tp)
-                highwater, polled = consumer.highwater(tp), consumer.last_poll_timestamp(tp)
-                if highwater is None or polled is None or not state.has_valid_position:
+                behind, polled = _behind(consumer, tp), consumer.last_poll_timestamp(tp)
+                if behind is None or polled is None:
                     return False, f"{where}: not fetched yet"
                 if now_ms - polled > stale_after * 1000:
                     return False, f"{where}: no fetch answered for {(now_ms - polled) / 1000:.0f}s"
-                if state.position < highwater:
-                    return False, f"{where}: {highwater - state.position} messages behind"
+                if behind > 0:
+                    return False, f"{where}: {behind} messages behind"
         except (AttributeError, AssertionError, RuntimeError, KeyError, TypeError) as error:
             return False, f"rebalancing ({type(error).__name__})"  # the assignment changed under us
         return True, f"caught up on {len(assigned)} partitions"
@@ -408,10 +417,11 @@ class StreamWorker:
 
         A fetch holds several times more feedback events than rankings (they are smaller), so on a backlog the
         feedback of requests whose rankings are not read yet would wait in the join's pending table, the join's
-        slow path. A feedback partition is paused while its event time is more than :data:`_FEEDBACK_AHEAD` past its
-        rankings', and those are still being read (fed within :data:`_RANKINGS_QUIET`): a rankings partition that
-        ended or went quiet never holds its feedback back. Only the reading order changes, never a result (each
-        source keeps its own event time)."""
+        slow path, bounded by ``max_waiting_feedback`` (beyond it feedback is given up: a result replay does not
+        have). A feedback partition is paused while its event time is more than :data:`_FEEDBACK_AHEAD` past its
+        rankings', and those are still being read: the broker holds rankings the worker has not been handed
+        (:func:`_behind`), or some were fed within :data:`_RANKINGS_QUIET`. A rankings partition that ended, or is
+        caught up and went quiet, never holds its feedback back."""
         consumer = self._consumer
         if consumer is None or self.ubi is not None:
             return
@@ -419,15 +429,19 @@ class StreamWorker:
         topic = self.topics.feedback
         pause, resume = [], []
         paused = consumer.paused()
-        for tp in consumer.assignment():
+        assigned = consumer.assignment()
+        rankings_tp = {tp.partition: tp for tp in assigned if tp.topic == self.topics.rankings}
+        for tp in assigned:
             if tp.topic != topic:
                 continue
             task = self.partitioned.tasks.get(tp.partition)
             ahead = False
             if task is not None and not task.rebuilding:
                 rankings, feedback = task.sources["ranking"], task.sources["feedback"]
+                read = rankings_tp.get(tp.partition)
                 ahead = (feedback.watermark - rankings.watermark > _FEEDBACK_AHEAD and not rankings.ended
-                         and now - rankings.heard < _RANKINGS_QUIET)
+                         and (now - rankings.heard < _RANKINGS_QUIET
+                              or read is not None and (_behind(consumer, read) or 0) > 0))
             if ahead and tp not in paused:
                 pause.append(tp)
             elif not ahead and tp in paused:
