@@ -521,7 +521,7 @@ class StreamWorker:
         stop = stop or asyncio.Event()
         last_checkpoint = time.monotonic()
         committed = 0  # input messages read at the last checkpoint
-        stage_records = 0
+        stage_records = stage_read = stage_committed = 0  # regroup records: last fetch, all read, read at checkpoint
         stage_heard = -math.inf  # when the stage last fetched records
         try:
             while not stop.is_set():
@@ -535,19 +535,21 @@ class StreamWorker:
                     await self._handle(batch)
                     self._pace_feedback()
                     stage_records = await self._handle_stage()
+                    stage_read += stage_records
                     await self._claim_lost()
                     if self.between_batches is not None:
                         self.between_batches()
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
-                    # worker that has read all there is commits what it read at once (its outputs, and the regroup
-                    # records other workers' stage partitions wait for), at most every _CAUGHT_UP_COMMITS of the
-                    # interval
+                    # worker that has read all there is commits what it read at once (its outputs, the regroup
+                    # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
+                    # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval
                     since = time.monotonic() - last_checkpoint
-                    caught_up = not batch and not stage_records and self.events_seen != committed
+                    caught_up = not batch and not stage_records and (
+                        self.events_seen != committed or stage_read != stage_committed)
                     if since >= settings.checkpoint_interval or (
                             caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
                         await self.checkpoint()
-                        last_checkpoint, committed = time.monotonic(), self.events_seen
+                        last_checkpoint, committed, stage_committed = time.monotonic(), self.events_seen, stage_read
         finally:
             with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
                 await asyncio.wait_for(self.checkpoint_now(release=True), _SHUTDOWN_TIMEOUT)
