@@ -495,6 +495,58 @@ def test_a_readout_younger_than_max_age_is_shown_without_the_lock() -> None:
         assert _scrape_in_thread(registry)[watermark] == 7.0  # and keeps what it read, as fresh
 
 
+def test_a_scrape_waits_at_most_max_wait_for_the_lock_then_shows_the_older_readout() -> None:
+    """A busy worker takes its lock back batch after batch; a scrape of a readout older than ``max_age`` waits for
+    it ``max_wait`` at most, then shows the latest readout after all (and, without any readout, waits)."""
+    now = [100.0]
+    lock = threading.Lock()
+    engine = Engine(Config())
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=lock, refresh_every=1.0, max_age=1.5, max_wait=0.05,
+                                clock=lambda: now[0])
+    watermark = ("stream_eval_watermark_seconds", ())
+    engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    collector.refresh()
+    engine.process(_events([Ranking("r2", ["a"], ts=6.0)], engine.config))
+    now[0] = 102.6  # older than max_age, and the worker in a batch
+    with lock:
+        assert _scrape_in_thread(registry)[watermark] == 5.0
+    assert _scrape_in_thread(registry)[watermark] == 6.0  # the lock free: read now
+    empty = CollectorRegistry()
+    EngineCollector(engine, empty, lock=lock, refresh_every=1.0, max_age=1.5, max_wait=0.05)
+    lock.acquire()
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(_samples(empty)), daemon=True)
+    thread.start()
+    thread.join(0.3)
+    assert not out  # no readout to show: it waits for the lock
+    lock.release()
+    thread.join(5)
+    assert out and out[0][watermark] == 6.0
+
+
+def test_a_readout_soon_is_taken_after_a_quarter_of_refresh_every() -> None:
+    """The worker asks for a readout sooner when it starts counting or goes idle after new work: taken once the
+    latest is a quarter of ``refresh_every`` old, not before."""
+    now = [100.0]
+    engine = Engine(Config())
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=threading.Lock(), refresh_every=1.0, max_age=1.5,
+                                clock=lambda: now[0])
+    watermark = ("stream_eval_watermark_seconds", ())
+    assert collector.refresh_soon()  # none yet
+    engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    now[0] = 100.2
+    assert not collector.refresh_soon()
+    collector.refresh()  # (nor the periodic one)
+    with collector.lock:  # type: ignore[union-attr]
+        assert math.isnan(_scrape_in_thread(registry)[watermark])
+    now[0] = 100.25
+    assert collector.refresh_soon()
+    with collector.lock:  # type: ignore[union-attr]
+        assert _scrape_in_thread(registry)[watermark] == 5.0
+
+
 def test_a_readout_exports_what_a_scrape_of_the_engine_does(tmp_path: Path) -> None:
     config = Config()
     engine = replay([_log(tmp_path, SimulationConfig(requests=2000, unit="user", judgments=True, seed=3))], config)

@@ -60,6 +60,10 @@ class StagePartitions:
     def feed(self, partition: int, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         self.held[partition].stage.feed(offsets, values)
 
+    def reporting(self) -> bool:
+        """Whether a stage held here has records for stage partition 0 not taken yet (its looks and progress)."""
+        return any(held.stage.reports for held in self.held.values())
+
     def take_reports(self, partition: int | None = None) -> list[bytes]:
         """The records for stage partition 0 that the stages held here wrote since the last call (of
         ``partition`` only, when given)."""

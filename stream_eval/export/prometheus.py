@@ -73,6 +73,9 @@ from stream_eval.engine.readout import SEGMENT_AB_FIELDS, Labels, Reader, Readou
 
 log = logging.getLogger("stream_eval.export")
 
+#: The share of ``refresh_every`` after which :meth:`EngineCollector.refresh_soon` takes a readout.
+_SOON = 0.25
+
 
 class BrokerStatus(Protocol):
     """What the collector reads of the worker's broker health (``stream.backoff.BrokerHealth``)."""
@@ -99,6 +102,10 @@ class EngineCollector(Collector):
         max_age: Seconds a readout may be old when a scrape shows it (without taking ``lock``); an older one (the
             worker in a long batch or a rebalance) makes the scrape read the engine itself, under ``lock``.
             0 (default): every scrape reads the engine.
+        max_wait: Seconds such a scrape waits for ``lock`` before it shows the latest readout after all, older
+            than ``max_age`` (a busy worker takes the lock back batch after batch, and a waiting scrape could
+            otherwise wait for seconds); None (default): it waits until it has the lock. Without any readout yet
+            it always waits.
 
     >>> from prometheus_client import CollectorRegistry
     >>> from stream_eval.config import Config
@@ -112,7 +119,8 @@ class EngineCollector(Collector):
         self, engine: Engine | Callable[[], Engine], registry: CollectorRegistry | None = None,
         lock: threading.Lock | None = None,
         broker: BrokerStatus | None = None, shares: Callable[[], Shares] | None = None,
-        refresh_every: float = 0.0, max_age: float = 0.0, clock: Callable[[], float] = time.monotonic,
+        refresh_every: float = 0.0, max_age: float = 0.0, max_wait: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
         self.broker = broker
@@ -120,6 +128,7 @@ class EngineCollector(Collector):
         self.shares = shares
         self.refresh_every = refresh_every
         self.max_age = max_age
+        self.max_wait = max_wait
         self.clock = clock
         self._reader = Reader(clock)
         self._readout: Readout | None = None  # the latest readout (replaced whole, never changed)
@@ -147,22 +156,45 @@ class EngineCollector(Collector):
     def refresh(self) -> None:
         """Between the worker's batches: read the engine (under the lock) when the latest readout is
         ``refresh_every`` old (nothing to do when ``refresh_every`` is 0)."""
+        self._refresh_after(self.refresh_every)
+
+    def refresh_soon(self) -> bool:
+        """Between the worker's batches, when it has just started counting or gone idle after new work: a readout
+        now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second). True when
+        it took one."""
+        return self._refresh_after(self.refresh_every * _SOON)
+
+    def _refresh_after(self, age: float) -> bool:
         readout = self._readout
-        if self.refresh_every > 0 and (readout is None or self.clock() - readout.taken >= self.refresh_every):
-            try:
-                with self._locked():
-                    self._read()
-            except Exception:  # never stops the worker: scrapes then read the engine themselves (and fail there)
-                if not self._refresh_failed:
-                    log.exception("reading what /metrics exports failed (logged once)")
-                self._refresh_failed = True
+        if self.refresh_every <= 0 or (readout is not None and self.clock() - readout.taken < age):
+            return False
+        try:
+            with self._locked():
+                self._read()
+        except Exception:  # never stops the worker: scrapes then read the engine themselves (and fail there)
+            if not self._refresh_failed:
+                log.exception("reading what /metrics exports failed (logged once)")
+            self._refresh_failed = True
+            return False
+        return True
 
     def readout(self) -> Readout:
-        """What a scrape shows: the latest readout if at most ``max_age`` old, else one read now under the lock."""
+        """What a scrape shows: the latest readout if at most ``max_age`` old, else one read now under the lock (or,
+        when the lock is not free within ``max_wait``, the latest after all)."""
         readout = self._readout
         if readout is None or self.clock() - readout.taken > self.max_age:
-            with self._locked():
+            lock = self.lock
+            if lock is None:
+                return self._read()
+            if readout is not None and self.max_wait is not None:
+                if not lock.acquire(timeout=self.max_wait):
+                    return readout
+            else:
+                lock.acquire()
+            try:
                 readout = self._read()
+            finally:
+                lock.release()
         return readout
 
     # -- families ---------------------------------------------------------------------------------------

@@ -34,9 +34,10 @@ LOG_FORMATS = ("text", "json")
 _STOP_TIMEOUT = 75.0
 #: Seconds between two returns of the C heap's free pages to the OS (:func:`release_free_heap`).
 RELEASE_HEAP_EVERY = 60.0
-#: Seconds between two readouts of what /metrics exports, taken by the worker between batches, and how old the
-#: readout a scrape shows may be (``EngineCollector``'s ``refresh_every`` and ``max_age``; README, "Prometheus").
-METRICS_REFRESH_EVERY, METRICS_MAX_AGE = 1.0, 1.5
+#: Seconds between two readouts of what /metrics exports, taken by the worker between batches, how old the readout
+#: a scrape shows may be, and how long a scrape of an older one waits for the batch in progress before it shows it
+#: after all (``EngineCollector``'s ``refresh_every``, ``max_age`` and ``max_wait``; README, "Prometheus").
+METRICS_REFRESH_EVERY, METRICS_MAX_AGE, METRICS_MAX_WAIT = 1.0, 1.5, 1.0
 #: The garbage collector's thresholds in a worker (:func:`quiet_gc`; Python's default is 700, 10, 10).
 GC_THRESHOLDS = (20_000, 20, 10)
 
@@ -222,8 +223,10 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
     collector = EngineCollector(worker.stage_view, lock=lock, registry=registry, broker=worker.health,
-                                shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE)
-    worker.between_batches = collector.refresh
+                                shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE,
+                                max_wait=METRICS_MAX_WAIT)
+    collector.refresh()  # a readout from the start: a scrape never has to wait for the first batches to end
+    worker.between_batches, worker.readout_soon = collector.refresh, collector.refresh_soon
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)
     log.warning("stream-eval worker: /metrics, /healthz, /readyz on %s:%d, brokers %s (%s), topics %s*", metrics_host,
                 metrics_port, ",".join(settings.brokers), (settings.security or PLAINTEXT).describe(), settings.prefix)

@@ -225,6 +225,9 @@ class StreamWorker:
         self._fetch_backoff = self.health.backoff()
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
+        #: Called between batches when the worker has just started counting events or has gone idle with changes
+        #: since: ``EngineCollector.refresh_soon`` (a readout sooner than the periodic one; True if it took one).
+        self.readout_soon: Callable[[], bool] | None = None
         #: The claims, commits and releases of the partitions this worker owns (stream/delivery.py).
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
 
@@ -521,8 +524,9 @@ class StreamWorker:
         stop = stop or asyncio.Event()
         last_checkpoint = time.monotonic()
         committed = 0  # input messages read at the last checkpoint
-        stage_records = stage_read = stage_committed = 0  # regroup records: last fetch, all read, read at checkpoint
+        stage_records = stage_read = 0  # regroup records: of the last fetch, all read
         stage_heard = -math.inf  # when the stage last fetched records
+        shown = (0, 0)  # input messages and regroup records read at the last readout taken soon
         try:
             while not stop.is_set():
                 # no wait for input while the stage has records to apply, a short one while it has had some lately
@@ -539,17 +543,23 @@ class StreamWorker:
                     await self._claim_lost()
                     if self.between_batches is not None:
                         self.between_batches()
+                    # a readout at once when the first events are counted, and when the worker goes idle after new
+                    # work (the end of a backlog, a quiet stream): /metrics then shows the state within a poll
+                    read = (self.events_seen, stage_read)
+                    if self.readout_soon is not None and read != shown and (
+                            shown[0] == 0 or (not batch and not stage_records)) and self.readout_soon():
+                        shown = read
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
                     # worker that has read all there is commits what it read at once (its outputs, the regroup
                     # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
                     # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval
                     since = time.monotonic() - last_checkpoint
                     caught_up = not batch and not stage_records and (
-                        self.events_seen != committed or stage_read != stage_committed)
+                        self.events_seen != committed or self.stages.reporting())
                     if since >= settings.checkpoint_interval or (
                             caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
                         await self.checkpoint()
-                        last_checkpoint, committed, stage_committed = time.monotonic(), self.events_seen, stage_read
+                        last_checkpoint, committed = time.monotonic(), self.events_seen
         finally:
             with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
                 await asyncio.wait_for(self.checkpoint_now(release=True), _SHUTDOWN_TIMEOUT)
