@@ -42,6 +42,7 @@ raw numbers (every poll of every run) to the ``.json`` beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -136,6 +137,21 @@ def expected_ab(log_path: Path) -> dict[str, float]:
             out[f"delta/{row['experiment']}/{row['metric']}"] = float(row["delta"])
     out["gauc"] = float(report["overall"]["metrics"]["GAUC"])
     return out
+
+
+def given_up(text: str) -> dict[str, float]:
+    """What a worker gave up, by kind: ``orphan`` feedback and each ``stream_eval_overflow_total`` kind (a bound of
+    the state passed), the non-zero ones; any of them makes its figures differ from the replay's."""
+    out: dict[str, float] = {}
+    for name, labels, value in samples(text, {"stream_eval_events_total", "stream_eval_overflow_total"}):
+        if name == "stream_eval_overflow_total":
+            key = f"overflow/{labels.get('kind')}"
+        elif labels.get("status") == "orphan":
+            key = "orphan"
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + value
+    return {key: value for key, value in sorted(out.items()) if value}
 
 
 def ab_not_reached(seen: dict[str, float], expected: dict[str, float]) -> list[tuple[str, float, float | None]]:
@@ -280,6 +296,10 @@ class ScaleBench:
                     settled = stage_last[1]  # (bench/stream.py's end point: the stage's series' last change)
                     break
                 time.sleep(args.poll)
+            else:  # timed out: what each worker gave up (orphans, bounds passed) may say why
+                for k, port in enumerate(ports):
+                    with contextlib.suppress(OSError):
+                        log(f"worker {k} gave up: {given_up(scrape(f'http://127.0.0.1:{port}/metrics')) or 'nothing'}")
         finally:
             for proc in procs:
                 stop_process(proc)
