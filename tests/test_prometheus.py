@@ -545,6 +545,11 @@ def test_a_readout_soon_is_taken_after_a_quarter_of_refresh_every() -> None:
     assert collector.refresh_soon()
     with collector.lock:  # type: ignore[union-attr]
         assert _scrape_in_thread(registry)[watermark] == 5.0
+    collector._read_seconds = 0.2  # a large state: readouts of 0.2 s are taken 0.8 s apart at the soonest
+    now[0] = 100.9
+    assert not collector.refresh_soon()
+    now[0] = 101.1
+    assert collector.refresh_soon()
 
 
 def test_a_readout_exports_what_a_scrape_of_the_engine_does(tmp_path: Path) -> None:

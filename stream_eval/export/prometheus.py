@@ -73,7 +73,8 @@ from stream_eval.engine.readout import SEGMENT_AB_FIELDS, Labels, Reader, Readou
 
 log = logging.getLogger("stream_eval.export")
 
-#: The share of ``refresh_every`` after which :meth:`EngineCollector.refresh_soon` takes a readout.
+#: The share of ``refresh_every`` after which :meth:`EngineCollector.refresh_soon` takes a readout, and the share of
+#: the worker's time its readouts may take at most (a large state makes each readout long).
 _SOON = 0.25
 
 
@@ -133,6 +134,7 @@ class EngineCollector(Collector):
         self._reader = Reader(clock)
         self._readout: Readout | None = None  # the latest readout (replaced whole, never changed)
         self._refresh_failed = False
+        self._read_seconds = 0.0  # how long the latest readout took to read
         self._scraping = threading.Lock()  # one scrape at a time updates the counters' high-water marks
         self._high: dict[tuple[str, Labels], float] = {}
         if registry is not None:
@@ -149,8 +151,10 @@ class EngineCollector(Collector):
 
     def _read(self) -> Readout:
         """A readout of the engine now (the caller holds the lock); kept as the latest."""
+        started = time.perf_counter()
         readout = self._reader.read(self.engine, None if self.shares is None else self.shares())
         self._readout = readout
+        self._read_seconds = time.perf_counter() - started
         return readout
 
     def refresh(self) -> None:
@@ -160,9 +164,10 @@ class EngineCollector(Collector):
 
     def refresh_soon(self) -> bool:
         """Between the worker's batches, when it has just started counting or gone idle after new work: a readout
-        now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second). True when
-        it took one."""
-        return self._refresh_after(self.refresh_every * _SOON)
+        now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second), or than
+        the last readout's own time divided by :data:`_SOON` (these readouts take at most a quarter of the worker's
+        time). True when it took one."""
+        return self._refresh_after(max(self.refresh_every * _SOON, self._read_seconds / _SOON))
 
     def _refresh_after(self, age: float) -> bool:
         readout = self._readout
