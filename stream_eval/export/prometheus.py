@@ -191,11 +191,9 @@ class EngineCollector(Collector):
             lock = self.lock
             if lock is None:
                 return self._read()
-            if readout is not None and self.max_wait is not None:
-                if not lock.acquire(timeout=self.max_wait):
-                    return readout
-            else:
-                lock.acquire()
+            if not lock.acquire(timeout=-1 if readout is None or self.max_wait is None else self.max_wait):
+                assert readout is not None  # (without one, it waited for the lock)
+                return readout
             try:
                 readout = self._read()
             finally:

@@ -545,17 +545,17 @@ class StreamWorker:
                         self.between_batches()
                     # a readout at once when the first events are counted, and when the worker goes idle after new
                     # work (the end of a backlog, a quiet stream): /metrics then shows the state within a poll
+                    idle = not batch and not stage_records
                     read = (self.events_seen, stage_read)
-                    if self.readout_soon is not None and read != shown and (
-                            shown[0] == 0 or (not batch and not stage_records)) and self.readout_soon():
+                    if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle) and (
+                            self.readout_soon()):
                         shown = read
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
                     # worker that has read all there is commits what it read at once (its outputs, the regroup
                     # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
                     # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval
                     since = time.monotonic() - last_checkpoint
-                    caught_up = not batch and not stage_records and (
-                        self.events_seen != committed or self.stages.reporting())
+                    caught_up = idle and (self.events_seen != committed or self.stages.reporting())
                     if since >= settings.checkpoint_interval or (
                             caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
                         await self.checkpoint()
