@@ -62,6 +62,7 @@ sys.path.insert(0, str(HERE))
 # run.py (imported by stream.py first) also pins numpy to one thread
 from run import code_hash, fmt_range, machine_info, summary  # noqa: E402
 from stream import (  # noqa: E402
+    EVENT_RATE,
     PARTITIONS,
     STAGE_SETTLE_SECONDS,
     StreamBench,
@@ -230,7 +231,8 @@ class ScaleBench:
     def produce(self, prefix: str) -> dict[str, Any]:
         """The backlog (``StreamBench.produce``), and the A/B readout a replay of it gives (``expected_ab``)."""
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:  # StreamBench.produce keeps the log there
-            bench = StreamBench(argparse.Namespace(requests=self.args.requests, out_dir=tmp), self.bootstrap)
+            bench = StreamBench(argparse.Namespace(requests=self.args.requests, out_dir=tmp,
+                                                    event_rate=self.args.event_rate), self.bootstrap)
             data = bench.produce(prefix)
             started = time.perf_counter()
             self.expected = expected_ab(bench.log_path)
@@ -461,7 +463,10 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
     every = [r for rs in runs.values() for r in rs]
     out.append(
         f"Data: {data['events']:,} simulated events ({data['requests']:,} requests of ~20 items, {data['feedback']:,} "
-        f"feedback) + {data['watermarks']} end-of-stream watermarks, {PARTITIONS} partitions per topic, produced once. "
+        f"feedback; {args.event_rate:g} requests per second of event time: "
+        f"{data['requests'] / args.event_rate / 60:.0f} minutes) + {data['watermarks']} end-of-stream watermarks, "
+        f"{PARTITIONS} partitions per "
+        f"topic, produced once. "
         f"Worker command: `{shlex.join(args.command_shown)}`. Runs alternate {', '.join(map(str, args.workers))} "
         f"worker(s), {args.repeat} rounds, a fresh consumer group each; /metrics and /proc polled every "
         f"{args.poll:g} s (a scrape waits while a worker's readout is older than 1.5 s: gaps between polls up to "
@@ -547,6 +552,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                         "{broker} --topic-prefix {prefix} --metrics-port {port} --group {group})")
     p.add_argument("--worker-args", default="", help="extra arguments for every worker, e.g. "
                                                      "'--attribution-window 60s'")
+    p.add_argument("--event-rate", type=float, default=EVENT_RATE,
+                   help=f"simulated requests per second of event time (default {EVENT_RATE:g}: the backlog spans "
+                        "less than the 30-minute attribution window, so every request is finalised at its end)")
     p.add_argument("--poll", type=float, default=0.1, help="seconds between polls (default 0.1)")
     p.add_argument("--settle", type=float, default=STAGE_SETTLE_SECONDS,
                    help=f"seconds the stage's series must stand still (default {STAGE_SETTLE_SECONDS:g})")
