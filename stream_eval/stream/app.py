@@ -2,8 +2,8 @@
 
 faust runs the worker process (signals, logging, services) and a small control topic
 (``<prefix><group>.control``, JSON commands ``{"command": "checkpoint"}`` or ``{"command": "report"}``). The
-input topics are consumed by :class:`~stream_eval.stream.worker.StreamWorker`, a faust task, in batches:
-faust's per-message path would cap the worker near 6,500 events/s (see ``docs/design.md``).
+input topics are consumed by :class:`~stream_eval.stream.worker.StreamWorker`, a future of the app started with it,
+in batches: faust's per-message path would cap the worker near 6,500 events/s (see ``docs/design.md``).
 
 No faust.App is built at import time here; ``stream_eval.stream.entry`` is the module for ``faust -A``.
 """
@@ -141,7 +141,24 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
     """The faust app and the worker it runs; faust's sensors go to ``registry`` when one is given."""
     worker = StreamWorker(settings, config, lock)
     datadir = os.path.join(tempfile.gettempdir(), f"stream-eval-{settings.group}-{os.getpid()}")
-    app = faust.App(
+    stop, stopped = asyncio.Event(), asyncio.Event()
+
+    async def evaluate() -> None:
+        quiet_gc()
+        try:
+            await worker.run(stop)
+        finally:
+            stopped.set()
+
+    class WorkerApp(faust.App):
+        async def on_first_start(self) -> None:
+            """The data plane starts with the app: a faust task would start only once faust's own consumer has
+            joined its group (the control topic's), and the input's group join would come after that one's (each
+            held by the broker's initial rebalance delay, 3 s by default)."""
+            await super().on_first_start()
+            self.add_future(evaluate())
+
+    app = WorkerApp(
         f"{settings.prefix}{settings.group}-control",
         broker=[f"kafka://{address}" for address in settings.brokers],
         datadir=datadir,
@@ -169,16 +186,6 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
                 log.warning("report: %s", report)
             else:
                 log.warning("unknown control command %r", command)
-
-    stop, stopped = asyncio.Event(), asyncio.Event()
-
-    @app.task  # type: ignore[untyped-decorator]  # faust's task decorator has no types
-    async def evaluate() -> None:
-        quiet_gc()
-        try:
-            await worker.run(stop)
-        finally:
-            stopped.set()
 
     @app.timer(RELEASE_HEAP_EVERY)  # type: ignore[untyped-decorator]  # faust's timer decorator has no types
     async def release_heap() -> None:
