@@ -2,6 +2,7 @@
 
     python bench/scale.py             # 60k requests (~300k events), 3 runs each of 1 and 2 workers; ~4 min on 2 cores
     python bench/scale.py --quick     # 20k requests (~100k events), 2 runs each
+    python bench/scale.py --event-rate 10   # the same requests over 100 minutes of event time (finalised as read)
     python bench/scale.py --worker-args "--attribution-window 60s --session-gap 60s" --tag window60
 
 A Tansu broker is started on a free port (``Broker(free_port())``) and simulated traffic is produced once to the
