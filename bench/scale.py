@@ -550,7 +550,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", default="1,2", help="worker counts run in each round, in order (default 1,2)")
     p.add_argument("--worker-cmd", help="worker command line, a template with {python} {broker} {bootstrap} "
                                         "{prefix} {group} {port} (default: python -m stream_eval.cli worker --broker "
-                                        "{broker} --topic-prefix {prefix} --metrics-port {port} --group {group})")
+                                        "{broker} --topic-prefix {prefix} --metrics-port {port} --group {group}). "
+                                        "To run another source tree's worker, start it from that tree (python -m "
+                                        "puts the working directory first on the path, before PYTHONPATH): "
+                                        "\"sh -c 'cd TREE && exec {python} -m stream_eval.cli worker ...'\"")
     p.add_argument("--worker-args", default="", help="extra arguments for every worker, e.g. "
                                                      "'--attribution-window 60s'")
     p.add_argument("--event-rate", type=float, default=EVENT_RATE,
