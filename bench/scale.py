@@ -232,9 +232,8 @@ class ScaleBench:
     def produce(self, prefix: str) -> dict[str, Any]:
         """The backlog (``StreamBench.produce``), and the A/B readout a replay of it gives (``expected_ab``)."""
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:  # StreamBench.produce keeps the log there
-            bench = StreamBench(argparse.Namespace(requests=self.args.requests, out_dir=tmp,
-                                                    event_rate=self.args.event_rate), self.bootstrap)
-            data = bench.produce(prefix)
+            bench = StreamBench(argparse.Namespace(requests=self.args.requests, out_dir=tmp), self.bootstrap)
+            data = bench.produce(prefix, self.args.event_rate)
             started = time.perf_counter()
             self.expected = expected_ab(bench.log_path)
             log(f"replay of the backlog: {len(self.expected)} A/B figures to reach, in "
@@ -466,8 +465,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         f"Data: {data['events']:,} simulated events ({data['requests']:,} requests of ~20 items, {data['feedback']:,} "
         f"feedback; {args.event_rate:g} requests per second of event time: "
         f"{data['requests'] / args.event_rate / 60:.0f} minutes) + {data['watermarks']} end-of-stream watermarks, "
-        f"{PARTITIONS} partitions per "
-        f"topic, produced once. "
+        f"{PARTITIONS} partitions per topic, produced once. "
         f"Worker command: `{shlex.join(args.command_shown)}`. Runs alternate {', '.join(map(str, args.workers))} "
         f"worker(s), {args.repeat} rounds, a fresh consumer group each; /metrics and /proc polled every "
         f"{args.poll:g} s (a scrape waits while a worker's readout is older than 1.5 s: gaps between polls up to "

@@ -253,9 +253,10 @@ def child_replay(path: str, passes: int) -> None:
     from stream_eval.config import Config
     from stream_eval.engine.replay import replay
 
-    first = Path(tempfile.mkdtemp(prefix="replay-bench-")) / "first.jsonl"
-    first.write_bytes(Path(path).read_bytes().split(b"\n", 1)[0] + b"\n")
-    replay([str(first)], Config())
+    with tempfile.TemporaryDirectory(prefix="replay-bench-") as tmp:
+        first = Path(tmp) / "first.jsonl"
+        first.write_bytes(Path(path).read_bytes().split(b"\n", 1)[0] + b"\n")
+        replay([str(first)], Config())
     cpu, wall = [], []
     for _ in range(passes):
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -373,13 +374,14 @@ class StreamBench:
         self.run_id = f"{os.getpid()}-{int(time.time())}"
 
     # -- data ---------------------------------------------------------------------------------------
-    def produce(self, prefix: str) -> dict[str, int]:
+    def produce(self, prefix: str, rate: float = EVENT_RATE) -> dict[str, int]:
+        """Simulated traffic (``rate`` requests per second of event time) to the input topics of ``prefix``, and
+        to ``stream-log.jsonl`` in the output directory."""
         from stream_eval.simulate import SimulationConfig, simulate_lines
         from stream_eval.stream.kafka import topics
         from stream_eval.stream.produce import WATERMARKS, send_lines
 
-        config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11,
-                                  rate=getattr(self.args, "event_rate", None) or EVENT_RATE)
+        config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=rate)
         lines = list(simulate_lines(config))
         self.log_path = Path(self.args.out_dir) / "stream-log.jsonl"
         self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
@@ -478,7 +480,7 @@ class StreamBench:
         """The engine's pass over the produced log as ``stream-eval replay`` runs it (:func:`child_replay`): its CPU
         seconds, the median of :data:`REPLAY_PASSES` passes in one child, so that events per CPU-second compare with
         the worker's."""
-        proc = subprocess.run([*child_cmd("replay", self.log_path, REPLAY_PASSES)], capture_output=True,
+        proc = subprocess.run(child_cmd("replay", self.log_path, REPLAY_PASSES), capture_output=True,
                               stdin=subprocess.DEVNULL, timeout=self.args.timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"replay child exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-3000:]}")
