@@ -66,6 +66,36 @@ def test_every_line_decoder_rejects_poison_with_its_reason(decode: str) -> None:
     assert "2100-01-01T00:00:00Z" in events[3].reason and "1e+300" in events[3].reason
 
 
+def _nested(depth: int, inner: bytes = b"1") -> bytes:
+    return b'{"type":"feedback","request_id":"r","item":"a","ts":1767225600,"x":' + b"[" * (depth - 1) + inner + \
+        b"]" * (depth - 1) + b"}"
+
+
+def _on_a_deep_stack(levels: int, call: Any) -> Any:
+    return call() if levels == 0 else _on_a_deep_stack(levels - 1, call)
+
+
+@pytest.mark.parametrize("stack", [0, 300])
+def test_nesting_is_too_deep_past_the_same_depth_in_every_decoder_and_at_any_stack_depth(stack: int) -> None:
+    """Past :data:`scan.MAX_DEPTH` levels a line is ``too_deep`` even where it is broken JSON inside (msgspec's
+    RecursionError depends on how deep the caller's stack is: a check by it gave bad_json in one decoder and
+    too_deep in another); at that depth it is read."""
+    from stream_eval.events.scan import MAX_DEPTH
+    config = Config()
+    lines = [_nested(MAX_DEPTH), _nested(MAX_DEPTH + 1), _nested(MAX_DEPTH, b"\x00"), _nested(MAX_DEPTH + 1, b"\x00"),
+             _nested(900, b"\x00"), DEEP]
+    chunk = b"\n".join(lines) + b"\n"
+    expected = [None, "too_deep", "bad_json", "too_deep", "too_deep", "too_deep"]
+    decoders = {"line": lambda: [schema.decode_line(line, config) for line in lines],
+                "chunk": lambda: schema.decode_chunk(chunk, config),
+                "compact": lambda: schema.decode_chunk_compact(chunk, config),
+                "columns": lambda: schema.decode_chunk_columns(chunk, config).as_list(),
+                "messages": lambda: decode_messages(lines, "feedback", config, [T0] * len(lines),
+                                                    [str(k) for k in range(len(lines))])}
+    for name, decode in decoders.items():
+        assert [_code(e) for e in _on_a_deep_stack(stack, decode)] == expected, name
+
+
 def test_the_compiled_reader_checks_times_it_reads_itself() -> None:
     """Plain feedback and rankings are read by compiled code; a time out of range there still goes to the
     validator (read exactly: inexact decimals are parsed by float, then checked)."""

@@ -435,8 +435,13 @@ def _scan(b: Bytes, lines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Int
 
 #: What :func:`screen_lines` says of a line: nothing against it; bytes that are not UTF-8; a key of its object
 #: twice (byte for byte); a key with an escape, or many keys (the caller compares the decoded keys); more bytes
-#: than :data:`MAX_EVENT_BYTES` (not read further).
-CLEAN, NOT_UTF8, REPEATED_KEY, ASK, TOO_LARGE = range(5)
+#: than :data:`MAX_EVENT_BYTES` (not read further); arrays or objects nested more than :data:`MAX_DEPTH` deep.
+CLEAN, NOT_UTF8, REPEATED_KEY, ASK, TOO_LARGE, TOO_DEEP = range(6)
+#: The deepest nesting of arrays and objects an event may have. Decided here, by counting brackets, and not by
+#: msgspec's RecursionError: that depends on how deep the interpreter's stack already is where it is called, so the
+#: same bytes could be ``too_deep`` in one decoder and ``bad_json`` in another. Far enough below the interpreter's
+#: recursion limit (1,000) that msgspec never reaches it on a line this allows.
+MAX_DEPTH = 512
 #: The most bytes an event (a line, a message) may have. Whatever a worker writes of one event (its
 #: request-metrics record, with the request id as key and again in the value; its regroup records; a dead letter)
 #: then stays far below Kafka's default limit of 1 MiB a message, which a larger event could pass and crash the
@@ -456,8 +461,9 @@ def screen_lines(b: Bytes) -> Ints:
 def screen_spans(b: Bytes, starts: Ints, ends: Ints) -> Ints:  # pragma: no cover  # compiled
     """What msgspec does not check in each message ``b[starts[k]:ends[k]]``: whether its bytes are UTF-8
     (:data:`NOT_UTF8` when not, wherever they are: msgspec skips the values of unknown fields unread), then whether
-    the top-level object has a key twice (:data:`REPEATED_KEY`; msgspec keeps the last value); before both, whether
-    it is longer than :data:`MAX_EVENT_BYTES` (:data:`TOO_LARGE`). :data:`ASK` when a
+    arrays and objects are nested more than :data:`MAX_DEPTH` deep (:data:`TOO_DEEP`), then whether the top-level
+    object has a key twice (:data:`REPEATED_KEY`; msgspec keeps the last value); before all, whether it is longer
+    than :data:`MAX_EVENT_BYTES` (:data:`TOO_LARGE`). :data:`ASK` when a
     key has an escape (``"it\\u0065m"`` is ``"item"``) or there are many: the caller compares the keys decoded.
 
     One pass over the bytes, strings skipped by their quotes; it assumes nothing of the JSON (it only tells of
@@ -512,7 +518,7 @@ def _skip_string(b: Bytes, i: int, e: int) -> tuple[int, bool]:  # pragma: no co
 def _screen(b: Bytes, s: int, e: int, key_starts: Ints, key_ends: Ints) -> int:  # pragma: no cover  # compiled
     i = _skip(b, s, e)
     top = i < e and b[i] == 123  # an object: its keys are compared
-    depth = 0
+    depth = deepest = 0
     n = 0
     repeated = ask = False
     stops = _STOP_OUTSIDE
@@ -528,6 +534,7 @@ def _screen(b: Bytes, s: int, e: int, key_starts: Ints, key_ends: Ints) -> int: 
         elif c == 44 or c == 123:  # , {
             if c == 123:
                 depth += 1
+                deepest = max(deepest, depth)
                 stops = _STOP_NESTED if depth > 1 else _STOP_OUTSIDE
             if top and depth == 1:
                 j = _skip(b, i + 1, e)
@@ -553,6 +560,7 @@ def _screen(b: Bytes, s: int, e: int, key_starts: Ints, key_ends: Ints) -> int: 
             stops = _STOP_NESTED if depth > 1 else _STOP_OUTSIDE
         elif c == 91:  # [
             depth += 1
+            deepest = max(deepest, depth)
             stops = _STOP_NESTED if depth > 1 else _STOP_OUTSIDE
         else:  # 128 or more
             size = _utf8_size(b, i, e)
@@ -560,6 +568,8 @@ def _screen(b: Bytes, s: int, e: int, key_starts: Ints, key_ends: Ints) -> int: 
                 return NOT_UTF8
             i += size - 1
         i += 1
+    if deepest > MAX_DEPTH:
+        return TOO_DEEP
     return REPEATED_KEY if repeated else ASK if ask else CLEAN
 
 

@@ -484,16 +484,19 @@ _FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "b
 
 
 #: What decoding bytes can raise: msgspec's errors, UnicodeDecodeError for bytes that are not UTF-8, and
-#: RecursionError for JSON nested deeper than the interpreter's recursion limit (~1,000 levels; msgspec skips
-#: even unknown fields recursively).
+#: RecursionError for JSON nested deeper than the interpreter's recursion limit allows (msgspec skips even unknown
+#: fields recursively; the screen's :data:`scan.TOO_DEEP` keeps events from getting there).
 DECODE_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError, RecursionError)
+
+
+TOO_DEEP_REASON = f"JSON nested too deeply (arrays or objects inside each other more than {scan.MAX_DEPTH} levels)"
 
 
 def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError | RecursionError) -> tuple[str, str]:
     if isinstance(error, UnicodeDecodeError):
         return "bad_utf8", f"not UTF-8 text: {error.reason} at byte {error.start}"
     if isinstance(error, RecursionError):
-        return "too_deep", "JSON nested too deeply (arrays or objects inside each other ~1,000 levels or more)"
+        return "too_deep", TOO_DEEP_REASON
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
         return "bad_json", text
@@ -540,12 +543,14 @@ def _repeated_key(line: bytes) -> str | None:
 
 def screened(line: bytes, verdict: int) -> tuple[str, str] | None:
     """The code and reason of a line (or message) that :func:`scan.screen_lines` gave ``verdict``: ``bad_utf8``,
-    ``duplicate_key`` (certain for :data:`scan.REPEATED_KEY`, looked for in the decoded keys for :data:`scan.ASK`),
-    or ``None`` when nothing is against it; before both, ``too_large``. They come before msgspec's reasons, in every
-    decoder."""
+    ``too_deep``, ``duplicate_key`` (certain for :data:`scan.REPEATED_KEY`, looked for in the decoded keys for
+    :data:`scan.ASK`), or ``None`` when nothing is against it; before all, ``too_large``. They come before msgspec's
+    reasons, in every decoder."""
     if verdict == scan.TOO_LARGE:
         return "too_large", (f"{len(line):,} bytes: more than the {scan.MAX_EVENT_BYTES:,} an event may have (a "
                              "worker could not write its outputs to Kafka)")
+    if verdict == scan.TOO_DEEP:
+        return "too_deep", TOO_DEEP_REASON
     if verdict == scan.NOT_UTF8:
         try:
             bytes(line).decode()
