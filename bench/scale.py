@@ -4,6 +4,7 @@
     python bench/scale.py --quick     # 20k requests (~100k events), 2 runs each
     python bench/scale.py --event-rate 10   # the same requests over 100 minutes of event time (finalised as read)
     python bench/scale.py --worker-args "--attribution-window 60s --session-gap 60s" --tag window60
+    python bench/scale.py --baseline ../old   # also another source tree's workers, in the same rounds
 
 A Tansu broker is started on a free port (``Broker(free_port())``) and simulated traffic is produced once to the
 input topics of one prefix, 4 partitions per topic, with end-of-stream watermarks (``StreamBench.produce`` of
@@ -34,6 +35,9 @@ labels of one ``partition``: the group rebalanced, e.g. because one worker joine
 reading) is run again, up to ``--retries`` times; the report counts those.
 
 Speed-up = events/s of the 2-worker run ÷ that of the 1-worker run next to it, run by run; efficiency = speed-up ÷ 2.
+With ``--baseline DIR`` the workers of another source tree (a git worktree of another commit) run in the same
+rounds, their 1 and 2 workers before or after this tree's in turn, so that the two trees' speed-ups are measured
+side by side (on a shared machine, runs an hour apart differ by more than most changes).
 Where the machine's cores went over each run (first event to A/B-complete) is reported too: the workers, the broker,
 this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle.
 The Markdown report is printed and written to ``bench/out/scale.md`` (``scale-quick.md``, ``scale-<tag>.md``), the
@@ -70,6 +74,7 @@ from stream import (  # noqa: E402
     cpu_seconds,
     samples,
     scrape,
+    source_tree,
     stage_state,
     start_broker,
     stream_eval_cmd,
@@ -241,7 +246,9 @@ class ScaleBench:
         data["expected"] = self.expected
         return data
 
-    def run(self, prefix: str, group: str, n: int, events: int, requests: int) -> dict[str, Any]:
+    def run(self, prefix: str, group: str, n: int, events: int, requests: int,
+            source: str | None = None) -> dict[str, Any]:
+        """One run of ``n`` workers (of the tree ``source``, when given: ``python -m`` there imports its package)."""
         from stream_eval.stream.broker import free_port
 
         args = self.args
@@ -249,7 +256,7 @@ class ScaleBench:
         errors = [tempfile.TemporaryFile() for _ in range(n)]
         start = time.perf_counter()
         procs = [subprocess.Popen(self.command(prefix, group, port), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=err)
+                                  stdout=subprocess.DEVNULL, stderr=err, cwd=source)
                  for port, err in zip(ports, errors, strict=True)]
         polls: list[Poll] = []
         first = counted_at = done = settled = None
@@ -394,27 +401,32 @@ class ScaleBench:
         prefix = f"scale-{self.run_id}-"
         data = self.produce(prefix)
         self.results["data"] = data
-        runs: dict[int, list[dict[str, Any]]] = {n: [] for n in args.workers}
+        trees = {"": None, "baseline ": args.baseline} if args.baseline else {"": None}
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {tree: {n: [] for n in args.workers} for tree in trees}
         discarded: list[dict[str, Any]] = []
         for i in range(args.repeat):
-            for n in args.workers:
+            order = list(trees) if i % 2 == 0 else list(trees)[::-1]  # the trees' order alternates
+            for tree, n in [(tree, n) for tree in order for n in args.workers]:
                 for attempt in range(args.retries + 1):
-                    result = self.run(prefix, f"scale{i}-{n}w-{attempt}", n, data["events"], data["requests"])
+                    result = self.run(prefix, f"scale{i}-{tree.strip()}{n}w-{attempt}", n, data["events"],
+                                      data["requests"], trees[tree])
                     if not result["moved"] or attempt == args.retries:
                         break
-                    log(f"run {i + 1}, {n} worker(s): partitions {result['moved']} moved between workers "
+                    log(f"run {i + 1}, {tree}{n} worker(s): partitions {result['moved']} moved between workers "
                         f"(the group rebalanced during the run): run again")
                     discarded.append({"round": i, "workers": n, "moved": result["moved"],
                                       "rate": result["ab_point"]["rate"]})
-                runs[n].append(result)
+                runs[tree][n].append(result)
                 ab = result["ab_point"]
-                log(f"run {i + 1}, {n} worker(s): {ab['rate']:,.0f} events/s to A/B-complete "
+                log(f"run {i + 1}, {tree}{n} worker(s): {ab['rate']:,.0f} events/s to A/B-complete "
                     f"({ab['seconds']:.1f} s; {result['requests_point']['rate']:,.0f}/s to every request), "
                     f"{ab['per_cpu']:,.0f} per CPU-s, CPU shares {[round(s, 2) for s in ab['share']]}, "
                     f"work ends {[round(e, 1) for e in result['work_end']]} s, stage on {result['stage_worker']}, "
                     f"partitions {result['partitions']}{', MOVED ' + str(result['moved']) if result['moved'] else ''}, "
                     f"poll gaps max {result['poll_gap_max']:.1f} s")
-        self.results["runs"] = {str(n): rs for n, rs in runs.items()}
+        self.results["runs"] = {str(n): rs for n, rs in runs[""].items()}
+        if args.baseline:
+            self.results["baseline_runs"] = {str(n): rs for n, rs in runs["baseline "].items()}
         self.results["discarded"] = discarded
 
 
@@ -534,6 +546,21 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                      eff["median"] >= TARGET_EFFICIENCY))
         rows.append(("tail: how long the last worker is busy after the first went idle, share of the run",
                      f"≤ {100 * TARGET_TAIL_SHARE:.0f} %", fmt_range(tail, pct), tail["median"] <= TARGET_TAIL_SHARE))
+    base = results.get("baseline_runs")
+    if base:
+        ups = summary(speedups(base, "ab_point", 2))
+        out.append(f"The baseline tree (`--baseline`, at {args.baseline_commit}), in the same rounds: events/s to "
+                   f"A/B-complete "
+                   + ", ".join(f"{n} worker(s) {fmt_range(summary([r['ab_point']['rate'] for r in base[str(n)]]))}"
+                               for n in args.workers)
+                   + f"; 2 workers ÷ 1, run by run, **{fmt_range(ups, f2)}×** (this tree: "
+                   f"{fmt_range(summary(speedups(runs, 'ab_point', 2)), f2)}×). This tree ÷ the baseline, run by "
+                   f"run, events/s to A/B-complete: "
+                   + ", ".join(f"{n} worker(s) " + fmt_range(summary(
+                       [a["ab_point"]["rate"] / b["ab_point"]["rate"]
+                        for a, b in zip(runs[str(n)], base[str(n)], strict=True)]), f2) + "×" for n in args.workers)
+                   + ".")
+        out.append("")
     if rows:
         out += ["| Target | Required | Measured | Verdict |", "|---|---|---|---|",
                 *(f"| {name} | {required} | {measured} | {verdict(ok)} |" for name, required, measured, ok in rows), ""]
@@ -566,8 +593,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
     p.add_argument("--tag", default="", help="suffix of the output files' names")
     p.add_argument("--kafka", action="store_true", help="on Apache Kafka (scripts/kafka/fetch) instead of Tansu")
+    p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its workers run too, "
+                                      "in the same rounds, as the same-run baseline")
     p.add_argument("--out-dir", default=str(HERE / "out"))
     args = p.parse_args(argv)
+    args.baseline, args.baseline_commit = source_tree(args.baseline)
     args.requests = args.requests or (20_000 if args.quick else 60_000)
     args.repeat = args.repeat or (2 if args.quick else 3)
     args.workers = [int(n) for n in args.workers.split(",")]

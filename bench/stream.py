@@ -883,13 +883,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.probes = args.probes or (50 if args.quick else 200)
     args.memory_requests = args.memory_requests or (30_000 if args.quick else 100_000)
     args.only = set(args.only.split(",")) if args.only else {"throughput", "latency", "memory"}
-    args.baseline_commit = None
-    if args.baseline:
-        args.baseline = str(Path(args.baseline).resolve())
-        found = subprocess.run(["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True,
-                               text=True)
-        args.baseline_commit = found.stdout.strip() or "unknown"
+    args.baseline, args.baseline_commit = source_tree(args.baseline)
     return args
+
+
+def source_tree(path: str | None) -> tuple[str | None, str | None]:
+    """``--baseline``: the tree's absolute path and its commit (``git rev-parse --short HEAD``)."""
+    if not path:
+        return None, None
+    path = str(Path(path).resolve())
+    found = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return path, found.stdout.strip() or "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
