@@ -401,15 +401,16 @@ class ScaleBench:
         prefix = f"scale-{self.run_id}-"
         data = self.produce(prefix)
         self.results["data"] = data
-        trees = {"": None, "baseline ": args.baseline} if args.baseline else {"": None}
-        runs: dict[str, dict[int, list[dict[str, Any]]]] = {tree: {n: [] for n in args.workers} for tree in trees}
+        # (the log's label, the tree run: None for this one)
+        trees: list[tuple[str, str | None]] = [("", None)] + ([("baseline ", args.baseline)] if args.baseline else [])
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {tree: {n: [] for n in args.workers} for tree, _ in trees}
         discarded: list[dict[str, Any]] = []
         for i in range(args.repeat):
-            order = list(trees) if i % 2 == 0 else list(trees)[::-1]  # the trees' order alternates
-            for tree, n in [(tree, n) for tree in order for n in args.workers]:
+            order = trees if i % 2 == 0 else trees[::-1]  # the trees' order alternates
+            for (tree, source), n in [(t, n) for t in order for n in args.workers]:
                 for attempt in range(args.retries + 1):
                     result = self.run(prefix, f"scale{i}-{tree.strip()}{n}w-{attempt}", n, data["events"],
-                                      data["requests"], trees[tree])
+                                      data["requests"], source)
                     if not result["moved"] or attempt == args.retries:
                         break
                     log(f"run {i + 1}, {tree}{n} worker(s): partitions {result['moved']} moved between workers "
@@ -548,18 +549,18 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                      f"≤ {100 * TARGET_TAIL_SHARE:.0f} %", fmt_range(tail, pct), tail["median"] <= TARGET_TAIL_SHARE))
     base = results.get("baseline_runs")
     if base:
-        ups = summary(speedups(base, "ab_point", 2))
+        def rates(rs: list[dict[str, Any]]) -> list[float]:
+            return [r["ab_point"]["rate"] for r in rs]
+
+        ups = [f"{n} ÷ 1 **{fmt_range(summary(speedups(base, 'ab_point', n)), f2)}×** (this tree: "
+               f"{fmt_range(summary(speedups(runs, 'ab_point', n)), f2)}×)" for n in args.workers if n != 1]
+        ratios = [f"{n} worker(s) {fmt_range(summary([a / b for a, b in zip(rates(runs[str(n)]), rates(base[str(n)]), strict=True)]), f2)}×"  # noqa: E501
+                  for n in args.workers]
         out.append(f"The baseline tree (`--baseline`, at {args.baseline_commit}), in the same rounds: events/s to "
-                   f"A/B-complete "
-                   + ", ".join(f"{n} worker(s) {fmt_range(summary([r['ab_point']['rate'] for r in base[str(n)]]))}"
-                               for n in args.workers)
-                   + f"; 2 workers ÷ 1, run by run, **{fmt_range(ups, f2)}×** (this tree: "
-                   f"{fmt_range(summary(speedups(runs, 'ab_point', 2)), f2)}×). This tree ÷ the baseline, run by "
-                   f"run, events/s to A/B-complete: "
-                   + ", ".join(f"{n} worker(s) " + fmt_range(summary(
-                       [a["ab_point"]["rate"] / b["ab_point"]["rate"]
-                        for a, b in zip(runs[str(n)], base[str(n)], strict=True)]), f2) + "×" for n in args.workers)
-                   + ".")
+                   "A/B-complete " + ", ".join(f"{n} worker(s) {fmt_range(summary(rates(base[str(n)])))}"
+                                               for n in args.workers)
+                   + "; run by run, " + ", ".join(ups) + ". This tree ÷ the baseline, run by run, events/s to "
+                   "A/B-complete: " + ", ".join(ratios) + ".")
         out.append("")
     if rows:
         out += ["| Target | Required | Measured | Verdict |", "|---|---|---|---|",

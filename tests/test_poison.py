@@ -20,6 +20,7 @@ from stream_eval.config import MAX_TS, MIN_TS, Config, ConfigError, load_config
 from stream_eval.engine.replay import replay
 from stream_eval.events import schema
 from stream_eval.events.messages import decode_messages
+from stream_eval.events.scan import MAX_DEPTH
 from stream_eval.simulate import SimulationConfig, simulate_lines
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
@@ -80,7 +81,6 @@ def test_nesting_is_too_deep_past_the_same_depth_in_every_decoder_and_at_any_sta
     """Past :data:`scan.MAX_DEPTH` levels a line is ``too_deep`` even where it is broken JSON inside (msgspec's
     RecursionError depends on how deep the caller's stack is: a check by it gave bad_json in one decoder and
     too_deep in another); at that depth it is read."""
-    from stream_eval.events.scan import MAX_DEPTH
     config = Config()
     lines = [_nested(MAX_DEPTH), _nested(MAX_DEPTH + 1), _nested(MAX_DEPTH, b"\x00"), _nested(MAX_DEPTH + 1, b"\x00"),
              _nested(900, b"\x00"), DEEP]
