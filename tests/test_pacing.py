@@ -9,27 +9,29 @@ from aiokafka.structs import TopicPartition
 
 from stream_eval.config import Config
 from stream_eval.stream.settings import WorkerSettings
-from stream_eval.stream.worker import _FEEDBACK_AHEAD, _RANKINGS_QUIET, StreamWorker
+from stream_eval.stream.worker import _FEEDBACK_AHEAD, _RANKINGS_QUIET, StreamWorker, _behind, _lagging
 
 
 class _Position:
-    def __init__(self, position: int) -> None:
-        self.position, self.has_valid_position = position, True
+    def __init__(self, position: int, lso: int = -1) -> None:
+        self.position, self.has_valid_position, self.lso = position, True, lso
 
 
 class FakeConsumer:
     """What ``_pace_feedback`` uses of aiokafka's consumer: assignment, pause/resume, and per partition the fetch
-    position and the latest high-water mark (``behind``: their difference; 0 unless set)."""
+    position and the latest high-water mark (``behind``: their difference; 0 unless set), and the last stable
+    offset (``stable``: -1, reading uncommitted records, unless set)."""
 
     def __init__(self, assigned: list[TopicPartition]) -> None:
         self.assigned = set(assigned)
         self.paused_set: set[TopicPartition] = set()
         self.behind: dict[TopicPartition, int] = {}
+        self.stable: dict[TopicPartition, int] = {}
         positions = self
 
         class _Assignment:
             def state_value(self, tp: TopicPartition) -> _Position:
-                return _Position(1000 - positions.behind.get(tp, 0))
+                return _Position(1000 - positions.behind.get(tp, 0), positions.stable.get(tp, -1))
 
         self._subscription = type("S", (), {"subscription": type("A", (), {"assignment": _Assignment()})()})()
 
@@ -121,3 +123,21 @@ def test_rankings_the_broker_still_holds_keep_their_feedback_paused_though_quiet
     consumer.behind[rankings] = 0  # every ranking handed out: caught up, and quiet
     worker._pace_feedback()
     assert consumer.paused() == set()
+
+
+def test_an_empty_fetch_is_caught_up_only_when_no_partition_read_holds_more() -> None:
+    """The worker commits at once when it has read all there is (``_lagging`` false), not when a fetch comes back
+    empty while the broker holds more (the next fetch on its way); a paused partition does not count, and with
+    committed reads only, records after an open transaction (past the last stable offset) are not there yet."""
+    _, consumer = _worker([100.0])
+    tp = sorted(consumer.assigned)[0]
+    assert not _lagging(consumer)
+    consumer.behind[tp] = 3
+    assert _lagging(consumer) and _behind(consumer, tp) == 3
+    consumer.pause(tp)
+    assert not _lagging(consumer)
+    consumer.resume(tp)
+    consumer.stable[tp] = 997  # read_committed: a transaction open from offset 997 on
+    assert _behind(consumer, tp) == 0 and not _lagging(consumer)
+    consumer.stable[tp] = 999
+    assert _behind(consumer, tp) == 2 and _lagging(consumer)

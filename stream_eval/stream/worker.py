@@ -135,14 +135,24 @@ def _rebalancing(consumer: Any) -> bool:
 
 
 def _behind(consumer: Any, tp: Any) -> int | None:
-    """Messages of ``tp`` that the consumer has not handed out yet, by its latest fetch response's high-water mark;
-    ``None`` before the first fetch answered."""
+    """Messages of ``tp`` that the consumer has not handed out yet, by its latest fetch response's high-water mark
+    (its last stable offset when it reads committed records only: those after an open transaction are not handed out
+    yet either); ``None`` before the first fetch answered."""
     # aiokafka has no synchronous position(): the fetch position sits next to highwater() in its state
     state = consumer._subscription.subscription.assignment.state_value(tp)
     highwater = consumer.highwater(tp)
     if highwater is None or not state.has_valid_position:
         return None
-    return max(0, int(highwater) - int(state.position))
+    stable = state.lso  # (-1 when reading uncommitted records; None from brokers that do not say)
+    end = int(highwater) if stable is None or stable < 0 else min(int(highwater), int(stable))
+    return max(0, end - int(state.position))
+
+
+def _lagging(consumer: Any) -> bool:
+    """Whether the latest fetch responses say that a partition the consumer reads (not paused) holds messages it has
+    not handed out yet: an empty fetch then means that the next one is on its way, not that it read all there is."""
+    paused = consumer.paused()
+    return any((_behind(consumer, tp) or 0) > 0 for tp in consumer.assignment() if tp not in paused)
 
 
 def _quiet_client_debug_logs() -> None:
@@ -534,6 +544,8 @@ class StreamWorker:
                 if stage_records:
                     stage_heard = time.monotonic()
                 waited = 0 if stage_records else 10 if time.monotonic() - stage_heard < _STAGE_ACTIVE else 100
+                if waited < 100 and _lagging(self._consumer):  # (the next input is on its way: no spinning)
+                    waited = 100
                 batch = await self._fetch(self._consumer, waited)
                 async with self._busy:
                     await self._handle(batch)
@@ -553,9 +565,11 @@ class StreamWorker:
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
                     # worker that has read all there is commits what it read at once (its outputs, the regroup
                     # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
-                    # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval
+                    # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval; not while the broker
+                    # holds input it has not handed out (a backlog: the next fetch is on its way)
                     since = time.monotonic() - last_checkpoint
-                    caught_up = idle and (self.events_seen != committed or self.stages.reporting())
+                    caught_up = idle and (self.events_seen != committed or self.stages.reporting()) and (
+                        not _lagging(self._consumer))
                     if since >= settings.checkpoint_interval or (
                             caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
                         await self.checkpoint()
