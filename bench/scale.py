@@ -21,8 +21,8 @@ of its own). The workers of a run are started together; every ``--poll`` s this 
   same log (run once, after producing): ``stream_eval_ab_units`` of every arm and ``stream_eval_ab_delta`` of every
   metric (GAUC's too) as the replay's, and the GAUC of ``stream_eval_metric_sum_total`` / ``_count_total``
   ``{metric="AUC"}`` summed over the workers as the replay's (every session scored). The polls go on until the
-  regroup stage's series (``stage_state`` of ``bench/stream.py``) have not changed for ``--settle`` s, the end point
-  of ``bench/stream.py``; the report says if it came after A/B-complete (it should not).
+  regroup stage's series (``stage_state`` of ``bench/stream.py``) have not changed for ``--settle`` s; the report
+  says if they changed after A/B-complete (they should not).
 
 events/s to a point = events counted after the first event's poll ÷ time from that poll. Events per worker
 CPU-second = the same events ÷ the CPU seconds of all the run's workers over the same interval. A worker is *busy*
@@ -69,21 +69,24 @@ from run import code_hash, fmt_range, machine_info, summary  # noqa: E402
 from stream import (  # noqa: E402
     EVENT_RATE,
     PARTITIONS,
-    STAGE_SETTLE_SECONDS,
     StreamBench,
+    ab_complete,
+    ab_not_reached,
+    ab_series,
     cpu_seconds,
     samples,
     scrape,
     source_tree,
     stage_state,
     start_broker,
-    stream_eval_cmd,
     verdict,
     worker_cmd,
 )
 
 from stream_eval.stream.broker import stop_process  # noqa: E402
 
+#: Runs go on after A/B-complete until the regroup stage's series have not changed this long (``--settle``).
+STAGE_SETTLE_SECONDS = 1.0
 TARGET_SPEEDUP = 1.8  # 2 workers ÷ 1, events/s to A/B-complete
 TARGET_EFFICIENCY = 0.9  # speed-up ÷ workers
 TARGET_TAIL_SHARE = 0.10  # the last worker's work after the first went idle, share of the run
@@ -112,40 +115,6 @@ def counted(text: str) -> tuple[float, float, list[str], list[str]]:
     return events, requests, sorted(partitions), sorted(shares)
 
 
-def ab_series(text: str) -> dict[str, float]:
-    """A worker's A/B readout: ``units/<experiment>/<arm>`` and ``delta/<experiment>/<metric>`` (only the stage's
-    worker exports them), and the GAUC sums of all its shares."""
-    out: dict[str, float] = {}
-    names = {"stream_eval_ab_units", "stream_eval_ab_delta", "stream_eval_metric_sum_total",
-             "stream_eval_metric_count_total"}
-    for name, labels, value in samples(text, names):
-        if name == "stream_eval_ab_units":
-            out[f"units/{labels.get('experiment')}/{labels.get('arm')}"] = value
-        elif name == "stream_eval_ab_delta":
-            out[f"delta/{labels.get('experiment')}/{labels.get('metric')}"] = value
-        elif labels.get("metric") == "AUC":
-            key = "auc_sum" if name == "stream_eval_metric_sum_total" else "auc_count"
-            out[key] = out.get(key, 0.0) + value
-    return out
-
-
-def expected_ab(log_path: Path) -> dict[str, float]:
-    """What the group must export once A/B-complete: ``stream-eval replay`` of the produced log gives the units per
-    arm, the deltas of every metric (GAUC's too: every session scored) and the overall GAUC."""
-    proc = subprocess.run([*stream_eval_cmd(), "replay", str(log_path), "--format", "json"], capture_output=True,
-                          stdin=subprocess.DEVNULL, check=True)
-    report = json.loads(proc.stdout)
-    out: dict[str, float] = {}
-    for srm in report["srm"]:  # (an ab row's units are those with a value of its metric)
-        for arm, units in srm["units"].items():
-            out[f"units/{srm['experiment']}/{arm}"] = float(units)
-    for row in report["ab"]:
-        if row["delta"] is not None and math.isfinite(row["delta"]):
-            out[f"delta/{row['experiment']}/{row['metric']}"] = float(row["delta"])
-    out["gauc"] = float(report["overall"]["metrics"]["GAUC"])
-    return out
-
-
 def given_up(text: str) -> dict[str, float]:
     """What a worker gave up, by kind: ``orphan`` feedback and each ``stream_eval_overflow_total`` kind (a bound of
     the state passed), the non-zero ones; any of them makes its figures differ from the replay's."""
@@ -159,19 +128,6 @@ def given_up(text: str) -> dict[str, float]:
             continue
         out[key] = out.get(key, 0.0) + value
     return {key: value for key, value in sorted(out.items()) if value}
-
-
-def ab_not_reached(seen: dict[str, float], expected: dict[str, float]) -> list[tuple[str, float, float | None]]:
-    """The replay's A/B figures that the group's readout (summed over its workers) does not equal yet: (key, the
-    replay's value, the group's or None)."""
-    got = {**seen, "gauc": seen["auc_sum"] / seen["auc_count"]} if seen.get("auc_count") else seen
-    return [(key, value, got.get(key)) for key, value in sorted(expected.items())
-            if key not in got or not math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-12)]
-
-
-def ab_complete(seen: dict[str, float], expected: dict[str, float]) -> bool:
-    """The group's A/B readout equals the replay's: every unit applied, every session scored."""
-    return not ab_not_reached(seen, expected)
 
 
 # ==========================================================================================================
@@ -238,11 +194,9 @@ class ScaleBench:
         """The backlog (``StreamBench.produce``), and the A/B readout a replay of it gives (``expected_ab``)."""
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:  # StreamBench.produce keeps the log there
             bench = StreamBench(argparse.Namespace(requests=self.args.requests, out_dir=tmp), self.bootstrap)
-            data = bench.produce(prefix, self.args.event_rate)
-            started = time.perf_counter()
-            self.expected = expected_ab(bench.log_path)
-            log(f"replay of the backlog: {len(self.expected)} A/B figures to reach, in "
-                f"{time.perf_counter() - started:.1f} s")
+            data = bench.produce(prefix, self.args.event_rate)  # (with the replay's A/B figures: expected_ab)
+            self.expected = bench.expected
+            log(f"replay of the backlog: {len(self.expected)} A/B figures to reach")
         data["expected"] = self.expected
         return data
 
@@ -302,7 +256,7 @@ class ScaleBench:
                 if stage_last is None or state != stage_last[0]:
                     stage_last = (state, i)
                 elif done is not None and poll.t - polls[stage_last[1]].t >= args.settle:
-                    settled = stage_last[1]  # (bench/stream.py's end point: the stage's series' last change)
+                    settled = stage_last[1]  # (the stage's series' last change)
                     break
                 time.sleep(args.poll)
             else:  # timed out: what each worker gave up (orphans, bounds passed) may say why

@@ -12,10 +12,14 @@ topics from the start):
 
 1. ``stream-eval worker`` as a child process. Its ``/metrics`` is polled every ``--poll`` s (0.25: each scrape
    costs the worker's process a few milliseconds of CPU, counted in its CPU seconds, and Prometheus scrapes every 15 s
-   or so: polled too often, the benchmark would measure its own polls); the run is done when
-   the summed ``stream_eval_events_total`` equals the events produced and the summed
-   ``stream_eval_requests_total`` the requests. events/s = events counted after the first poll that showed any
-   / time from that poll to done: group join and startup are left out.
+   or so: polled too often, the benchmark would measure its own polls); the run is done at the first poll at which
+   the summed ``stream_eval_events_total`` equals the events produced, the summed ``stream_eval_requests_total``
+   the requests, and the regroup stage's readout that of ``stream-eval replay`` of the same log (``expected_ab``:
+   the A/B units of every arm, the delta of every metric, the GAUC: every request applied to its A/B unit, every
+   session scored; the GAUC alone with the A/B units off). Until 2026-11-27 a run ended once the stage's series had
+   not changed for 1 s, which let some runs end before the stage had applied anything (its series all zero: the
+   stage's own consumer group had not joined yet), without the stage's CPU. events/s = events counted after the
+   first poll that showed any / time from that poll to done: group join and startup are left out.
 2. faust's naive per-event agent (child process: ``@app.agent`` over the three input topics, ``orjson.loads``
    and a dict update per event, ``broker_session_timeout=6``, ``broker_heartbeat_interval=1``,
    ``--without-web``), timed from its first event to its last.
@@ -143,6 +147,53 @@ def stage_state(text: str) -> tuple[float, ...]:
                  if labels.get("metric") == "AUC" or not name.startswith("stream_eval_metric"))
 
 
+def ab_series(text: str) -> dict[str, float]:
+    """A worker's A/B readout: ``units/<experiment>/<arm>`` and ``delta/<experiment>/<metric>`` (only the stage's
+    worker exports them), and the GAUC sums of all its shares."""
+    out: dict[str, float] = {}
+    names = {"stream_eval_ab_units", "stream_eval_ab_delta", "stream_eval_metric_sum_total",
+             "stream_eval_metric_count_total"}
+    for name, labels, value in samples(text, names):
+        if name == "stream_eval_ab_units":
+            out[f"units/{labels.get('experiment')}/{labels.get('arm')}"] = value
+        elif name == "stream_eval_ab_delta":
+            out[f"delta/{labels.get('experiment')}/{labels.get('metric')}"] = value
+        elif labels.get("metric") == "AUC":
+            key = "auc_sum" if name == "stream_eval_metric_sum_total" else "auc_count"
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def expected_ab(log_path: Path) -> dict[str, float]:
+    """What the group must export once A/B-complete: ``stream-eval replay`` of the produced log gives the units per
+    arm, the deltas of every metric (GAUC's too: every session scored) and the overall GAUC."""
+    proc = subprocess.run([*stream_eval_cmd(), "replay", str(log_path), "--format", "json"], capture_output=True,
+                          stdin=subprocess.DEVNULL, check=True)
+    report = json.loads(proc.stdout)
+    out: dict[str, float] = {}
+    for srm in report["srm"]:  # (an ab row's units are those with a value of its metric)
+        for arm, units in srm["units"].items():
+            out[f"units/{srm['experiment']}/{arm}"] = float(units)
+    for row in report["ab"]:
+        if row["delta"] is not None and math.isfinite(row["delta"]):
+            out[f"delta/{row['experiment']}/{row['metric']}"] = float(row["delta"])
+    out["gauc"] = float(report["overall"]["metrics"]["GAUC"])
+    return out
+
+
+def ab_not_reached(seen: dict[str, float], expected: dict[str, float]) -> list[tuple[str, float, float | None]]:
+    """The replay's A/B figures that the group's readout (summed over its workers) does not equal yet: (key, the
+    replay's value, the group's or None)."""
+    got = {**seen, "gauc": seen["auc_sum"] / seen["auc_count"]} if seen.get("auc_count") else seen
+    return [(key, value, got.get(key)) for key, value in sorted(expected.items())
+            if key not in got or not math.isclose(got[key], value, rel_tol=1e-9, abs_tol=1e-12)]
+
+
+def ab_complete(seen: dict[str, float], expected: dict[str, float]) -> bool:
+    """The group's A/B readout equals the replay's: every unit applied, every session scored."""
+    return not ab_not_reached(seen, expected)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads) so far, from ``/proc``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -170,8 +221,6 @@ def worker_cmd(bootstrap: str, prefix: str, group: str, port: int, *extra: str) 
             "--metrics-port", str(port), "--group", group, *extra]
 
 
-#: Worker runs wait after the last request is finalised until the regroup stage's series stop changing this long.
-STAGE_SETTLE_SECONDS = 1.0
 
 
 def child_faust(bootstrap: str, prefix: str, group: str, total: int) -> None:
@@ -386,6 +435,7 @@ class StreamBench:
         self.log_path = Path(self.args.out_dir) / "stream-log.jsonl"
         self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
         kinds = Counter(json.loads(line)["type"] for line in lines)
+        self.expected = expected_ab(self.log_path)
         started = time.perf_counter()
         counts = asyncio.run(send_lines(lines, [self.bootstrap], topics(prefix), flush=True, partitions=PARTITIONS))
         seconds = time.perf_counter() - started
@@ -403,7 +453,8 @@ class StreamBench:
                    extra: Sequence[str] = (), native: bool = False) -> dict[str, Any]:
         """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments), done once every
         event and request is counted and the regroup stage has scored every session (and applied every request to its
-        A/B unit): at the poll that showed the stage's series' last change."""
+        A/B unit): at the first poll at which everything is counted and the stage's readout is the replay's
+        (:func:`expected_ab`; with ``ab`` off, its GAUC alone)."""
         from stream_eval.stream.broker import free_port
 
         port = free_port()
@@ -426,7 +477,8 @@ class StreamBench:
         done = None
         last = (0.0, 0.0)
         counted: float | None = None  # when every event and request was counted
-        stage_last: tuple[tuple[float, ...], float] | None = None  # the stage's series and when they last changed
+        text = ""
+        expected = self.expected if ab else {"gauc": self.expected["gauc"]}
         timeline: list[tuple[float, float, float]] = []
         deadline = start + self.args.timeout
         try:
@@ -451,11 +503,8 @@ class StreamBench:
                     first_cpu = cpu_at.get(now, 0.0)
                 if counted is None and last[0] >= events and last[1] >= requests:
                     counted = now
-                state = stage_state(text)
-                if stage_last is None or state != stage_last[0]:
-                    stage_last = (state, now)
-                elif counted is not None and state and now - stage_last[1] >= STAGE_SETTLE_SECONDS:
-                    done = max(counted, stage_last[1])
+                if counted is not None and ab_complete(ab_series(text), expected):
+                    done = now
                     break
                 time.sleep(self.args.poll)
         finally:
@@ -465,7 +514,9 @@ class StreamBench:
                     proc.wait(timeout=30)
             stop_process(proc)
         if done is None or first is None:
-            raise RuntimeError(f"worker did not finish in {self.args.timeout} s: events, requests = {last}")
+            missing = ab_not_reached(ab_series(text), expected) if text else []
+            raise RuntimeError(f"worker did not finish in {self.args.timeout} s: events, requests = {last}; "
+                               f"not reached (figure, replay, worker): {missing[:5]}")
         if done <= first[0]:
             raise RuntimeError("the worker counted everything before the second poll: produce more (--requests)")
         seconds = done - first[0]
