@@ -3,7 +3,9 @@ being read (``StreamWorker._pace_feedback``); the order of a batch's topics chan
 
 from __future__ import annotations
 
+import asyncio
 import math
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 
@@ -141,3 +143,37 @@ def test_an_empty_fetch_is_caught_up_only_when_no_partition_read_holds_more() ->
     assert _behind(consumer, tp) == 0 and not _lagging(consumer)
     consumer.stable[tp] = 999
     assert _behind(consumer, tp) == 2 and _lagging(consumer)
+
+
+def test_the_next_fetch_requests_go_out_before_a_batch_is_handled() -> None:
+    """aiokafka's fetcher asks for a partition's next records only once the last are handed out: ``getmany`` wakes
+    its task, which makes a task per broker that writes the request. ``_fetch`` lets that chain run before the batch
+    is handled, so the broker answers meanwhile; without it the requests would wait for the handling to end."""
+
+    async def main() -> list[str]:
+        worker, consumer = _worker([100.0])
+        events: list[str] = []
+        woken = asyncio.Event()
+
+        async def fetcher() -> None:  # (aiokafka's _fetch_requests_routine, then its _proc_fetch_request)
+            await woken.wait()
+
+            async def request() -> None:
+                events.append("request written")
+
+            asyncio.get_running_loop().create_task(request())
+            await asyncio.sleep(3600)
+
+        async def getmany(timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[Any]]:
+            woken.set()  # (the records handed out: the fetcher is notified)
+            return {sorted(consumer.assigned)[0]: ["a record"]}
+
+        consumer.getmany = getmany  # type: ignore[attr-defined]
+        task = asyncio.get_running_loop().create_task(fetcher())
+        await asyncio.sleep(0)  # (the fetcher waits)
+        batch = await worker._fetch(consumer, 0)
+        events.append(f"batch of {sum(map(len, batch.values()))} handed to the worker")
+        task.cancel()
+        return events
+
+    assert asyncio.run(main()) == ["request written", "batch of 1 handed to the worker"]

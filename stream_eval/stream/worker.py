@@ -55,6 +55,9 @@ _STARTUP_ATTEMPT = 5.0
 _SHUTDOWN_TIMEOUT = 30.0
 #: The order in which a batch's topics are fed.
 _FEED_ORDER = {"ranking": 0, "judgment": 1, "feedback": 2}
+#: Event-loop turns given to aiokafka's fetcher after a batch is handed out: its task is woken in one, makes the
+#: fetch requests' tasks in the next, and they write the requests in the third.
+_FETCH_TICKS = 3
 #: Event-time seconds a feedback partition may be read ahead of its rankings before it is paused.
 _FEEDBACK_AHEAD = 1.0
 #: Seconds without a rankings batch after which the rankings partition no longer holds its feedback back.
@@ -625,4 +628,9 @@ class StreamWorker:
         if batch:
             self._fetch_backoff.reset()
             self.health.answered()
+            # aiokafka asks the broker for a partition's next records only once its last ones are handed out, from
+            # its fetcher's task: let that task send the requests now, so that the broker answers while this batch
+            # is handled (otherwise they go out only at the next await, after the batch, and are waited for)
+            for _ in range(_FETCH_TICKS):
+                await asyncio.sleep(0)
         return batch
