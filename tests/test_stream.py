@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from support import MemoryLogs, RecordingSender, approx, held_stages, read_topic, stage_sessions, stages_done
@@ -306,6 +307,60 @@ def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wr
         await delivery.commit([])
         assert sent() == [b"q1", b"r2"]
         assert delivery.written[0] == {"r9"} and not delivery.held  # r9, once finalised here, is skipped
+
+    asyncio.run(main())
+
+
+def test_a_commit_reads_the_checkpoint_topic_only_when_another_worker_wrote_to_it() -> None:
+    """Fencing by claims without a read each time: a commit's probe that lands right after the last offset the
+    worker checked (or wrote itself) cannot have a claim before it, so the check reads nothing; once another worker's
+    claim lies in between, the check reads it and the partition is given up at once."""
+    from types import SimpleNamespace
+
+    from stream_eval.stream.delivery import CLAIM, Claim
+
+    worker = StreamWorker(WorkerSettings(["localhost:9"], group="fences", handover_hold=0.0), Config())
+    delivery, logs, _ = _fenced_log(worker)
+    checkpoints = logs.log(worker.settings.checkpoint_topic, 0)
+    reads: list[tuple[int, int]] = []  # (from offset, records returned) of each read of the checkpoint topic
+
+    class Reader:  # the fence reader (an aiokafka consumer) on the logs in memory
+        def __init__(self) -> None:
+            self.tps: set[Any] = set()
+            self.at: dict[Any, int] = {}
+
+        def assignment(self) -> set[Any]:
+            return self.tps
+
+        def assign(self, tps: list[Any]) -> None:
+            self.tps = set(tps)
+
+        def seek(self, tp: Any, offset: int) -> None:
+            self.at[tp] = offset
+
+        async def getmany(self, *tps: Any, timeout_ms: int = 0) -> dict[Any, list[Any]]:
+            out = {}
+            for tp in tps:
+                first = self.at[tp]
+                records = [SimpleNamespace(offset=n, key=key, value=value)
+                           for n, (key, value) in enumerate(checkpoints) if n >= first]
+                reads.append((first, len(records)))
+                self.at[tp] = len(checkpoints)
+                out[tp] = records
+            return out
+
+    delivery._fence_reader = Reader()
+
+    async def main() -> None:
+        await delivery.claim(0)  # the claim, and a first checkpoint (no checkpoint to restore)
+        assert [key for key, _ in checkpoints] == [CLAIM, b"checkpoint"]
+        await delivery.commit([0])
+        await delivery.commit([0])
+        assert [key for key, _ in checkpoints][2:] == [b"probe", b"probe"] and reads == []
+        checkpoints.append((CLAIM, msgspec.json.encode(Claim("another worker"))))  # a new owner's claim
+        await delivery.commit([0])
+        assert reads == [(4, 2)]  # the claim and the probe after it
+        assert 0 not in worker.partitioned.tasks  # given up at once
 
     asyncio.run(main())
 

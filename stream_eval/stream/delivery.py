@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -401,7 +402,8 @@ class FencedLog(Delivery):
             read_to = await self.logs.end_offset(self.topics.request_metrics, output)
             self._note_output_end(partition, read_to)
             first = Checkpoint(partition, output_end=self._output_end(partition), owner=owner)
-            await self.logs.store(settings.checkpoint_topic, orjson.dumps(first.to_json()), partition)
+            self._own({partition: await self.logs.store(settings.checkpoint_topic, orjson.dumps(first.to_json()),
+                                                         partition)})
         if settings.handover_hold > 0 and checkpoint is not None and not released:
             # a previous owner that did not say it was done may still write (a worker it was not its last act for
             # is dead or stalled): the hand-over hold
@@ -418,7 +420,9 @@ class FencedLog(Delivery):
         sender = self.sender
         chosen = sorted(self.partitioned.tasks if partitions is None else partitions)
         # claimed by a new owner (this worker stalled past its session)? Then nothing more of it is written
-        await self._taken_over(await self._probe(chosen))
+        probes = await self._probe(chosen)
+        self._own(probes)
+        await self._taken_over(probes)
         await self._release_held()
         await self._send_outputs()
         await sender.flush()
@@ -436,6 +440,7 @@ class FencedLog(Delivery):
                 stored[partition] = checkpoint
                 windows[partition] = (CHECKPOINT, orjson.dumps(checkpoint.to_json()))
         at = await self.logs.store_all(self.settings.checkpoint_topic, windows)  # one round trip for all
+        self._own(at)
         # a checkpoint stored after another owner's claim is not the one it restored: it must not count
         await self._taken_over(at)
         offsets: dict[Any, Any] = {}
@@ -466,6 +471,15 @@ class FencedLog(Delivery):
         probe = _encode(Probe())
         return await self.logs.store_all(self.settings.checkpoint_topic, {
             p: (PROBE, probe) for p in partitions if p in self.fences and p in self.partitioned.tasks})
+
+    def _own(self, written: Mapping[int, int]) -> None:
+        """This worker has just written the record at offset ``written[p]`` of checkpoint topic partition ``p``: a
+        fence right before it moves over it, as no other worker's claim can lie between them, so that the next check
+        reads nothing (in the steady state every probe and checkpoint follows this worker's previous record)."""
+        fences = self.fences
+        for p, at in written.items():
+            if fences.get(p) == at - 1:
+                fences[p] = at
 
     async def _taken_over(self, upto: dict[int, int]) -> None:
         """Give up at once, without a checkpoint, each partition that another worker has claimed since this worker's
