@@ -18,8 +18,13 @@ topics from the start):
    the A/B units of every arm, the delta of every metric, the GAUC: every request applied to its A/B unit, every
    session scored; the GAUC alone with the A/B units off). Until 2026-11-27 a run ended once the stage's series had
    not changed for 1 s, which let some runs end before the stage had applied anything (its series all zero: the
-   stage's own consumer group had not joined yet), without the stage's CPU. events/s = events counted after the
-   first poll that showed any / time from that poll to done: group join and startup are left out.
+   stage's own consumer group had not joined yet), without the stage's CPU. Its work begins at the last poll before
+   the first that showed events at which its CPU had risen by less than ``IDLE_CORES`` (0.2) of a core since the
+   poll before (joined, or still joining: start-up and group join are left out); events/s = every event / time from
+   there to done, events per CPU-second = every event / the worker's CPU seconds over the same interval. (Until
+   2026-11-27 21:00 UTC both began at the first poll that showed events, with the events counted after it: the
+   worker's readout lags its work by up to a second, and the first poll showed 10k events in one run, 200k in
+   another, which moved the figures by a third.)
 2. faust's naive per-event agent (child process: ``@app.agent`` over the three input topics, ``orjson.loads``
    and a dict update per event, ``broker_session_timeout=6``, ``broker_heartbeat_interval=1``,
    ``--without-web``), timed from its first event to its last.
@@ -192,6 +197,11 @@ def ab_not_reached(seen: dict[str, float], expected: dict[str, float]) -> list[t
 def ab_complete(seen: dict[str, float], expected: dict[str, float]) -> bool:
     """The group's A/B readout equals the replay's: every unit applied, every session scored."""
     return not ab_not_reached(seen, expected)
+
+
+#: A worker is idle in a poll interval (joining its group, waiting for its partitions) when its CPU seconds rise by
+#: less than this share of the interval: where its work on the backlog begins (``run_worker``).
+IDLE_CORES = 0.2
 
 
 def cpu_seconds(pid: int) -> float:
@@ -471,7 +481,7 @@ class StreamBench:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env,
                                 cwd=source)
         first: tuple[float, float] | None = None
-        first_cpu = 0.0
+        first_cpu = math.nan
         idle_cpu = math.nan  # the worker's CPU seconds at the last poll before it had counted any event
         cpu_at: dict[float, float] = {}  # poll time -> the worker's CPU seconds then (not under py-spy)
         done = None
@@ -500,7 +510,7 @@ class StreamBench:
                     idle_cpu = cpu_at.get(now, math.nan)
                 if first is None and last[0] > 0:
                     first = (now, last[0])
-                    first_cpu = cpu_at.get(now, 0.0)
+                    first_cpu = cpu_at.get(now, math.nan)
                 if counted is None and last[0] >= events and last[1] >= requests:
                     counted = now
                 if counted is not None and ab_complete(ab_series(text), expected):
@@ -519,10 +529,18 @@ class StreamBench:
                                f"not reached (figure, replay, worker): {missing[:5]}")
         if done <= first[0]:
             raise RuntimeError("the worker counted everything before the second poll: produce more (--requests)")
-        seconds = done - first[0]
-        cpu = cpu_at.get(done, math.nan) - first_cpu
-        return {"rate": (events - first[1]) / seconds, "seconds": seconds, "startup": first[0] - start,
-                "cpu": cpu, "per_cpu": (events - first[1]) / cpu if cpu > 0 else math.nan,
+        # From the worker's last idle poll before the first that showed events: its readout of the events lags its
+        # work by up to a second (the first showed 10k events in one run, 200k in another), its CPU does not
+        began, began_cpu = first[0], first_cpu
+        polls = sorted((t, c) for t, c in cpu_at.items() if t < first[0])
+        for (t0, c0), (t1, c1) in reversed(list(zip(polls, polls[1:], strict=False))):
+            if c1 - c0 < IDLE_CORES * (t1 - t0):
+                began, began_cpu = t1, c1
+                break
+        seconds = done - began
+        cpu = cpu_at.get(done, math.nan) - began_cpu
+        return {"rate": events / seconds, "seconds": seconds, "startup": began - start,
+                "cpu": cpu, "per_cpu": events / cpu if cpu > 0 else math.nan,
                 "per_cpu_all": events / (cpu_at.get(done, math.nan) - idle_cpu),
                 "wall": done - start, "events": last[0], "requests": last[1],
                 "timeline": timeline}
@@ -765,8 +783,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"{len(runs['worker'])} runs, interleaved worker, faust, aiokafka, with a fresh consumer group each."
         )
         out.append("")
-        out.append("| Consumer (one process) | events/s | time, s (from first event) | startup + group join, s "
-                   "| events per CPU-second |")
+        out.append("| Consumer (one process) | events/s | time, s (from the start of its work) "
+                   "| startup + group join, s | events per CPU-second |")
         out.append("|---|---|---|---|---|")
         labels = {"worker": "`stream-eval worker` (to every request finalised, every session scored and every "
                             "request applied to its A/B unit)",
