@@ -22,7 +22,7 @@ topics from the start):
    the first that showed events at which its CPU had risen by less than ``IDLE_CORES`` (0.2) of a core since the
    poll before (joined, or still joining: start-up and group join are left out); events/s = every event / time from
    there to done, events per CPU-second = every event / the worker's CPU seconds over the same interval. (Until
-   2026-11-27 21:00 UTC both began at the first poll that showed events, with the events counted after it: the
+   2026-11-27 22:40 UTC both began at the first poll that showed events, with the events counted after it: the
    worker's readout lags its work by up to a second, and the first poll showed 10k events in one run, 200k in
    another, which moved the figures by a third.)
 2. faust's naive per-event agent (child process: ``@app.agent`` over the three input topics, ``orjson.loads``
