@@ -420,9 +420,7 @@ class FencedLog(Delivery):
         sender = self.sender
         chosen = sorted(self.partitioned.tasks if partitions is None else partitions)
         # claimed by a new owner (this worker stalled past its session)? Then nothing more of it is written
-        probes = await self._probe(chosen)
-        self._own(probes)
-        await self._taken_over(probes)
+        await self._taken_over(await self._probe(chosen))
         await self._release_held()
         await self._send_outputs()
         await sender.flush()
@@ -440,7 +438,6 @@ class FencedLog(Delivery):
                 stored[partition] = checkpoint
                 windows[partition] = (CHECKPOINT, orjson.dumps(checkpoint.to_json()))
         at = await self.logs.store_all(self.settings.checkpoint_topic, windows)  # one round trip for all
-        self._own(at)
         # a checkpoint stored after another owner's claim is not the one it restored: it must not count
         await self._taken_over(at)
         offsets: dict[Any, Any] = {}
@@ -483,10 +480,12 @@ class FencedLog(Delivery):
 
     async def _taken_over(self, upto: dict[int, int]) -> None:
         """Give up at once, without a checkpoint, each partition that another worker has claimed since this worker's
-        last check (or its own claim), up to offset ``upto[p]`` of the checkpoint topic; the next check of the
+        last check (or its own claim), up to offset ``upto[p]`` of the checkpoint topic, a record this worker has just
+        written (:meth:`_own`: nothing to read when it follows the last offset checked); the next check of the
         others starts after ``upto``. One read for all partitions."""
         from aiokafka import TopicPartition
 
+        self._own(upto)
         fences = self.fences
         parts = {p: at for p, at in upto.items() if p in self.partitioned.tasks and fences.get(p, at) < at}
         if not parts:
