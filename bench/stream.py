@@ -482,7 +482,6 @@ class StreamBench:
                                 cwd=source)
         first: tuple[float, float] | None = None
         first_cpu = math.nan
-        idle_cpu = math.nan  # the worker's CPU seconds at the last poll before it had counted any event
         cpu_at: dict[float, float] = {}  # poll time -> the worker's CPU seconds then (not under py-spy)
         done = None
         last = (0.0, 0.0)
@@ -506,8 +505,6 @@ class StreamBench:
                 if profile is None:
                     cpu_at[now] = cpu_seconds(proc.pid)
                 timeline.append((round(now - start, 3), last[0], last[1]))
-                if last[0] == 0:
-                    idle_cpu = cpu_at.get(now, math.nan)
                 if first is None and last[0] > 0:
                     first = (now, last[0])
                     first_cpu = cpu_at.get(now, math.nan)
@@ -541,7 +538,6 @@ class StreamBench:
         cpu = cpu_at.get(done, math.nan) - began_cpu
         return {"rate": events / seconds, "seconds": seconds, "startup": began - start,
                 "cpu": cpu, "per_cpu": events / cpu if cpu > 0 else math.nan,
-                "per_cpu_all": events / (cpu_at.get(done, math.nan) - idle_cpu),
                 "wall": done - start, "events": last[0], "requests": last[1],
                 "timeline": timeline}
 
@@ -597,8 +593,6 @@ class StreamBench:
         self.results["ratio"] = [w["rate"] / f["rate"] for w, f in zip(runs["worker"], runs["faust"], strict=True)]
         self.results["cpu_ratio"] = [w["per_cpu"] / r["per_cpu"] for w, r in zip(runs["worker"], runs["replay"],
                                                                                   strict=True)]
-        self.results["cpu_ratio_all"] = [w["per_cpu_all"] / r["per_cpu"]
-                                         for w, r in zip(runs["worker"], runs["replay"], strict=True)]
         if self.args.profile:
             if not shutil.which("py-spy"):
                 log("py-spy not found: no profile")
@@ -814,21 +808,11 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         if results.get("cpu_ratio"):
             out.append(f"Worker's events per CPU-second ÷ replay's, run by run: "
                        f"{fmt_range(summary(results['cpu_ratio']), lambda x: f'{x:.2f}×')}.")
-        if results.get("cpu_ratio_all") and all("per_cpu_all" in w for w in runs["worker"]):
-            out.append(f"The same over each whole run (every event, from the worker's CPU at the last poll before it "
-                       f"had counted one): worker {fmt_range(summary([w['per_cpu_all'] for w in runs['worker']]))} "
-                       f"events per CPU-second, ÷ replay's "
-                       f"{fmt_range(summary(results['cpu_ratio_all']), lambda x: f'{x:.2f}×')}.")
         if runs.get("baseline"):
             per_cpu = [w["per_cpu"] / b["per_cpu"] for w, b in zip(runs["worker"], runs["baseline"], strict=True)]
             out.append(f"Worker ÷ the baseline worker, run by run: events/s "
                        f"{fmt_range(summary([w['rate'] / b['rate'] for w, b in zip(runs['worker'], runs['baseline'], strict=True)]), lambda x: f'{x:.2f}×')}"  # noqa: E501
                        f", events per CPU-second {fmt_range(summary(per_cpu), lambda x: f'{x:.2f}×')}.")
-            if all("per_cpu_all" in r for r in runs["worker"] + runs["baseline"]):
-                whole = [w["per_cpu_all"] / b["per_cpu_all"] for w, b in zip(runs["worker"], runs["baseline"],
-                                                                             strict=True)]
-                out.append(f"Worker ÷ the baseline worker over each whole run, events per CPU-second: "
-                           f"{fmt_range(summary(whole), lambda x: f'{x:.2f}×')}.")
         if runs.get("worker-ab-off"):
             cost = ab_cost(results)
             out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): "
