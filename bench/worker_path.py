@@ -260,7 +260,7 @@ def main() -> None:
     if args.versus:
         versus(args)
         return
-    config = load_config(args.config) if args.config else Config()
+    config = load_config(args.config)  # (the STREAM_EVAL_* variables count with or without a file)
     result = measure(args.log, config, args.rankings, args.feedback, args.readout_events)
     if args.json:
         print(json.dumps(result))

@@ -13,7 +13,9 @@ import orjson
 import pytest
 
 from stream_eval.config import Config
+from stream_eval.engine.engine import Engine
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.engine.regroup import RegroupSink
 from stream_eval.events.messages import decode_message_chunk, decode_messages
 from stream_eval.events.schema import _guess_kind
 from stream_eval.stream.apache_kafka import ApacheKafka
@@ -88,6 +90,15 @@ def route(lines: list[bytes]) -> tuple[list[tuple[str, int, int, bytes]], Log]:
             messages.append((len(messages), b'{"type": "watermark", "end": true}'))
             sent.append((kind, partition, len(messages) - 1, b'{"type": "watermark", "end": true}'))
     return sent, log
+
+
+def regrouping(engine: Engine, **options: Any) -> PartitionedEngine:
+    """``engine`` as a worker's host engine (its partitions write to the regroup log), owning every partition."""
+    engine.regroup = RegroupSink()
+    partitioned = PartitionedEngine(engine, **options)
+    for partition in range(PARTITIONS):
+        partitioned.assign(partition)
+    return partitioned
 
 
 def feed(engine: PartitionedEngine, kind: str, partition: int, batch: list[tuple[int, bytes]]) -> None:

@@ -19,14 +19,14 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support import AbstractTimeConfig as Config
+from support import regrouping
 from test_partitions import PARTITIONS, _comparable, _feed, _replay, _route
 
 from stream_eval.config import Arms, ConfigError, load_config
 from stream_eval.engine.ab import SHARDS, UnitLedger, shard_of, unit_hashes
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.gsb import _COMPACT, GsbTracker, rank
-from stream_eval.engine.partitions import PartitionedEngine
-from stream_eval.engine.regroup import RegroupSink, SessionStage
+from stream_eval.engine.regroup import SessionStage
 from stream_eval.engine.sessions import Impressions, Sessions
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import OVERFLOW, EventCounts, Join
@@ -315,10 +315,7 @@ def test_the_regroup_stage_gives_replays_numbers_at_the_bounds(tmp_path: Any) ->
     assert expected.sessions.overflow and expected.gsb.overflow and expected.ledger.overflow
     sent, _ = _route(lines)
     engine = Engine(config)
-    engine.regroup = RegroupSink()
-    partitioned = PartitionedEngine(engine)
-    for partition in range(PARTITIONS):
-        partitioned.assign(partition)
+    partitioned = regrouping(engine)
     stage = SessionStage(engine, PARTITIONS)
     offset = 0
     for kind, partition, message_offset, value in sent:

@@ -7,17 +7,19 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import msgspec
+import numpy as np
 import orjson
 import pytest
-from support import PARTITIONS, Log, approx, feed, move_partition_halfway, route
+from support import PARTITIONS, Log, approx, feed, move_partition_halfway, regrouping, route
 from support import AbstractTimeConfig as Config
 
 from stream_eval.config import ExperimentSettings
-from stream_eval.engine import snapshot
+from stream_eval.engine import records, snapshot
 from stream_eval.engine import snapshot as sn
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import PartitionedEngine
-from stream_eval.engine.regroup import RegroupSink, SessionStage, StageCheckpoint
+from stream_eval.engine.regroup import SessionStage, StageCheckpoint
 from stream_eval.engine.replay import replay
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import EventCounts
@@ -146,10 +148,7 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
     expected, _ = _replay(lines, tmp_path, config)
     sent, _ = _route(lines)
     first, second = Engine(config), Engine(config)
-    first.regroup = RegroupSink()
-    partitioned = PartitionedEngine(first)
-    for partition in range(PARTITIONS):
-        partitioned.assign(partition)
+    partitioned = regrouping(first)
     log: list[bytes] = []
     stage = SessionStage(first, PARTITIONS)
     handed_over = False
@@ -239,11 +238,8 @@ def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str 
     and two thirds of the stream (from their checkpoints; with ``"snapshots"``, from snapshots taken then). Returns
     the merged totals (of the partitions, and of every stage engine, earlier owners' included) and the log."""
     sent, _ = _route(lines)
-    host = Engine(config)
-    host.regroup = RegroupSink()  # (the stage is run here, by partitions)
-    partitioned = PartitionedEngine(host, stages=stages)
-    for partition in range(PARTITIONS):
-        partitioned.assign(partition)
+    host = Engine(config)  # (the stage is run here, by partitions)
+    partitioned = regrouping(host, stages=stages)
     log = Stages(config, stages)
     for n, (kind, partition, offset, value) in enumerate(sent):
         _feed(partitioned, kind, partition, [(offset, value)])
@@ -298,10 +294,7 @@ def test_rows_between_boundaries_are_the_same_with_any_number_of_stage_partition
     now = [0.0]  # one clock for both runs (watermarks are announced every 0.2 s of it), 0.05 s per message
     for stages in (1, 3):
         host = Engine(config)
-        host.regroup = RegroupSink()
-        partitioned = PartitionedEngine(host, clock=lambda: now[0], stages=stages)
-        for partition in range(PARTITIONS):
-            partitioned.assign(partition)
+        partitioned = regrouping(host, clock=lambda: now[0], stages=stages)
         runs.append((partitioned, Stages(config, stages)))
     middle: list[Any] = []
     for n, (kind, partition, offset, value) in enumerate(sent):
@@ -451,6 +444,52 @@ def test_the_stage_reads_session_parts_written_before_they_carried_ts() -> None:
         stage.feed([len(log)], [orjson.dumps({"k": "w", "u": 0, "t": "inf"})])
         results.append(engine.report())
     assert results[0] == results[1] and results[0]["overall"]["sessions"] == 20
+
+
+def _as_numbers(value: bytes) -> tuple[bytes, bool]:
+    """A regroup record as workers wrote it before the flat columns (2026-11-28): a session part's scores and a
+    request's values as JSON numbers (NaN: null); whether it changed."""
+    record = records.decode(value)
+    if isinstance(record, records.SessionParts) and record.flat_scores is not None:
+        flat = records.floats(record.flat_scores).tolist()
+        bounds = np.cumsum([0, *(record.sizes or [])]).tolist()
+        record = msgspec.structs.replace(record, flat_scores=None, sizes=None,
+                                         scores=[flat[a:b] for a, b in zip(bounds, bounds[1:], strict=False)])
+    elif isinstance(record, records.UnitRequests) and record.flat_values is not None:
+        rows = records.floats(record.flat_values).reshape(len(record.ids), -1).tolist()
+        record = msgspec.structs.replace(record, flat_values=None,
+                                         values=[[None if v != v else v for v in row] for row in rows])
+    else:
+        return value, False
+    return records.encode(record), True
+
+
+def test_the_stage_reads_scores_and_values_written_as_numbers(tmp_path: Any) -> None:
+    """Session parts and A/B unit contributions go through the regroup log as flat float64 columns; a log of the
+    workers before them (the same columns as JSON numbers) gives the stage the same sessions, GSB and A/B units,
+    bit for bit, and both replay's."""
+    config, lines = _short_horizons(1500, 5, False)
+    expected, _ = _replay(lines, tmp_path, config)
+    sent, _ = _route(lines)
+    first = Engine(config)
+    partitioned = regrouping(first)
+    log: list[bytes] = []
+    for kind, partition, offset, value in sent:
+        _feed(partitioned, kind, partition, [(offset, value)])
+        log += [value for _, value in partitioned.take_regrouped(commit=True)]
+    rewritten = [_as_numbers(value) for value in log]
+    assert sum(changed for _, changed in rewritten) >= 2  # (both kinds of records were there)
+    reports = []
+    for values in (log, [value for value, _ in rewritten]):
+        engine = Engine(config)
+        stage = SessionStage(engine, PARTITIONS)
+        stage.feed(list(range(len(values))), values)
+        merged = Engine(config)
+        merged.merge(partitioned.totals())
+        merged.merge(engine)
+        reports.append((_comparable(merged.report()), merged.ab(), merged.gsb_rows()))
+    assert reports[0] == reports[1]
+    assert reports[0][0] == _comparable(expected.report()) and reports[0][1] == expected.ab() and reports[0][1]
 
 
 

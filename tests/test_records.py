@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 
 import msgspec
@@ -33,8 +34,12 @@ def any_record(draw: st.DrawFn) -> records.Record:
         scores = draw(st.lists(st.lists(FLOAT, min_size=1, max_size=4), min_size=n, max_size=n))
         relevant = draw(st.lists(st.lists(st.integers(1, 4), max_size=3), min_size=n, max_size=n))
         behaviour = draw(st.booleans())
+        numbers: dict[str, object] = {"scores": scores}  # (as written before 2026-11-28)
+        if draw(st.booleans()):
+            numbers = {"flat_scores": records.flat([x for part in scores for x in part]),
+                       "sizes": [len(part) for part in scores]}
         return records.SessionParts(
-            sessions=sessions, experiments=experiments, arms=arms, served=served, scores=scores, relevant=relevant,
+            sessions=sessions, experiments=experiments, arms=arms, served=served, relevant=relevant, **numbers,
             units=units, queries=draw(st.lists(st.none() | TEXT, min_size=n, max_size=n)) if behaviour else None,
             satisfied=draw(st.lists(st.booleans(), min_size=n, max_size=n)) if behaviour else None, **common)
     if kind == "Q":
@@ -47,8 +52,9 @@ def any_record(draw: st.DrawFn) -> records.Record:
         keys = draw(st.lists(FLOAT, min_size=n, max_size=n))
         if kind == "U":
             values = draw(st.lists(st.lists(st.none() | FLOAT, min_size=3, max_size=3), min_size=n, max_size=n))
+            flat = {"flat_values": records.flat([[math.nan if v is None else v for v in row] for row in values])}
             return records.UnitRequests(keys=keys, ids=ids, experiments=experiments, arms=arms, units=units,
-                                        values=values, **common)
+                                        **(flat if draw(st.booleans()) else {"values": values}), **common)
         y, w = draw(columns(n, st.none() | FLOAT, st.none() | FLOAT))
         return records.UnitSessions(keys=keys, ids=ids, experiments=experiments, arms=arms, units=units,
                                     weighted_auc=y, weight=w, **common)
@@ -82,7 +88,9 @@ def test_the_wire_keys_are_those_of_the_earlier_logs(record: records.Record) -> 
     fields = {f.encode_name: getattr(record, f.name) for f in msgspec.structs.fields(record)}
     assert {key for key in wire if key != "k"} == {key for key, value in fields.items() if value is not None}
     for key, value in wire.items():
-        if key != "k":
+        if isinstance(fields.get(key), bytes):  # (a flat column: base64 in the JSON)
+            assert base64.b64decode(value) == fields[key]
+        elif key != "k":
             assert value == fields[key] or (isinstance(value, float) and math.isnan(value))
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Union
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from msgspec import UNSET, UnsetType, field
 
 
@@ -50,11 +52,16 @@ class SessionParts(Record, tag="S"):
     experiments: list[str] = field(name="e")
     arms: list[str] = field(name="a")
     served: list[float] = field(name="t")
-    scores: list[list[float]] = field(name="s")
     relevant: list[list[int]] = field(name="r")
     units: list[str | None] = field(name="u")
     queries: list[str | None] | None = field(default=None, name="q")
     satisfied: list[bool] | None = field(default=None, name="c")
+    #: every part's scores, one after another, as little-endian float64 (base64 in the JSON), and how many each part
+    #: has: no float is written or read as text
+    flat_scores: bytes | None = field(default=None, name="f")
+    sizes: list[int] | None = field(default=None, name="z")
+    #: the scores per part, as numbers (logs written before 2026-11-28, without ``flat_scores``)
+    scores: list[list[float]] | None = field(default=None, name="s")
 
 
 class SessionPart(Record, tag="s"):
@@ -95,16 +102,18 @@ class QueryMetric(Record, tag="q"):
 
 class UnitRequests(Record, tag="U"):
     """Finalised requests' share of their A/B units, as columns: finalisation point, request id, labels, unit and
-    the per-request values (one list per request; ``None``: no value); with segments, each request's value of every
-    segment field (``None``: none)."""
+    the per-request values; with segments, each request's value of every segment field (``None``: none)."""
 
     keys: list[float] = field(name="t")
     ids: list[str] = field(name="id")
     experiments: list[str] = field(name="e")
     arms: list[str] = field(name="a")
     units: list[str] = field(name="u")
-    values: list[list[float | None]] = field(name="v")
     segments: list[list[str | None]] | None = field(default=None, name="g")
+    #: the per-request values, a row per request, as little-endian float64 (base64 in the JSON; NaN: no value)
+    flat_values: bytes | None = field(default=None, name="f")
+    #: the same as numbers (logs written before 2026-11-28, without ``flat_values``)
+    values: list[list[float | None]] | None = field(default=None, name="v")
 
 
 class UnitSessions(Record, tag="V"):
@@ -188,6 +197,16 @@ _ENCODER = msgspec.json.Encoder()
 def encode(record: Record) -> bytes:
     """The record as JSON."""
     return _ENCODER.encode(record)
+
+
+def flat(array: npt.ArrayLike) -> bytes:
+    """An array's numbers for a ``flat_*`` field: little-endian float64, in C order."""
+    return np.ascontiguousarray(array, dtype="<f8").tobytes()
+
+
+def floats(data: bytes) -> npt.NDArray[np.float64]:
+    """The float64 of a ``flat_*`` field (read-only)."""
+    return np.frombuffer(data, dtype="<f8")
 
 
 def decode(value: bytes) -> AnyRecord:

@@ -154,11 +154,12 @@ class RegroupSink:
             keys = [s if u is None else u for s, u in zip(parts.sessions, parts.units, strict=True)]
             for to, rows in self._routes(keys):
                 mine = parts if rows is None else parts.rows(rows)
-                sizes = [NUMBER_CHARS * len(scores) for scores in mine.scores]
-                for a, b in row_ranges([mine.sessions, mine.experiments, mine.arms], sizes):
+                sizes = [len(scores) for scores in mine.scores]
+                for a, b in row_ranges([mine.sessions, mine.experiments, mine.arms], [NUMBER_CHARS * n for n in sizes]):
                     self._append(b"", records.SessionParts(
                         sessions=mine.sessions[a:b], experiments=mine.experiments[a:b], arms=mine.arms[a:b],
-                        served=mine.served[a:b], scores=mine.scores[a:b], relevant=mine.relevant[a:b],
+                        served=mine.served[a:b], flat_scores=records.flat(np.concatenate(mine.scores[a:b])),
+                        sizes=sizes[a:b], relevant=mine.relevant[a:b],
                         units=mine.units[a:b], queries=mine.queries[a:b] if mine.queries else None,
                         satisfied=mine.satisfied[a:b] if mine.satisfied else None), flush=False, to=to)
         if queries.queries:
@@ -249,7 +250,10 @@ class RegroupSink:
                 segments_ = None if segments is None else _pick(segments, rows)
             extra = None if segments_ is None else _characters(segments_)
             for a, b in row_ranges([ids_, experiments_, arms_, units_], extra):
-                others: dict[str, Any] = {name: array[a:b].tolist() for name, array in numbers_.items()}
+                others: dict[str, Any] = {name: array[a:b].tolist() for name, array in numbers_.items()
+                                          if name != "values"}
+                if "values" in numbers_:
+                    others["flat_values"] = records.flat(numbers_["values"][a:b])
                 if segments_ is not None:
                     others["segments"] = segments_[a:b]
                 self._append(b"", kind(keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b],
@@ -322,7 +326,7 @@ class _PartColumns:
         self.experiments: list[str] = []
         self.arms: list[str] = []
         self.served: list[float] = []
-        self.scores: list[list[float]] = []
+        self.scores: list[Floats] = []
         self.relevant: list[list[int]] = []
         self.units: list[str | None] = []
         self.queries: list[str | None] = []
@@ -363,7 +367,7 @@ class _Part:
     __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id", "query_id", "experiment",
                  "arm", "relevant", "satisfied")
 
-    def __init__(self, session_id: str, ts: float, scores: list[float], unit: str | None,
+    def __init__(self, session_id: str, ts: float, scores: list[float] | Floats, unit: str | None,
                  query_id: str | None = None, experiment: str = "", arm: str = "", relevant: list[int] | None = None,
                  satisfied: bool = False) -> None:
         self.session_id = session_id
@@ -672,6 +676,8 @@ class SessionStage:
             return
         if kind is records.SessionParts:
             parts: Any = record
+            if parts.flat_scores is not None:  # (each part's scores: a view of them all)
+                parts.scores = np.split(records.floats(parts.flat_scores), np.cumsum(parts.sizes)[:-1])
             waiting, horizon = self._waiting, self._horizon
             for row, ts in enumerate(parts.served):
                 heapq.heappush(waiting, (float(ts) + horizon, offset, row, parts))
@@ -727,7 +733,9 @@ class SessionStage:
         columns = (np.array(record.keys, dtype=np.float64), record.ids, record.experiments, record.arms, record.units)
         if type(record) is records.UnitRequests:
             given = None if record.segments is None else list(map(tuple, record.segments))
-            ledger.add_requests(*columns, np.array(record.values, dtype=np.float64), given)
+            values = (np.array(record.values, dtype=np.float64) if record.flat_values is None
+                      else records.floats(record.flat_values).reshape(len(record.ids), -1))
+            ledger.add_requests(*columns, values, given)
         else:
             ledger.add_sessions(*columns, np.array(record.weighted_auc, dtype=np.float64),  # type: ignore[union-attr]
                                 np.array(record.weight, dtype=np.float64))  # type: ignore[union-attr]
@@ -752,7 +760,10 @@ class SessionStage:
         rel_req = np.repeat(np.arange(len(parts)), list(map(len, relevant)))
         rel_pos = np.array([p for positions in relevant for p in positions], dtype=np.int64)
         satisfied = np.array([part.satisfied for part in states]) if engine.sessions.behaviour else None
-        impressions = Impressions(states, rel_req, rel_pos, None, satisfied)  # type: ignore[arg-type]  # duck-typed
+        n_shown = np.array([part.n for part in states], dtype=np.int64)
+        scores = np.concatenate([np.asarray(part.scores, dtype=np.float64) for part in states])
+        impressions = Impressions(states, rel_req, rel_pos, n_shown, satisfied,  # type: ignore[arg-type]  # duck-typed
+                                  scores=scores)
         # (under the quiet context of the watermark record that released them: named parts count nothing)
         engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
         # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import chain, compress
+from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any, cast
 
@@ -70,11 +70,30 @@ class Impressions:
     __slots__ = ("starts", "scores", "labels", "times", "queries", "satisfied", "_lists")
 
     def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints,
-                 n_shown: Ints | None = None, satisfied: Bools | None = None, times: Floats | None = None) -> None:
+                 n_shown: Ints | None = None, satisfied: Bools | None = None, times: Floats | None = None,
+                 scores: Floats | None = None) -> None:
         if n_shown is None:
             n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
         starts = _starts(n_shown)
         total = int(starts[-1])
+        if scores is None:  # (given: the regroup stage's parts, every served item's score, flat)
+            scores = self._scores(states, starts, n_shown, total)
+        labels = np.zeros(total, dtype=np.bool_)
+        labels[starts[rel_req] + rel_pos - 1] = True
+        self.starts, self.scores, self.labels = starts, scores, labels
+        self.satisfied = satisfied
+        # (starts, 1-based positions of the relevant items, where each request's positions start) as lists, made at
+        # the first call that reads one request's (most requests of a batch are read so, or none)
+        self._lists: tuple[list[int], list[int], list[int]] | None = None
+        self.times: Floats | None = None
+        self.queries: list[str | None] | None = None
+        if satisfied is not None:  # (``times``: the serve times, when the caller has them as an array)
+            self.times = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) if times is None else times
+            self.queries = list(map(_QUERY_ID, states))
+
+    @staticmethod
+    def _scores(states: Sequence[CompactRanking], starts: Ints, n_shown: Ints, total: int) -> Floats:
+        """The served items' scores of ``states``, flat: as the rankings kept them, or minus the position."""
         part = np.repeat(np.arange(len(states)), n_shown)
         scores = starts[part] - np.arange(total, dtype=np.float64) - 1.0
         # scores as JSON text (as rankings keep them; a list is encoded, exactly): "[1,2]" "[3]" read as one
@@ -84,45 +103,31 @@ class Impressions:
         if with_scores.any():
             texts = kept_scores if with_scores.all() else list(compress(kept_scores, with_scores.tolist()))
             scored = with_scores[part]
-            if all(type(kept) is list for kept in texts):  # regrouped parts (the stage): the floats themselves
-                scores[scored] = np.fromiter(chain.from_iterable(texts), dtype=np.float64, count=int(scored.sum()))
-            else:
-                try:
-                    text = b"".join(texts)  # the usual batch: all kept as text
-                except TypeError:  # some kept as lists
-                    text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in texts])
-                values = json_numbers(text, int(scored.sum()))
-                scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values
-        labels = np.zeros(total, dtype=np.bool_)
-        labels[starts[rel_req] + rel_pos - 1] = True
-        self.starts, self.scores, self.labels = starts, scores, labels
-        self.satisfied = satisfied
-        # (starts, scores, 1-based positions of the relevant items, where each request's positions start) as lists,
-        # made at the first call that reads one request's (most requests of a batch are read so, or none)
-        self._lists: tuple[list[int], list[float], list[int], list[int]] | None = None
-        self.times: Floats | None = None
-        self.queries: list[str | None] | None = None
-        if satisfied is not None:  # (``times``: the serve times, when the caller has them as an array)
-            self.times = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) if times is None else times
-            self.queries = list(map(_QUERY_ID, states))
+            try:
+                text = b"".join(texts)  # the usual batch: all kept as text
+            except TypeError:  # some kept as lists
+                text = b"".join([kept if type(kept) is bytes else _ENCODER.encode(kept) for kept in texts])
+            values = json_numbers(text, int(scored.sum()))
+            scores[scored] = _SCORES.decode(text.replace(b"][", b",")) if values is None else values
+        return scores
 
     def relevant_positions(self, i: int) -> list[int]:
         """1-based positions of the relevant items of request ``i``."""
-        _, _, positions, bounds = self._as_lists()
+        _, positions, bounds = self._as_lists()
         return positions[bounds[i] : bounds[i + 1]]
 
-    def scores_of(self, i: int) -> list[float]:
-        """The scores of request ``i``'s served items."""
-        starts, scores, _, _ = self._as_lists()
-        return scores[starts[i] : starts[i + 1]]
+    def scores_of(self, i: int) -> Floats:
+        """The scores of request ``i``'s served items (a view)."""
+        starts, _, _ = self._as_lists()
+        return self.scores[starts[i] : starts[i + 1]]
 
-    def _as_lists(self) -> tuple[list[int], list[float], list[int], list[int]]:
+    def _as_lists(self) -> tuple[list[int], list[int], list[int]]:
         if self._lists is None:
             starts = self.starts
             hits = np.flatnonzero(self.labels)
             bounds = np.searchsorted(hits, starts)  # request i's relevant items: hits[bounds[i]:bounds[i + 1]]
             owner = np.repeat(np.arange(starts.shape[0] - 1), np.diff(bounds))
-            self._lists = (starts.tolist(), self.scores.tolist(), (hits - starts[owner] + 1).tolist(), bounds.tolist())
+            self._lists = (starts.tolist(), (hits - starts[owner] + 1).tolist(), bounds.tolist())
         return self._lists
 
 
