@@ -101,7 +101,7 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
     outputs: list[tuple[bytes, bytes]] = []
 
     def finalised(partition: int, batch: FinalisedBatch) -> None:
-        outputs.extend((record["request_id"].encode(), orjson.dumps(record)) for record in batch.records())
+        outputs.extend(zip([state.request_id.encode() for state in batch.states], batch.encoded(), strict=True))
 
     stages = StagePartitions(engine, PARTITIONS, 1)
     template = engine()

@@ -573,3 +573,40 @@ def test_read_chunks_gives_whole_lines_in_order(tmp_path_factory, lines, last_ne
     assert all(chunk.endswith(b"\n") for chunk, _, _ in chunks[:-1])
     for k, (_, first, _) in enumerate(chunks):
         assert first == 1 + b"".join(chunk for chunk, _, _ in chunks[:k]).count(b"\n")
+
+
+class _Request:
+    def __init__(self, request_id: str, experiment: str, arm: str, query_id: str | None, session_id: str | None):
+        self.request_id, self.experiment, self.arm = request_id, experiment, arm
+        self.query_id, self.session_id = query_id, session_id
+
+
+class _Spec:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+# ids and names holding what separates the pieces (quotes, commas, brackets), escapes, % and other characters
+HOSTILE = st.text(max_size=12) | st.sampled_from(['","', '"', "\\", '\\"', "],[", "%b", "%", "\u2028", ""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(HOSTILE, HOSTILE, HOSTILE, st.none() | HOSTILE, st.none() | HOSTILE), max_size=6),
+       st.lists(HOSTILE, max_size=3, unique=True), st.data())
+def test_a_batch_encoded_a_column_at_a_time_is_each_record_encoded(
+        ids: list[tuple[str, str, str, str | None, str | None]], names: list[str], data: st.DataObject) -> None:
+    """``FinalisedBatch.encoded`` builds the per-request records from columns encoded at once: the same bytes as
+    each record's own ``orjson.dumps``, whatever the ids and metric names hold (NaN and infinities as null)."""
+    import orjson
+
+    from stream_eval.engine.engine import FinalisedBatch
+
+    number = st.floats(width=64) | st.sampled_from([math.nan, math.inf, -0.0, 1e-7, 1e22])
+    values = np.array(data.draw(st.lists(st.lists(number, min_size=len(names), max_size=len(names)),
+                                         min_size=len(ids), max_size=len(ids))),
+                      dtype=np.float64).reshape(len(ids), len(names))
+    if data.draw(st.booleans()):
+        values = np.asfortranarray(values)  # (as a column-wise computation leaves them)
+    batch = FinalisedBatch([_Request(*row) for row in ids], tuple(_Spec(n) for n in names),  # type: ignore[misc]
+                           values)
+    assert batch.encoded() == [orjson.dumps(record) for record in batch.records()]

@@ -80,6 +80,7 @@ class PerRequestWriter:
         self.written = 0
 
     def __call__(self, batch: FinalisedBatch) -> None:
-        dumps = orjson.dumps
-        self.stream.write(b"".join(dumps(record) + b"\n" for record in batch.records()))
+        encoded = batch.encoded()
+        if encoded:
+            self.stream.write(b"\n".join(encoded) + b"\n")
         self.written += len(batch.states)

@@ -145,12 +145,12 @@ class Delivery(abc.ABC):
         """The request-metrics records of ``batch`` into the outbox, but for the ids in ``written`` (each skipped
         once: a predecessor wrote it)."""
         requests = self.outbox.requests
-        for state, record in zip(batch.states, batch.records(), strict=True):
-            request_id = record["request_id"]
+        for state, value in zip(batch.states, batch.encoded(), strict=True):
+            request_id = state.request_id
             if written and request_id in written:
                 written.discard(request_id)
                 continue
-            requests.append((request_id.encode(), orjson.dumps(record), timestamp_ms(state.ts), partition))
+            requests.append((request_id.encode(), value, timestamp_ms(state.ts), partition))
 
     def dead_letter(self, invalid: Invalid, topic: str, partition: int, offset: int) -> None:
         self.outbox.dead.append((invalid, topic, partition, offset))

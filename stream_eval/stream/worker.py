@@ -23,8 +23,6 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from stream_eval.config import Config, ConfigError
 from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
@@ -185,8 +183,7 @@ def warm_up(config: Config) -> None:
     FeedbackDelays(engine)
 
     def finalised(partition: int, batch: FinalisedBatch) -> None:
-        for record in batch.records():
-            orjson.dumps(record)
+        batch.encoded()
 
     partitioned = PartitionedEngine(engine, on_finalised=finalised)  # (runs the regroup stage itself)
     partitioned.assign(0)
