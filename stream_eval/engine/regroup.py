@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -677,7 +678,8 @@ class SessionStage:
         if kind is records.SessionParts:
             parts: Any = record
             if parts.flat_scores is not None:  # (each part's scores: a view of them all)
-                parts.scores = np.split(records.floats(parts.flat_scores), np.cumsum(parts.sizes)[:-1])
+                flat, bounds = records.floats(parts.flat_scores), [0, *accumulate(parts.sizes)]
+                parts.scores = [flat[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
             waiting, horizon = self._waiting, self._horizon
             for row, ts in enumerate(parts.served):
                 heapq.heappush(waiting, (float(ts) + horizon, offset, row, parts))
