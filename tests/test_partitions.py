@@ -8,7 +8,6 @@ from collections import defaultdict
 from typing import Any
 
 import msgspec
-import numpy as np
 import orjson
 import pytest
 from support import PARTITIONS, Log, approx, feed, move_partition_halfway, regrouping, route
@@ -451,12 +450,10 @@ def _as_numbers(value: bytes) -> tuple[bytes, bool]:
     request's values as JSON numbers (NaN: null); whether it changed."""
     record = records.decode(value)
     if isinstance(record, records.SessionParts) and record.flat_scores is not None:
-        flat = records.floats(record.flat_scores).tolist()
-        bounds = np.cumsum([0, *(record.sizes or [])]).tolist()
         record = msgspec.structs.replace(record, flat_scores=None, sizes=None,
-                                         scores=[flat[a:b] for a, b in zip(bounds, bounds[1:], strict=False)])
+                                         scores=[part.tolist() for part in record.part_scores()])
     elif isinstance(record, records.UnitRequests) and record.flat_values is not None:
-        rows = records.floats(record.flat_values).reshape(len(record.ids), -1).tolist()
+        rows = record.value_rows().tolist()
         record = msgspec.structs.replace(record, flat_values=None,
                                          values=[[None if v != v else v for v in row] for row in rows])
     else:

@@ -82,14 +82,15 @@ class FinalisedBatch:
                    "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)} if nan
                    else dict(zip(names, row, strict=True))}
 
-
     def encoded(self) -> list[bytes]:
         """:meth:`records` as JSON, each the bytes of ``orjson.dumps(record)``, made a column at a time: each id column
         and the values encoded in one call and cut into pieces (a string's quotes inside it are escaped, so ``","``
         only ever separates two of them; numbers hold no ``],[``), the pieces put into a template per record.
 
-        >>> batch = FinalisedBatch([_Ids("r1", "e", "a", None, None), _Ids("r2", "e", "a", "q", 's"')],
-        ...                        (_Named("RR"), _Named("P@10")), np.array([[0.5, 1.0], [np.nan, 0.0]]))
+        >>> from types import SimpleNamespace as Of
+        >>> batch = FinalisedBatch([Of(request_id="r1", experiment="e", arm="a", query_id=None, session_id=None),
+        ...                         Of(request_id="r2", experiment="e", arm="a", query_id="q", session_id='s"')],
+        ...                        (Of(name="RR"), Of(name="P@10")), np.array([[0.5, 1.0], [np.nan, 0.0]]))
         >>> for text in batch.encoded():
         ...     print(text.decode())
         {"request_id":"r1","experiment":"e","arm":"a","query_id":"r1","session_id":"r1","metrics":{"RR":0.5,"P@10":1.0}}
@@ -110,22 +111,8 @@ class FinalisedBatch:
 
 
 def _strings(values: list[str]) -> list[bytes]:
-    """Each of ``values`` as the inside of its JSON string (``orjson``'s escapes), from one call."""
-    if len(values) == 1:
-        return [orjson.dumps(values[0])[1:-1]]
+    """Each of ``values`` (at least one) as the inside of its JSON string (``orjson``'s escapes), from one call."""
     return orjson.dumps(values)[2:-2].split(b'","')
-
-
-class _Ids(NamedTuple):  # (a request's ids, for the doctests)
-    request_id: str
-    experiment: str
-    arm: str
-    query_id: str | None
-    session_id: str | None
-
-
-class _Named(NamedTuple):  # (a spec's name, for the doctests)
-    name: str
 
 
 class SessionRows(NamedTuple):

@@ -17,6 +17,7 @@ inf
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Union
 
 import msgspec
@@ -62,6 +63,13 @@ class SessionParts(Record, tag="S"):
     sizes: list[int] | None = field(default=None, name="z")
     #: the scores per part, as numbers (logs written before 2026-11-28, without ``flat_scores``)
     scores: list[list[float]] | None = field(default=None, name="s")
+
+    def part_scores(self) -> list[npt.NDArray[np.float64]] | list[list[float]]:
+        """Each part's scores (views of ``flat_scores``; ``scores`` as written in earlier logs)."""
+        if self.flat_scores is None:
+            return self.scores or []
+        flat, bounds = _floats(self.flat_scores), [0, *accumulate(self.sizes or ())]
+        return [flat[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 class SessionPart(Record, tag="s"):
@@ -114,6 +122,12 @@ class UnitRequests(Record, tag="U"):
     flat_values: bytes | None = field(default=None, name="f")
     #: the same as numbers (logs written before 2026-11-28, without ``flat_values``)
     values: list[list[float | None]] | None = field(default=None, name="v")
+
+    def value_rows(self) -> npt.NDArray[np.float64]:
+        """The per-request values, a row per request (NaN: no value), from either form."""
+        if self.flat_values is None:
+            return np.array(self.values, dtype=np.float64)
+        return _floats(self.flat_values).reshape(len(self.ids), -1)
 
 
 class UnitSessions(Record, tag="V"):
@@ -204,7 +218,7 @@ def flat(array: npt.ArrayLike) -> bytes:
     return np.ascontiguousarray(array, dtype="<f8").tobytes()
 
 
-def floats(data: bytes) -> npt.NDArray[np.float64]:
+def _floats(data: bytes) -> npt.NDArray[np.float64]:
     """The float64 of a ``flat_*`` field (read-only)."""
     return np.frombuffer(data, dtype="<f8")
 

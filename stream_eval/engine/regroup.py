@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -229,7 +228,7 @@ class RegroupSink:
         stage partition, fewer when their ids are long (:func:`row_ranges`; NaN is written as null); with
         ``segments``, each request's value of every segment field."""
         self._unit_records(records.UnitRequests, keys, ids, experiments, arms, units,
-                           None if segments is None else list(map(list, segments)), values=values)
+                           None if segments is None else list(map(list, segments)), flat_values=values)
 
     def unit_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], weighted_auc: Floats, weight: Floats) -> None:
@@ -240,8 +239,9 @@ class RegroupSink:
     def _unit_records(self, kind: type[records.UnitRequests] | type[records.UnitSessions], keys: Floats,
                       ids: list[str], experiments: list[str], arms: list[str], units: list[str],
                       segments: list[list[str | None]] | None = None, **numbers: Floats) -> None:
-        """Records of ``kind`` with these columns (``numbers``: the arrays of the kind's other fields; ``segments``:
-        the requests' segment values), each row to the stage partition of its unit."""
+        """Records of ``kind`` with these columns (``numbers``: the arrays of the kind's other fields, a ``flat_*``
+        one written as a flat column; ``segments``: the requests' segment values), each row to the stage partition
+        of its unit."""
         for to, rows in self._routes(units):
             keys_, numbers_, segments_ = keys, numbers, segments
             ids_, experiments_, arms_, units_ = ids, experiments, arms, units
@@ -251,10 +251,8 @@ class RegroupSink:
                 segments_ = None if segments is None else _pick(segments, rows)
             extra = None if segments_ is None else _characters(segments_)
             for a, b in row_ranges([ids_, experiments_, arms_, units_], extra):
-                others: dict[str, Any] = {name: array[a:b].tolist() for name, array in numbers_.items()
-                                          if name != "values"}
-                if "values" in numbers_:
-                    others["flat_values"] = records.flat(numbers_["values"][a:b])
+                others: dict[str, Any] = {name: records.flat(array[a:b]) if name.startswith("flat_")
+                                          else array[a:b].tolist() for name, array in numbers_.items()}
                 if segments_ is not None:
                     others["segments"] = segments_[a:b]
                 self._append(b"", kind(keys=keys_[a:b].tolist(), ids=ids_[a:b], experiments=experiments_[a:b],
@@ -677,9 +675,7 @@ class SessionStage:
             return
         if kind is records.SessionParts:
             parts: Any = record
-            if parts.flat_scores is not None:  # (each part's scores: a view of them all)
-                flat, bounds = records.floats(parts.flat_scores), [0, *accumulate(parts.sizes)]
-                parts.scores = [flat[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+            parts.scores = parts.part_scores()  # (what _part_of reads)
             waiting, horizon = self._waiting, self._horizon
             for row, ts in enumerate(parts.served):
                 heapq.heappush(waiting, (float(ts) + horizon, offset, row, parts))
@@ -735,9 +731,7 @@ class SessionStage:
         columns = (np.array(record.keys, dtype=np.float64), record.ids, record.experiments, record.arms, record.units)
         if type(record) is records.UnitRequests:
             given = None if record.segments is None else list(map(tuple, record.segments))
-            values = (np.array(record.values, dtype=np.float64) if record.flat_values is None
-                      else records.floats(record.flat_values).reshape(len(record.ids), -1))
-            ledger.add_requests(*columns, values, given)
+            ledger.add_requests(*columns, record.value_rows(), given)
         else:
             ledger.add_sessions(*columns, np.array(record.weighted_auc, dtype=np.float64),  # type: ignore[union-attr]
                                 np.array(record.weight, dtype=np.float64))  # type: ignore[union-attr]
