@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -95,18 +96,45 @@ def unit_hashes(units: Sequence[str]) -> npt.NDArray[np.uint64]:
     >>> unit_hashes(["user-1"]).tolist()
     [9863422088627006618]
     """
-    return np.fromiter((int.from_bytes(_blake2b(unit.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
-                                       "little") for unit in units), dtype=np.uint64, count=len(units))
+    return unit_keys(units)[1]
 
 
 def shards_of(keys: Sequence[str]) -> Ints:
-    """:func:`shard_of` of each of ``keys``, as an array.
+    """:func:`shard_of` of each of ``keys``, as an array (each distinct key's computed once).
 
-    >>> shards_of(["user-1", "user-2"]).tolist()
-    [20, 46]
+    >>> shards_of(["user-1", "user-2", "user-1"]).tolist()
+    [20, 46, 20]
     """
-    return np.fromiter((_crc32(key.encode("utf-8", "surrogatepass")) for key in keys), dtype=np.int64,
-                       count=len(keys)) % SHARDS
+    distinct, at = _distinct(keys)
+    shards = np.fromiter((_crc32(key.encode("utf-8", "surrogatepass")) for key in distinct), dtype=np.int64,
+                         count=len(distinct)) % SHARDS
+    return shards if at is None else shards[at]
+
+
+def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
+    """:func:`shards_of` and :func:`unit_hashes` of ``units`` together, each distinct unit encoded once (a unit has
+    several requests and a session in a batch).
+
+    >>> [a.tolist() for a in unit_keys(["user-1", "user-2", "user-1"])]
+    [[20, 46, 20], [9863422088627006618, 14441893227659663174, 9863422088627006618]]
+    """
+    distinct, at = _distinct(units)
+    encoded = [unit.encode("utf-8", "surrogatepass") for unit in distinct]
+    shards = np.fromiter(map(_crc32, encoded), dtype=np.int64, count=len(encoded)) % SHARDS
+    hashes = np.fromiter((int.from_bytes(_blake2b(data, digest_size=8).digest(), "little") for data in encoded),
+                         dtype=np.uint64, count=len(encoded))
+    return (shards, hashes) if at is None else (shards[at], hashes[at])
+
+
+def _distinct(keys: Sequence[str]) -> tuple[Sequence[str], Ints | None]:
+    """``keys`` without repeats, in order of first appearance, and where each key is among them (None: ``keys`` has
+    no repeats)."""
+    index = dict.fromkeys(keys, 0)
+    if len(index) == len(keys):
+        return keys, None
+    for i, key in enumerate(index):
+        index[key] = i
+    return list(index), np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
 
 
 @dataclass
@@ -215,16 +243,18 @@ class _Experiment:
         """Whether ``unit`` is one of the units kept."""
         return bool(np.isin(unit_hashes([unit]), self.unit_key[: self.size])[0])
 
-    def rows_of(self, units: Sequence[str], arms: Sequence[str]) -> tuple[Ints, npt.NDArray[np.bool_]]:
-        """Each contribution's unit row, -1 for a conflict (a unit seen before in another arm) or a unit beyond
-        ``limit`` (not tracked: counted in ``overflow``, its arm not seen); and whether its unit is tracked (a
-        conflict's is)."""
-        count = len(units)
+    def rows_of(self, hashes: npt.NDArray[np.uint64], arm_of: Ints, arm_names: Sequence[str]
+                ) -> tuple[Ints, npt.NDArray[np.bool_]]:
+        """Each contribution's unit row (its unit by :func:`unit_hashes`, its arm ``arm_names[arm_of[k]]``), -1 for
+        a conflict (a unit seen before in another arm) or a unit beyond ``limit`` (not tracked: counted in
+        ``overflow``, its arm not seen); and whether its unit is tracked (a conflict's is)."""
+        count = len(hashes)
         arm_code, known = self.arm_code, len(self.arms)
-        new: dict[str, int] = {}  # arms not seen before, in order: kept if a unit kept comes with them
-        codes = np.fromiter((arm_code[arm] if arm in arm_code else new.setdefault(arm, known + len(new))
-                             for arm in arms), dtype=np.int64, count=count)
-        hashes = unit_hashes(units)
+        # arms not seen before, in order of their first contribution: kept if a unit kept comes with them
+        given, first = np.unique(arm_of, return_index=True)
+        new = {arm_names[g]: 0 for g in given[np.argsort(first)].tolist() if arm_names[g] not in arm_code}
+        new.update((arm, known + j) for j, arm in enumerate(new))
+        codes = np.array([arm_code.get(arm, new.get(arm, -1)) for arm in arm_names], dtype=np.int64)[arm_of]
         rows = np.empty(count, dtype=np.int64)
         used = np.empty(count, dtype=np.bool_)
         before, done = self.size, 0
@@ -1016,25 +1046,36 @@ class UnitLedger:
     def _apply(self, ready: _Pending, start: int, end: int) -> None:
         if start >= end:
             return
-        shards = shards_of(ready.units[start:end])
+        shards, hashes = unit_keys(ready.units[start:end])
         names = ready.experiments[start:end]
         count = end - start
         tracked = np.zeros(count, dtype=np.bool_)  # (CUPED) the contribution's unit is tracked in its experiment
         entry_of = np.full(count, -1, dtype=np.int64)  # (CUPED) which entry into a CUPED experiment it is
         entered: list[tuple[_Experiment, int, str]] = []  # ... each entry's experiment, its unit row, its name
-        for name, shard in sorted(set(zip(names, shards.tolist(), strict=True))):
-            picked = [start + k for k in np.flatnonzero(shards == shard).tolist() if names[k] == name]
+        # the contributions by (experiment, shard), in that order, each group's in (key, id) order
+        ordered = sorted(set(names))
+        code = {name: i for i, name in enumerate(ordered)}
+        group = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=count) * SHARDS + shards
+        order = np.argsort(group, kind="stable")
+        group = group[order]
+        arm_names, arm_of = _distinct(ready.arms[start:end])
+        if arm_of is None:
+            arm_of = np.arange(count)
+        bounds = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), count]
+        for first, stop in itertools.pairwise(bounds):
+            name, shard = ordered[int(group[first]) // SHARDS], int(group[first]) % SHARDS
+            local = order[first:stop]  # (ascending: the sort is stable)
+            picked = (local + start).tolist()
             experiment = self.experiments.setdefault(name, {}).get(shard)
             if experiment is None:
                 experiment = self.experiments[name][shard] = _Experiment(
                     self.width, limit=_shard_limit(self.config), pre=name in self.cuped,
                     fields=0 if self.segments is None else len(self.segments.fields))
             before = experiment.size
-            rows, used = experiment.rows_of([ready.units[k] for k in picked], [ready.arms[k] for k in picked])
+            rows, used = experiment.rows_of(hashes[local], arm_of[local], arm_names)
             if self.segments is not None:
                 self.segments.assign(experiment.segment, experiment.segment_codes, rows, ready.segments_of(picked))
             if experiment.pre or self.buckets > 0:
-                local = np.array(picked, dtype=np.int64) - start
                 tracked[local] = used
                 if experiment.pre:  # a unit's first contribution with a new row: its entry
                     new_rows, first = np.unique(rows[rows >= before], return_index=True)
@@ -1042,17 +1083,18 @@ class UnitLedger:
                         entry_of[k] = len(entered)
                         entered.append((experiment, row, name))
             keep = rows >= 0
-            index = np.array(picked, dtype=np.int64)[keep]
+            index = local[keep] + start
             np.add.at(experiment.y, rows[keep], ready.y[index])
             np.add.at(experiment.n, rows[keep], ready.n[index])
             experiment.version += 1
             self._changed.add((name, shard))
             self._live_changed.add((name, shard))
         if entered or (self.buckets > 0 and tracked.any()):
-            self._covariates(ready, start, shards, tracked, entry_of, entered)
+            self._covariates(ready, start, shards, hashes, tracked, entry_of, entered)
 
-    def _covariates(self, ready: _Pending, start: int, shards: Ints, tracked: npt.NDArray[np.bool_],
-                    entry_of: Ints, entered: list[tuple[_Experiment, int, str]]) -> None:
+    def _covariates(self, ready: _Pending, start: int, shards: Ints, hashes: npt.NDArray[np.uint64],
+                    tracked: npt.NDArray[np.bool_], entry_of: Ints, entered: list[tuple[_Experiment, int, str]]
+                    ) -> None:
         """CUPED: the tracked contributions ``start:`` of ``ready`` into their shards' :class:`UnitHistory` in
         (key, id) order, and each entry's pre-period (the history before it, or the experiment's warehouse table)
         into its unit's row."""
@@ -1071,7 +1113,6 @@ class UnitLedger:
         lookbacks = np.zeros(count, dtype=np.int64)
         for k in np.flatnonzero(entry_of >= 0).tolist():
             lookbacks[k] = self.cuped[entered[int(entry_of[k])][2]][0]
-        hashes = unit_hashes(units)
         for shard in sorted(set(shards[tracked].tolist())):
             at = np.flatnonzero(tracked & (shards == shard))
             entries = entry_of[at]
