@@ -567,7 +567,7 @@ class Engine:
         impressions = Impressions(states, batch.shown_req[relevant], batch.shown_pos[relevant], batch.n_shown,
                                   finalised.satisfied if behaviour else None, finalised.serve)
         regroup = self.regroup
-        named = None if regroup is None else self._regroup_session_part
+        named = None if regroup is None else self._regroup_session_parts
         self._add_sessions(self.sessions.add(states, group, impressions, named), local=regroup is None)
         interleaved = np.zeros(len(states), dtype=np.bool_)
         metric = values[:, self._gsb_column]
@@ -658,9 +658,11 @@ class Engine:
         else:
             self.regroup.unit_requests(keys, ids, experiments, arms, units, values, segments)
 
-    def _regroup_session_part(self, state: CompactRanking, group: int, impressions: Impressions, i: int) -> None:
-        experiment, arm = self.group_keys[group]
-        self.regroup.session_part(state, experiment, arm, impressions, i)  # type: ignore[union-attr]  # set
+    def _regroup_session_parts(self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions,
+                               rows: list[int]) -> None:
+        labels = list(map(self.group_keys.__getitem__, group[rows].tolist()))
+        self.regroup.session_parts(  # type: ignore[union-attr]  # set
+            [states[i] for i in rows], [e for e, _ in labels], [a for _, a in labels], impressions, rows)
 
     def add_session_parts(self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions) -> None:
         """Requests of named sessions regrouped from other partitions (see ``engine/regroup.py``)."""

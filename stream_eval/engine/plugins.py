@@ -107,8 +107,8 @@ class EngineView(Protocol):
 class RegroupHooks(Protocol):
     """What a partition's engine hands to the regroup log instead of counting it (``engine/regroup.py``)."""
 
-    def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions,
-                     i: int) -> None: ...
+    def session_parts(self, states: Sequence[CompactRanking], experiments: list[str], arms: list[str],
+                      impressions: Impressions, rows: list[int]) -> None: ...
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats,

@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -100,6 +100,8 @@ def row_ranges(columns: list[list[str]], extra: list[int] | None = None) -> list
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
     from stream_eval.events.schema import CompactRanking
+
+_SESSION_ID, _TS, _QUERY_ID = attrgetter("session_id"), attrgetter("ts"), attrgetter("query_id")
 
 
 class RegroupSink:
@@ -206,20 +208,22 @@ class RegroupSink:
         else:
             self.records.append((to, key, value))
 
-    def session_part(self, state: CompactRanking, experiment: str, arm: str, impressions: Impressions, i: int) -> None:
-        """A finalised request of a named session: its session id, labels, serve time, served items' scores, the
-        1-based positions of the relevant ones, and its unit (written with the next record, as columns)."""
+    def session_parts(self, states: Sequence[CompactRanking], experiments: list[str], arms: list[str],
+                      impressions: Impressions, rows: list[int]) -> None:
+        """Finalised requests of named sessions (``states``, request ``rows`` of ``impressions``): each one's
+        session id, labels, serve time, served items' scores, the 1-based positions of the relevant ones, and its
+        unit (written with the next record, as columns)."""
         parts = self._parts
-        parts.sessions.append(state.session_id)  # type: ignore[arg-type]  # a named session's part
-        parts.experiments.append(experiment)
-        parts.arms.append(arm)
-        parts.served.append(state.ts)
-        parts.scores.append(impressions.scores_of(i))
-        parts.relevant.append(impressions.relevant_positions(i))
-        parts.units.append(unit_of(state))
+        parts.sessions += map(_SESSION_ID, states)
+        parts.experiments += experiments
+        parts.arms += arms
+        parts.served += map(_TS, states)
+        parts.scores += map(impressions.scores_of, rows)
+        parts.relevant += map(impressions.relevant_positions, rows)
+        parts.units += map(unit_of, states)
         if impressions.satisfied is not None:  # session measures run: the query and a satisfied click
-            parts.queries.append(state.query_id)
-            parts.satisfied.append(bool(impressions.satisfied[i]))
+            parts.queries += map(_QUERY_ID, states)
+            parts.satisfied += impressions.satisfied[rows].tolist()
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats,

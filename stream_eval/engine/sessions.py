@@ -54,7 +54,8 @@ _REQUEST_ID = attrgetter("request_id")
 _SCORES_OF = attrgetter("scores")
 _QUERY_ID = attrgetter("query_id")
 _ENCODER = msgspec.json.Encoder()
-NamedPart = Callable[[CompactRanking, int, "Impressions", int], None]
+#: Takes the requests of named sessions of a batch: (the batch's states, groups and impressions, the requests' rows).
+NamedParts = Callable[[Sequence[CompactRanking], Ints, "Impressions", list[int]], None]
 #: An open session's key: (the shard of its requests' A/B unit, session id).
 SessionKey = tuple[int, str]
 
@@ -212,12 +213,12 @@ class Sessions:
                               requests, reformulations)
 
     def add(
-        self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions, named: NamedPart | None = None
+        self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions, named: NamedParts | None = None
     ) -> ScoredSessions | None:
         """Take a batch of finalised requests; returns the one-request sessions, scored.
 
-        With ``named``, requests of named sessions are handed to it (``named(state, group, impressions, i)``)
-        instead of being kept: the streaming worker regroups them by session across workers.
+        With ``named``, requests of named sessions are handed to it (``named(states, group, impressions, rows)``,
+        once per batch) instead of being kept: the streaming worker regroups them by session across workers.
         """
         sids: list[str | None] = list(map(_SESSION_ID, states))
         own = ~present(sids)
@@ -225,8 +226,8 @@ class Sessions:
         in_named = np.flatnonzero(~own).tolist()
         alone: list[int] = []  # requests beyond the bound on open sessions: scored as sessions of their own
         if named is not None:
-            for i in in_named:
-                named(states[i], int(group[i]), impressions, i)
+            if in_named:
+                named(states, group, impressions, in_named)
         elif in_named:
             open_, gap, groups, limit = self.open, self.gap, group.tolist(), self.limit
             # when each request is finalised: its serve time plus the horizon
