@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import math
+from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -126,3 +128,31 @@ def test_records_written_by_earlier_workers_are_read() -> None:
     assert isinstance(interleaved, records.Interleaved) and interleaved.relevant == [2]
     assert isinstance(arm, records.ArmSeen) and arm.arm == "A"
     assert isinstance(mark, records.PartitionWatermark) and (mark.input_partition, mark.at) == (3, math.inf)
+
+
+def test_the_stage_reads_a_session_part_of_any_form_alike() -> None:
+    """A session's part as the stage waits on it (``_parts_of``): the same from a columnar record, from a one-part
+    record (logs before 2026-11-26), and from one with its finalisation point instead of its serve time and no unit
+    (before 2026-11-23: the serve time is the point less the horizon, the unit the session)."""
+    from stream_eval.engine.regroup import _parts_of
+
+    horizon = 1800.0
+    columnar = records.SessionParts(
+        sessions=["s1", "s2"], experiments=["exp", "exp"], arms=["A", "B"], served=[100.0, 160.0],
+        flat_scores=records.flat(np.array([1.0, 0.5, 2.0, 1.0, 0.25])), sizes=[2, 3], relevant=[[1], []],
+        units=["user1", None], queries=["q1", "q2"], satisfied=[True, False])
+    one_part = records.SessionPart(session="s1", experiment="exp", arm="A", scores=[1.0, 0.5], relevant=[1],
+                                   served=100.0, unit="user1", query="q1", satisfied=True)
+    oldest = records.SessionPart(session="s1", experiment="exp", arm="A", scores=[1.0, 0.5], relevant=[1],
+                                 finalised=100.0 + horizon, query="q1", satisfied=True)
+    first, second = _parts_of(records.decode(records.encode(columnar)), horizon)
+
+    def fields(part: Any) -> tuple[Any, ...]:
+        return tuple(list(value) if name == "scores" else value for name, value in msgspec.structs.asdict(part).items())
+
+    assert fields(first) == fields(_parts_of(one_part, horizon)[0])
+    assert (first.session_id, first.ts, first.n, list(first.scores), first.unit_id, first.relevant) == (
+        "s1", 100.0, 2, [1.0, 0.5], "user1", [1])
+    assert fields(_parts_of(oldest, horizon)[0]) == fields(first)[:4] + ("s1",) + fields(first)[5:]
+    assert (second.n, list(second.scores), second.unit_id, second.teams, second.satisfied) == (
+        3, [2.0, 1.0, 0.25], None, [], False)  # no unit: a session of no split (unit_of reads None)

@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -364,27 +365,23 @@ class _QueryColumns:
         return out
 
 
-class _Part:
-    """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read)."""
+class _Part(msgspec.Struct, gc=False):
+    """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read): a Struct,
+    made in C (:func:`_parts_of` makes a record's at once). ``unit_id`` None with ``teams`` ``[]``: a session of no
+    split (interleaved), as ``unit_of`` reads it; ``request_id`` is the session id."""
 
-    __slots__ = ("session_id", "ts", "n", "scores", "unit_id", "teams", "request_id", "query_id", "experiment",
-                 "arm", "relevant", "satisfied")
-
-    def __init__(self, session_id: str, ts: float, scores: list[float] | Floats, unit: str | None,
-                 query_id: str | None = None, experiment: str = "", arm: str = "", relevant: list[int] | None = None,
-                 satisfied: bool = False) -> None:
-        self.session_id = session_id
-        self.ts = ts
-        self.n = len(scores)
-        self.scores = scores
-        # unit_of(part) gives ``unit`` back: None (a session of no split: interleaved) through ``teams``
-        self.unit_id = unit
-        self.teams: list[str] | None = [] if unit is None else None
-        self.request_id = session_id
-        self.query_id = query_id
-        self.experiment, self.arm = experiment, arm
-        self.relevant = [] if relevant is None else relevant
-        self.satisfied = satisfied
+    session_id: str
+    ts: float
+    n: int
+    scores: list[float] | Floats
+    unit_id: str | None
+    teams: list[str] | None
+    request_id: str
+    query_id: str | None
+    experiment: str
+    arm: str
+    relevant: list[int]
+    satisfied: bool
 
 
 class _Held:
@@ -677,15 +674,10 @@ class SessionStage:
             if not frozen:
                 engine.ledger.merger.progress(record.stage, record.at)  # type: ignore[union-attr]  # by kind
             return
-        if kind is records.SessionParts:
-            parts: Any = record
-            parts.scores = parts.part_scores()  # (what _part_of reads)
+        if kind is records.SessionParts or kind is records.SessionPart:
             waiting, horizon = self._waiting, self._horizon
-            for row, ts in enumerate(parts.served):
-                heapq.heappush(waiting, (float(ts) + horizon, offset, row, parts))
-            return
-        if kind is records.SessionPart:
-            heapq.heappush(self._waiting, (_part_of(record, -1, self._horizon).ts + self._horizon, offset, -1, record))
+            for row, part in enumerate(_parts_of(record, horizon)):
+                heapq.heappush(waiting, (part.ts + horizon, offset, row, part))
             return
         with self._quiet(at):
             if kind is records.QueryMetrics or kind is records.QueryMetric:
@@ -747,10 +739,9 @@ class SessionStage:
         """Add the waiting session parts due by ``watermark`` (all partitions have finalised up to it)."""
         waiting = self._waiting
         parts: list[tuple[int, _Part]] = []
-        horizon = self._horizon
         while waiting and waiting[0][0] <= watermark:
-            _, offset, row, record = heapq.heappop(waiting)
-            parts.append((offset, _part_of(record, row, horizon)))
+            _, offset, _, part = heapq.heappop(waiting)
+            parts.append((offset, part))
         if not parts:
             return
         engine = self.engine
@@ -777,14 +768,18 @@ class SessionStage:
                 heapq.heappush(self._needed, (offset, "s", key))
 
 
-def _part_of(record: Any, row: int, horizon: float) -> _Part:
-    """Part ``row`` of a :class:`records.SessionParts`, or (``row`` -1) the part of a :class:`records.SessionPart`
-    (without a serve time, written before 2026-11-23: its finalisation point less the horizon)."""
-    if row < 0:
-        served = record.served if record.served is not None else float(record.finalised) - horizon
-        unit = record.session if record.unit is msgspec.UNSET else record.unit
-        return _Part(record.session, float(served), [float(x) for x in record.scores], unit, record.query,
-                     record.experiment, record.arm, record.relevant, bool(record.satisfied))
-    return _Part(record.sessions[row], float(record.served[row]), record.scores[row], record.units[row],
-                 record.queries[row] if record.queries else None, record.experiments[row], record.arms[row],
-                 record.relevant[row], bool(record.satisfied[row]) if record.satisfied else False)
+def _parts_of(record: Any, horizon: float) -> list[_Part]:
+    """The parts of a :class:`records.SessionParts`, or the one of a :class:`records.SessionPart` (without a serve
+    time, written before 2026-11-23: its finalisation point less the horizon)."""
+    if type(record) is records.SessionPart:
+        old: Any = record  # (``finalised`` is set where ``served`` is not)
+        served = old.served if old.served is not None else float(old.finalised) - horizon
+        unit = old.session if old.unit is msgspec.UNSET else old.unit
+        return [_Part(old.session, float(served), len(old.scores), [float(x) for x in old.scores], unit,
+                      [] if unit is None else None, old.session, old.query, old.experiment, old.arm, old.relevant,
+                      bool(old.satisfied))]
+    count, scores = len(record.sessions), record.part_scores()
+    return list(map(_Part, record.sessions, map(float, record.served), map(len, scores), scores, record.units,
+                    [[] if unit is None else None for unit in record.units], record.sessions,
+                    record.queries or repeat(None, count), record.experiments, record.arms, record.relevant,
+                    map(bool, record.satisfied) if record.satisfied else repeat(False, count)))
