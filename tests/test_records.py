@@ -156,3 +156,31 @@ def test_the_stage_reads_a_session_part_of_any_form_alike() -> None:
     assert fields(_parts_of(oldest, horizon)[0]) == fields(first)[:4] + ("s1",) + fields(first)[5:]
     assert (second.n, list(second.scores), second.unit_id, second.teams, second.satisfied) == (
         3, [2.0, 1.0, 0.25], None, [], False)  # no unit: a session of no split (unit_of reads None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30_000), st.integers(0, 30_000)), max_size=2500),
+       st.booleans(), st.sampled_from([64 << 10, 100]))
+def test_records_are_cut_where_a_row_by_row_count_cuts_them(rows: list[tuple[int, int]], with_extra: bool,
+                                                             bound: int) -> None:
+    """``row_ranges`` cuts at the bounds a count row by row gives: at most UNIT_ROWS rows and UNIT_ID_CHARS
+    characters a range, a row longer than that alone (its cuts are found by a search over cumulative sizes)."""
+    from unittest.mock import patch
+
+    from stream_eval.engine import regroup
+
+    columns = [["x" * a for a, _ in rows], ["y" * (b % 7) for _, b in rows]]
+    extra = [b for _, b in rows] if with_extra else None
+
+    def counted() -> list[tuple[int, int]]:
+        out, start, chars = [], 0, 0
+        for i in range(len(rows)):
+            size = len(columns[0][i]) + len(columns[1][i]) + (extra[i] if extra else 0)
+            if i > start and (chars + size > bound or i - start == regroup.UNIT_ROWS):
+                out.append((start, i))
+                start, chars = i, 0
+            chars += size
+        return out + ([(start, len(rows))] if start < len(rows) else [])
+
+    with patch.object(regroup, "UNIT_ID_CHARS", bound):
+        assert regroup.row_ranges(columns, extra) == counted()

@@ -461,7 +461,7 @@ class Engine:
         if not len(rankings):
             return out
         if group is None:
-            group = self._groups_of(rankings)
+            group = self.groups_of(rankings)
         attributes = _attributes_of(rankings)
         for f, field in enumerate(fields):
             values = list(map(dict.get, attributes, repeat(field), repeat(MISSING)))
@@ -498,7 +498,7 @@ class Engine:
             code = codes[value] = len(codes)
         return code
 
-    def _groups_of(self, states: Sequence[Any]) -> Ints:
+    def groups_of(self, states: Sequence[Any]) -> Ints:
         """The group of each request (:meth:`group_of`), looked up in its cache by ``map``."""
         pairs = list(map(_EXPERIMENT_ARM, states))
         found = list(map(self._raw_groups.get, pairs))
@@ -549,7 +549,7 @@ class Engine:
             plain_values = values.copy()
             for j in self._session_columns:
                 values[alone, j] = 1.0 if self.specs[j].family == "QueriesPerSession" else 0.0
-        group = self._groups_of(states)
+        group = self.groups_of(states)
         teams_of, queries = list(map(_TEAMS, states)), list(map(_QUERY_ID, states))
         n_groups = len(self.groups)
         requests = np.bincount(group, minlength=n_groups)

@@ -83,19 +83,19 @@ def row_ranges(columns: list[list[str]], extra: list[int] | None = None) -> list
     [(0, 1), (1, 3)]
     """
     n = len(columns[0]) if columns else 0
-    total = sum(sum(map(len, column)) for column in columns) + (sum(extra) if extra else 0)
-    if total <= UNIT_ID_CHARS:  # most batches: rows are the bound
+    sizes = np.zeros(n, dtype=np.int64) if extra is None else np.array(extra, dtype=np.int64)
+    for column in columns:
+        sizes += np.fromiter(map(len, column), dtype=np.int64, count=n)
+    if int(sizes.sum()) <= UNIT_ID_CHARS:  # most batches: rows are the bound
         return [(a, min(a + UNIT_ROWS, n)) for a in range(0, n, UNIT_ROWS)]
+    ends = np.concatenate([[0], np.cumsum(sizes)])  # rows a:b hold ends[b] - ends[a] characters
     out: list[tuple[int, int]] = []
-    start, chars = 0, 0
-    for i, row in enumerate(zip(*columns, strict=True)):
-        size = sum(map(len, row)) + (extra[i] if extra else 0)
-        if i > start and (chars + size > UNIT_ID_CHARS or i - start == UNIT_ROWS):
-            out.append((start, i))
-            start, chars = i, 0
-        chars += size
-    if start < n:
-        out.append((start, n))
+    start = 0
+    while start < n:  # the most rows that fit (a row longer than the bound alone)
+        fit = int(np.searchsorted(ends, ends[start] + UNIT_ID_CHARS, side="right")) - 1
+        end = max(start + 1, min(fit, start + UNIT_ROWS, n))
+        out.append((start, end))
+        start = end
     return out
 
 if TYPE_CHECKING:
@@ -746,7 +746,7 @@ class SessionStage:
             return
         engine = self.engine
         states = [part for _, part in parts]
-        group = np.array([engine.group_of(part.experiment, part.arm) for part in states], dtype=np.int64)
+        group = engine.groups_of(states)
         relevant = [part.relevant for part in states]
         rel_req = np.repeat(np.arange(len(parts)), list(map(len, relevant)))
         rel_pos = np.array([p for positions in relevant for p in positions], dtype=np.int64)

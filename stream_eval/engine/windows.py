@@ -329,8 +329,7 @@ class RollingWindows:
         join.set_rows(slots, self._replace(requests, self._groups(requests.rankings), values, final=False, own=own))
 
     def _groups(self, rankings: Sequence[CompactRanking]) -> Ints:
-        group_of = self.engine.group_of
-        return np.fromiter((group_of(r.experiment, r.arm) for r in rankings), dtype=np.int64, count=len(rankings))
+        return self.engine.groups_of(rankings)
 
     def finalised(self, requests: Finalised, group: Ints, values: Floats) -> None:
         """Replace the rows of requests just finalised by their final values (they keep no row)."""
