@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 import pytest
 from support import PARTITIONS, Log, approx, feed, move_partition_halfway, regrouping, route
@@ -525,3 +526,52 @@ def test_a_log_read_at_once_to_its_end_leaves_the_windows_of_one_read_message_by
     assert any(count for (_, _, metric, _), (_, count) in expected.items() if metric == "MRR")
     got = _windows_fed(log, None)
     assert approx({key: got.get(key) for key in expected}) == approx(expected)
+
+
+def test_the_first_offsets_kept_are_those_of_every_request_id_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition keeps the offset of each request's first event (what a checkpoint's start comes from), decoding
+    only the feedback ids that can be a request's first; what it keeps is what the rule gives applied to the id of
+    every ranking and feedback, decoded (the code before 2026-11-28, here), fetch by fetch, both ways of decoding."""
+    from stream_eval.engine import partitions
+    from stream_eval.events.schema import Chunk, Feedback
+
+    def every_id(self: Any, offsets: Any, events: Any, join: Any) -> None:
+        if isinstance(events, Chunk):
+            kept = [(at, event) for at, event in zip(events.events_at.tolist(), events.events, strict=True)
+                    if type(event) in partitions._RANKINGS or type(event) is Feedback]
+            columns = events.feedback
+            text = columns.text.tobytes() if len(columns) else b""
+            places = [at for at, _ in kept] + events.feedback_at.tolist()
+            rids = [event.request_id for _, event in kept] + [
+                text[a:b].decode() for a, b in zip(columns.rid_start.tolist(), columns.rid_end.tolist(), strict=True)]
+            is_feedback = [type(event) is Feedback for _, event in kept] + [True] * len(columns)
+            order = sorted(range(len(places)), key=places.__getitem__)
+            picked = [offsets[places[k]] for k in order]
+            rids, is_feedback = [rids[k] for k in order], [is_feedback[k] for k in order]
+        else:
+            chosen = [(offset, event) for offset, event in zip(offsets, events, strict=True)
+                      if type(event) in partitions._RANKINGS or type(event) is Feedback]
+            picked, rids = [offset for offset, _ in chosen], [event.request_id for _, event in chosen]
+            is_feedback = [type(event) is Feedback for _, event in chosen]
+        if not picked:
+            return
+        held, fed, waiting = join.status(rids)
+        first = np.where(np.array(is_feedback, dtype=np.bool_), ~(waiting | fed), ~held)
+        new: set[str] = set()
+        for k in np.flatnonzero(first).tolist():
+            if rids[k] not in new:
+                new.add(rids[k])
+                self.offsets.append(picked[k])
+                self.ids.append(rids[k])
+
+    config, lines = _short_horizons(800, 11, False)
+    lines = [line.rstrip(b"\n") for line in lines]  # (as Kafka messages are: feedback read as columns)
+    kept = []
+    for add in (None, every_id):
+        if add is not None:
+            monkeypatch.setattr(partitions.Requests, "add", add)
+        engine = run_partitioned(lines, config, Collect(), batch=7)
+        kept.append({(partition, kind): (list(requests.offsets), requests.ids)
+                     for partition, task in engine.tasks.items() for kind, requests in task.requests.items()})
+    assert kept[0] == kept[1]
+    assert sum(len(ids) for _, ids in kept[0].values()) > 800  # (rankings and feedback firsts of every partition)

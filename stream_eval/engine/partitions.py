@@ -33,6 +33,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -135,23 +137,14 @@ class Requests:
         batch) tells: a ranking is first unless its request is open or finalised; feedback is first unless
         feedback is waiting for the request, was applied to it, or it is finalised (late feedback is not needed)."""
         if isinstance(events, Chunk):
-            picked, rids, is_feedback = _requests_of_chunk(offsets, events)
+            picked, rids = _firsts_of_chunk(offsets, events, join)
         else:
-            chosen = [(offset, event) for offset, event in zip(offsets, events, strict=True)
-                      if type(event) in _RANKINGS or type(event) is Feedback]
-            picked = [offset for offset, _ in chosen]
-            rids = [event.request_id for _, event in chosen]  # type: ignore[union-attr]  # rankings and feedback
-            is_feedback = [type(event) is Feedback for _, event in chosen]
-        if not picked:
-            return
-        held, fed, waiting = join.status(rids)
-        first = np.where(np.array(is_feedback, dtype=np.bool_), ~(waiting | fed), ~held)
+            picked, rids = _firsts(list(zip(offsets, events, strict=True)), join)
         new: set[str] = set()
-        for k in np.flatnonzero(first).tolist():
-            rid = rids[k]
+        for offset, rid in zip(picked, rids, strict=True):
             if rid not in new:
                 new.add(rid)
-                self.offsets.append(picked[k])
+                self.offsets.append(offset)
                 self.ids.append(rid)
 
     def first(self, join: Join) -> int | None:
@@ -173,21 +166,41 @@ class Requests:
         return self.offsets[head] if head < len(ids) else None
 
 
-def _requests_of_chunk(offsets: Sequence[int], chunk: Chunk) -> tuple[list[int], list[str], list[bool]]:
-    """The offset, request id and whether it is feedback of each ranking and feedback of ``chunk`` (a batch whose
-    event ``k`` is at ``offsets[k]``), in order."""
-    kept = [(at, event) for at, event in zip(chunk.events_at.tolist(), chunk.events, strict=True)
-            if type(event) in _RANKINGS or type(event) is Feedback]
+def _firsts(placed: list[tuple[int, Any]], join: Join) -> tuple[list[int], list[str]]:
+    """The place and request id of each ranking and feedback of ``placed`` (place, event) that may be the first
+    of its request (:meth:`Requests.add`), in order."""
+    chosen = [(place, event) for place, event in placed if type(event) in _RANKINGS or type(event) is Feedback]
+    if not chosen:
+        return [], []
+    rids: list[str] = [event.request_id for _, event in chosen]
+    held, fed, waiting = join.status(rids)
+    is_feedback = np.array([type(event) is Feedback for _, event in chosen], dtype=np.bool_)
+    first = np.flatnonzero(np.where(is_feedback, ~(waiting | fed), ~held)).tolist()
+    return [chosen[k][0] for k in first], [rids[k] for k in first]
+
+
+def _firsts_of_chunk(offsets: Sequence[int], chunk: Chunk, join: Join) -> tuple[list[int], list[str]]:
+    """:func:`_firsts` of ``chunk`` (a batch whose event ``k`` is at ``offsets[k]``), by offset. Of its feedback
+    columns, only the ids of the events whose request has had no feedback are decoded (feedback that was applied
+    is no request's first)."""
+    places, rids = _firsts(list(zip(chunk.events_at.tolist(), chunk.events, strict=True)), join)
     columns = chunk.feedback
-    text = columns.text.tobytes() if len(columns) else b""
-    places = [at for at, _ in kept] + chunk.feedback_at.tolist()
-    rids = [event.request_id for _, event in kept] + [  # type: ignore[union-attr]  # rankings and feedback
-        text[a:b].decode() for a, b in zip(columns.rid_start.tolist(), columns.rid_end.tolist(), strict=True)]
-    is_feedback = [type(event) is Feedback for _, event in kept] + [True] * len(columns)
-    if not kept or not len(columns):  # one kind only (a topic's usual batch): in order already
-        return [offsets[at] for at in places], rids, is_feedback
-    order = sorted(range(len(places)), key=places.__getitem__)
-    return ([offsets[places[k]] for k in order], [rids[k] for k in order], [is_feedback[k] for k in order])
+    if len(columns):
+        maybe = np.flatnonzero(~join.fed_at(columns.text, columns.rid_start, columns.rid_end))
+        text = columns.text.tobytes() if maybe.shape[0] else b""
+        found = [text[a:b].decode() for a, b in zip(columns.rid_start[maybe].tolist(),
+                                                     columns.rid_end[maybe].tolist(), strict=True)]
+        at = chunk.feedback_at[maybe].tolist()
+        pending = join.pending
+        if pending:  # feedback waiting for its ranking: this one is not its request's first either
+            free = [rid not in pending for rid in found]
+            found, at = list(compress(found, free)), list(compress(at, free))
+        if places and found:  # both kinds: in the order of their places
+            merged = sorted(zip(places + at, rids + found, strict=True), key=itemgetter(0))
+            places, rids = [place for place, _ in merged], [rid for _, rid in merged]
+        elif found:
+            places, rids = at, found
+    return [offsets[place] for place in places], rids
 
 
 class Task:

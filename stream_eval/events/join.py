@@ -978,15 +978,22 @@ class Join:
     def status(self, rids: list[str]) -> tuple[Bools, Bools, Bools]:
         """For each request id: whether its request is open or finalised and still remembered; whether
         feedback was applied to it or it is remembered; whether feedback waits for it."""
-        found = self._find_ids(rids)
+        held, fed = self._held_fed(self._find_ids(rids))
+        pending = self.pending
+        waiting = np.fromiter(map(pending.__contains__, rids), dtype=np.bool_, count=len(rids))
+        return held, fed, waiting
+
+    def fed_at(self, keys: Bytes, starts: Ints, ends: Ints) -> Bools:
+        """:meth:`status`'s second answer for the request ids at ``keys[starts:ends]`` (UTF-8)."""
+        return self._held_fed(self._find(keys, starts, ends))[1]
+
+    def _held_fed(self, found: Ints) -> tuple[Bools, Bools]:
         index = np.where(found >= 0, found - self.base, 0)
         known = found >= 0
         remembered = known & self._final[index] & (self._serve[index] + self.horizon + self.horizon > self.watermark)
         held = known & (~self._final[index] | remembered)
         fed = known & ((~self._final[index] & self._applied[index]) | remembered)
-        pending = self.pending
-        waiting = np.fromiter(map(pending.__contains__, rids), dtype=np.bool_, count=len(rids))
-        return held, fed, waiting
+        return held, fed
 
     def _expire_pending(self, watermark: float) -> None:
         expiry = self._pending_expiry
