@@ -63,11 +63,13 @@ Log = dict[tuple[str, int], list[tuple[int, bytes]]]
 
 
 def route(lines: list[bytes]) -> tuple[list[tuple[str, int, int, bytes]], Log]:
-    """Messages as a producer would write them: (kind, partition, offset, value) in send order, ending with an end
-    watermark on every topic-partition; and the log of each topic-partition."""
+    """Messages as a producer would write them (``stream-eval produce``: a line without its line break): (kind,
+    partition, offset, value) in send order, ending with an end watermark on every topic-partition; and the log of
+    each topic-partition."""
     sent: list[tuple[str, int, int, bytes]] = []
     log: Log = {}
-    for line in lines:
+    for given in lines:
+        line = given.rstrip(b"\r\n") if given.endswith(b"\n") else given  # (a message holds no line break)
         try:
             fields = orjson.loads(line)
         except orjson.JSONDecodeError:

@@ -565,7 +565,6 @@ def test_the_first_offsets_kept_are_those_of_every_request_id_decoded(monkeypatc
                 self.ids.append(rids[k])
 
     config, lines = _short_horizons(800, 11, False)
-    lines = [line.rstrip(b"\n") for line in lines]  # (as Kafka messages are: feedback read as columns)
     kept = []
     for add in (None, every_id):
         if add is not None:
