@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -336,12 +336,13 @@ def python_loop_seconds(n: int = 20_000_000) -> float:
     return time.perf_counter() - started
 
 
-def count_instructions(command: Sequence[str]) -> int:
-    """Instructions the process of ``command`` runs, under valgrind's cachegrind without the cache simulation: a count
-    that does not move with what else a shared machine runs, as CPU time does. (numba caches its code per CPU, and
-    valgrind's is another: a first run under it compiles.)"""
+def count_instructions(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """Instructions the process of ``command`` runs (with the environment ``env``, None: this one's), under
+    valgrind's cachegrind without the cache simulation: a count that does not move with what else a shared machine
+    runs, as CPU time does. (numba caches its code per CPU, and valgrind's is another: a first run under it
+    compiles.)"""
     result = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={os.devnull}",
-                             *command], capture_output=True, text=True, check=True)
+                             *command], capture_output=True, text=True, check=True, env=env)
     match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
     if match is None:
         raise RuntimeError(f"no instruction count in valgrind's output: {result.stderr[-500:]}")

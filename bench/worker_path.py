@@ -6,6 +6,8 @@
     # the cost of A/B/n, guardrails, CUPED and a segment: the defaults against bench/all-on.toml on one simulated
     # log, alternately in fresh processes, with /metrics' readout every 30,000 events (a second of a worker)
     python bench/worker_path.py ab.jsonl --simulate 60000 --readout-events 30000 --versus bench/all-on.toml
+    # this tree against another commit's (a git worktree), instructions under cachegrind too (~10 min)
+    python bench/worker_path.py LOG --baseline ../old --instructions
 
 What a worker does with a backlog, less the broker: the log's events routed to 4 partitions by request id (CRC-32),
 read in rounds of one fetch per topic-partition (feedback before rankings in each round), each fetch decoded as
@@ -25,7 +27,10 @@ count of events rather than a time so that a slower run, under valgrind say, tak
 (default 3), and prints each one's CPU seconds, events per CPU-second and events/s (median and range) and the cost,
 1 - events per CPU-second with FILE ÷ without, run by run; with ``--instructions``, also the instructions of one run
 each way under valgrind's cachegrind, which do not move with what else the machine runs, less those of a run of the
-log's first 2,000 lines (start-up: imports, the compiled loops, reading). ``--simulate N`` first writes LOG: N
+log's first 2,000 lines (start-up: imports, the compiled loops, reading), after a run of the whole log that numba
+compiles in. ``--baseline DIR`` compares in the same way with the worker's path of another source tree (a git
+worktree of another commit: its package and its copy of this script), with the same settings; each side's runs put
+its own tree first on ``PYTHONPATH``. ``--simulate N`` first writes LOG: N
 simulated requests of an experiment ``exp1`` with a control and three treatments, randomised per user, after a 60 s
 pre-period of users with persistent preferences (CUPED's covariate), each ranking with a ``platform`` attribute (a
 segment): what ``bench/all-on.toml`` turns on.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -180,20 +186,34 @@ def readouts(partitioned: PartitionedEngine, stages: StagePartitions, labels: La
     return collector.refresh
 
 
-def child(args: argparse.Namespace, log: Path, config: str | None) -> list[str]:
-    """The command of one run of ``log`` with the settings ``config`` (None: the defaults), printing JSON."""
-    command = [sys.executable, str(Path(__file__).resolve()), str(log), "--rankings", str(args.rankings), "--feedback",
-               str(args.feedback), "--readout-events", str(args.readout_events), "--json"]
-    return command + (["--config", config] if config else [])
+#: One side of a comparison: its label, its settings file (None: the defaults), its source tree (None: this one).
+Side = tuple[str, str | None, Path | None]
+
+
+def child(args: argparse.Namespace, log: Path, side: Side) -> tuple[list[str], dict[str, str]]:
+    """The command of one run of ``log`` on ``side``, printing JSON, and its environment (another tree's package
+    first on the path, and its own copy of this script)."""
+    _, config, tree = side
+    root = Path(__file__).resolve().parent.parent if tree is None else tree.resolve()
+    command = [sys.executable, str(root / "bench" / "worker_path.py"), str(log), "--rankings", str(args.rankings),
+               "--feedback", str(args.feedback), "--readout-events", str(args.readout_events), "--json"]
+    # (the tree's package first: a script's own directory, bench/, is what Python puts on the path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return command + (["--config", config] if config else []), env
 
 
 def versus(args: argparse.Namespace) -> None:
-    """``--versus``: the two settings alternately, each run in a fresh process; medians, ranges and the cost."""
+    """``--versus`` or ``--baseline``: the two sides alternately, each run in a fresh process; medians, ranges and
+    the cost of the second (``--versus``'s settings, or the baseline tree) against the first."""
+    sides: dict[str, Side] = (
+        {"base": ("this tree", args.config, None), "versus": (f"the tree at {args.baseline}", args.config,
+                                                               Path(args.baseline))} if args.baseline else
+        {"base": (args.config or "defaults", args.config, None), "versus": (args.versus, args.versus, None)})
     runs: dict[str, list[dict[str, Any]]] = {"base": [], "versus": []}
     for i in range(args.repeat):
-        for name, config in (("base", args.config), ("versus", args.versus)):
-            command = child(args, args.log, config)
-            result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+        for name, side in sides.items():
+            command, env = child(args, args.log, side)
+            result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout)
             runs[name].append(result)
             print(f"# run {i + 1} {name}: {result['cpu']:.2f} CPU-s, {result['events'] / result['cpu']:,.0f} events "
                   f"per CPU-second", file=sys.stderr, flush=True)
@@ -208,14 +228,15 @@ def versus(args: argparse.Namespace) -> None:
           f"of each, alternating, each in a fresh process. Median (min–max).\n")
     print("| settings | CPU seconds | events per CPU-second | events/s (wall) | request-metrics records |")
     print("|---|---|---|---|---|")
-    for name, label in (("base", args.config or "defaults"), ("versus", args.versus)):
+    for name, (label, _, _) in sides.items():
         rs = runs[name]
         print(f"| {label} | {spread([r['cpu'] for r in rs], '.2f')} | "
               f"{spread([r['events'] / r['cpu'] for r in rs])} | {spread([r['events'] / r['seconds'] for r in rs])} "
               f"| {rs[0]['outputs']:,} |")
     per_cpu = [1 - (o["events"] / o["cpu"]) / (b["events"] / b["cpu"]) for b, o in zip(base, other, strict=True)]
     per_s = [1 - (o["events"] / o["seconds"]) / (b["events"] / b["seconds"]) for b, o in zip(base, other, strict=True)]
-    print(f"\nCost of {args.versus} (1 - with ÷ without, run by run): events per CPU-second "
+    versus_label = sides["versus"][0]
+    print(f"\nCost of {versus_label} (1 - with ÷ without, run by run): events per CPU-second "
           f"{spread([100 * c for c in per_cpu], '.1f')} %, events/s {spread([100 * c for c in per_s], '.1f')} %.")
     phases = sorted({phase for r in base + other for phase in r["phases"]})
     print("\nCPU seconds by phase (median): " + "; ".join(
@@ -225,16 +246,17 @@ def versus(args: argparse.Namespace) -> None:
         head = args.log.with_suffix(".head.jsonl")
         head.write_bytes(b"".join(args.log.read_bytes().splitlines(keepends=True)[:2000]))
         counts = {}
-        for name, config in (("base", args.config), ("versus", args.versus)):
-            count_instructions(child(args, head, config))  # (numba compiles for valgrind's CPU once)
-            counts[name] = (count_instructions(child(args, head, config)), count_instructions(child(args, args.log,
-                                                                                                  config)))
+        for name, side in sides.items():
+            # numba compiles for valgrind's CPU once (a run of the whole log: the head leaves some loops out)
+            count_instructions(*child(args, args.log, side))
+            counts[name] = (count_instructions(*child(args, head, side)), count_instructions(*child(args, args.log,
+                                                                                                   side)))
             print(f"# instructions {name}: start-up {counts[name][0] / 1e9:.2f} G, run {counts[name][1] / 1e9:.2f} G",
                   file=sys.stderr, flush=True)
         (start, whole), (other_start, other_whole) = counts["base"], counts["versus"]
         print(f"\nInstructions (cachegrind), one run each way: {whole / 1e9:.2f} G and {other_whole / 1e9:.2f} G; "
               f"less the start-up (a run of the log's first 2,000 lines: {start / 1e9:.2f} G and "
-              f"{other_start / 1e9:.2f} G), {args.versus} costs "
+              f"{other_start / 1e9:.2f} G), {versus_label} costs "
               f"{100 * ((other_whole - other_start) / (whole - start) - 1):+.1f} %.")
 
 
@@ -249,15 +271,19 @@ def main() -> None:
                              "50,000, about a worker's events per second: the live windows are evaluated when read; "
                              "0: none)")
     parser.add_argument("--versus", metavar="FILE", help="compare with these settings, run by run (see above)")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="compare with the worker's path of another source tree (a git worktree of another "
+                             "commit), same settings, run by run, as --versus")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each settings with --versus (default 3)")
     parser.add_argument("--simulate", type=int, metavar="N", help="first write LOG: N simulated A/B/n requests")
     parser.add_argument("--instructions", action="store_true",
-                        help="with --versus: also count instructions under cachegrind (one run each way; slow)")
+                        help="with --versus or --baseline: also count instructions under cachegrind (one run each "
+                             "way; slow)")
     parser.add_argument("--json", action="store_true", help="print one run's numbers as JSON")
     args = parser.parse_args()
     if args.simulate:
         simulate(args.log, args.simulate)
-    if args.versus:
+    if args.versus or args.baseline:
         versus(args)
         return
     config = load_config(args.config)  # (the STREAM_EVAL_* variables count with or without a file)
