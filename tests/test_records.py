@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,6 +157,11 @@ def test_the_stage_reads_a_session_part_of_any_form_alike() -> None:
     assert fields(_parts_of(oldest, horizon)[0]) == fields(first)[:4] + ("s1",) + fields(first)[5:]
     assert (second.n, list(second.scores), second.unit_id, second.teams, second.satisfied) == (
         3, [2.0, 1.0, 0.25], None, [], False)  # no unit: a session of no split (unit_of reads None)
+    torn = records.SessionParts(sessions=["s1", "s2"], experiments=["exp"], arms=["A", "B"], served=[1.0, 2.0],
+                                flat_scores=records.flat(np.array([1.0, 2.0])), sizes=[1, 1], relevant=[[], []],
+                                units=["u1", "u2"])
+    with pytest.raises(ValueError):  # (columns of unequal lengths: an error, not a part left out)
+        _parts_of(torn, horizon)
 
 
 @settings(max_examples=300, deadline=None)

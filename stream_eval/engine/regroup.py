@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -444,11 +444,10 @@ class SessionStage:
         self.muted_until = -1
         # (offset, "s"|"q", session id | bucket) of records whose session or bucket may still be open: a heap
         self._needed: list[tuple[int, str, Any]] = []
-        # Session parts received but not added: (deadline, offset, record). They are added in deadline order
-        # once every partition is past their deadline, as one engine finalises them in replay: whether a
-        # request starts a new session depends on the order (see Sessions.add).
-        # (For a columnar record, one entry per row: (deadline, offset, row, record); row -1: a record of one part.)
-        self._waiting: list[tuple[float, int, int, Any]] = []
+        # Session parts received but not added: (deadline, offset, row in its record, _Part). They are added in
+        # deadline order once every partition is past their deadline, as one engine finalises them in replay:
+        # whether a request starts a new session depends on the order (see Sessions.add).
+        self._waiting: list[tuple[float, int, int, _Part]] = []
         self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
@@ -779,7 +778,9 @@ def _parts_of(record: Any, horizon: float) -> list[_Part]:
                       [] if unit is None else None, old.session, old.query, old.experiment, old.arm, old.relevant,
                       bool(old.satisfied))]
     count, scores = len(record.sessions), record.part_scores()
-    return list(map(_Part, record.sessions, map(float, record.served), map(len, scores), scores, record.units,
-                    [[] if unit is None else None for unit in record.units], record.sessions,
-                    record.queries or repeat(None, count), record.experiments, record.arms, record.relevant,
-                    map(bool, record.satisfied) if record.satisfied else repeat(False, count)))
+    # (columns of unequal lengths, a record no sink writes, are an error rather than parts left out)
+    return list(starmap(_Part, zip(
+        record.sessions, map(float, record.served), map(len, scores), scores, record.units,
+        [[] if unit is None else None for unit in record.units], record.sessions,
+        record.queries or repeat(None, count), record.experiments, record.arms, record.relevant,
+        map(bool, record.satisfied) if record.satisfied else repeat(False, count), strict=True)))
