@@ -108,7 +108,7 @@ def shards_of(keys: Sequence[str]) -> Ints:
     distinct, at = _distinct(keys)
     shards = np.fromiter((_crc32(key.encode("utf-8", "surrogatepass")) for key in distinct), dtype=np.int64,
                          count=len(distinct)) % SHARDS
-    return shards if at is None else shards[at]
+    return shards[at]
 
 
 def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
@@ -123,15 +123,14 @@ def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
     shards = np.fromiter(map(_crc32, encoded), dtype=np.int64, count=len(encoded)) % SHARDS
     hashes = np.fromiter((int.from_bytes(_blake2b(data, digest_size=8).digest(), "little") for data in encoded),
                          dtype=np.uint64, count=len(encoded))
-    return (shards, hashes) if at is None else (shards[at], hashes[at])
+    return shards[at], hashes[at]
 
 
-def _distinct(keys: Sequence[str]) -> tuple[Sequence[str], Ints | None]:
-    """``keys`` without repeats, in order of first appearance, and where each key is among them (None: ``keys`` has
-    no repeats)."""
+def _distinct(keys: Sequence[str]) -> tuple[Sequence[str], Ints]:
+    """``keys`` without repeats, in order of first appearance, and where each key is among them."""
     index = dict.fromkeys(keys, 0)
     if len(index) == len(keys):
-        return keys, None
+        return keys, np.arange(len(keys))
     for i, key in enumerate(index):
         index[key] = i
     return list(index), np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
@@ -1059,8 +1058,6 @@ class UnitLedger:
         order = np.argsort(group, kind="stable")
         group = group[order]
         arm_names, arm_of = _distinct(ready.arms[start:end])
-        if arm_of is None:
-            arm_of = np.arange(count)
         bounds = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), count]
         for first, stop in itertools.pairwise(bounds):
             name, shard = ordered[int(group[first]) // SHARDS], int(group[first]) % SHARDS
