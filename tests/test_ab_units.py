@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config
-from stream_eval.engine.ab import UnitLedger
+from stream_eval.engine.ab import UnitLedger, key_id_order
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.replay import replay
 from stream_eval.simulate import SimulationConfig, simulate_lines
@@ -202,3 +202,15 @@ def test_release_order_does_not_depend_on_how_contributions_arrive(rows: list[tu
         assert np.array_equal(a.unit_key[: a.size], b.unit_key[: b.size]) and a.conflicts == b.conflicts
         assert np.array_equal(a.y[: a.size], b.y[: b.size]) and np.array_equal(a.n[: a.size], b.n[: b.size])
     assert json.dumps(one.results(), default=str) == json.dumps(other.results(), default=str)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5).map(float), st.text("ab\x00\u00e9", max_size=3)), max_size=40))
+def test_key_id_order_is_python_s_order_of_key_then_id(rows: list[tuple[float, str]]) -> None:
+    """The ledger's release order is the (key, id) order of Python's tuples, trailing NULs and runs of ties
+    included (numpy's str arrays, which it replaced, drop trailing NULs)."""
+    keys = np.array([k for k, _ in rows], dtype=np.float64)
+    ids = [i for _, i in rows]
+    expected = sorted(range(len(rows)), key=lambda k: rows[k])
+    got = key_id_order(keys, ids).tolist()
+    assert [rows[k] for k in got] == [rows[k] for k in expected]

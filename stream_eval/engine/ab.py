@@ -460,6 +460,27 @@ def _covariate_table(path: str, names: tuple[str, ...]) -> CovariateTable:
     return CovariateTable(path, names)
 
 
+def key_id_order(keys: Floats, ids: list[str]) -> Ints:
+    """The order that sorts contributions by (key, id): a stable sort of the keys, and the ids compared as Python
+    strings only among equal keys (rare: requests served at the same instant).
+
+    >>> key_id_order(np.array([2.0, 1.0, 2.0, 1.0]), ["b", "z", "a", "y"]).tolist()
+    [3, 1, 2, 0]
+    """
+    order: Ints = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    ties = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+    if not ties.shape[0]:
+        return order
+    # runs of equal keys: each starts where a tie does not continue the one before
+    starts = ties[np.concatenate([[True], ties[1:] != ties[:-1] + 1])]
+    ends = ties[np.concatenate([ties[1:] != ties[:-1] + 1, [True]])] + 2
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        run = order[a:b].tolist()
+        order[a:b] = sorted(run, key=ids.__getitem__)
+    return order
+
+
 class _Pending:
     """Contributions not applied yet, batch by batch (columns), until event time passes their keys."""
 
@@ -1005,7 +1026,7 @@ class UnitLedger:
             self._pending = [] if due.all() else [pending.take(np.flatnonzero(~due))]
             if due.any():
                 ready = pending if due.all() else pending.take(np.flatnonzero(due))
-                ready = ready.take(np.lexsort((np.array(ready.ids, dtype=str), ready.keys)))
+                ready = ready.take(key_id_order(ready.keys, ready.ids))
                 every = self.config.look_every
                 bounds = np.ceil(ready.keys / every) * every
                 start, count = 0, len(ready.ids)
