@@ -84,6 +84,24 @@ def test_the_pre_period_is_the_units_contributions_in_the_lookback_days_before_i
     assert "pre_imbalance" not in plain.srm()[0] and not plain.ledger.history
 
 
+def test_arms_that_differed_before_the_experiment_are_flagged_beside_srm(tmp_path: Path) -> None:
+    """The pre-period check: when the units of one arm clicked before they entered and the other's did not, the
+    rows' ``pre_p_value`` falls below ``srm_alpha`` and the SRM row and ``stream_eval_pre_imbalance`` say so."""
+    events = []
+    for k in range(200):
+        arm = "a" if k % 2 else "b"
+        events += _request(f"p{k}", T0 + k, f"u{k}", (arm == "a") != (k % 10 == 1))  # arm a's units mostly clicked
+        events += _request(f"e{k}", T0 + 3600 + k, f"u{k}", k % 3 == 0, "exp", arm)
+    engine = _replay(tmp_path, events, _cuped())
+    [srm] = engine.srm()
+    rows = {row["metric"]: row for row in engine.ab()}
+    assert rows["MRR"]["pre_p_value"] < engine.config.srm_alpha
+    assert "MRR" in srm["pre_imbalance"] and srm["pre_imbalance"] == sorted(srm["pre_imbalance"])
+    registry = CollectorRegistry()
+    EngineCollector(engine, registry)
+    assert registry.get_sample_value("stream_eval_pre_imbalance", {"experiment": "exp"}) == 1.0
+
+
 def test_the_covariate_comes_from_a_warehouse_table_when_one_is_named(tmp_path: Path) -> None:
     """``cuped_table``: a Parquet file of (unit, metric, value); a listed value is one pre-period observation, a
     unit or metric not listed has none; the stream's pre-period is not used then."""

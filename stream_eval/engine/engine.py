@@ -973,8 +973,9 @@ class Engine:
                  "unproven": r.unproven} for r in recommend(rows)]
 
     def srm(self) -> list[dict[str, Any]]:
-        """Sample-ratio checks: units per arm against the expected split, per experiment."""
-        _, rows = self.ledger.results([])
+        """Sample-ratio checks: units per arm against the expected split, per experiment (with CUPED, the metrics
+        whose pre-period means differ between the arms)."""
+        _, rows = self.ledger.results(self._ab_names())
         return [{"experiment": r.experiment, "units": r.units, "expected": r.expected, "chi2": _number(r.chi2),
                  "p_value": _number(r.p_value), "sequential_p_value": _number(r.sequential_p_value),
                  "mismatch": r.mismatch, **({"pre_imbalance": r.pre_imbalance} if r.cuped else {})} for r in rows]
