@@ -451,7 +451,7 @@ def arms_simulate(seed: np.random.SeedSequence, experiments: int, scenario: Arms
                 k = order[row.treatment, row.metric]
                 out.ebh[e, j, k] = _SIGN[row.decision]
                 out.plain[e, j, k] = _SIGN[_decision(row.cs_lower, row.cs_upper)]
-            for r in recommend(rows):
+            for r in recommend(rows, config):
                 out.rollback[e, j, scenario.treatments.index(r.treatment)] = r.recommendation == "rollback"
     return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -161,6 +162,22 @@ def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_
     # a tighter tolerance that b has not been shown within: keep running
     strict = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.001}\n'))
     assert {r["treatment"]: r["recommendation"] for r in strict.experiments()}["b-better"] == "keep running"
+
+
+def test_only_the_named_primary_metrics_can_ship_a_treatment(tmp_path: Path) -> None:
+    """With ``primary`` named, the other metrics are exploratory: b-better is decided better on MRR and nDCG@10
+    but not on P@10, so with P@10 alone primary it keeps running, and with nDCG@10 primary it ships on nDCG@10
+    only."""
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    plain = {(r["treatment"], r["metric"]): r["decision"] for r in replay([str(log)], _config("")).ab()}
+    assert plain["b-better", "P@10"] == "inconclusive" and plain["b-better", "MRR"] == "better"
+
+    def recommended(primary: str) -> dict[str, Any]:
+        engine = replay([str(log)], _config(f'[experiments.exp1]\nprimary = ["{primary}"]\n'))
+        return {r["treatment"]: r for r in engine.experiments()}["b-better"]
+
+    assert recommended("P@10")["recommendation"] == "keep running" and recommended("P@10")["better"] == []
+    assert recommended("nDCG@10")["recommendation"] == "ship" and recommended("nDCG@10")["better"] == ["nDCG@10"]
 
 
 def test_a_configured_control_not_seen_yet_is_a_sample_ratio_mismatch_not_a_crash(tmp_path: Path) -> None:

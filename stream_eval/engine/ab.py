@@ -1311,11 +1311,12 @@ def _decided(rows: list[AbRow], log_e: list[float], config: Config, exploratory:
     return out
 
 
-def recommend(rows: Sequence[AbRow]) -> list[Recommendation]:
-    """Per treatment: ``rollback`` when a guardrail is breached; ``ship`` when a goal metric is better (its decision,
-    taken after false-discovery control, in the metric's direction) and every guardrail is shown non-inferior;
-    else ``keep running``."""
+def recommend(rows: Sequence[AbRow], config: Config) -> list[Recommendation]:
+    """Per treatment: ``rollback`` when a guardrail is breached; ``ship`` when a goal metric (``primary``, else every
+    metric not a guardrail) is better (its decision, taken after false-discovery control, in the metric's direction)
+    and every guardrail is shown non-inferior; else ``keep running``."""
     out: dict[tuple[str, str], Recommendation] = {}
+    primary = {name: set(config.settings_of(name).primary) for name in {row.experiment for row in rows}}
     for row in rows:
         key = (row.experiment, row.treatment)
         now = out.get(key)
@@ -1326,7 +1327,8 @@ def recommend(rows: Sequence[AbRow]) -> list[Recommendation]:
                 now.breached.append(row.metric)
             elif not row.non_inferior:
                 now.unproven.append(row.metric)
-        elif row.decision == ("worse" if lower_is_better(row.metric) else "better"):
+        elif row.decision == ("worse" if lower_is_better(row.metric) else "better") and (
+                not primary[row.experiment] or row.metric in primary[row.experiment]):
             now.better.append(row.metric)
     return [dataclasses.replace(r, recommendation="rollback" if r.breached else
                                 "ship" if r.better and not r.unproven else "keep running")

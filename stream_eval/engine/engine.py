@@ -970,7 +970,7 @@ class Engine:
         rows, _ = self.ledger.results(self._ab_names())
         return [{"experiment": r.experiment, "control": r.control, "treatment": r.treatment,
                  "recommendation": r.recommendation, "better": r.better, "breached": r.breached,
-                 "unproven": r.unproven} for r in recommend(rows)]
+                 "unproven": r.unproven} for r in recommend(rows, self.config)]
 
     def srm(self) -> list[dict[str, Any]]:
         """Sample-ratio checks: units per arm against the expected split, per experiment (with CUPED, the metrics
