@@ -118,8 +118,8 @@ CUPED_LOOKBACK = 14 * 86400.0
 class ExperimentSettings:
     """One ``[experiments.NAME]`` table.
 
-    ``control`` (None: the first of the sorted arms seen); ``treatments`` (empty: every other arm; a two-arm config
-    names one with ``treatment``); ``split`` (each arm's expected share; empty: equal over the arms seen);
+    ``control`` (None: the first of the sorted arms); ``treatments`` (empty: every other arm; a two-arm config
+    names one with ``treatment``); ``split`` (the arms and each one's expected share; empty: the arms seen, equal);
     ``primary``, the goal metrics of the false-discovery family (empty: every metric not a guardrail);
     ``guardrails``, metric -> tolerated loss; ``cuped``, regression adjustment on each unit's pre-period value
     (README, "CUPED"), taken from the stream over ``cuped_lookback`` seconds before the unit entered, or from the
@@ -309,18 +309,23 @@ class Config:
         return experiment != NO_EXPERIMENT or not self.experiments or NO_EXPERIMENT in dict(self.experiments)
 
     def arms_for(self, experiment: str, arms_seen: set[str] | frozenset[str]) -> Arms | None:
-        """Control and treatments of ``experiment``. The control is configured (``control``), else the first of the
-        sorted arms seen. The treatments are the configured ``treatment``, else every other arm seen, sorted. None:
-        no treatment, or an experiment not compared (:meth:`compares`).
+        """Control and treatments of ``experiment``, among its arms: those of its ``split`` when one is configured
+        (seen or not; an arm seen outside it is no arm of the experiment, and the SRM test flags its traffic), else
+        the arms seen. The control is configured (``control``), else the first of the sorted arms. The treatments
+        are the configured ``treatment``, else every other arm, sorted. None: no treatment, or an experiment not
+        compared (:meth:`compares`).
 
-        >>> config = Config(experiments=(("e", ExperimentSettings(control="b")),))
+        >>> config = Config(experiments=(("e", ExperimentSettings(control="b")),
+        ...                              ("s", ExperimentSettings(split=(("x", 0.5), ("y", 0.5))))))
         >>> config.arms_for("e", {"a", "b", "c"}), config.arms_for("f", {"a", "b", "c"})
         (Arms(control='b', treatments=('a', 'c')), Arms(control='a', treatments=('b', 'c')))
+        >>> config.arms_for("s", {"a", "x"})
+        Arms(control='x', treatments=('y',))
         """
         if not self.compares(experiment):
             return None
         settings = self.settings_of(experiment)
-        arms = set(arms_seen)
+        arms = {arm for arm, _ in settings.split} if settings.split else set(arms_seen)
         control = settings.control
         if control is None:
             if not arms:

@@ -180,6 +180,34 @@ def test_only_the_named_primary_metrics_can_ship_a_treatment(tmp_path: Path) -> 
     assert recommended("nDCG@10")["recommendation"] == "ship" and recommended("nDCG@10")["better"] == ["nDCG@10"]
 
 
+def test_an_arm_outside_the_split_is_no_arm_of_the_experiment_and_a_sample_ratio_mismatch(tmp_path: Path) -> None:
+    """The split names the arms: without ``control`` the first of its arms is the control, not an arm seen outside
+    it (a-control sorts first); traffic to that arm is impossible under the split, so the SRM row shows it with an
+    expected share of 0 and a mismatch (p-value 0); its units are compared with nothing."""
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    engine = replay([str(log)], _config('[experiments.exp1]\nsplit = {b-better = 1, c-worse = 1}\n'))
+    assert {(row["control"], row["treatment"]) for row in engine.ab()} == {("b-better", "c-worse")}
+    assert {r["treatment"] for r in engine.experiments()} == {"c-worse"}
+    (srm,) = engine.srm()
+    assert srm["expected"] == {"b-better": 0.5, "c-worse": 0.5, "a-control": 0.0}
+    assert srm["units"]["a-control"] > 0 and srm["mismatch"] is True
+    assert srm["p_value"] == 0.0 and srm["sequential_p_value"] == 0.0
+    within = replay([str(log)], _config('[experiments.exp1]\nsplit = {a-control = 1, b-better = 1, c-worse = 1}\n'))
+    (fair,) = within.srm()
+    assert fair["mismatch"] is False and set(fair["units"]) == set(fair["expected"]) == {a for a, _ in ARMS}
+
+
+def test_a_split_whose_treatments_have_no_traffic_is_a_sample_ratio_mismatch(tmp_path: Path) -> None:
+    """Treatment logging broken: only the control's requests arrive. With a split configured, the SRM test still
+    runs over its arms (the treatment with 0 units) and flags it, where it used to vanish with the treatment."""
+    log = tmp_path / "control-only.jsonl"
+    log.write_bytes(b"".join(simulate_lines(SimulationConfig(requests=300, seed=5, arms=(("ctl", 0.6),)))))
+    engine = replay([str(log)], _config('[experiments.exp1]\nsplit = {ctl = 0.5, treat = 0.5}\n'))
+    (srm,) = engine.srm()
+    assert srm["units"] == {"ctl": srm["units"]["ctl"], "treat": 0} and srm["units"]["ctl"] > 0
+    assert srm["mismatch"] is True
+
+
 def test_a_configured_control_not_seen_yet_is_a_sample_ratio_mismatch_not_a_crash(tmp_path: Path) -> None:
     """The control named in the config has no units yet (a worker's first look may see treatment traffic only):
     the SRM test counts it with 0 units (a mismatch), where it raised "need units and expected shares for the

@@ -66,7 +66,17 @@ from stream_eval.engine.segment_ab import (
 )
 from stream_eval.engine.times import time_to_json
 from stream_eval.metrics.specs import lower_is_better
-from stream_eval.stats import ArmSums, Comparison, Difference, PreSums, compare, decide, difference, srm_test
+from stream_eval.stats import (
+    ArmSums,
+    Comparison,
+    Difference,
+    PreSums,
+    SrmTest,
+    compare,
+    decide,
+    difference,
+    srm_test,
+)
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -765,9 +775,12 @@ class LookMerger:
         # the arms compared count even before their first unit (a control not seen yet: 0 units, a mismatch)
         expected = self.config.split_for(name, set(units) | {arms.control, *arms.treatments})
         counts = [float(units.get(arm, 0)) for arm in expected]
-        test = srm_test(counts, list(expected.values()))
-        srm = SrmRow(name, {arm: units.get(arm, 0) for arm in expected}, expected, test.chi2, test.p_value,
-                     test.sequential_p_value, False)
+        # units in an arm the split gives no share: impossible under the split, a mismatch for sure (p = 0)
+        strays = {arm: n for arm, n in sorted(units.items()) if arm not in expected and n > 0}
+        test = SrmTest(math.inf, 0.0, 0.0) if strays else srm_test(counts, list(expected.values()))
+        srm = SrmRow(name, {**{arm: units.get(arm, 0) for arm in expected}, **strays},
+                     {**expected, **dict.fromkeys(strays, 0.0)}, test.chi2, test.p_value, test.sequential_p_value,
+                     False)
         return _Look(arms, comparisons, srm)
 
     def _folded(self, name: str, now: _Look) -> _RunningExperiment:
