@@ -121,6 +121,31 @@ def test_the_covariate_comes_from_a_warehouse_table_when_one_is_named(tmp_path: 
         CovariateTable(str(tmp_path / "bad.parquet"), ["MRR", "nDCG@10", "GAUC"])
 
 
+def test_a_warehouse_table_that_cannot_be_used_is_a_clear_error_and_an_empty_one_none(tmp_path: Path) -> None:
+    """A missing file, missing columns, text values: a ConfigError that says which (at start, not at the first
+    unit); an empty table is valid, every unit without pre-period data."""
+    names = ["MRR", "nDCG@10", "GAUC"]
+    with pytest.raises(ConfigError, match="no such file"):
+        CovariateTable(str(tmp_path / "absent.parquet"), names)
+    (tmp_path / "text.parquet").write_text("unit,metric,value\n")
+    with pytest.raises(ConfigError, match="not a Parquet file"):
+        CovariateTable(str(tmp_path / "text.parquet"), names)
+    pq.write_table(pa.table({"user": ["u1"], "metric": ["MRR"], "val": [0.5]}), tmp_path / "cols.parquet")
+    with pytest.raises(ConfigError, match="needs the columns unit, metric and value; unit, value missing"):
+        CovariateTable(str(tmp_path / "cols.parquet"), names)
+    pq.write_table(pa.table({"unit": ["u1"], "metric": ["MRR"], "value": ["high"]}), tmp_path / "str.parquet")
+    with pytest.raises(ConfigError, match="must hold numbers, it holds string"):
+        CovariateTable(str(tmp_path / "str.parquet"), names)
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"unit": pa.array([], pa.string()), "metric": pa.array([], pa.string()),
+                             "value": pa.array([], pa.float64())}), empty)
+    x, q = CovariateTable(str(empty), names).lookup(["u1", "u2"])
+    assert x.shape == q.shape == (2, 3) and not x.any() and not q.any()
+    events = [*_request("e1", T0 + 100, "u1", True, "exp", "a"), *_request("e2", T0 + 200, "u2", False, "exp", "b")]
+    engine = _replay(tmp_path, events, _cuped(cuped_table=str(empty)))
+    assert _covariate(engine, "exp", "u1", "MRR") == (0.0, 0.0) and engine.ab()
+
+
 def test_cuped_settings_are_read_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[experiments.exp]\ncontrol = "a"\ncuped = true\ncuped_lookback = "28d"\n')

@@ -44,6 +44,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -433,13 +434,24 @@ class CovariateTable:
     def __init__(self, path: str, names: Sequence[str]) -> None:
         import pyarrow.parquet as pq
 
+        if not os.path.isfile(path):
+            raise ConfigError(f"cuped_table {path}: no such file")
         try:
-            table = pq.read_table(path, columns=["unit", "metric", "value"])
+            columns_there = set(pq.read_schema(path).names)
+            table = pq.read_table(path, columns=["unit", "metric", "value"]) if columns_there >= {
+                "unit", "metric", "value"} else None
         except (OSError, ValueError, KeyError) as exc:  # (pyarrow's errors derive from these)
-            raise ConfigError(f"cuped_table {path}: {exc}") from None
+            raise ConfigError(f"cuped_table {path}: not a Parquet file pyarrow can read ({exc})") from None
+        if table is None:
+            missing = ", ".join(sorted({"unit", "metric", "value"} - columns_there))
+            raise ConfigError(f"cuped_table {path}: needs the columns unit, metric and value; {missing} missing")
         units = [str(u) for u in table.column("unit").to_pylist()]
         metrics = [str(m) for m in table.column("metric").to_pylist()]
-        values = np.asarray(table.column("value").to_numpy(zero_copy_only=False), dtype=np.float64)
+        try:
+            values = np.asarray(table.column("value").to_numpy(zero_copy_only=False), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ConfigError(f"cuped_table {path}: the column value must hold numbers, it holds "
+                              f"{table.column('value').type}") from None
         columns = {name: j for j, name in enumerate(names)}
         unknown = sorted(set(metrics) - columns.keys())
         if unknown:
@@ -459,9 +471,11 @@ class CovariateTable:
 
     def lookup(self, units: Sequence[str]) -> tuple[Floats, Floats]:
         """The pre-period sums and counts of ``units`` (zeros for a unit not in the table)."""
+        if not len(self.keys):  # an empty table: no unit has pre-period data
+            return np.zeros((len(units), self.x.shape[1])), np.zeros((len(units), self.q.shape[1]))
         hashes = unit_hashes(units)
-        at = np.minimum(np.searchsorted(self.keys, hashes), max(len(self.keys) - 1, 0))
-        found = (self.keys[at] == hashes) if len(self.keys) else np.zeros(len(units), dtype=np.bool_)
+        at = np.minimum(np.searchsorted(self.keys, hashes), len(self.keys) - 1)
+        found = self.keys[at] == hashes
         return np.where(found[:, None], self.x[at], 0.0), np.where(found[:, None], self.q[at], 0.0)
 
 
