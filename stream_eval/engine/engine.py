@@ -903,7 +903,8 @@ class Engine:
             test = sign_test(every.good, every.same, every.bad, confidence=self.config.confidence,
                              sequential_n=self.config.sequential_n)
             lower, upper = _number(test.cs_lower), _number(test.cs_upper)
-            rows.append({"experiment": experiment, "treatment": treatment or None, "source": source,
+            rows.append({"experiment": experiment, "treatment": None if source == "judgment" else treatment,
+                         "source": source,
                          "good": c.good, "same": c.same, "bad": c.bad,
                          "score": _number(c.score), "p_value": _number(test.p_value), "cs_lower": lower,
                          "cs_upper": upper, "decision": _decision_of(lower, upper)})
