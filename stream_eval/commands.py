@@ -197,9 +197,9 @@ def simulate_command(args: argparse.Namespace) -> int:
 
     if getattr(args, "broker", None):
         return _simulate_to_kafka(args)
-    sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                           judgments=args.judgments, unit=args.unit, behaviour=args.behaviour,
-                           pre_period=args.pre_period, preference=args.preference)
+    sim = _simulation(SimulationConfig, requests=args.requests, seed=args.seed, interleaving=args.interleaving,
+                      judgments=args.judgments, unit=args.unit, behaviour=args.behaviour, pre_period=args.pre_period,
+                      preference=args.preference)
     if args.output == "-":
         out = sys.stdout.buffer
         for line in simulate_lines(sim):
@@ -209,6 +209,14 @@ def simulate_command(args: argparse.Namespace) -> int:
         lines = write_jsonl(sim, args.output)
         print(f"stream-eval: wrote {lines:,} events to {args.output}", file=sys.stderr)
     return 0
+
+
+def _simulation(kind: Callable[..., _T], **settings: Any) -> _T:
+    """``kind(**settings)`` (a ``SimulationConfig``); settings it refuses are a ConfigError (a message, exit 2)."""
+    try:
+        return kind(**settings)
+    except ValueError as error:
+        raise ConfigError(f"simulate: {error}") from None
 
 
 #: Events per simulated request with the default settings (a ranking and ~4 feedback events; measured 5.07).
@@ -230,10 +238,10 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
     requests_per_second = args.rate / EVENTS_PER_REQUEST if args.rate > 0 else SimulationConfig.rate
     now = float(int(time.time()))
     start = now if paced else now - args.requests / requests_per_second
-    sim = SimulationConfig(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                           judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
-                           rate=requests_per_second, behaviour=args.behaviour, pre_period=args.pre_period,
-                           preference=args.preference)
+    sim = _simulation(SimulationConfig, requests=args.requests, seed=args.seed, interleaving=args.interleaving,
+                      judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
+                      rate=requests_per_second, behaviour=args.behaviour, pre_period=args.pre_period,
+                      preference=args.preference)
     return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
                            args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless,
                            security=getattr(args, "security", None))

@@ -294,6 +294,11 @@ class SimulationConfig:
             raise ValueError("orphan_fraction needs a finite number of requests (orphan ids follow the last one)")
         if not (self.pre_period >= 0 and math.isfinite(self.pre_period)):
             raise ValueError("pre_period must be >= 0")
+        if self.pre_period > 0 and not self.endless and self.requests / self.rate <= self.pre_period:
+            span = self.requests / self.rate
+            raise ValueError(f"all {self.requests:,} requests fall in the pre-period ({span:,.0f} s of event time at "
+                             f"{self.rate:g} requests/s, pre-period {self.pre_period:,.0f} s): no experiment "
+                             "traffic; ask for more requests or a shorter pre-period")
         if not (self.preference >= 0 and math.isfinite(self.preference)):
             raise ValueError("preference must be >= 0")
         if self.preference > 0 and self.unit != "user":

@@ -611,3 +611,14 @@ def test_simulate_then_replay(tmp_path: Path) -> None:
     again = tmp_path / "again.jsonl"
     assert cli("simulate", "--requests", "200", "-o", again).returncode == 0
     assert again.read_bytes() == out.read_bytes()  # deterministic for a seed
+
+
+def test_simulate_settings_it_cannot_use_are_a_message_not_a_traceback(tmp_path: Path) -> None:
+    """A pre-period that would hold every request (no experiment traffic), a preference without users: exit 2
+    with the reason, and no file written."""
+    out = tmp_path / "sim.jsonl"
+    result = cli("simulate", "--unit", "user", "--pre-period", "1d", "--preference", "0.8", "-o", out)
+    assert result.returncode == 2 and b"all 1,000 requests fall in the pre-period" in result.stderr
+    assert b"Traceback" not in result.stderr and not out.exists()
+    result = cli("simulate", "--preference", "0.8", "-o", out)
+    assert result.returncode == 2 and b"preference needs unit='user'" in result.stderr
