@@ -325,7 +325,8 @@ class Config:
         if not self.compares(experiment):
             return None
         settings = self.settings_of(experiment)
-        arms = {arm for arm, _ in settings.split} if settings.split else set(arms_seen)
+        # (``__other__``, the arms beyond ``max_label_values`` folded together, is no arm: SRM flags its units)
+        arms = {arm for arm, _ in settings.split} if settings.split else set(arms_seen) - {OTHER}
         control = settings.control
         if control is None:
             if not arms:
@@ -341,7 +342,8 @@ class Config:
         configured = self.settings_of(experiment).split
         if configured:
             return dict(configured)
-        return {arm: 1.0 / len(arms_seen) for arm in sorted(arms_seen)}
+        arms = sorted(set(arms_seen) - {OTHER})
+        return {arm: 1.0 / len(arms) for arm in arms}
 
     def to_json(self) -> dict[str, Any]:
         """The settings as they appear in the report's ``config`` section."""

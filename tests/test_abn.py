@@ -205,6 +205,16 @@ def test_an_arm_outside_the_split_is_no_arm_of_the_experiment_and_a_sample_ratio
     assert fair["mismatch"] is False and set(fair["units"]) == set(fair["expected"]) == {a for a, _ in ARMS}
 
 
+def test_arms_folded_beyond_max_label_values_are_no_treatment_and_an_srm_mismatch(tmp_path: Path) -> None:
+    """Beyond ``max_label_values`` arms the rest are ``__other__``: a mix of arms, compared with nothing, whose units
+    the SRM test flags (the experiment's arms can no longer be told apart)."""
+    engine = replay([str(_log(tmp_path, ARMS, "three.jsonl"))], _config("max_label_values = 2\n"))
+    assert {(row["control"], row["treatment"]) for row in engine.ab()} == {("a-control", "b-better")}
+    assert [row["treatment"] for row in engine.gsb_rows()] == ["b-better"]
+    (srm,) = engine.srm()
+    assert srm["expected"] == {"a-control": 0.5, "b-better": 0.5, "__other__": 0.0} and srm["mismatch"] is True
+
+
 def test_a_split_whose_treatments_have_no_traffic_is_a_sample_ratio_mismatch(tmp_path: Path) -> None:
     """Treatment logging broken: only the control's requests arrive. With a split configured, the SRM test still
     runs over its arms (the treatment with 0 units) and flags it, where it used to vanish with the treatment."""
