@@ -570,6 +570,9 @@ def _guardrails(name: str, value: object) -> tuple[tuple[str, Tolerance], ...]:
         amount = _number(setting)(text[:-1] if relative and text is not None else raw)
         if isinstance(raw, bool) or not math.isfinite(amount) or amount == 0:
             raise ConfigError(f"{setting}: expected a tolerated loss like \"-1%\" or -0.005, got {raw!r}")
+        if relative and amount <= -100:  # (every measure is >= 0: its lift is never below -100 %)
+            raise ConfigError(f"{setting}: a relative loss of {raw!r} can never be breached (a lift is never "
+                              "below -100%)")
         out.append((str(metric), Tolerance(amount / 100 if relative else amount, relative)))
     return tuple(out)
 

@@ -138,6 +138,7 @@ def test_a_merger_state_written_before_a_b_n_is_read(tmp_path: Path) -> None:
     ('[experiments.e]\nguardrails = {"ERR@10" = "1%"}\n', "a fall"),
     ('[experiments.e]\nguardrails = {"nDCG@7" = "-1%"}\n', "not a metric"),
     ('[experiments.e]\nguardrails = {"ERR@10" = "lots"}\n', "expected a number"),
+    ('[experiments.e]\nguardrails = {"ERR@10" = "-100%"}\n', "can never be breached"),
     ('[experiments.e]\nprimary = ["MRR"]\nguardrails = {"MRR" = -0.01}\n', "both primary and a guardrail"),
 ])
 def test_guardrails_that_cannot_be_used_are_refused(text: str, message: str) -> None:
