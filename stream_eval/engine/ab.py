@@ -522,6 +522,12 @@ class _Pending:
         given = self.segments
         return [None] * len(picked) if given is None else [given[k] for k in picked]
 
+    def slice(self, start: int, stop: int) -> _Pending:
+        """The contributions ``start:stop``."""
+        return _Pending(self.keys[start:stop], self.ids[start:stop], self.experiments[start:stop],
+                        self.arms[start:stop], self.units[start:stop], self.y[start:stop], self.n[start:stop],
+                        None if self.segments is None else self.segments[start:stop])
+
     def take(self, rows: Ints) -> _Pending:
         picked = rows.tolist()
         return _Pending(self.keys[rows], [self.ids[k] for k in picked], [self.experiments[k] for k in picked],
@@ -1048,12 +1054,14 @@ class UnitLedger:
         if self.frozen:
             return
         if self._pending and watermark >= min(float(p.keys.min()) for p in self._pending):
+            # in (key, id) order, the contributions due are the first ones (a key at or before the watermark)
             pending = _Pending.join(self._pending)
-            due = pending.keys <= watermark
-            self._pending = [] if due.all() else [pending.take(np.flatnonzero(~due))]
-            if due.any():
-                ready = pending if due.all() else pending.take(np.flatnonzero(due))
-                ready = ready.take(key_id_order(ready.keys, ready.ids))
+            pending = pending.take(key_id_order(pending.keys, pending.ids))
+            due = int(np.searchsorted(pending.keys, watermark, side="right"))
+            count = len(pending.ids)
+            self._pending = [pending.slice(due, count)] if due < count else []
+            if due:
+                ready = pending if due == count else pending.slice(0, due)
                 every = self.config.look_every
                 bounds = np.ceil(ready.keys / every) * every
                 start, count = 0, len(ready.ids)
