@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.ab import UnitLedger, key_id_order
+from stream_eval.engine.compiled import add_rows
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.replay import replay
 from stream_eval.simulate import SimulationConfig, simulate_lines
@@ -214,3 +215,19 @@ def test_key_id_order_is_python_s_order_of_key_then_id(rows: list[tuple[float, s
     expected = sorted(range(len(rows)), key=lambda k: rows[k])
     got = key_id_order(keys, ids).tolist()
     assert [rows[k] for k in got] == [rows[k] for k in expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 4), st.floats(-1e6, 1e6), st.floats(-1e-3, 1e3)), max_size=50))
+def test_add_rows_gives_the_floats_of_numpy_s_add_at(rows: list[tuple[int, float, float]]) -> None:
+    """The units' sums are added row by row in order, as ``np.add.at`` adds them, bit for bit (the order of the
+    additions is part of replay = stream)."""
+    at = np.array([r for r, _, _ in rows], dtype=np.int64)
+    values = np.array([[a, b] for _, a, b in rows], dtype=np.float64).reshape(len(rows), 2)
+    picked = np.arange(len(rows), dtype=np.int64)[::-1].copy()  # (values read through an index)
+    expected = np.full((5, 2), 0.1)
+    keep = at >= 0
+    np.add.at(expected, at[keep], values[picked][keep])
+    got = np.full((5, 2), 0.1)
+    add_rows(got, at, values, picked)
+    assert got.tobytes() == expected.tobytes()

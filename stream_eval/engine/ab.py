@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Arms, Config, ConfigError
-from stream_eval.engine.compiled import unit_history, unit_rows, unit_slots
+from stream_eval.engine.compiled import add_rows, unit_history, unit_rows, unit_slots
 from stream_eval.engine.segment_ab import (
     SegmentGroup,
     SegmentLook,
@@ -1135,10 +1135,9 @@ class UnitLedger:
                     for row, k in zip(new_rows.tolist(), local[rows >= before][first].tolist(), strict=True):
                         entry_of[k] = len(entered)
                         entered.append((experiment, row, name))
-            keep = rows >= 0
-            index = local[keep] + start
-            np.add.at(experiment.y, rows[keep], ready.y[index])
-            np.add.at(experiment.n, rows[keep], ready.n[index])
+            index = local + start
+            add_rows(experiment.y, rows, ready.y, index)
+            add_rows(experiment.n, rows, ready.n, index)
             experiment.version += 1
             self._changed.add((name, shard))
             self._live_changed.add((name, shard))

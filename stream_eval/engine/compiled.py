@@ -217,6 +217,25 @@ def unit_history(hashes: npt.NDArray[np.uint64], days: Ints, y: Floats, n: Float
 
 
 @nb.njit(cache=True, nogil=True)
+def add_rows(target: Floats, rows: Ints, values: Floats, picked: Ints) -> None:
+    """``target[rows[k]] += values[picked[k]]`` for every ``k`` whose row is not negative, in order: the floats
+    ``np.add.at(target, rows[keep], values[picked[keep]])`` gives, without its cost per element (the A/B units'
+    sums, ``engine/ab.py``).
+
+    >>> target = np.zeros((2, 2))
+    >>> add_rows(target, np.array([1, -1, 1]), np.array([[1.0, 2.0], [9.0, 9.0], [0.5, 0.25]]), np.array([0, 1, 2]))
+    >>> target.tolist()
+    [[0.0, 0.0], [1.5, 2.25]]
+    """
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        if r >= 0:
+            i = picked[k]
+            for j in range(target.shape[1]):
+                target[r, j] += values[i, j]
+
+
+@nb.njit(cache=True, nogil=True)
 def cell_sums(cell: Ints, values: Floats, cells: int) -> tuple[Ints, Floats, Floats]:
     """Per cell of the live windows (``engine/windows.py``; ``cell``: each row's, ``0 .. cells - 1``) the count, sum
     and sum of squares of each column's values, a NaN (no value) left out. Rows are added in order, so the sums are
