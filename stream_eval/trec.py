@@ -295,9 +295,12 @@ def read_qrels(lines: Iterable[bytes], source: str = "qrels") -> dict[str, dict[
     qrels: dict[str, dict[str, int]] = {}
     for where, fields, qid, docno in _rows(lines, source, "qid iter docno rel"):
         try:
-            qrels.setdefault(qid, {})[docno] = int(fields[3])
+            relevance = int(fields[3])
         except ValueError:
             raise TrecError(f"{where}: relevance {fields[3]!r} is not an integer") from None
+        if not -2**31 <= relevance < 2**31:
+            raise TrecError(f"{where}: relevance {fields[3]!r} is out of range (a 32-bit integer)")
+        qrels.setdefault(qid, {})[docno] = relevance
     return qrels
 
 
@@ -418,6 +421,9 @@ def evaluate(qrels: dict[str, dict[str, int]], run: Run, measures: list[Measure]
              complete: bool = False, max_docs: int | None = None) -> TrecResult:
     """Evaluate ``run`` against ``qrels``: each value of ``measures``, per query and for ``all``."""
     qids = sorted(run.docs.keys() & qrels.keys(), key=str.encode)
+    if not qids:
+        raise TrecError("no query has both results and relevance judgements (are the query ids of the run and the "
+                        "qrels written alike?)")
     rankings = {qid: trec_order(run.docs[qid])[:max_docs] for qid in qids}
     engine_values = _engine_values(qrels, rankings, run.tag, measures, relevance_level)
     lists = RankedLists.build(
@@ -523,9 +529,6 @@ def trec_command(args: argparse.Namespace) -> int:
     run = read_run(_lines(args.run), args.run)
     measures = parse_measures(args.measure or ["official"])
     result = evaluate(qrels, run, measures, args.relevance_level, args.complete, args.max_docs)
-    if not result.qids:
-        print("stream-eval trec: no query has both results and relevance judgements", file=sys.stderr)
-        return 1
     output: IO[bytes] = open(args.output, "wb") if args.output else sys.stdout.buffer
     try:
         if args.json:

@@ -252,6 +252,21 @@ def test_bad_files_are_errors() -> None:
         read_run([b"q1 Q0 d1 1 high tag"])
     with pytest.raises(TrecError, match="twice"):
         read_run([b"q1 Q0 d1 1 1.0 tag", b"q1 Q0 d1 2 0.5 tag"])
+    with pytest.raises(TrecError, match="out of range"):
+        read_qrels([b"q1 0 d1 9223372036854775808"])
+
+
+def test_files_without_a_query_in_common_are_an_error_not_a_crash(tmp_path: Path) -> None:
+    """Query ids written differently in the run and the qrels (1 against Q1), or an empty run: a message and exit
+    2, with or without -c (it was a ZeroDivisionError without it)."""
+    qrels, run, empty = tmp_path / "qrels", tmp_path / "run", tmp_path / "empty"
+    qrels.write_text("1 0 d1 1\n")
+    run.write_text("Q1 Q0 d1 1 1.0 tag\n")
+    empty.write_text("")
+    for args in ((qrels, run), (qrels, empty), (qrels, run, "-c")):
+        result = run_cli("trec", *map(str, args))
+        assert result.returncode == 2 and "no query has both results and relevance judgements" in result.stderr
+        assert "Traceback" not in result.stderr
 
 
 def test_run_lines_may_have_fields_after_the_tag() -> None:
