@@ -70,3 +70,24 @@ def test_query_gsb_equals_request_by_request_sums(batches: list[list[Request]],
     got = {(experiment, treatment): [c.good, c.same, c.bad]
            for (experiment, treatment, source), c in tracker.counts.items() if source == "metric"}
     assert got == reference(served, window, epsilon)
+
+
+def test_interleaving_verdicts_are_only_of_the_arms_a_request_interleaved() -> None:
+    """A/B/n: requests interleave c with t only; x took part in none of them, so it gets no verdict (it got "bad"
+    for every request where c was credited). A team credited with nothing is still one that took part."""
+    tracker = GsbTracker(Config(), horizon=0.0)
+    tracker.interleaved("e1", ["c", "t", "c", "t"], [1, 3])  # c credited twice, t took part: bad for t
+    tracker.interleaved("e1", ["t", "c"], [1])  # good for t
+    totals = tracker.totals(arms_of)
+    assert (totals["e1", "t", "interleaving"].good, totals["e1", "t", "interleaving"].bad) == (1, 1)
+    assert (totals["e1", "x", "interleaving"].good, totals["e1", "x", "interleaving"].same,
+            totals["e1", "x", "interleaving"].bad) == (0, 0, 0)
+
+
+def test_interleaving_credits_written_before_every_team_was_listed_are_read_with_the_experiment_s_teams() -> None:
+    from stream_eval.engine.snapshot import tallies_from_json, tallies_to_json
+
+    old = {"interleaving": {"e1": [[[["c", 2]], 5], [[["c", 1], ["t", 1]], 2]]}, "teams": {"e1": ["c", "t"]}}
+    tallies = tallies_from_json(old)
+    assert tallies == {"e1": {(("c", 2), ("t", 0)): 5, (("c", 1), ("t", 1)): 2}}
+    assert tallies_from_json({"interleaving_credits": tallies_to_json(tallies)}) == tallies

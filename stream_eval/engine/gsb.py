@@ -260,8 +260,11 @@ class GsbTracker:
 
     def interleaved(self, experiment: str, teams: list[str], relevant_positions: list[int],
                     count: bool = True) -> None:
-        """One finalised interleaved request: the teams credited with its relevant items."""
-        credit = tuple(sorted(Counter(teams[p - 1] for p in relevant_positions).items()))
+        """One finalised interleaved request: each of its teams with the relevant items credited to it (0 for a
+        team credited with none: the verdicts are only of the pairs of arms that took part)."""
+        credited = Counter(dict.fromkeys(teams, 0))
+        credited.update(teams[p - 1] for p in relevant_positions)
+        credit = tuple(sorted(credited.items()))
         if not self.frozen:
             self._interleaving_complete.setdefault(experiment, Counter())[credit] += 1
         if count:
@@ -335,7 +338,10 @@ class GsbTracker:
             for pair in arms.pairs() if arms is not None else ():
                 counts = out.setdefault((experiment, pair.treatment, "interleaving"), GsbCounts())
                 for credit, times in tally.items():
-                    verdict = interleaving_verdict(dict(credit), pair.control, pair.treatment)
+                    teams = dict(credit)
+                    if pair.control not in teams or pair.treatment not in teams:
+                        continue  # a request that did not interleave this treatment with the control
+                    verdict = interleaving_verdict(teams, pair.control, pair.treatment)
                     if verdict is not None:
                         counts.add(verdict, times)
         return out

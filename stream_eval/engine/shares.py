@@ -58,7 +58,7 @@ def take(engine: Engine, windows: bool | None = False) -> dict[str, Any]:
         "arms": {e: sorted(arms) for e, arms in engine.arms_seen.items()},
         "teams": {e: sorted(teams) for e, teams in engine.teams_seen.items()},
         "gsb": counts_to_json(gsb.counts),
-        "interleaving": tallies_to_json(gsb._interleaving),
+        "interleaving_credits": tallies_to_json(gsb._interleaving),
         "overflow": [engine.sessions.overflow, gsb.overflow],
         "delays": None if delays is None else [delays.counts.tolist(), delays.total, delays.count],
         "windows": None,
@@ -92,7 +92,7 @@ def restore(engine: Engine, data: dict[str, Any], windows: dict[str, Any] | None
     gsb = engine.gsb
     for key, counts in counts_from_json(data["gsb"]).items():
         gsb.counts[key] = gsb.counts.get(key, GsbCounts()) + counts
-    for experiment, tally in tallies_from_json(data["interleaving"]).items():
+    for experiment, tally in tallies_from_json(data).items():
         gsb._interleaving.setdefault(experiment, Counter()).update(tally)
     sessions, queries = data["overflow"]
     engine.sessions.overflow += sessions

@@ -83,7 +83,7 @@ def take(engine: Engine) -> bytes:
                       time_to_json(ledger.released), time_to_json(ledger.last_key)],
         },
         "gsb": counts_to_json(gsb.complete),
-        "interleaving": tallies_to_json(gsb._interleaving_complete),
+        "interleaving_credits": tallies_to_json(gsb._interleaving_complete),
         "teams": {e: sorted(t) for e, t in engine.teams_seen.items()},
     }
     return zlib.compress(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY), 1)
@@ -134,7 +134,7 @@ def restore(engine: Engine, data: bytes) -> None:
     engine.ledger = ledger
     gsb = engine.gsb
     gsb.complete = counts_from_json(state["gsb"])
-    gsb._interleaving_complete = tallies_from_json(state["interleaving"])
+    gsb._interleaving_complete = tallies_from_json(state)
     for experiment, teams in state["teams"].items():
         engine.teams_seen.setdefault(experiment, set()).update(teams)
 
@@ -159,8 +159,21 @@ def tallies_to_json(tallies: dict[str, Counter[Credit]]) -> dict[str, list[list[
     return {e: [[list(map(list, credit)), n] for credit, n in tally.items()] for e, tally in tallies.items()}
 
 
-def tallies_from_json(data: dict[str, list[list[Any]]]) -> dict[str, Counter[Credit]]:
-    return {e: Counter({tuple(map(tuple, credit)): n for credit, n in tally}) for e, tally in data.items()}
+def tallies_from_json(state: dict[str, Any]) -> dict[str, Counter[Credit]]:
+    """The interleaving credits of a snapshot or share ``state``. Those written before 2026-11-28 (under
+    ``interleaving``) list only the teams credited; every team seen in the experiment (``teams``) is added with 0, as
+    in the credits written since (``interleaving_credits``: every team of the request), so that a team credited with
+    nothing is still one that took part."""
+    if "interleaving_credits" in state:
+        return {e: Counter({tuple(map(tuple, credit)): n for credit, n in tally})
+                for e, tally in state["interleaving_credits"].items()}
+    out: dict[str, Counter[Credit]] = {}
+    for e, tally in state["interleaving"].items():
+        teams = dict.fromkeys(state["teams"].get(e, ()), 0)
+        out[e] = Counter()
+        for credit, n in tally:
+            out[e][tuple(sorted({**teams, **{str(team): int(k) for team, k in credit}}.items()))] += n
+    return out
 
 
 def chunks(data: bytes, size: int = CHUNK_BYTES) -> list[bytes]:
