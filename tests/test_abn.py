@@ -238,3 +238,19 @@ def test_a_configured_control_not_seen_yet_is_a_sample_ratio_mismatch_not_a_cras
     assert srm["units"] == {"ctl": 0, "treat": srm["units"]["treat"]} and srm["units"]["treat"] > 0
     assert srm["mismatch"] is True
     assert {row["treatment"] for row in report["ab"]} == {"treat"}
+
+
+def test_gsb_verdicts_all_the_same_decide_by_the_sign_test(tmp_path: Path) -> None:
+    """Every judgment bad: the score's sequence is undefined (no variance), the always-valid sign test is not; the
+    row decides "worse" once its p-value is below 1 - confidence, and not with too few verdicts."""
+    def judged(n: int) -> Any:
+        log = tmp_path / f"judged-{n}.jsonl"
+        log.write_bytes(b"".join(orjson.dumps({"type": "judgment", "experiment": "e", "query_id": f"q{k}",
+                                               "verdict": "bad", "ts": 1_767_225_600.0 + k}) + b"\n"
+                                 for k in range(n)))
+        [row] = replay([str(log)], Config()).gsb_rows()
+        return row
+
+    many, few = judged(300), judged(3)
+    assert many["cs_lower"] is None and many["p_value"] < 0.05 and many["decision"] == "worse"
+    assert few["p_value"] > 0.05 and few["decision"] == "inconclusive"

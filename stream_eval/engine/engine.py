@@ -903,11 +903,15 @@ class Engine:
             test = sign_test(every.good, every.same, every.bad, confidence=self.config.confidence,
                              sequential_n=self.config.sequential_n)
             lower, upper = _number(test.cs_lower), _number(test.cs_upper)
+            decision = _decision_of(lower, upper)
+            if lower is None and test.p_value < 1.0 - self.config.confidence and test.score != 0:
+                # every verdict the same: no variance, no sequence; the always-valid sign test decides alone
+                decision = "better" if test.score > 0 else "worse"
             rows.append({"experiment": experiment, "treatment": None if source == "judgment" else treatment,
                          "source": source,
                          "good": c.good, "same": c.same, "bad": c.bad,
                          "score": _number(c.score), "p_value": _number(test.p_value), "cs_lower": lower,
-                         "cs_upper": upper, "decision": _decision_of(lower, upper)})
+                         "cs_upper": upper, "decision": decision})
         return rows
 
     def ab(self) -> list[dict[str, Any]]:
