@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from stream_eval.config import Config
 from stream_eval.engine.replay import replay
 from stream_eval.stream.broker import free_port, stop_process
@@ -69,3 +71,38 @@ def test_worker_and_produce_commands_and_the_control_topic(broker: str, tmp_path
     finally:
         code = stop_process(worker, grace=30)
     assert code == 0, log.read_text()
+
+
+@pytest.mark.slow
+def test_a_worker_on_tansu_refuses_transactions_in_one_line_and_logs_json_lines(tmp_path: Path) -> None:
+    """``--delivery transactions`` on a broker without them: one line and exit code 2 before faust starts (it was
+    a crash dump, exit 1). ``--log-format json`` at the default level: every line of the log is a JSON object (faust's
+    spinner wrote terminal codes into them when stdout was not a terminal)."""
+    from stream_eval.stream.broker import Broker
+
+    with Broker(free_port()).start() as running:
+        bootstrap = f"kafka://{running.bootstrap}"
+        refused = subprocess.run(_cli("worker", "--broker", bootstrap, "--topic-prefix", "tx.", "--metrics-port",
+                                      str(free_port()), "--delivery", "transactions"), capture_output=True,
+                                 timeout=120)
+        assert refused.returncode == 2, refused.stderr.decode()[-2000:]
+        assert b"does not run transactions (use --delivery fenced-log or auto)" in refused.stderr
+        assert b"Traceback" not in refused.stderr + refused.stdout
+        metrics_port = free_port()
+        log = tmp_path / "worker.jsonl"
+        with open(log, "wb") as out:
+            worker = subprocess.Popen(_cli("worker", "--broker", bootstrap, "--topic-prefix", "js.", "--metrics-port",
+                                           str(metrics_port), "--log-format", "json"),
+                                      stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and _requests(f"http://127.0.0.1:{metrics_port}/metrics") < 0:
+                assert worker.poll() is None, log.read_text()
+                time.sleep(0.5)
+            time.sleep(3)  # (past faust's start-up, where its spinner wrote)
+        finally:
+            code = stop_process(worker, grace=60)
+        assert code == 0, log.read_text()[-3000:]
+    lines = log.read_bytes().splitlines()
+    assert lines and b"\x1b" not in log.read_bytes()
+    assert all(isinstance(json.loads(line), dict) for line in lines if line.strip()), lines[:5]

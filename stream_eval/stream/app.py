@@ -17,6 +17,7 @@ import json
 import logging
 import logging.config
 import os
+import sys
 import tempfile
 import threading
 from typing import Any
@@ -247,11 +248,23 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
         raise
     finally:
         quiet.setLevel(level)
+    if not interrupted and settings.delivery == "transactions":  # refused before faust starts: one line, exit 2
+        from stream_eval.config import ConfigError
+        from stream_eval.stream.delivery import transactions_supported
+
+        supported, interrupted = run_interruptible(transactions_supported(settings))
+        if not interrupted and not supported:
+            server.stop()
+            raise ConfigError(f"--delivery transactions: the broker at {','.join(settings.brokers)} does not run "
+                              "transactions (use --delivery fenced-log or auto)")
     if interrupted:
         server.stop()
         return 0
     try:
-        Worker(app, loglevel=loglevel, **logging_options).execute_from_commandline()
+        faust_worker = Worker(app, loglevel=loglevel, **logging_options)
+        if log_format == "json" or not sys.stdout.isatty():  # faust's spinner writes terminal codes on stdout
+            faust_worker.spinner = None
+        faust_worker.execute_from_commandline()
     except SystemExit as done:
         return int(done.code or 0)
     finally:
