@@ -227,6 +227,10 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     logging_options = log_options(log_format, loglevel, settings.security)
     if log_format == "json":  # from the first line on, before faust sets logging up with the same options
         logging.config.dictConfig(copy.deepcopy(logging_options["logging_config"]))  # dictConfig consumes it
+    if settings.prefix and settings.group == WorkerSettings.group:
+        log.warning("stream-eval worker: the consumer groups %s and %s.regroup carry no topic prefix: a deployment "
+                    "with another --topic-prefix and the default --group shares them (give each its own --group)",
+                    settings.group, settings.group)
     registry = CollectorRegistry()
     lock = threading.Lock()
     app, worker = create_app(settings, config, registry, lock)
