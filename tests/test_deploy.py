@@ -438,14 +438,18 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
             series("stream_eval_segment_window_sum", f"{window_sum}x5", metric="MRR", window="1h", **labels),
             series("stream_eval_segment_window_count", "2x5", metric="MRR", window="1h", **labels),
             series("stream_eval_segment_window_sum", "9x5", metric="MRR", window="5m", **labels),  # not read
+            series("stream_eval_segment_window_sum", "1x5", metric="nDCG@10", window="1h", **labels),
+            series("stream_eval_segment_window_count", "2x5", metric="nDCG@10", window="1h", **labels),
             series("stream_eval_segment_metric_sum_total", total, metric="MRR", **labels),
             series("stream_eval_segment_metric_count_total", "0+4x5", metric="MRR", **labels),
             series("stream_eval_segment_ab_differs", differs, metric="MRR", **{**labels, "arm": "treatment"}),
         ]
     checks = [
         # (1 + 2) / (2 + 2) in the last hour; (3 + 1) * 5 / (4 + 4) * 5 cumulative
-        (_target("$metric per arm and segment value", "A"), [sample(0.75, arm="control", **segment)]),
-        (_target("$metric per arm and segment value", "B"), [sample(0.5, arm="control", **segment)]),
+        # (per metric: with $metric at "All" the panel repeats, and no query adds two metrics' sums together)
+        (_target("$metric per arm and segment value", "A"), [sample(0.75, arm="control", metric="MRR", **segment),
+                                                            sample(0.5, arm="control", metric="nDCG@10", **segment)]),
+        (_target("$metric per arm and segment value", "B"), [sample(0.5, arm="control", metric="MRR", **segment)]),
         # w2's 0 is a stale value from before a hand-over: the row is flagged (max over workers)
         (_target("Segment rows: each treatment vs control within a segment value", "A"),
          [sample(1, arm="treatment", metric="MRR", **segment)]),

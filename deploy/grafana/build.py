@@ -530,14 +530,16 @@ def segment_panels(ids: Iterator[int]) -> list[Builder[Panel]]:
                "last hour of event time (open requests' current values included), summed over workers first "
                "(sum of sums / sum of counts). 'cumulative': every finalised request of the value so far (measures "
                "whose per-request name differs, MRR = mean RR, show their 1h line only). Session measures (GAUC, "
-               "QueriesPerSession, Reformulation) are not per segment.")
+               "QueriesPerSession, Reformulation) are not per segment. One panel per selected metric.", w=24, h=9)
+        .repeat("metric").repeat_direction("h").max_per_row(2)
         .decimals(3).min(0)
         .with_target(_query("A", _ratio("stream_eval_segment_window_sum", "stream_eval_segment_window_count", window,
-                                        f"experiment, arm, {SEGMENT_BY}"),
+                                        f"experiment, arm, metric, {SEGMENT_BY}"),
                             "{{segment_field}}={{segment_value}} {{arm}} 1h"))
         .with_target(_query("B", _ratio("stream_eval_segment_metric_sum_total",
                                         "stream_eval_segment_metric_count_total",
-                                        f'{EXP_ARM}, {SEGMENT}, metric=~"$metric"', f"experiment, arm, {SEGMENT_BY}"),
+                                        f'{EXP_ARM}, {SEGMENT}, metric=~"$metric"',
+                                        f"experiment, arm, metric, {SEGMENT_BY}"),
                             "{{segment_field}}={{segment_value}} {{arm}} cumulative"))
         .override_by_regexp("/ cumulative$/", [DynamicConfigValue("custom.lineWidth", 3)]),
         _status_table(rows, columns, "differs from the rest", {"1": ("yes", WARN), "0": ("no", NEUTRAL)},
