@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import signal
 import subprocess
 import sys
 import time
@@ -106,3 +108,56 @@ def test_a_worker_on_tansu_refuses_transactions_in_one_line_and_logs_json_lines(
     lines = log.read_bytes().splitlines()
     assert lines and b"\x1b" not in log.read_bytes()
     assert all(isinstance(json.loads(line), dict) for line in lines if line.strip()), lines[:5]
+
+
+def test_repeated_client_log_lines_are_let_through_once_per_interval_with_a_count() -> None:
+    from stream_eval.stream.worker import RepeatFilter
+
+    now = [0.0]
+    repeats = RepeatFilter(every=30.0, clock=lambda: now[0])
+
+    def record(message: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("aiokafka.conn", logging.ERROR, __file__, 1, message, args, None)
+
+    assert repeats.filter(record("Unable connect to node %s", 1))
+    held = [repeats.filter(record("Unable connect to node %s", k)) for k in range(5)]
+    assert held == [False] * 5 and repeats.filter(record("another message"))
+    now[0] = 31.0
+    again = record("Unable connect to node %s", 2)
+    assert repeats.filter(again)
+    assert again.getMessage() == "Unable connect to node 2 (5 more like it held back in the last 31 s)"
+
+
+@pytest.mark.slow
+def test_a_worker_whose_broker_is_gone_stops_within_a_pod_s_grace_period(tmp_path: Path) -> None:
+    """SIGTERM after the broker went away: exit 0 within 30 s (it took minutes: a checkpoint retried for ever, then
+    faust's clients waited for the broker), and the outage does not flood the log (aiokafka logged each retry of
+    each connection, hundreds of lines a second)."""
+    from stream_eval.stream.broker import Broker
+
+    metrics_port = free_port()
+    log = tmp_path / "worker.log"
+    running = Broker(free_port()).start()
+    try:
+        with open(log, "wb") as out:
+            worker = subprocess.Popen(_cli("worker", "--broker", f"kafka://{running.bootstrap}", "--topic-prefix",
+                                           "gone.", "--group", "gone", "--metrics-port", str(metrics_port)),
+                                      stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and _requests(f"http://127.0.0.1:{metrics_port}/metrics") < 0:
+            assert worker.poll() is None, log.read_text()
+            time.sleep(0.5)
+        time.sleep(5)
+    finally:
+        running.stop()
+    time.sleep(3)
+    started = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    try:
+        code = worker.wait(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert code == 0 and time.monotonic() - started < 30, log.read_text()[-3000:]
+    assert "stopped without a final checkpoint: the broker is unreachable" in log.read_text()
+    assert len(log.read_text().splitlines()) < 100, log.read_text()[-3000:]

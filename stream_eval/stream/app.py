@@ -11,6 +11,7 @@ No faust.App is built at import time here; ``stream_eval.stream.entry`` is the m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import json
@@ -31,8 +32,10 @@ from stream_eval.stream.worker import StreamWorker, prepare_topics
 
 log = logging.getLogger("stream_eval.worker")
 LOG_FORMATS = ("text", "json")
-#: Seconds a stop (SIGTERM) waits for the last checkpoint and the group leave (the worker bounds each to 30 s).
+#: Seconds a stop (SIGTERM) waits for the last checkpoint and the group leave (the worker bounds each to 30 s), and
+#: how long with the broker unreachable (then the process exits without waiting for faust's clients).
 _STOP_TIMEOUT = 75.0
+_STOP_UNREACHABLE = 10.0
 #: Seconds between two returns of the C heap's free pages to the OS (:func:`release_free_heap`).
 RELEASE_HEAP_EVERY = 60.0
 #: Seconds between two readouts of what /metrics exports, taken by the worker between batches, how old the readout
@@ -197,13 +200,27 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
         """SIGTERM / Ctrl-C: the loop ends, the last checkpoint is written and the group left, before faust
         closes the event loop (which would drop the task mid-way)."""
         stop.set()
-        try:
-            await asyncio.wait_for(stopped.wait(), _STOP_TIMEOUT)
-        except TimeoutError:
-            log.error("stream-eval worker: no clean stop within %gs (checkpoint or group leave pending)",
-                      _STOP_TIMEOUT)
-        else:
+        loop = asyncio.get_running_loop()
+        deadline, unreachable_since = loop.time() + _STOP_TIMEOUT, None
+        while not stopped.is_set():  # (a second at a time: the broker may be found unreachable meanwhile)
+            now = loop.time()
+            if worker.health.up:
+                unreachable_since = None
+            elif unreachable_since is None:
+                unreachable_since = now
+            if now >= deadline or unreachable_since is not None and now - unreachable_since >= _STOP_UNREACHABLE:
+                log.error("stream-eval worker: no clean stop within %.0fs (checkpoint or group leave pending)",
+                          now - deadline + _STOP_TIMEOUT)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), 1.0)
+        if stopped.is_set() and worker.health.up:
             log.warning("stream-eval worker: stopped: final checkpoint done, Kafka clients closed (group left)")
+        elif not worker.health.up:  # (a checkpoint retrying, and faust's own clients, would wait minutes for it)
+            log.error("stream-eval worker: stopped without a final checkpoint: the broker is unreachable (the next "
+                      "owner of its partitions resumes from the last checkpoint stored)")
+            logging.shutdown()
+            os._exit(0)
 
     if registry is not None:
         from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor

@@ -49,8 +49,10 @@ from stream_eval.stream.ubi_topics import UbiTopics
 log = logging.getLogger("stream_eval.worker")
 #: Seconds one start-up attempt waits for the broker before the outage is counted and the attempt retried.
 _STARTUP_ATTEMPT = 5.0
-#: Seconds the final checkpoint and the clients' shutdown may take (a broker that is down cannot hold the exit).
+#: Seconds the final checkpoint and each client's shutdown may take (a broker that is down cannot hold the exit).
 _SHUTDOWN_TIMEOUT = 30.0
+#: ... each client's shutdown when the broker is unreachable (its group leave cannot be sent).
+_SHUTDOWN_UNREACHABLE = 2.0
 #: The order in which a batch's topics are fed.
 _FEED_ORDER = {"ranking": 0, "judgment": 1, "feedback": 2}
 #: Event-loop turns given to aiokafka's fetcher after a batch is handed out: its task is woken in one, makes the
@@ -168,6 +170,34 @@ def _quiet_client_debug_logs() -> None:
     client = logging.getLogger("aiokafka")
     if client.level == logging.NOTSET:
         client.setLevel(logging.INFO)
+    repeats = RepeatFilter()
+    for name in list(logging.Logger.manager.loggerDict):
+        if name == "aiokafka" or name.startswith("aiokafka."):
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, RepeatFilter) for f in logger.filters):
+                logger.addFilter(repeats)
+
+
+class RepeatFilter(logging.Filter):
+    """Lets a log message through once per ``every`` seconds per logger and message template, saying how many like
+    it were held back: during a broker outage aiokafka logs every retry of every connection, hundreds of lines a
+    second (the worker's own outage line, stream/backoff.py, says what matters)."""
+
+    def __init__(self, every: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every, self.clock = every, clock
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template) -> (last let through, held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key, now = (record.name, str(record.msg)), self.clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.every:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        self._seen[key] = (now, 0)
+        if last is not None and last[1]:
+            record.msg = f"{record.msg} ({last[1]} more like it held back in the last {now - last[0]:.0f} s)"
+        return True
 
 
 def warm_up(config: Config) -> None:
@@ -575,13 +605,15 @@ class StreamWorker:
                         await self.checkpoint()
                         last_checkpoint, committed = time.monotonic(), self.events_seen
         finally:
-            with contextlib.suppress(Exception):  # bounded: a broker that is down must not hold the exit
-                await asyncio.wait_for(self.checkpoint_now(release=True), _SHUTDOWN_TIMEOUT)
-            for client in (self._consumer, self._stage_consumer):
+            # with the broker unreachable there is nothing to checkpoint to, nor a group to leave
+            up = self.health.up
+            if up:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.stop(), _SHUTDOWN_TIMEOUT)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.delivery.stop(), _SHUTDOWN_TIMEOUT)
+                    await asyncio.wait_for(self.checkpoint_now(release=True), _SHUTDOWN_TIMEOUT)
+            stops = [client.stop for client in (self._consumer, self._stage_consumer) if client is not None]
+            for stop_client in [*stops, self.delivery.stop]:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(stop_client(), _SHUTDOWN_TIMEOUT if up else _SHUTDOWN_UNREACHABLE)
             for partition in list(self.partitioned.tasks):  # every share went with the final checkpoints
                 self.delivery.drop(partition)
             with self.lock:
