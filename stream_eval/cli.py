@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--group", default="stream-eval", help="consumer group id (default stream-eval)")
     worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
-    worker.add_argument("--stage-partitions", type=_positive_int, default=None, metavar="N",
+    worker.add_argument("--stage-partitions", type=_stage_partitions, default=None, metavar="N",
                         help="partitions of the regroup log it creates, spread over the group's workers (1 to 64; "
                              "default: as many as the input topics; a log that exists keeps its own)")
     worker.add_argument("--replication-factor", type=_positive_int, default=1, metavar="N",
@@ -309,6 +309,10 @@ def _non_negative(text: str) -> float:
 
 def _positive_int(text: str) -> int:
     return _checked(text, int, lambda value: value >= 1, "must be >= 1")
+
+
+def _stage_partitions(text: str) -> int:
+    return _checked(text, int, lambda value: 1 <= value <= 64, "must be 1 to 64 (the A/B units' 64 shards)")
 
 
 def _checked(text: str, kind: Callable[[str], _N], ok: Callable[[_N], bool], rule: str) -> _N:

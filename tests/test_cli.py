@@ -622,3 +622,13 @@ def test_simulate_settings_it_cannot_use_are_a_message_not_a_traceback(tmp_path:
     assert b"Traceback" not in result.stderr and not out.exists()
     result = cli("simulate", "--preference", "0.8", "-o", out)
     assert result.returncode == 2 and b"preference needs unit='user'" in result.stderr
+
+
+@pytest.mark.parametrize("given", ["0", "65"])
+def test_stage_partitions_beyond_the_shards_are_refused(given: str) -> None:
+    """The A/B units have 64 shards: --stage-partitions 65 was cut to 64 without a word."""
+    from stream_eval.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--stage-partitions", given])
+    assert build_parser().parse_args(["worker", "--stage-partitions", "64"]).stage_partitions == 64
