@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import subprocess
 import sys
@@ -693,3 +694,13 @@ def test_worker_cli_takes_the_ubi_topics_and_the_ubi_table(monkeypatch: pytest.M
     assert settings.topics.inputs == ("shop.ubi_queries", "shop.events-v1", "shop.judgments")
     assert main(["worker"]) == 0 and started[1].input_format == "events"
     assert started[1].topics.inputs == ("rankings", "feedback", "judgments")
+
+
+def test_inputs_given_in_the_wrong_order_get_a_hint() -> None:
+    """The events' export first and the queries' second: no ranking, every record rejected for its missing
+    action_name; the terminal line says the inputs look swapped (in the right order, it does not)."""
+    queries, events = EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl"
+    swapped = cli("replay", "--input-format", "ubi", events, queries, "-o", os.devnull, "--no-progress")
+    assert swapped.returncode == 0 and "are the two inputs swapped?" in swapped.stderr
+    right = cli("replay", "--input-format", "ubi", queries, events, "-o", os.devnull, "--no-progress")
+    assert right.returncode == 0 and "swapped" not in right.stderr

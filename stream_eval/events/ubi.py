@@ -233,6 +233,9 @@ class UbiCounts:
         if self.invalid:
             rejected = ", ".join(f"{reason} x{n}" for reason, n in self.invalid.most_common())
             text += f"; rejected {sum(self.invalid.values()):,} records ({rejected})"
+        if not self.rankings and any(reason.endswith("missing_action") for reason in self.invalid):
+            text += ("; no ranking was made and the events have no action_name: are the two inputs swapped? (the "
+                     "ubi_queries export comes first, then ubi_events)")
         return text
 
 
