@@ -336,12 +336,13 @@ class GsbTracker:
         for experiment, tally in interleaving.items():
             arms = arms_of(experiment)
             for pair in arms.pairs() if arms is not None else ():
-                counts = out.setdefault((experiment, pair.treatment, "interleaving"), GsbCounts())
+                key = (experiment, pair.treatment, "interleaving")
                 for credit, times in tally.items():
                     teams = dict(credit)
                     if pair.control not in teams or pair.treatment not in teams:
-                        continue  # a request that did not interleave this treatment with the control
+                        continue  # a request that did not interleave this treatment with the control: no row
                     verdict = interleaving_verdict(teams, pair.control, pair.treatment)
+                    counts = out.setdefault(key, GsbCounts())
                     if verdict is not None:
                         counts.add(verdict, times)
         return out
