@@ -20,6 +20,7 @@ from stream_eval.export.report import PerRequestWriter, to_json, to_table
 
 if TYPE_CHECKING:
     from stream_eval.events.ubi import UbiCounts, UbiSettings
+    from stream_eval.simulate import SimulationConfig
     from stream_eval.stream.kafka import KafkaSecurity
 
 _T = TypeVar("_T")
@@ -193,11 +194,11 @@ def _each(*callbacks: Callable[[_T], object] | None) -> Callable[[_T], None] | N
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    from stream_eval.simulate import SimulationConfig, simulate_lines, write_jsonl
+    from stream_eval.simulate import simulate_lines, write_jsonl
 
     if getattr(args, "broker", None):
         return _simulate_to_kafka(args)
-    sim = _simulation(SimulationConfig, requests=args.requests, seed=args.seed, interleaving=args.interleaving,
+    sim = _simulation(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
                       judgments=args.judgments, unit=args.unit, behaviour=args.behaviour, pre_period=args.pre_period,
                       preference=args.preference)
     if args.output == "-":
@@ -211,10 +212,12 @@ def simulate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulation(kind: Callable[..., _T], **settings: Any) -> _T:
-    """``kind(**settings)`` (a ``SimulationConfig``); settings it refuses are a ConfigError (a message, exit 2)."""
+def _simulation(**settings: Any) -> SimulationConfig:
+    """``SimulationConfig(**settings)``; settings it refuses are a ConfigError (a message, exit 2)."""
+    from stream_eval.simulate import SimulationConfig
+
     try:
-        return kind(**settings)
+        return SimulationConfig(**settings)
     except ValueError as error:
         raise ConfigError(f"simulate: {error}") from None
 
@@ -238,7 +241,7 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
     requests_per_second = args.rate / EVENTS_PER_REQUEST if args.rate > 0 else SimulationConfig.rate
     now = float(int(time.time()))
     start = now if paced else now - args.requests / requests_per_second
-    sim = _simulation(SimulationConfig, requests=args.requests, seed=args.seed, interleaving=args.interleaving,
+    sim = _simulation(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
                       judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
                       rate=requests_per_second, behaviour=args.behaviour, pre_period=args.pre_period,
                       preference=args.preference)

@@ -425,6 +425,10 @@ class UnitHistory:
         self.unit_key, self.day_tag, self.y, self.n, self.last_day, self.size = unit_key, day_tag, y, n, last_day, size
 
 
+#: The columns of a ``cuped_table``.
+_COVARIATE_COLUMNS = ("unit", "metric", "value")
+
+
 class CovariateTable:
     """Pre-period values a warehouse exports, for lookbacks longer than the stream keeps: a Parquet file with the
     columns ``unit`` (str), ``metric`` (an A/B row's metric name) and ``value`` (the unit's pre-period value of
@@ -437,14 +441,13 @@ class CovariateTable:
         if not os.path.isfile(path):
             raise ConfigError(f"cuped_table {path}: no such file")
         try:
-            columns_there = set(pq.read_schema(path).names)
-            table = pq.read_table(path, columns=["unit", "metric", "value"]) if columns_there >= {
-                "unit", "metric", "value"} else None
+            missing = [name for name in _COVARIATE_COLUMNS if name not in pq.read_schema(path).names]
+            table = None if missing else pq.read_table(path, columns=list(_COVARIATE_COLUMNS))
         except (OSError, ValueError, KeyError) as exc:  # (pyarrow's errors derive from these)
             raise ConfigError(f"cuped_table {path}: not a Parquet file pyarrow can read ({exc})") from None
         if table is None:
-            missing = ", ".join(sorted({"unit", "metric", "value"} - columns_there))
-            raise ConfigError(f"cuped_table {path}: needs the columns unit, metric and value; {missing} missing")
+            raise ConfigError(f"cuped_table {path}: needs the columns unit, metric and value; {', '.join(missing)} "
+                              "missing")
         units = [str(u) for u in table.column("unit").to_pylist()]
         metrics = [str(m) for m in table.column("metric").to_pylist()]
         try:

@@ -270,14 +270,12 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     finally:
         quiet.setLevel(level)
     if not interrupted and settings.delivery == "transactions":  # refused before faust starts: one line, exit 2
-        from stream_eval.config import ConfigError
-        from stream_eval.stream.delivery import transactions_supported
+        from stream_eval.stream.delivery import refuse_transactions, transactions_supported
 
         supported, interrupted = run_interruptible(transactions_supported(settings))
         if not interrupted and not supported:
             server.stop()
-            raise ConfigError(f"--delivery transactions: the broker at {','.join(settings.brokers)} does not run "
-                              "transactions (use --delivery fenced-log or auto)")
+            refuse_transactions(settings, supported=False)
     if interrupted:
         server.stop()
         return 0

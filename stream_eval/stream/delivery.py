@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from stream_eval.config import ConfigError
 from stream_eval.engine import shares, snapshot
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
@@ -832,6 +833,13 @@ async def transactions_supported(settings: WorkerSettings) -> bool:
 
     return await idempotence_supported(settings.brokers, settings.security,
                                        f"{settings.prefix}{settings.group}.probe")
+
+
+def refuse_transactions(settings: WorkerSettings, supported: bool) -> None:
+    """``--delivery transactions`` on a broker that does not run them: a ConfigError."""
+    if settings.delivery == "transactions" and not supported:
+        raise ConfigError(f"--delivery transactions: the broker at {','.join(settings.brokers)} does not run "
+                          "transactions (use --delivery fenced-log or auto)")
 
 
 DELIVERIES: dict[str, type[Delivery]] = {d.name: d for d in (FencedLog, Transactions)}

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from stream_eval.config import Config, ConfigError
+from stream_eval.config import Config
 from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -36,7 +36,7 @@ from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
 from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_error
-from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, transactions_supported
+from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, refuse_transactions, transactions_supported
 from stream_eval.stream.fetched import lean_options
 from stream_eval.stream.kafka import (
     client_options,
@@ -625,9 +625,7 @@ class StreamWorker:
         producer is idempotent where the broker allows it)."""
         settings = self.settings
         supported = await transactions_supported(settings)
-        if settings.delivery == "transactions" and not supported:
-            raise ConfigError(f"--delivery transactions: the broker at {','.join(settings.brokers)} does not run "
-                              "transactions (use --delivery fenced-log or auto)")
+        refuse_transactions(settings, supported)
         chosen = "transactions" if supported and settings.delivery != "fenced-log" else "fenced-log"
         self.delivery = DELIVERIES[chosen](settings, self.partitioned, self.stages, self.lock, self.health)
         if isinstance(self.delivery, FencedLog):
