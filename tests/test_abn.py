@@ -189,6 +189,25 @@ def test_only_the_named_primary_metrics_can_ship_a_treatment(tmp_path: Path) -> 
     assert recommended("nDCG@10")["recommendation"] == "ship" and recommended("nDCG@10")["better"] == ["nDCG@10"]
 
 
+def test_a_sample_ratio_mismatch_holds_back_ship_but_not_rollback(tmp_path: Path) -> None:
+    """A split the traffic does not follow (units come equally, the split says 1:1:8) makes the comparison
+    untrustworthy: b-better, which ships under the split it follows, keeps running, flagged ``srm_mismatch``;
+    c-worse, whose GAUC guardrail is breached, is still rolled back (stopping exposure is the safe side)."""
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    guardrail = 'guardrails = {"GAUC" = -0.01}\n'
+    fair = replay([str(log)], _config(f'[experiments.exp1]\n{guardrail}'))
+    assert {r["treatment"]: (r["recommendation"], r["srm_mismatch"]) for r in fair.experiments()} == {
+        "b-better": ("ship", False), "c-worse": ("rollback", False)}
+    skewed = replay([str(log)], _config(
+        f'[experiments.exp1]\n{guardrail}split = {{a-control = 1, b-better = 1, c-worse = 8}}\n'))
+    (srm,) = skewed.srm()
+    assert srm["mismatch"] is True
+    recommendation = {r["treatment"]: r for r in skewed.experiments()}
+    assert recommendation["b-better"]["recommendation"] == "keep running"
+    assert recommendation["b-better"]["srm_mismatch"] is True and "MRR" in recommendation["b-better"]["better"]
+    assert recommendation["c-worse"]["recommendation"] == "rollback"
+
+
 def test_an_arm_outside_the_split_is_no_arm_of_the_experiment_and_a_sample_ratio_mismatch(tmp_path: Path) -> None:
     """The split names the arms: without ``control`` the first of its arms is the control, not an arm seen outside
     it (a-control sorts first); traffic to that arm is impossible under the split, so the SRM row shows it with an

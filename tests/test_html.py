@@ -290,3 +290,16 @@ def test_the_decisions_table_shows_lift_and_each_guardrail_status(tmp_path: Path
     assert any(row["breached"] for row in guards)  # c is far worse: a breach shows
     for row in report["ab"]:
         assert f"{100 * row['lift']:+.2f}%" in text
+
+
+def test_a_sample_ratio_mismatch_shows_beside_the_recommendation(tmp_path: Path) -> None:
+    """A split the traffic does not follow: each treatment's recommendation carries an "SRM mismatch" badge."""
+    from stream_eval.simulate import SimulationConfig, write_jsonl
+
+    log, config = tmp_path / "three.jsonl", tmp_path / "skewed.toml"
+    write_jsonl(SimulationConfig(requests=3000, seed=3, unit="user", arms=(("a", 0.55), ("b", 0.75), ("c", 0.2))),
+                str(log))
+    config.write_text('[experiments.exp1]\ncontrol = "a"\nsplit = {a = 1, b = 1, c = 8}\n')
+    page, report = _replay_html(log, tmp_path, "--config", str(config))
+    assert [r["srm_mismatch"] for r in report["experiments"]] == [True, True]
+    assert page.read_text(encoding="utf-8").count("SRM mismatch") == 2

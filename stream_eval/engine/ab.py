@@ -46,7 +46,7 @@ import itertools
 import math
 import os
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b as _blake2b
 from typing import Any
@@ -594,6 +594,7 @@ class Recommendation:
     better: list[str]  # goal metrics decided better (after false-discovery control)
     breached: list[str]  # guardrails breached
     unproven: list[str]  # guardrails not shown non-inferior yet
+    srm_mismatch: bool = False  # the experiment's SRM check flags it: no ship until the split is mended
 
 
 @dataclass(frozen=True)
@@ -1348,17 +1349,19 @@ def _decided(rows: list[AbRow], log_e: list[float], config: Config, exploratory:
     return out
 
 
-def recommend(rows: Sequence[AbRow], config: Config) -> list[Recommendation]:
+def recommend(rows: Sequence[AbRow], config: Config, mismatched: Collection[str] = ()) -> list[Recommendation]:
     """Per treatment: ``rollback`` when a guardrail is breached; ``ship`` when a goal metric (``primary``, else every
     metric not a guardrail) is better (its decision, taken after false-discovery control, in the metric's direction)
-    and every guardrail is shown non-inferior; else ``keep running``."""
+    and every guardrail is shown non-inferior, unless the experiment is in ``mismatched`` (its SRM check flags it:
+    the comparison is not to be trusted, so a treatment that would ship keeps running); else ``keep running``."""
     out: dict[tuple[str, str], Recommendation] = {}
     primary = {name: set(config.settings_of(name).primary) for name in {row.experiment for row in rows}}
     for row in rows:
         key = (row.experiment, row.treatment)
         now = out.get(key)
         if now is None:
-            now = out[key] = Recommendation(row.experiment, row.control, row.treatment, "keep running", [], [], [])
+            now = out[key] = Recommendation(row.experiment, row.control, row.treatment, "keep running", [], [], [],
+                                            row.experiment in mismatched)
         if row.guardrail:
             if row.breached:
                 now.breached.append(row.metric)
@@ -1368,7 +1371,7 @@ def recommend(rows: Sequence[AbRow], config: Config) -> list[Recommendation]:
                 not primary[row.experiment] or row.metric in primary[row.experiment]):
             now.better.append(row.metric)
     return [dataclasses.replace(r, recommendation="rollback" if r.breached else
-                                "ship" if r.better and not r.unproven else "keep running")
+                                "ship" if r.better and not r.unproven and not r.srm_mismatch else "keep running")
             for r in out.values()]
 
 

@@ -972,10 +972,12 @@ class Engine:
     def experiments(self) -> list[dict[str, Any]]:
         """Per experiment and treatment, the recommendation (``ship``, ``rollback``, ``keep running``) with the goal
         metrics decided better, the guardrails breached and those not shown non-inferior yet."""
-        rows, _ = self.ledger.results(self._ab_names())
+        rows, srm = self.ledger.results(self._ab_names())
+        mismatched = {r.experiment for r in srm if r.mismatch}
         return [{"experiment": r.experiment, "control": r.control, "treatment": r.treatment,
                  "recommendation": r.recommendation, "better": r.better, "breached": r.breached,
-                 "unproven": r.unproven} for r in recommend(rows, self.config)]
+                 "unproven": r.unproven, "srm_mismatch": r.srm_mismatch}
+                for r in recommend(rows, self.config, mismatched)]
 
     def srm(self) -> list[dict[str, Any]]:
         """Sample-ratio checks: units per arm against the expected split, per experiment (with CUPED, the metrics

@@ -262,7 +262,8 @@ def _decisions(report: dict[str, Any]) -> str:
                         text_columns=3))
     recommendation_colours = {"ship": "better", "rollback": "worse", "keep running": "inconclusive"}
     recommendations = [[html.escape(r["experiment"]), html.escape(r["treatment"]),
-                        _badge(recommendation_colours[r["recommendation"]], r["recommendation"]),
+                        _badge(recommendation_colours[r["recommendation"]], r["recommendation"])
+                        + (" " + _badge("worse", "SRM mismatch") if r.get("srm_mismatch") else ""),
                         html.escape(", ".join(r["better"])), html.escape(", ".join(r["breached"])),
                         html.escape(", ".join(r["unproven"]))] for r in report.get("experiments", [])]
     if recommendations:
