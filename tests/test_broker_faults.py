@@ -169,6 +169,8 @@ def test_a_worker_started_before_its_broker_waits_then_counts_as_replay_does(bro
         errors = {s["operation"]: v for s, v in samples["stream_eval_broker_errors_total"]}
         assert errors["startup"] >= 1 and sum(errors.values()) >= 2, errors  # the freeze was counted too
         assert _sample(url, "stream_eval_broker_up") == 1.0
+        mode = "transactions" if broker_kind == "kafka" else "fenced-log"  # --delivery auto chose by the broker
+        assert [series for series, _ in samples["stream_eval_delivery_info"]] == [{"mode": mode}]
         text = log.read_text()
         assert text.count("is unreachable (startup") == 1, text  # once per outage, not per attempt
         assert "answers again" in text

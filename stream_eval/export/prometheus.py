@@ -37,6 +37,8 @@ Every mean comes with its sum and count, so that several workers aggregate exact
 * ``stream_eval_broker_up`` (1 while the Kafka broker answers the worker) and
   ``stream_eval_broker_errors_total{operation}``: broker errors and stalls met by the worker, per operation
   (``startup``, ``fetch``, ``produce``, ``flush``, ``checkpoint``, ``commit``; ``stream/backoff.py``).
+* ``stream_eval_delivery_info{mode}`` = 1: how the worker makes its results exactly-once, ``transactions`` or
+  ``fenced-log`` (``--delivery auto`` chooses by the broker; none before it has chosen): :class:`InfoCollector`.
 
 A worker's counters (requests, metric sums and counts, GSB verdicts, events, overflow, the delay histogram) are
 exported per share of its totals, with the labels ``partition`` (input partition, or ``regroup`` for the regroup
@@ -84,6 +86,23 @@ class BrokerStatus(Protocol):
     def snapshot(self) -> tuple[bool, dict[str, int]]:
         """``(broker up, errors per operation)``."""
         ...
+class InfoCollector(Collector):
+    """One series ``name{label="<value>"} 1`` for the value ``read()`` gives at each scrape (none while ``None``)."""
+
+    def __init__(self, name: str, doc: str, label: str, read: Callable[[], str | None],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+        if registry is not None:
+            registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.name, self.doc, labels=[self.label])
+        value = self.read()
+        if value is not None:
+            family.add_metric([value], 1.0)
+        yield family
+
+
 class EngineCollector(Collector):
     """Exports a :class:`~stream_eval.engine.readout.Readout` of an engine (or of a worker's shares) per scrape.
 

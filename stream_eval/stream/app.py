@@ -237,7 +237,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     from faust.worker import Worker
     from prometheus_client import CollectorRegistry
 
-    from stream_eval.export.prometheus import EngineCollector, serve_metrics
+    from stream_eval.export.prometheus import EngineCollector, InfoCollector, serve_metrics
     from stream_eval.stream.produce import run_interruptible
 
     fix_mmap_threshold()  # (before the worker allocates anything large)
@@ -254,6 +254,8 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     collector = EngineCollector(worker.stage_view, lock=lock, registry=registry, broker=worker.health,
                                 shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE,
                                 max_wait=METRICS_MAX_WAIT)
+    InfoCollector("stream_eval_delivery_info", "1 for how the worker makes its results exactly-once: transactions "
+                  "or fenced-log.", "mode", lambda: worker.delivery_mode, registry)
     collector.refresh()  # a readout from the start: a scrape never has to wait for the first batches to end
     worker.between_batches, worker.readout_soon = collector.refresh, collector.refresh_soon
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)

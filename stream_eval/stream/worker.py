@@ -270,6 +270,8 @@ class StreamWorker:
         self.readout_soon: Callable[[], bool] | None = None
         #: The claims, commits and releases of the partitions this worker owns (stream/delivery.py).
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
+        #: ``transactions`` or ``fenced-log`` once chosen at start (``stream_eval_delivery_info``)
+        self.delivery_mode: str | None = None
 
     @property
     def handover_holds(self) -> int:
@@ -628,6 +630,7 @@ class StreamWorker:
         refuse_transactions(settings, supported)
         chosen = "transactions" if supported and settings.delivery != "fenced-log" else "fenced-log"
         self.delivery = DELIVERIES[chosen](settings, self.partitioned, self.stages, self.lock, self.health)
+        self.delivery_mode = chosen
         if isinstance(self.delivery, FencedLog):
             self.delivery.idempotent = supported
         log.info("delivery: %s%s", chosen, " (idempotent producer)" if chosen == "fenced-log" and supported else "")
