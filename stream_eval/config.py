@@ -26,6 +26,9 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, No
 
 
 #: The event times a real log can hold (docs/contract.md §1): 2000-01-01 and 2100-01-01, UTC, as epoch seconds.
+#: The largest grade an event, ``max_grade`` or a kind may carry: the exp gain 2^grade of a request's items, summed
+#: and squared over many requests (the intervals' variances), stays a finite double (2^1024 is not)
+MAX_GRADE = 100
 MIN_TS = 946_684_800.0
 MAX_TS = 4_102_444_800.0
 #: The latest ``max_ts`` allowed: year 9999, whose milliseconds still fit a Kafka record timestamp (int64).
@@ -53,6 +56,8 @@ def parse_duration(value: object, name: str = "duration") -> float:
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if seconds < 0:
         raise ConfigError(f"{name}: must not be negative, got {value!r}")
+    if not math.isfinite(seconds):  # (nan, inf and 1e400 are TOML floats)
+        raise ConfigError(f"{name}: must be a finite duration, got {value!r}")
     return seconds
 
 
@@ -198,8 +203,10 @@ class Config:
             raise ConfigError(f"empty: must be one of {', '.join(EMPTY_POLICIES)}, got {self.empty!r}")
         if self.gauc_weight not in GAUC_WEIGHTS:
             raise ConfigError(f"gauc_weight: must be one of {', '.join(GAUC_WEIGHTS)}, got {self.gauc_weight!r}")
-        if not self.max_grade > 0:
-            raise ConfigError(f"max_grade: must be positive, got {self.max_grade}")
+        if not 0 < self.max_grade <= MAX_GRADE:
+            raise ConfigError(f"max_grade: must be positive and at most {MAX_GRADE}, got {self.max_grade}")
+        if not self.gsb_epsilon >= 0:
+            raise ConfigError(f"gsb_epsilon: must not be negative, got {self.gsb_epsilon}")
         if not self.rel_threshold > 0:
             raise ConfigError(f"rel_threshold: must be positive, got {self.rel_threshold}")
         if not 0.0 <= self.alpha < 1.0:
@@ -228,7 +235,9 @@ class Config:
             default = MetricSpec("nDCG", k)
             per_request = [s for s in specs if not (s.needs_subtopics or s.per_session)]
             if not per_request:
-                raise ConfigError("metrics: need a measure valued per request (not only session measures)")
+                raise ConfigError("metrics: need a measure valued for every request, for GSB (session measures are "
+                                  "valued per session, alpha-nDCG only for requests with subtopics): add one, e.g. "
+                                  "nDCG@10")
             object.__setattr__(self, "gsb_metric", (default if default in specs else per_request[0]).name)
         try:
             gsb_metric = parse(self.gsb_metric)
@@ -254,8 +263,8 @@ class Config:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative, got {getattr(self, name)}")
         for kind, grade in self.kinds:
-            if grade < 0:
-                raise ConfigError(f"kinds.{kind}: grade must be >= 0, got {grade}")
+            if not 0 <= grade <= MAX_GRADE:
+                raise ConfigError(f"kinds.{kind}: grade must be from 0 to {MAX_GRADE}, got {grade}")
         for name in ("sat_dwell", "reformulation_gap"):
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise ConfigError(f"{name}: must be a finite duration >= 0, got {getattr(self, name)}")
@@ -427,9 +436,12 @@ def _metric_names(value: object) -> tuple[str, ...]:
 def _number(name: str) -> Any:
     def read(value: object) -> float:
         try:
-            return float(value)  # type: ignore[arg-type]  # str or number; ValueError is reported
+            number = float(value)  # type: ignore[arg-type]  # str or number; ValueError is reported
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
+        if not math.isfinite(number):  # (nan, inf and 1e400 are TOML floats)
+            raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+        return number
 
     return read
 
@@ -659,6 +671,8 @@ def load_config(
                 document = tomllib.load(handle)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--config {path}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
         document = document.get("stream_eval", document)
         # the [kafka] table holds the connection settings (stream/kafka.py reads it), [ubi] how UBI logs become
         # events (events/ubi.py reads it): neither is an evaluation setting

@@ -286,7 +286,7 @@ def test_simulated_behaviour_replays_the_same_from_a_file(tmp_path: Path) -> Non
     ({"reformulation_gap": math.nan}, "reformulation_gap"),
     ({"sat_kinds": ("purchase",)}, "sat_kinds: 'purchase'"),  # not a kind of [kinds]
     ({"sat_kinds": ("label",)}, "sat_kinds"),  # editorial, not behaviour
-    ({"metrics": ("Reformulation",)}, "a measure valued per request"),
+    ({"metrics": ("Reformulation",)}, "a measure valued for every request"),
     ({"metrics": ("nDCG@10", "Reformulation"), "gsb_metric": "Reformulation"}, "gsb_metric"),
 ])
 def test_bad_behaviour_settings_are_config_errors(settings: dict[str, Any], message: str) -> None:

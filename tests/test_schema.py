@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import tracemalloc
+import warnings
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -13,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
 
+from stream_eval.config import MAX_GRADE
 from stream_eval.events import schema
 from stream_eval.events.join import EventCounts, Join
 from stream_eval.events.scan import json_numbers
@@ -961,3 +964,47 @@ def test_compact_scores_hold_only_their_own_size() -> None:
     finally:
         tracemalloc.stop()
     assert held <= sum(sizes) / len(sizes) + 8  # the bytes object itself, rounded up to pymalloc's 8-byte sizes
+
+
+ODD_FIELDS = [{"attributes": value} for value in (5, 5.5, "ios", True, [], ["x"], "", None, {"platform": "ios"},
+                                                  {"platform": 7})]
+
+
+@pytest.mark.parametrize("fields", ODD_FIELDS, ids=repr)
+def test_a_ranking_reads_the_same_compact_and_spaced(fields: dict[str, object], tmp_path: Path) -> None:
+    """A line without white space takes the compiled reader, one with spaces msgspec: both accept and refuse the
+    same rankings (an ``attributes`` that is not an object was accepted compact and refused spaced)."""
+    from stream_eval.engine.replay import replay
+
+    event = {"type": "ranking", "request_id": "r1", "ts": EPOCH_2026, "items": ["a", "b"], **fields}
+    reports = []
+    for name, separators in (("compact", (",", ":")), ("spaced", (", ", ": "))):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(event, separators=separators) + "\n")
+        reports.append(replay([str(path)], CONFIG).report()["events"])
+    assert reports[0] == reports[1]
+    expected_invalid = 0 if fields["attributes"] is None or fields["attributes"] == {"platform": "ios"} else 1
+    assert reports[0]["invalid"] == expected_invalid
+
+
+@pytest.mark.parametrize("grade", [100, 100.5, 1100, 1e300])
+def test_a_grade_beyond_100_is_bad_grade_on_every_path(grade: float, tmp_path: Path) -> None:
+    """2^grade, the exp gain, overflows a double from 1024 on (its square, in the intervals, from 512): a grade of
+    1100 made a request's nDCG null without a word. Beyond MAX_GRADE (100) it is ``bad_grade``, compact or spaced;
+    100 itself is valid, and its intervals finite."""
+    from stream_eval.engine.replay import replay
+
+    lines = [{"type": "ranking", "request_id": f"r{k}", "ts": EPOCH_2026 + k, "items": ["a", "b"]} for k in range(3)]
+    lines.append({"type": "feedback", "request_id": "r1", "item": "b", "kind": "label", "grade": grade,
+                  "ts": EPOCH_2026 + 5})
+    for separators in ((",", ":"), (", ", ": ")):
+        path = tmp_path / "log.jsonl"
+        path.write_text("".join(json.dumps(e, separators=separators) + "\n" for e in lines))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no overflow in the sums and their squares
+            engine = replay([str(path)], CONFIG)
+            report = engine.report()
+        if grade == MAX_GRADE:
+            assert not engine.invalid_reasons and report["overall"]["metrics"]["nDCG@10"] > 0
+        else:
+            assert engine.invalid_reasons == {"feedback: bad_grade": 1}, separators

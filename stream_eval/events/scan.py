@@ -41,7 +41,7 @@ _POWERS = np.array([10.0**k for k in range(16)])  # exact: 10**15 < 2**53
 _MAX_DIGITS = 15
 #: The keys read, numbered from 1 (0: any other key, whose scalar value is skipped).
 _KEYS = (b"type", b"request_id", b"item", b"kind", b"grade", b"ts", b"items", b"scores", b"query_id", b"session_id",
-         b"experiment", b"arm", b"teams", b"subtopics", b"unit_id", b"dwell")
+         b"experiment", b"arm", b"teams", b"subtopics", b"unit_id", b"dwell", b"attributes")
 _N_KEYS = len(_KEYS)
 _KEY_TEXT = np.frombuffer(b"".join(_KEYS), dtype=np.uint8)
 _KEY_ENDS = np.cumsum([len(k) for k in _KEYS])
@@ -62,7 +62,7 @@ for _number_of_key, _key in enumerate(_KEYS, start=1):
     _KEY_BY_HASH[_key_bucket] = _number_of_key
 _key_hash = nb.njit(cache=True, inline="always")(_bucket)  # the same function, compiled for the line reader
 (_TYPE, _REQUEST_ID, _ITEM, _KIND, _GRADE, _TS, _ITEMS, _SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _TEAMS,
- _SUBTOPICS, _UNIT_ID, _DWELL) = range(1, _N_KEYS + 1)
+ _SUBTOPICS, _UNIT_ID, _DWELL, _ATTRIBUTES) = range(1, _N_KEYS + 1)
 _FEEDBACK = np.frombuffer(b"feedback", dtype=np.uint8)
 _RANKING = np.frombuffer(b"ranking", dtype=np.uint8)
 #: What a line is, as :func:`scan_lines` tells.
@@ -360,6 +360,8 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
         return 0
     if what[_ITEMS] != _ARRAY or not (ascii[_REQUEST_ID] and ascii[_ITEMS]):
         return 0
+    if what[_ATTRIBUTES] != _ABSENT and what[_ATTRIBUTES] != _NULL:
+        return 0  # an object (segments are read from it) or not one (bad_attributes): msgspec
     if not (what[_SCORES] == _ARRAY or what[_SCORES] == _NULL or what[_SCORES] == _ABSENT):
         return 0
     for key in (_QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _UNIT_ID):

@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from stream_eval.config import Config
+from stream_eval.config import MAX_GRADE, Config
 from stream_eval.events import compiled, scan
 
 Ints = npt.NDArray[np.int64]
@@ -33,7 +33,7 @@ Bools = npt.NDArray[np.bool_]
 
 Time = float | str | None
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
-Grade = Annotated[float, msgspec.Meta(ge=0)]
+Grade = Annotated[float, msgspec.Meta(ge=0, le=MAX_GRADE)]
 Dwell = Annotated[float, msgspec.Meta(ge=0)]
 
 
@@ -878,6 +878,7 @@ def _check_numbers(chunk: bytes, fast: Ints, columns: Ints, values: Floats, chec
             values[inexact, column] = parsed
             columns[exact_column][inexact] = 1
             fast[inexact[~np.isfinite(parsed)]] = 0  # msgspec: "Number out of range"
+    fast[read[values[read, 0] > MAX_GRADE]] = 0  # msgspec and Validator: bad_grade
 
 
 def _parsed(chunk: bytes, column: Floats, exact: Ints, starts: Ints, ends: Ints) -> Floats:
