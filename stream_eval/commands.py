@@ -27,6 +27,7 @@ _T = TypeVar("_T")
 
 
 def replay_command(args: argparse.Namespace, config: Config) -> int:
+    _check_paths(args.files, [args.output, args.per_request, getattr(args, "html", None), args.ab_trace])
     ubi = None
     if getattr(args, "input_format", "events") == "ubi":
         from stream_eval.events.ubi import ubi_config, ubi_settings
@@ -97,6 +98,21 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     for problem in engine.unreadable:  # the report covers what was read; the exit status says it is not all
         print(f"stream-eval: error: {problem}", file=sys.stderr)
     return 1 if engine.unreadable else 0
+
+
+def _check_paths(inputs: list[str], outputs: list[str | None]) -> None:
+    """Refuse, before any work, an input that is a directory and an output whose directory does not exist (or
+    that is a directory itself), rather than after the whole replay."""
+    for path in inputs:
+        if path != "-" and os.path.isdir(path):
+            raise ConfigError(f"{path}: is a directory; give the files in it (e.g. {os.path.join(path, '*.parquet')})")
+    for output in outputs:
+        if not output or output == "-":
+            continue
+        if os.path.isdir(output):
+            raise ConfigError(f"{output}: is a directory, not a file to write")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+            raise FileNotFoundError(errno.ENOENT, "no such file", output)
 
 
 def _check_ubi_inputs(command: str, files: list[str], columns: str | None) -> None:

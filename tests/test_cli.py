@@ -632,3 +632,37 @@ def test_stage_partitions_beyond_the_shards_are_refused(given: str) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--stage-partitions", given])
     assert build_parser().parse_args(["worker", "--stage-partitions", "64"]).stage_partitions == 64
+
+
+@pytest.mark.parametrize("setting", ["session_gap = nan", "gsb_window = nan", "max_grade = inf", "gsb_epsilon = nan",
+                                     "gsb_epsilon = -1", "rel_threshold = inf", "attribution_window = inf",
+                                     "allowed_lateness = 1e400", "max_grade = 1100", "[kinds]\nkinds.purchase = 1e9"])
+def test_config_values_it_cannot_use_are_refused_before_any_work(setting: str, tmp_path: Path, log: Path) -> None:
+    """TOML has nan and inf: they passed the checks and changed results silently (or raised OverflowError); a
+    negative gsb_epsilon made every query good; a grade whose exp gain overflows made ERR 0."""
+    config = tmp_path / "bad.toml"
+    table, _, line = setting.rpartition("\n")  # "[kinds]\nkinds.purchase = ...": the setting's name as reported
+    config.write_text(f"{table}\n{line.removeprefix('kinds.')}\n")
+    result = cli("replay", log, "--config", config, "--format", "json")
+    assert result.returncode == 2, result.stderr.decode()
+    assert b"Traceback" not in result.stderr and result.stdout == b""
+    assert line.split("=")[0].strip().encode() in result.stderr
+
+
+def test_a_config_file_that_is_not_utf8_is_a_message(tmp_path: Path, log: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_bytes(b"\xff\xfe")
+    result = cli("replay", log, "--config", config)
+    assert result.returncode == 2 and b"not UTF-8" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_paths_it_cannot_use_are_refused_before_the_replay(tmp_path: Path, log: Path) -> None:
+    """A directory as input, and an output in a directory that does not exist, fail at once with exit 2 (they
+    failed with a traceback, or after the whole replay with its report printed)."""
+    missing = tmp_path / "nowhere"
+    for args in ([tmp_path], [log, "-o", missing / "r.json"], [log, "--html", missing / "r.html"],
+                 [log, "--per-request", missing / "r.parquet"], [log, "-o", tmp_path]):
+        result = cli("replay", *args, "--format", "json")
+        assert result.returncode == 2, (args, result.stderr.decode())
+        assert result.stdout == b"" and b"Traceback" not in result.stderr, args
+        assert str(args[-1]).encode() in result.stderr, (args, result.stderr)

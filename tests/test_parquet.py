@@ -209,7 +209,7 @@ def event_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
         else:
             row = {"type": "feedback", "request_id": rid, "ts": ts, "item": draw(NAMES),
                    "kind": draw(st.sampled_from([None, "click", "label", "view"])),
-                   "grade": draw(st.sampled_from([None, 0.0, 1.0, 2.5, -1.0]))}
+                   "grade": draw(st.sampled_from([None, 0.0, 1.0, 2.5, -1.0, 150.0]))}
         rows.append({key: value for key, value in row.items() if value is not None})
         del k
     return rows
@@ -305,3 +305,26 @@ def test_attributes_of_another_type_are_invalid_as_in_json(tmp_path: Path) -> No
     from_parquet = replay([str(tmp_path / "twice.parquet")], SEGMENTED).report()
     assert from_parquet == replay([str(tmp_path / "twice.jsonl")], SEGMENTED).report()
     assert [s["segment"]["value"] for s in from_parquet["segments"] if s["segment"]["field"] == "platform"] == ["web"]
+
+
+def test_a_damaged_row_group_keeps_the_row_groups_before_it(tmp_path: Path) -> None:
+    """Row groups are read in runs of up to 65,536 rows: a damaged group lost the whole run before it, here every
+    row (small groups of 2,000). Now the run's groups before the damaged one are read."""
+    rows = [{"type": "ranking", "request_id": f"r{k}", "items": ["a", "b"], "ts": T0 + k} for k in range(16_000)]
+    write_parquet(rows, tmp_path / "log.parquet", row_group_size=2_000)
+    data = (tmp_path / "log.parquet").read_bytes()
+    middle = len(data) // 2
+    (tmp_path / "cut.parquet").write_bytes(data[:middle] + bytes(2_000) + data[middle + 2_000:])
+    result = run_cli("replay", str(tmp_path / "cut.parquet"), "--format", "json")
+    assert result.returncode == 1 and "error:" in result.stderr
+    read = json.loads(result.stdout)["events"]["ranking"]
+    assert read % 2_000 == 0 and 2_000 <= read < 16_000, read
+
+
+@pytest.mark.parametrize("content", [b"", b"PAR1garbage", b"not parquet at all\n"])
+def test_a_file_that_is_not_parquet_is_an_error_not_a_traceback(content: bytes, tmp_path: Path) -> None:
+    (tmp_path / "bad.parquet").write_bytes(content)
+    result = run_cli("replay", str(tmp_path / "bad.parquet"), "--format", "json")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "bad.parquet: cannot be read as Parquet" in result.stderr
+    assert json.loads(result.stdout)["events"]["ranking"] == 0

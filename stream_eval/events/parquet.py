@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stream_eval.config import Config, ConfigError
+from stream_eval.config import MAX_GRADE, Config, ConfigError
 from stream_eval.events import compiled, scan
 from stream_eval.events.schema import (
     NO_FEEDBACK,
@@ -103,7 +103,13 @@ def read_parquet(path: str, config: Config, columns: Mapping[str, str] | None = 
             what its rows are (``type``, ``items``, ``item`` or ``verdict``).
     """
     mapping = dict(columns or {})
-    file = pq.ParquetFile(path)
+    try:
+        file = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:  # not Parquet, empty, cut before its footer
+        if damaged is None or isinstance(error, FileNotFoundError):
+            raise
+        damaged.append(f"{path}: cannot be read as Parquet ({error}); no events read from it")
+        return
     present = set(file.schema_arrow.names)
     missing = sorted(column for column in mapping.values() if column not in present)
     if missing:
@@ -115,20 +121,28 @@ def read_parquet(path: str, config: Config, columns: Mapping[str, str] | None = 
     size = os.path.getsize(path)
     total = max(file.metadata.num_rows, 1)
     rows = 0
+    read = list(dict.fromkeys(selected.values()))
     for groups in _row_group_runs(file, batch_rows):
+        broken: Exception | None = None
         try:
             # a run of row groups at a time: a damaged one ends the file where it starts
-            batches = list(file.iter_batches(batch_size=batch_rows, row_groups=groups,
-                                             columns=list(dict.fromkeys(selected.values()))))
+            batches = list(file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=read))
         except (OSError, pa.ArrowException) as error:
             if damaged is None:
                 raise
-            damaged.append(f"{path}: {error} after row {rows}; the events before were read")
-            return
+            broken, batches = error, []
+            for group in groups:  # the run's groups before the damaged one are read still
+                try:
+                    batches.extend(file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=read))
+                except (OSError, pa.ArrowException):
+                    break
         for batch in batches:
             fields = {field: batch.column(column) for field, column in selected.items()}
             yield decode_batch(fields, batch.num_rows, config, path, rows), size * (rows + batch.num_rows) // total
             rows += batch.num_rows
+        if broken is not None and damaged is not None:
+            damaged.append(f"{path}: {broken} after row {rows}; the events before were read")
+            return
 
 
 def _row_group_runs(file: Any, batch_rows: int) -> Iterator[list[int]]:
@@ -374,7 +388,7 @@ def _plain_feedback(fields: Mapping[str, Any], n: int, known: set[str], default_
     grade_array = fields.get("grade")
     grade = _floats(grade_array, n)
     has_grade = _valid(grade_array, n)
-    graded = has_grade & (grade >= 0) & np.isfinite(grade)  # NaN, negative, infinite: the decoder rejects it
+    graded = has_grade & (grade >= 0) & (grade <= MAX_GRADE)  # NaN, negative, too large: the decoder rejects it
     defaulted = ~has_grade & np.isfinite(default)
     dwell_array = fields.get("dwell")
     dwell = _floats(dwell_array, n)
