@@ -143,6 +143,7 @@ def test_trace_has_a_line_per_look_and_ends_with_the_report(tmp_path: Path) -> N
     engine, _ = _replay(path, config, trace)
     times = [line["ts"] for line in trace]
     assert len(trace) >= 5 and times == sorted(times)
+    assert all(a != b for a, b in zip(trace, trace[1:], strict=False))  # the end does not repeat the last look
     assert all(t % 600 == 0 for t in times[:-1])  # on the boundaries of look_every
     last = json.loads(orjson.dumps(trace[-1]))
     report = json.loads(orjson.dumps(engine.report()))

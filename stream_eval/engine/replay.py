@@ -183,11 +183,21 @@ def traced_engine(config: Config, on_finalised: Callable[[FinalisedBatch], None]
     if attach is not None:
         attach(engine)
     if ab_trace is not None:
-        def look(ts: float) -> None:
-            ab_trace(_look_sections(engine, ts))
-
-        engine.ledger.on_look = look
+        engine.ledger.on_look = _Tracer(engine, ab_trace)
     return engine
+
+
+class _Tracer:
+    """The ledger's look listener of a traced replay: gives ``ab_trace`` the A/B sections at each look, and keeps
+    the last line given (:func:`last_look` does not repeat it)."""
+
+    def __init__(self, engine: Engine, ab_trace: Callable[[dict[str, Any]], None]) -> None:
+        self.engine, self.ab_trace = engine, ab_trace
+        self.last: dict[str, Any] | None = None
+
+    def __call__(self, ts: float) -> None:
+        self.last = _look_sections(self.engine, ts)
+        self.ab_trace(self.last)
 
 
 def _look_sections(engine: Engine, ts: float | None) -> dict[str, Any]:
@@ -200,11 +210,13 @@ def last_look(engine: Engine, ab_trace: Callable[[dict[str, Any]], None] | None)
     """The A/B sections once the input has ended (after ``engine.flush()``), for ``ab_trace``."""
     if ab_trace is None:
         return
-    engine.ledger.on_look = None
+    tracer, engine.ledger.on_look = engine.ledger.on_look, None
     # the end of input finalises everything: the last line is as of the last finalisation point applied (or the
-    # last look's boundary, after it)
+    # last look's boundary, after it); not again when the last look already said the same
     last = max(engine.watermark, engine.ledger.last_key, engine.ledger.merger.folded)
-    ab_trace(_look_sections(engine, last if math.isfinite(last) else None))
+    sections = _look_sections(engine, last if math.isfinite(last) else None)
+    if not (isinstance(tracer, _Tracer) and tracer.last == sections):
+        ab_trace(sections)
 
 
 def is_parquet(path: str) -> bool:
