@@ -128,6 +128,7 @@ def test_a_unit_in_two_arms_is_a_conflict_kept_in_its_first_arm(tmp_path: Path) 
     assert engine.ledger.conflicts() == {"e": 1}  # u1, once, though it came twice in B
     [srm] = engine.srm()
     assert srm["units"] == {"A": 2, "B": 2}  # u1 stays in A
+    assert srm["unit_conflicts"] == 1  # the report says so too (it was on /metrics only)
     mrr = next(r for r in engine.ab() if r["metric"] == "MRR")
     assert (mrr["units_control"], mrr["units_treatment"]) == (2, 2)
     # u1's B requests (RR 0.5) are left out of the A/B statistics: A's units have RR 1, B's 0.5

@@ -621,6 +621,7 @@ class SrmRow:
     mismatch: bool
     cuped: bool = False  # the experiment is CUPED: the pre-period imbalance check below ran
     pre_imbalance: list[str] = field(default_factory=list)  # metrics whose pre-period means differ (p < srm_alpha)
+    unit_conflicts: int = 0  # units seen in a second arm (kept in their first), as of the look
 
 
 @dataclass
@@ -783,8 +784,10 @@ class LookMerger:
         shards = self.latest.get(name, {})
         if live:
             shards = {**shards, **live}
+        conflicts = 0
         for shard in sorted(shards):
             look = shards[shard]
+            conflicts += look.conflicts
             for arm, arm_sums, n in zip(look.arms, look.sums, look.units, strict=True):
                 sums[arm] = sums[arm] + arm_sums if arm in sums else arm_sums
                 units[arm] = units.get(arm, 0) + n
@@ -804,7 +807,7 @@ class LookMerger:
         test = SrmTest(math.inf, 0.0, 0.0) if strays else srm_test(counts, list(expected.values()))
         srm = SrmRow(name, {**{arm: units.get(arm, 0) for arm in expected}, **strays},
                      {**expected, **dict.fromkeys(strays, 0.0)}, test.chi2, test.p_value, test.sequential_p_value,
-                     False)
+                     False, unit_conflicts=conflicts)
         return _Look(arms, comparisons, srm)
 
     def _folded(self, name: str, now: _Look) -> _RunningExperiment:
@@ -858,7 +861,7 @@ class LookMerger:
             imbalanced = sorted({row.metric for row in rows if row.pre_p_value < self.config.srm_alpha})
             srm_rows.append(SrmRow(srm.experiment, srm.units, srm.expected, srm.chi2, srm.p_value,
                                    running.srm_p_value, running.srm_p_value < self.config.srm_alpha,
-                                   cuped, imbalanced))
+                                   cuped, imbalanced, srm.unit_conflicts))
         return ab, srm_rows
 
     def _segment_entries(self, name: str, now: _Look) -> list[_SegmentEntry]:

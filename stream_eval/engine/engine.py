@@ -985,7 +985,8 @@ class Engine:
         _, rows = self.ledger.results(self._ab_names())
         return [{"experiment": r.experiment, "units": r.units, "expected": r.expected, "chi2": _number(r.chi2),
                  "p_value": _number(r.p_value), "sequential_p_value": _number(r.sequential_p_value),
-                 "mismatch": r.mismatch, **({"pre_imbalance": r.pre_imbalance} if r.cuped else {})} for r in rows]
+                 "mismatch": r.mismatch, "unit_conflicts": r.unit_conflicts,
+                 **({"pre_imbalance": r.pre_imbalance} if r.cuped else {})} for r in rows]
 
 
 _FLIPPED = {"better": "worse", "worse": "better"}
