@@ -66,7 +66,7 @@ BAD_LINE_NUMBERS = [k for k, (_, good) in enumerate(GOOD_AND_BAD, 1) if good is 
 EXPECTED_EVENTS = {"ranking": 5, "feedback": 9, "judgment": 1, "invalid": 4, "late": 1, "duplicate": 1,
                    "orphan": 1}
 TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm", "overflow", "experiments"}
-SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_value", "mismatch"}
+SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_value", "mismatch", "unit_conflicts"}
 EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
 SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
 GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
