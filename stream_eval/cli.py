@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -165,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "and the final flush wait, retrying with backoff (default 300)")
     worker = commands.add_parser("worker", help="the Kafka stream processor (a faust worker) with /metrics")
     worker.add_argument("--metrics-port", type=_port, default=9464, help="Prometheus /metrics port (default 9464)")
-    worker.add_argument("--group", default="stream-eval", help="consumer group id (default stream-eval)")
+    worker.add_argument("--group", default=os.environ.get("STREAM_EVAL_GROUP") or "stream-eval",
+                        help="consumer group id (default: STREAM_EVAL_GROUP, else stream-eval)")
     worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
     worker.add_argument("--stage-partitions", type=_stage_partitions, default=None, metavar="N",
@@ -219,9 +221,11 @@ def _add_input_format(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_kafka(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--broker", default=DEFAULT_BROKER, metavar="URL",
-                        help=f"Kafka bootstrap servers, comma-separated (default {DEFAULT_BROKER})")
-    parser.add_argument("--topic-prefix", default="", metavar="P", help="topic name prefix (default none)")
+    parser.add_argument("--broker", default=os.environ.get("STREAM_EVAL_BROKER") or DEFAULT_BROKER, metavar="URL",
+                        help=f"Kafka bootstrap servers, comma-separated (default: STREAM_EVAL_BROKER, else "
+                             f"{DEFAULT_BROKER})")
+    parser.add_argument("--topic-prefix", default=os.environ.get("STREAM_EVAL_TOPIC_PREFIX", ""), metavar="P",
+                        help="topic name prefix (default: STREAM_EVAL_TOPIC_PREFIX, else none)")
     _add_kafka_security(parser)
 
 
@@ -376,7 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 ubi = {"input_format": "ubi", "ubi_queries_topic": args.ubi_queries_topic,
                        "ubi_events_topic": args.ubi_events_topic, "ubi": ubi_settings(args.config)}
-            settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions,
+            try:
+                brokers = parse_brokers(args.broker)
+            except ValueError as error:
+                raise ConfigError(f"--broker: {error}") from None
+            settings = WorkerSettings(brokers, args.topic_prefix, args.group, args.partitions,
                                       stage_partitions=args.stage_partitions, security=security_from_args(args),
                                       replication_factor=args.replication_factor,
                                       min_insync_replicas=args.min_insync_replicas, delivery=args.delivery,

@@ -115,3 +115,20 @@ def test_topic_mismatches(found: dict[str, Any], wrong: list[str]) -> None:
     wanted = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1", "min.insync.replicas": "1"}
     assert set(wanted) == set(CHECKED_SETTINGS)
     assert topic_mismatches("t", wanted, found) == wrong
+
+
+def test_input_topics_with_different_partition_counts_stop_the_worker(broker: str) -> None:
+    """The join reads partition p of the rankings with partition p of the feedback: with 4 and 2 partitions half
+    the feedback was orphaned, silently. Now that stops the worker at start; and a rankings topic that exists alone
+    (auto-created by a producer, say) gives the feedback topic the worker creates its own count, not --partitions."""
+    odd = WorkerSettings([broker], prefix="topics-odd.", group="g", partitions=4)
+    asyncio.run(ensure_topics([broker], [odd.topics.rankings], 4))
+    asyncio.run(ensure_topics([broker], [odd.topics.feedback], 2))
+    with pytest.raises(TopicSettingsError) as raised:
+        asyncio.run(prepare_topics(odd, 30))
+    assert "topics-odd.rankings (4 partitions) and topics-odd.feedback (2 partitions)" in str(raised.value)
+    alone = WorkerSettings([broker], prefix="topics-alone.", group="g", partitions=4)
+    asyncio.run(ensure_topics([broker], [alone.topics.rankings], 1))
+    assert asyncio.run(prepare_topics(alone, 30)) == (1, 1)
+    found = asyncio.run(_describe(broker, [alone.topics.feedback]))
+    assert found[alone.topics.feedback]["partitions"] == "1"

@@ -161,3 +161,54 @@ def test_a_worker_whose_broker_is_gone_stops_within_a_pod_s_grace_period(tmp_pat
     assert code == 0 and time.monotonic() - started < 30, log.read_text()[-3000:]
     assert "stopped without a final checkpoint: the broker is unreachable" in log.read_text()
     assert len(log.read_text().splitlines()) < 100, log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "message"), [
+    (["--broker", "kafka://"], "--broker: broker 'kafka://'"),
+    (["--broker", "localhost:99999"], "--broker: broker 'localhost:99999'"),
+    (["--group", ""], "--group ''"),
+    (["--topic-prefix", "bad topic/"], "topic name 'bad topic/rankings'"),
+    (["--input-format", "ubi", "--ubi-queries-topic", "same", "--ubi-events-topic", "same"], "--ubi-events-topic"),
+    (["--input-format", "ubi", "--ubi-events-topic", "judgments"], "--ubi-events-topic 'judgments'"),
+    (["--metrics-host", "nosuch.invalid"], "--metrics-host 'nosuch.invalid'"),
+])
+def test_worker_options_it_cannot_use_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    """Each ended in a traceback (exit 1), or ran on: an empty group made topics named '.checkpoints', one topic
+    for both UBI inputs counted nothing, a topic name Kafka refuses was retried for ever."""
+    done = subprocess.run([sys.executable, "-m", "stream_eval.cli", "worker", "--metrics-port", str(free_port()),
+                           "--broker", "kafka://127.0.0.1:1", *args], capture_output=True, timeout=60)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err[-2000:]
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_metrics_port_in_use_is_one_line_and_exit_2() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "stream_eval.cli", "worker", "--metrics-port", str(port),
+                               "--metrics-host", "127.0.0.1", "--broker", "kafka://127.0.0.1:1"],
+                              capture_output=True, timeout=60)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Address already in use" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_the_connection_settings_come_from_the_environment() -> None:
+    """README: STREAM_EVAL_BROKER and the other connection settings share the prefix; the worker command read
+    none of them (only faust's -A entry point did) and went to localhost:9092."""
+    from stream_eval.cli import build_parser
+
+    env = {"STREAM_EVAL_BROKER": "kafka://kafka-1:9093", "STREAM_EVAL_TOPIC_PREFIX": "prod.",
+           "STREAM_EVAL_GROUP": "ranker"}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        args = build_parser().parse_args(["worker"])
+        flags = build_parser().parse_args(["worker", "--broker", "b:1", "--group", "g", "--topic-prefix", ""])
+    assert (args.broker, args.topic_prefix, args.group) == ("kafka://kafka-1:9093", "prod.", "ranker")
+    assert (flags.broker, flags.topic_prefix, flags.group) == ("b:1", "", "g")  # flags win

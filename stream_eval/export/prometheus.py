@@ -70,6 +70,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stream_eval.config import ConfigError
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.readout import SEGMENT_AB_FIELDS, Labels, Reader, Readout, Shares
 
@@ -436,6 +437,10 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
+class MetricsAddressError(ConfigError):
+    """The /metrics server cannot listen where it was asked to (a port in use, a host of no interface here)."""
+
+
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
                   readiness: Readiness | None = None) -> MetricsServer:
     """Serve ``registry`` on ``http://host:port/metrics`` (any path but the probes'), with ``/healthz`` and
@@ -449,11 +454,19 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
         def log_message(self, format: str, *args: Any) -> None:
             """No line per request on stderr (every scrape and probe would log one)."""
 
-    class Server(ThreadingWSGIServer):
-        address_family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                            flags=socket.AI_PASSIVE)[0][0]
+    try:
+        family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except OSError as error:  # (socket.gaierror: a name that does not resolve)
+        raise MetricsAddressError(f"--metrics-host {host!r}: {error}") from None
 
-    server = make_server(host, port, probes_app(make_wsgi_app(registry), readiness), Server, handler_class=Quiet)
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    try:
+        server = make_server(host, port, probes_app(make_wsgi_app(registry), readiness), Server, handler_class=Quiet)
+    except OSError as error:  # in use, or an address of no interface here
+        raise MetricsAddressError(f"/metrics on {host}:{port}: {error.strerror or error} (choose another "
+                                  "--metrics-port or --metrics-host)") from None
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return MetricsServer(server, thread)

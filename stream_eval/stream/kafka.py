@@ -415,6 +415,12 @@ def topics(prefix: str = "") -> Topics:
     )
 
 
+#: CreateTopics errors that no retry mends: an invalid name (17), partition count (37), replica assignment (39) or
+#: config (40). Too few brokers for the replication factor (38) and a refused authorization (29) are retried: a
+#: cluster that is starting registers its brokers, and an operator may grant the ACL.
+_REFUSED_TOPICS = frozenset({17, 37, 39, 40})
+
+
 class TopicSettingsError(ConfigError):
     """A topic that exists already has settings the worker cannot work with (the message says which, and how to
     fix them); not retried: the worker stops."""
@@ -504,8 +510,10 @@ async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: 
                     name, code = topic_error[0], topic_error[1]
                     if code not in (0, TopicAlreadyExistsError.errno):
                         message = topic_error[2] if len(topic_error) > 2 else None
-                        raise RuntimeError(f"cannot create topic {name!r}: error code {code}"
-                                           + (f" ({message})" if message else ""))
+                        text = f"cannot create topic {name!r}: error code {code}" + (f" ({message})" if message else "")
+                        if code in _REFUSED_TOPICS:  # no retry will do: the worker stops (exit 2)
+                            raise TopicSettingsError(text)
+                        raise RuntimeError(text)
                     created.add(name)
             # Apache Kafka answers CreateTopics before every broker knows the topic and its leader: a consumer
             # that subscribed now would be assigned none of its partitions until its next metadata refresh

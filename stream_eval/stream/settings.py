@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,8 @@ from stream_eval.config import ConfigError
 from stream_eval.events.ubi import UbiSettings
 from stream_eval.stream.kafka import DEFAULT_PARTITIONS, KafkaSecurity, Topics, topics
 
+#: What Kafka allows in a topic name (and what a group here may hold: it starts topic names).
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 #: The ways of delivering results exactly once (``stream/delivery.py``), besides ``auto``.
 DELIVERY_NAMES = ("fenced-log", "transactions")
 
@@ -65,6 +68,20 @@ class WorkerSettings:
     trim_interval: float = 60.0
 
     def __post_init__(self) -> None:
+        if not _NAME.match(self.group):
+            raise ConfigError(f"--group {self.group!r}: a consumer group and the start of topic names: letters, "
+                              "digits, '.', '_' and '-' only, not empty")
+        if self.input_format == "ubi":
+            queries, events = self.ubi_queries_topic, self.ubi_events_topic
+            if not (queries and events) or queries == events or {queries, events} & {"judgments", "request-metrics",
+                                                                                     "dead-letters"}:
+                raise ConfigError(f"--ubi-queries-topic {queries!r} and --ubi-events-topic {events!r}: two topics, "
+                                  "not empty, not the same, and neither judgments, request-metrics nor dead-letters")
+        names = [*self.topic_configs(), self.control_topic]
+        bad = [name for name in names if not _NAME.match(name) or len(name) > 249]
+        if bad:
+            raise ConfigError(f"topic name {bad[0]!r} (from --topic-prefix {self.prefix!r}): Kafka takes letters, "
+                              "digits, '.', '_' and '-' only, at most 249 characters")
         if self.delivery not in ("auto", *DELIVERY_NAMES):
             raise ConfigError(f"delivery {self.delivery!r}: one of auto, {', '.join(DELIVERY_NAMES)}")
         if self.replication_factor < 1 or not 1 <= self.min_insync_replicas <= self.replication_factor:

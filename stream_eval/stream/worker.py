@@ -39,6 +39,7 @@ from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_err
 from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, refuse_transactions, transactions_supported
 from stream_eval.stream.fetched import lean_options
 from stream_eval.stream.kafka import (
+    TopicSettingsError,
     client_options,
     ensure_topics,
     partitions_for,
@@ -86,8 +87,20 @@ async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int,
     async def count(topic: str) -> int:
         return len(await asyncio.wait_for(partitions_for(settings.brokers, topic, settings.security), timeout))
 
-    wanted = min(settings.stage_partitions or await count(settings.topics.rankings) or settings.partitions, SHARDS)
-    partitions = {name: wanted if name in stage_topics else settings.partitions for name in configs}
+    # the join reads partition p of the rankings with partition p of the feedback (both keyed by request id): a
+    # topic of the pair that exists sets the count of the other, and two that differ cannot be used
+    pair = (settings.topics.rankings, settings.topics.feedback)
+    found = {topic: await count(topic) for topic in pair}
+    if 0 not in found.values() and len(set(found.values())) > 1:
+        raise TopicSettingsError(
+            f"the input topics {' and '.join(f'{t} ({n} partitions)' for t, n in found.items())} must have the "
+            "same partition count: a request's ranking and its feedback are keyed by request_id, and the worker "
+            "joins partition p of one with partition p of the other. Give the topic with fewer the same count "
+            "(kafka-topics --alter --partitions N) before more data is written to it (docs/operations.md)")
+    inputs = max(found.values()) or settings.partitions
+    wanted = min(settings.stage_partitions or inputs, SHARDS)
+    partitions = {name: wanted if name in stage_topics else inputs if name in pair else settings.partitions
+                  for name in configs}
     await ensure_topics(settings.brokers, list(configs), partitions, timeout=timeout, security=settings.security,
                         replication_factor=settings.replication_factor, configs=configs)
     inputs = await count(settings.topics.rankings) or settings.partitions
