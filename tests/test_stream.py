@@ -440,11 +440,16 @@ def test_readiness_says_behind_while_the_worker_catches_up_then_ready(broker: st
         running = await _running(worker)
         await _until(lambda: _done(expected, worker), 120, "the worker to read the whole log")
         await _until(lambda: worker.readiness()[0], 30, "the worker to say it is ready")
+        final.append(worker.readiness())
         await _stop(running)
 
+    final: list[tuple[bool, str]] = []
     _run(main)
     behind = [reason for ready, reason in seen if not ready and reason.endswith("messages behind")]
     assert len(behind) >= 5, seen[:20]
+    # the regroup stage's partitions count too: a worker holding only those (more workers than input partitions)
+    # exports the A/B results and was never ready
+    assert final == [(True, f"caught up on {4 * PARTITIONS} partitions")], final
     assert not any(ready for ready, _ in seen[:len(seen) // 4])  # the first quarter of the batches: catching up
 
 

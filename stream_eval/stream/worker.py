@@ -352,17 +352,20 @@ class StreamWorker:
         seconds ago. Read-only, and safe to call from another thread (the HTTP server's): it reads the consumer's
         state without awaiting anything; a rebalance under way reads as not ready.
         """
-        consumer = self._consumer
-        if consumer is None:
+        if self._consumer is None or self._stage_consumer is None:
             return False, "starting: not connected to Kafka yet"
         try:
-            assigned = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+            # the input partitions and the regroup stage's: a worker may hold only the latter (more workers than
+            # input partitions) and still export the A/B results
+            assigned = [(consumer, owned, tp) for consumer, owned in ((self._consumer, self.partitioned.tasks),
+                                                                    (self._stage_consumer, self.stages.held))
+                        for tp in sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))]
             if not assigned:
                 return False, "no partitions assigned (joining the consumer group)"
             now_ms = time.time() * 1000
-            for tp in assigned:
+            for consumer, owned, tp in assigned:
                 where = f"{tp.topic}/{tp.partition}"
-                if tp.partition not in self.partitioned.tasks:
+                if tp.partition not in owned:
                     return False, f"{where}: being assigned"
                 behind, polled = _behind(consumer, tp), consumer.last_poll_timestamp(tp)
                 if behind is None or polled is None:
