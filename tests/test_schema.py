@@ -685,8 +685,25 @@ _MESSAGES = [
     b'{"request_id": "r6", "item": "e", "ts": 1}{"request_id": "r7", "item": "f", "ts": 1}',
     b'{"type": "watermark", "ts": 9}',
     b'{"type": "ranking", "request_id": "r8", "items": ["a"], "ts": 1}',
+    b'{"type": "ranking", "request_id": "r9", "item": "a", "ts": 1}',
     None,
 ]
+
+
+@pytest.mark.parametrize(("value", "kind"), [
+    (b'{"type": "feedback", "request_id": "r1", "items": ["a"], "ts": 1}', "ranking"),  # ranking-shaped
+    (b'{"type": "ranking", "request_id": "r1", "item": "a", "ts": 1}', "feedback"),  # feedback-shaped
+    (b'{"type": "feedback", "request_id": "r1", "item": "a", "ts": 1}', "ranking"),
+    (b'{"type": "judgment", "experiment": "e", "query_id": "q", "verdict": "good", "ts": 1}', "feedback"),
+])
+def test_a_message_naming_another_type_is_a_type_mismatch_whatever_its_fields(value: bytes, kind: str) -> None:
+    """docs/contract.md §1: a message's ``type`` must agree with its topic, else ``type_mismatch``. A message whose
+    fields were those of its topic but whose type named another was dead-lettered as ``missing_field`` (it was
+    checked as the other type)."""
+    from stream_eval.events.messages import decode_message
+
+    bad = decode_message(value, kind, CONFIG, 0.0, "t@0")
+    assert isinstance(bad, Invalid) and bad.code == "type_mismatch", bad
 
 
 @settings(max_examples=60, deadline=None)

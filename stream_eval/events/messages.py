@@ -51,6 +51,21 @@ _TOPIC_TYPES: dict[str, type[Ranking] | type[Feedback] | type[Judgment]] = {
 }
 Ints = npt.NDArray[np.int64]
 _DECODERS = {kind: msgspec.json.Decoder(struct) for kind, struct in _TOPIC_TYPES.items()}
+
+
+class _Typed(msgspec.Struct):
+    type: object = None
+
+
+_TYPE_DECODER = msgspec.json.Decoder(_Typed)
+
+
+def _type_named(value: bytes) -> object:
+    """The ``type`` field of a message that is a JSON object (else None)."""
+    try:
+        return _TYPE_DECODER.decode(value).type
+    except DECODE_ERRORS:
+        return None
 _MULTI_DECODERS = {kind: msgspec.json.Decoder(list[struct]) for kind, struct in _TOPIC_TYPES.items()}  # type: ignore[valid-type]  # a runtime type
 
 
@@ -75,8 +90,11 @@ def decode_message(
             event = _LINE_DECODER.decode(value)  # a watermark, or a message whose type disagrees
         except DECODE_ERRORS as as_line:
             code, reason = _reason_of(error)
-            if code == "unknown_type":  # it names another type: what is wrong with it as such, as in a file
-                code, reason = _reason_of(as_line)
+            if code == "unknown_type":
+                named = _type_named(value)
+                if isinstance(named, str) and named in _TOPIC_TYPES and named != kind:  # another type: it comes first
+                    return Invalid(kind, "type_mismatch", f"type: {named!r} on the {kind} topic", where, bytes(value))
+                code, reason = _reason_of(as_line)  # what is wrong with it as such, as in a file
             return Invalid(kind, code, reason, where, bytes(value))
         if type(event) is not Watermark:
             other = type_name(event)
