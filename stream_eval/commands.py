@@ -77,6 +77,13 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     if counts is not None:
         report["ubi"] = counts.summary()
         print(f"stream-eval: {counts.describe()}", file=sys.stderr)
+    for row in report.get("srm", []):  # a configured arm that no unit came to: a typo, most likely
+        named = config.settings_of(row["experiment"])
+        empty = [arm for arm in (named.control, *named.treatments) if arm and not row["units"].get(arm)]
+        seen = sorted(arm for arm, n in row["units"].items() if n)
+        if empty and seen:
+            print(f"stream-eval: warning: experiment {row['experiment']}: no unit came to {', '.join(map(repr, empty))}"
+                  f" (arms with units: {', '.join(seen)}); check [experiments.{row['experiment']}]", file=sys.stderr)
     examples = [f"{e.where or '?'}: {e.kind}: {e.reason}" for e in engine.invalid_examples]
     for line in examples[:5]:
         print(f"stream-eval: invalid {line}", file=sys.stderr)

@@ -273,3 +273,22 @@ def test_gsb_verdicts_all_the_same_decide_by_the_sign_test(tmp_path: Path) -> No
     many, few = judged(300), judged(3)
     assert many["cs_lower"] is None and many["p_value"] < 0.05 and many["decision"] == "worse"
     assert few["p_value"] > 0.05 and few["decision"] == "inconclusive"
+
+
+def test_a_configured_arm_no_unit_came_to_is_warned_of(tmp_path: Path) -> None:
+    """``control = "a-contrl"`` (a typo) was taken silently: every treatment compared with an empty control.
+    ``replay`` now says which configured arm got no unit, next to the arms that did."""
+    import subprocess
+    import sys
+
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    config = tmp_path / "typo.toml"
+    config.write_text('[experiments.exp1]\ncontrol = "a-contrl"\n')
+    done = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "--config", str(config),
+                           "-o", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("warning: experiment exp1: no unit came to 'a-contrl' (arms with units: a-control, b-better, c-worse)"
+            in done.stderr)
+    fine = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "-o", str(tmp_path / "f.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert "warning" not in fine.stderr
