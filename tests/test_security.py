@@ -452,7 +452,7 @@ def test_sigterm_checkpoints_and_a_second_worker_counts_nothing_twice(broker: st
     b, url_b, log_b = start("b")
     try:
         _wait(lambda: _ready(url_b), 90, "worker B to take over and catch up", b, log_b)
-        assert _get(url_b + "/readyz")[1]["reason"] == "caught up on 12 partitions"
+        assert _get(url_b + "/readyz")[1]["reason"] == "caught up on 16 partitions"  # 12 input, 4 regroup stage
         asyncio.run(send_lines(lines[half:], [broker], names))
         _wait(lambda: _metric(url_b + "/metrics", "stream_eval_events_total") >= len(lines) - half, 120,
               "worker B to read the second half", b, log_b)
