@@ -901,7 +901,8 @@ def test_plain_rankings_do_not_go_through_msgspec(monkeypatch: pytest.MonkeyPatc
        st.sampled_from([b"ts", b"grade", b"dwell"]))
 def test_numbers_read_in_columns_are_exact(text: str, key: bytes) -> None:
     """A time, grade or dwell read into columns is the double nearest its decimal text, as ``float`` has it; every
-    number without an exponent is read there, but integers of more than 15 digits and negative grades and dwells."""
+    number without an exponent is read there, but integers of more than 15 digits, negative grades and dwells, and
+    grades above MAX_GRADE (bad_grade)."""
     number = text.encode()
     line = (b"{" + FB + b',"ts":' + number + b"}" if key == b"ts"
             else b"{" + FB + b',"ts":1,"' + key + b'":' + number + b"}")
@@ -913,7 +914,8 @@ def test_numbers_read_in_columns_are_exact(text: str, key: bytes) -> None:
         assert decoded.as_list() == decode_chunk_compact(line, CONFIG)
     else:
         out_of_range = key == b"ts" and not CONFIG.min_ts <= float(text) <= CONFIG.max_ts  # invalid: ts_out_of_range
-        assert long_integer or out_of_range or (key != b"ts" and (float(text) < 0 or text.startswith("-")))
+        too_high = key == b"grade" and float(text) > MAX_GRADE  # invalid: bad_grade
+        assert long_integer or out_of_range or too_high or (key != b"ts" and (float(text) < 0 or text.startswith("-")))
 
 
 @pytest.mark.slow
