@@ -72,13 +72,12 @@ class WorkerSettings:
             raise ConfigError(f"--group {self.group!r}: a consumer group and the start of topic names: letters, "
                               "digits, '.', '_' and '-' only, not empty")
         if self.input_format == "ubi":
-            queries, events = self.ubi_queries_topic, self.ubi_events_topic
-            if not (queries and events) or queries == events or {queries, events} & {"judgments", "request-metrics",
-                                                                                     "dead-letters"}:
+            queries, events, plain = self.ubi_queries_topic, self.ubi_events_topic, topics(self.prefix)
+            taken = {plain.judgments, plain.request_metrics, plain.dead_letters}
+            if not (queries and events) or queries == events or {self.topics.rankings, self.topics.feedback} & taken:
                 raise ConfigError(f"--ubi-queries-topic {queries!r} and --ubi-events-topic {events!r}: two topics, "
                                   "not empty, not the same, and neither judgments, request-metrics nor dead-letters")
-        names = [*self.topic_configs(), self.control_topic]
-        bad = [name for name in names if not _NAME.match(name) or len(name) > 249]
+        bad = [name for name in self.topic_configs() if not _NAME.match(name) or len(name) > 249]
         if bad:
             raise ConfigError(f"topic name {bad[0]!r} (from --topic-prefix {self.prefix!r}): Kafka takes letters, "
                               "digits, '.', '_' and '-' only, at most 249 characters")
