@@ -221,6 +221,15 @@ def simulate_command(args: argparse.Namespace) -> int:
 
     if getattr(args, "broker", None):
         return _simulate_to_kafka(args)
+    from stream_eval.stream.kafka import DEFAULT_PARTITIONS
+
+    given = [option for option, dest in _BROKER_ONLY if getattr(args, dest, None) not in (None, False, 0, 0.0, "")]
+    if getattr(args, "ssl_check_hostname", None) is False:
+        given.append("--no-ssl-check-hostname")
+    if args.partitions != DEFAULT_PARTITIONS:
+        given.append("--partitions")
+    if given:  # (they were ignored without a word: a user who forgot --broker would wait for a paced file)
+        raise ConfigError(f"simulate: {', '.join(given)}: only with --broker (sending to Kafka)")
     sim = _simulation(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
                       judgments=args.judgments, unit=args.unit, behaviour=args.behaviour, pre_period=args.pre_period,
                       preference=args.preference)
@@ -233,6 +242,14 @@ def simulate_command(args: argparse.Namespace) -> int:
         lines = write_jsonl(sim, args.output)
         print(f"stream-eval: wrote {lines:,} events to {args.output}", file=sys.stderr)
     return 0
+
+
+#: ``simulate``'s options that only sending to Kafka uses: (option, argument name).
+_BROKER_ONLY = (("--rate", "rate"), ("--topic-prefix", "topic_prefix"), ("--no-flush", "no_flush"),
+                ("--security-protocol", "security_protocol"), ("--sasl-mechanism", "sasl_mechanism"),
+                ("--sasl-username", "sasl_username"), ("--sasl-password-file", "sasl_password_file"),
+                ("--ssl-cafile", "ssl_cafile"), ("--ssl-certfile", "ssl_certfile"), ("--ssl-keyfile", "ssl_keyfile"),
+                ("--ssl-check-hostname", "ssl_check_hostname"))
 
 
 def _simulation(**settings: Any) -> SimulationConfig:

@@ -624,6 +624,19 @@ def test_simulate_settings_it_cannot_use_are_a_message_not_a_traceback(tmp_path:
     assert result.returncode == 2 and b"preference needs unit='user'" in result.stderr
 
 
+@pytest.mark.parametrize("options", [["--rate", "500"], ["--topic-prefix", "x", "--no-flush", "--security-protocol",
+                                                        "SSL", "--no-ssl-check-hostname", "--partitions", "2"]])
+def test_simulate_refuses_kafka_options_without_a_broker(options: list[str], tmp_path: Path) -> None:
+    """``--rate`` (and the other options of sending to Kafka) without ``--broker`` were ignored without a word: a
+    file written at full speed for a user who asked for a paced stream."""
+    out = tmp_path / "sim.jsonl"
+    result = cli("simulate", "--requests", "5", "-o", out, *options)
+    assert result.returncode == 2, result.stderr.decode()
+    named = [option for option in options if option.startswith("--")]
+    assert f"simulate: {', '.join(named)}: only with --broker".encode() in result.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("given", ["0", "65"])
 def test_stage_partitions_beyond_the_shards_are_refused(given: str) -> None:
     """The A/B units have 64 shards: --stage-partitions 65 was cut to 64 without a word."""
