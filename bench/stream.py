@@ -4,6 +4,7 @@
     python bench/stream.py --quick    # 20k requests (~100k events), 50 latency probes; ~3 min
     python bench/stream.py --profile  # adds a py-spy profile of one worker run
     python bench/stream.py --baseline ../old  # also the worker of another source tree (a git worktree), run by run
+    python bench/stream.py --only throughput --all-on bench/all-on.toml  # A/B/n traffic; the worker with the file too
 
 A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
 items per ranking, ~4 feedback events per request) is produced once, with end-of-stream watermarks, to the
@@ -34,6 +35,13 @@ topics from the start):
    seconds of the pass, measured inside the process after a pass over the first line (imports, numba's cache),
    the median of three passes, against the worker's CPU seconds (``/proc/<pid>/stat``) over its measured
    interval: events per CPU-second of each, and their ratio.
+
+With ``--all-on FILE`` the produced traffic is ``bench/worker_path.py --simulate``'s instead (an experiment of a
+control and three treatments, randomised per user after a pre-period, each ranking with a ``platform`` attribute),
+and each round also runs the worker with ``--config FILE`` (``bench/all-on.toml``: A/B/n with goal metrics under
+e-BH, guardrails, CUPED and a segment), done when its readout equals ``stream-eval replay --config FILE`` of the
+log; the cost of the file's features is 1 - its events per CPU-second (and events/s) ÷ the default worker's, run
+by run.
 
 Then latency: a fresh prefix, the worker started and fed live simulated traffic (event time = now) at a fixed
 ``--rate`` (5,000 events/s, ``send_lines(..., rate=)``); once it is caught up, probes are sent one at a time:
@@ -143,6 +151,13 @@ def ab_cost(results: dict[str, Any]) -> dict[str, float]:
                                                                        strict=True)])
 
 
+def all_on_cost(results: dict[str, Any], key: str) -> dict[str, float]:
+    """1 - ``key`` (``rate`` or ``per_cpu``) of the worker with ``--all-on``'s file ÷ the default worker's, run by
+    run."""
+    runs = results["throughput"]
+    return summary([1.0 - on[key] / off[key] for on, off in zip(runs["worker-all-on"], runs["worker"], strict=True)])
+
+
 def stage_state(text: str) -> tuple[float, ...]:
     """What the regroup stage exports (GAUC's sums, and the A/B deltas and units when on): they change until the
     stage has scored every session and applied every request."""
@@ -169,11 +184,13 @@ def ab_series(text: str) -> dict[str, float]:
     return out
 
 
-def expected_ab(log_path: Path) -> dict[str, float]:
-    """What the group must export once A/B-complete: ``stream-eval replay`` of the produced log gives the units per
-    arm, the deltas of every metric (GAUC's too: every session scored) and the overall GAUC."""
-    proc = subprocess.run([*stream_eval_cmd(), "replay", str(log_path), "--format", "json"], capture_output=True,
-                          stdin=subprocess.DEVNULL, check=True)
+def expected_ab(log_path: Path, config: str | None = None) -> dict[str, float]:
+    """What the group must export once A/B-complete: ``stream-eval replay`` of the produced log (with the settings
+    of ``config``) gives the units per arm, the deltas of every metric (GAUC's too: every session scored) and the
+    overall GAUC."""
+    settings = ["--config", config] if config else []
+    proc = subprocess.run([*stream_eval_cmd(), "replay", str(log_path), "--format", "json", *settings],
+                          capture_output=True, stdin=subprocess.DEVNULL, check=True)
     report = json.loads(proc.stdout)
     out: dict[str, float] = {}
     for srm in report["srm"]:  # (an ab row's units are those with a value of its metric)
@@ -440,10 +457,17 @@ class StreamBench:
         from stream_eval.stream.kafka import topics
         from stream_eval.stream.produce import WATERMARKS, send_lines
 
-        config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=rate)
-        lines = list(simulate_lines(config))
         self.log_path = Path(self.args.out_dir) / "stream-log.jsonl"
-        self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+        if self.args.all_on:  # A/B/n traffic of users with a pre-period and a segment attribute (bench/worker_path.py)
+            from worker_path import simulate
+
+            simulate(self.log_path, self.args.requests)
+            lines = self.log_path.read_bytes().splitlines()
+            self.expected_all_on = expected_ab(self.log_path, self.args.all_on)
+        else:
+            config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=rate)
+            lines = list(simulate_lines(config))
+            self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
         kinds = Counter(json.loads(line)["type"] for line in lines)
         self.expected = expected_ab(self.log_path)
         started = time.perf_counter()
@@ -460,8 +484,10 @@ class StreamBench:
     # -- 1. the worker ------------------------------------------------------------------------------
     def run_worker(self, prefix: str, group: str, events: int, requests: int,
                    profile: Path | None = None, ab: bool = True, source: str | None = None,
-                   extra: Sequence[str] = (), native: bool = False) -> dict[str, Any]:
-        """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments), done once every
+                   extra: Sequence[str] = (), native: bool = False,
+                   expected: dict[str, float] | None = None) -> dict[str, Any]:
+        """One worker run (``ab``: A/B units on, the default; ``extra``: more of its arguments; ``expected``: the
+        readout that ends it, if not the default settings' :attr:`expected`), done once every
         event and request is counted and the regroup stage has scored every session (and applied every request to its
         A/B unit): at the first poll at which everything is counted and the stage's readout is the replay's
         (:func:`expected_ab`; with ``ab`` off, its GAUC alone)."""
@@ -487,7 +513,7 @@ class StreamBench:
         last = (0.0, 0.0)
         counted: float | None = None  # when every event and request was counted
         text = ""
-        expected = self.expected if ab else {"gauc": self.expected["gauc"]}
+        expected = expected or (self.expected if ab else {"gauc": self.expected["gauc"]})
         timeline: list[tuple[float, float, float]] = []
         deadline = start + self.args.timeout
         try:
@@ -585,6 +611,12 @@ class StreamBench:
             runs["worker-ab-off"].append(self.run_worker(prefix, f"worker-off{i}", data["events"], data["requests"],
                                                          ab=False))
             log(f"run {i + 1}: worker, A/B off {runs['worker-ab-off'][-1]['rate']:,.0f} events/s")
+            if self.args.all_on:
+                runs.setdefault("worker-all-on", []).append(self.run_worker(
+                    prefix, f"worker-all-on{i}", data["events"], data["requests"],
+                    extra=("--config", self.args.all_on), expected=self.expected_all_on))
+                log(f"run {i + 1}: worker --config {self.args.all_on} {runs['worker-all-on'][-1]['rate']:,.0f} "
+                    f"events/s, {runs['worker-all-on'][-1]['per_cpu']:,.0f} per CPU-second")
             runs["faust"].append(self.run_child("faust", prefix, f"faust{i}", messages))
             log(f"run {i + 1}: naive faust {runs['faust'][-1]['rate']:,.0f} events/s")
             runs["raw"].append(self.run_child("raw", prefix, f"raw{i}", messages))
@@ -770,7 +802,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
     if "throughput" in results:
         data, runs = results["data"], results["throughput"]
         out.append(
-            f"Data: {data['events']:,} simulated events ({data['requests']:,} rankings of ~20 items, "
+            f"Data: {data['events']:,} simulated events"
+            f"{' (A/B/n traffic of `bench/worker_path.py --simulate`)' if args.all_on else ''} "
+            f"({data['requests']:,} rankings of ~20 items, "
             f"{data['feedback']:,} feedback; {data['bytes'] / data['events']:.0f} bytes per event on average) + "
             f"{data['watermarks']} end-of-stream watermarks, {PARTITIONS} partitions per topic, produced once "
             f"({data['events'] / data['produce_seconds']:,.0f} events/s). Each row: median (min–max) of "
@@ -788,7 +822,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                   "raw": "raw aiokafka `getmany` + `orjson.loads` only (ceiling)",
                   "replay": "`stream-eval replay`'s pass over the same log (in process, start-up left out; median of 3 "
                             "passes)",
-                  "baseline": f"`stream-eval worker` of the baseline tree (`--baseline`, at {args.baseline_commit})"}
+                  "baseline": f"`stream-eval worker` of the baseline tree (`--baseline`, at {args.baseline_commit})",
+                  "worker-all-on": f"`stream-eval worker --config {args.all_on}` (to its readout equal to replay's "
+                                   f"with that file)"}
         for name, label in labels.items():
             rs = runs.get(name, [])
             if not rs:
@@ -817,6 +853,11 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             cost = ab_cost(results)
             out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): "
                        f"{fmt_range(cost, lambda x: f'{100 * x:.1f} %')}.")
+        if runs.get("worker-all-on"):
+            cost_cpu, cost_rate = all_on_cost(results, "per_cpu"), all_on_cost(results, "rate")
+            out.append(f"Cost of `{args.all_on}` (1 - with ÷ without, run by run): events per CPU-second "
+                       f"{fmt_range(cost_cpu, lambda x: f'{100 * x:.1f} %')}, events/s "
+                       f"{fmt_range(cost_rate, lambda x: f'{100 * x:.1f} %')}.")
         out.append("")
         rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", rate["median"]
                      >= TARGET_EVENTS_PER_S))
@@ -826,6 +867,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                          summary(results["cpu_ratio"])["median"] >= TARGET_CPU_RATIO))
         if runs.get("worker-ab-off"):
             rows.append(("cost of the A/B units (events/s)", "≤ 10 %", ab_cost(results)["median"] <= 0.10))
+        if runs.get("worker-all-on"):
+            rows.append((f"cost of `{args.all_on}` (events per CPU-second)", "≤ 10 %",
+                         all_on_cost(results, "per_cpu")["median"] <= 0.10))
     if "latency" in results:
         lat = results["latency"]
         out.append(
@@ -876,6 +920,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                 measured.append(fmt_range(summary(results["cpu_ratio"]), lambda x: f"{x:.2f}×"))
             if results["throughput"].get("worker-ab-off"):
                 measured.append(fmt_range(ab_cost(results), lambda x: f"{100 * x:.1f} %"))
+            if results["throughput"].get("worker-all-on"):
+                measured.append(fmt_range(all_on_cost(results, "per_cpu"), lambda x: f"{100 * x:.1f} %"))
         if "latency" in results:
             measured.append(f"{results['latency']['p99'] * 1000:.0f} ms")
         if "memory" in results:
@@ -926,6 +972,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--native", action="store_true", help="the py-spy profile with native frames (C, numba)")
     p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its worker runs too, "
                                       "between the others, as the same-run baseline")
+    p.add_argument("--all-on", metavar="FILE", help="A/B/n traffic, and the worker with `--config FILE` too (e.g. "
+                                                    "bench/all-on.toml): the cost of its features")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
     p.add_argument("--kafka", action="store_true", help="on Apache Kafka (scripts/kafka/fetch) instead of Tansu")
     p.add_argument("--both", action="store_true", help="on Tansu, then on Apache Kafka, the same data, in one run")

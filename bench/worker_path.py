@@ -90,7 +90,8 @@ def simulate(path: Path, requests: int) -> None:
             out.write(orjson.dumps(event) + b"\n")
 
 
-def measure(log: Path, config: Config, rankings: int, feedback: int, readout_events: int) -> dict[str, Any]:
+def measure(log: Path, config: Config, rankings: int, feedback: int, readout_events: int,
+            stage_count: int = 1) -> dict[str, Any]:
     """One run of the worker's path over ``log``: events, outputs, CPU seconds (in all and by phase), wall time."""
     warm_up(config)
     quiet_gc()
@@ -109,13 +110,14 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
     def finalised(partition: int, batch: FinalisedBatch) -> None:
         outputs.extend(zip([state.request_id.encode() for state in batch.states], batch.encoded(), strict=True))
 
-    stages = StagePartitions(engine, PARTITIONS, 1)
+    stages = StagePartitions(engine, PARTITIONS, stage_count)
     template = engine()
-    partitioned = PartitionedEngine(template, time.monotonic, finalised)
+    partitioned = PartitionedEngine(template, time.monotonic, finalised, stages=stage_count)
     partitioned.stage_engines = stages.engines
     for partition in range(PARTITIONS):
         partitioned.assign(partition)
-    stages.take(0)
+    for stage in range(stage_count):
+        stages.take(stage)
     fed = [0]  # events fed so far: the readouts' clock
     refresh = readouts(partitioned, stages, labels, template, readout_events, lambda: fed[0])
     messages: dict[tuple[str, int], list[bytes]] = defaultdict(list)
@@ -129,7 +131,7 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
             messages[kind, partition].append(END_WATERMARK)
     size = {"ranking": rankings, "feedback": feedback, "judgment": rankings}
     read: dict[tuple[str, int], int] = defaultdict(int)
-    regroup_log: list[bytes] = []
+    regroup_log: dict[int, list[bytes]] = defaultdict(list)  # by stage partition
     cpu: dict[str, float] = defaultdict(float)
     events = 0
     start, wall = time.process_time(), time.perf_counter()
@@ -153,9 +155,14 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
         t0 = time.process_time()
         partitioned.tick()
         t1 = time.process_time()
-        routed = [value for _, _, value in partitioned.take_routed(commit=True)]
-        stages.feed(0, range(len(regroup_log), len(regroup_log) + len(routed)), routed)
-        regroup_log += routed
+        by_stage: dict[int, list[bytes]] = defaultdict(list)
+        for to, _, value in partitioned.take_routed(commit=True):
+            by_stage[to].append(value)
+        by_stage[0] += stages.take_reports()  # (the other stage partitions' looks, as a worker writes them)
+        for stage, routed in sorted(by_stage.items()):
+            offsets = range(len(regroup_log[stage]), len(regroup_log[stage]) + len(routed))
+            stages.feed(stage, offsets, routed)
+            regroup_log[stage] += routed
         cpu["finalise"] += t1 - t0
         t2 = time.process_time()
         cpu["regroup records and stage"] += t2 - t1
@@ -163,7 +170,7 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
             refresh()
             cpu["readout"] += time.process_time() - t2
     total, seconds = time.process_time() - start, time.perf_counter() - wall
-    return {"events": events, "outputs": len(outputs), "regroup": len(regroup_log), "cpu": total,
+    return {"events": events, "outputs": len(outputs), "regroup": sum(map(len, regroup_log.values())), "cpu": total,
             "seconds": seconds, "phases": dict(cpu)}
 
 
@@ -196,7 +203,8 @@ def child(args: argparse.Namespace, log: Path, side: Side) -> tuple[list[str], d
     _, config, tree = side
     root = Path(__file__).resolve().parent.parent if tree is None else tree.resolve()
     command = [sys.executable, str(root / "bench" / "worker_path.py"), str(log), "--rankings", str(args.rankings),
-               "--feedback", str(args.feedback), "--readout-events", str(args.readout_events), "--json"]
+               "--feedback", str(args.feedback), "--readout-events", str(args.readout_events), "--json",
+               "--stages", str(args.stages)]
     # (the tree's package first: a script's own directory, bench/, is what Python puts on the path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return command + (["--config", config] if config else []), env
@@ -280,6 +288,9 @@ def main() -> None:
                         help="with --versus or --baseline: also count instructions under cachegrind (one run each "
                              "way; slow)")
     parser.add_argument("--json", action="store_true", help="print one run's numbers as JSON")
+    parser.add_argument("--stages", type=int, default=1, metavar="N",
+                        help="stage partitions (default 1; a worker's default is one per input partition, 4): the "
+                             "records of the others' looks go to partition 0, as a worker writes them")
     args = parser.parse_args()
     if args.simulate:
         simulate(args.log, args.simulate)
@@ -287,7 +298,7 @@ def main() -> None:
         versus(args)
         return
     config = load_config(args.config)  # (the STREAM_EVAL_* variables count with or without a file)
-    result = measure(args.log, config, args.rankings, args.feedback, args.readout_events)
+    result = measure(args.log, config, args.rankings, args.feedback, args.readout_events, args.stages)
     if args.json:
         print(json.dumps(result))
         return
