@@ -556,23 +556,44 @@ def test_rankings_read_from_bytes_join_as_decoded_ones(log, data):
 
 @settings(max_examples=200, deadline=None)
 @given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"").replace(b"\x1f", b"")), max_size=30),
-       last_newline=st.booleans(), size=st.integers(1, 40))
-def test_read_chunks_gives_whole_lines_in_order(tmp_path_factory, lines, last_newline, size):
+       last_newline=st.booleans(), size=st.integers(1, 40), bom=st.booleans())
+def test_read_chunks_gives_whole_lines_in_order(tmp_path_factory, lines, last_newline, size, bom):
     """Replay's reader cuts a file into chunks of whole lines, whatever the read size: together they are the file
-    (a blank unterminated tail left out), each numbered by its first line. (No 0x1f byte: a file that starts with
-    the gzip magic is read as gzip.)"""
-    from stream_eval.engine.replay import read_chunks
+    (a blank unterminated tail left out; a UTF-8 byte order mark at its start left out), each numbered by its first
+    line. (No 0x1f byte: a file that starts with the gzip magic is read as gzip.)"""
+    from stream_eval.engine.replay import BOM, read_chunks
 
     text = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
     path = tmp_path_factory.mktemp("chunks") / "log.jsonl"
-    path.write_bytes(text)
-    chunks = list(read_chunks(str(path), size))
+    path.write_bytes(BOM + text if bom else text)
+    text = text.removeprefix(BOM)  # (one the lines themselves start with goes too)
+    chunks = list(read_chunks(str(path), max(size, len(BOM))))
     joined = b"".join(chunk for chunk, _, _ in chunks)
     tail = text[text.rfind(b"\n") + 1:]
     assert joined == (text if tail.strip() else text[: len(text) - len(tail)])
     assert all(chunk.endswith(b"\n") for chunk, _, _ in chunks[:-1])
     for k, (_, first, _) in enumerate(chunks):
         assert first == 1 + b"".join(chunk for chunk, _, _ in chunks[:k]).count(b"\n")
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_byte_order_mark_at_the_start_changes_nothing(tmp_path, gzipped: bool) -> None:
+    """A log saved with a UTF-8 byte order mark (PowerShell's ``Out-File -Encoding utf8``, Excel's "CSV UTF-8")
+    lost its first event as ``bad_json`` ("invalid character (byte 0)"). It is now read as the log without it."""
+    import gzip
+
+    from stream_eval.config import Config
+    from stream_eval.engine.replay import BOM, replay
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    text = b"".join(simulate_lines(SimulationConfig(requests=50, seed=3)))
+    reports = []
+    for name, data in (("plain.jsonl", text), ("bom.jsonl", BOM + text)):
+        path = tmp_path / (name + (".gz" if gzipped else ""))
+        path.write_bytes(gzip.compress(data) if gzipped else data)
+        reports.append(replay([str(path)], Config()).report())
+    assert reports[1]["events"]["invalid"] == 0 and reports[1]["events"]["ranking"] == 50
+    assert reports[1] == reports[0]
 
 
 class _Request:

@@ -51,12 +51,16 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
 
     With ``damaged``, a file that cannot be read to its end (gzip cut short or corrupt, an I/O error) ends where
     it breaks: what was read before is given (its last line, likely cut, as well) and the reason is added to
-    ``damaged``."""
+    ``damaged``.
+
+    A UTF-8 byte order mark at the start (what some Windows tools write before UTF-8 text) is left out: JSON text
+    has none, and RFC 8259 lets a reader ignore it."""
     with _open(path) as stream:
         raw = getattr(stream, "fileobj", stream)
         rest = b""
         line = 1
         blocks = _blocks(stream, chunk_bytes)
+        first = True
         while True:
             try:
                 block = next(blocks, b"")
@@ -69,6 +73,9 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
                 break
             if not block:
                 break
+            if first:
+                first = False
+                block = block.removeprefix(BOM)
             cut = block.rfind(b"\n") + 1
             if cut == 0:  # no line ends in this block
                 rest += block
@@ -82,6 +89,8 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
             yield rest, line, _tell(raw)
 
 
+#: The UTF-8 byte order mark.
+BOM = b"\xef\xbb\xbf"
 #: What reading a damaged or cut input raises (gzip: BadGzipFile is an OSError, a cut stream EOFError).
 _BROKEN = (EOFError, OSError, zlib.error)
 
