@@ -611,6 +611,23 @@ class _Spec:
 HOSTILE = st.text(max_size=12) | st.sampled_from(['","', '"', "\\", '\\"', "],[", "%b", "%", "\u2028", ""])
 
 
+@pytest.mark.parametrize("arm", ['",', 'b",', '\\', 'x\\', '"', '","'])
+def test_an_id_ending_in_a_quote_and_a_comma_keeps_its_record_whole(arm: str) -> None:
+    """Found by the property below: an arm ending in ``",`` was cut at its escaped quote (``\\","`` reads as the
+    separator ``","``), and every later field of the request's record moved by one: wrong JSON on the
+    request-metrics topic and in ``--per-request``."""
+    import orjson
+
+    from stream_eval.engine.engine import FinalisedBatch
+
+    ids = [("r1", "e", "", None, None), ("r2", "e", arm, "q", "s"), ("r3", "e", "a", None, None)]
+    batch = FinalisedBatch([_Request(*row) for row in ids], (_Spec("RR"),),  # type: ignore[misc]
+                           np.array([[0.5], [1.0], [0.25]]))
+    encoded = batch.encoded()
+    assert encoded == [orjson.dumps(record) for record in batch.records()]
+    assert orjson.loads(encoded[1])["arm"] == arm
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(HOSTILE, HOSTILE, HOSTILE, st.none() | HOSTILE, st.none() | HOSTILE), max_size=6),
        st.lists(HOSTILE, max_size=3, unique=True), st.data())

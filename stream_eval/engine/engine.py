@@ -111,8 +111,19 @@ class FinalisedBatch:
 
 
 def _strings(values: list[str]) -> list[bytes]:
-    """Each of ``values`` (at least one) as the inside of its JSON string (``orjson``'s escapes), from one call."""
-    return orjson.dumps(values)[2:-2].split(b'","')
+    """Each of ``values`` (at least one) as the inside of its JSON string (``orjson``'s escapes), from one call.
+
+    Cut at ``","``, which only separates two strings when none holds a quote: an escaped quote followed by a comma
+    and the string's closing quote (a value ending in ``",``) reads as ``","`` too. So when the text holds an escaped
+    quote (or a backslash before a closing quote), each value is encoded on its own.
+
+    >>> [piece.decode() for piece in _strings(["a", 'b",', "c"])]
+    ['a', 'b\\\\",', 'c']
+    """
+    encoded = orjson.dumps(values)
+    if b'\\"' not in encoded:
+        return encoded[2:-2].split(b'","')
+    return [orjson.dumps(value)[1:-1] for value in values]
 
 
 class SessionRows(NamedTuple):
