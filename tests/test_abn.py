@@ -105,12 +105,13 @@ def test_each_treatment_is_compared_with_the_control_as_in_a_two_arm_run(tmp_pat
     assert gsb == {("b-better", "metric"), ("c-worse", "metric")}
 
 
-def test_an_arm_named_by_the_empty_string_keeps_its_name_in_gsb_rows(tmp_path: Path) -> None:
-    """Only a judgment's GSB row has no treatment (null); an arm named "" is a treatment like any other."""
+def test_an_arm_given_as_the_empty_string_is_the_default_arm_in_gsb_rows(tmp_path: Path) -> None:
+    """Only a judgment's GSB row has no treatment (null). An arm given as "" is an arm not given (docs/contract.md
+    §1): ``default``, a treatment like any other."""
     engine = replay([str(_log(tmp_path, (("a-control", 0.55), ("", 0.75)), "empty-arm.jsonl"))],
                     _config('[experiments.exp1]\ncontrol = "a-control"\n'))
-    assert {row["treatment"] for row in engine.ab()} == {""}
-    assert [(row["treatment"], row["source"]) for row in engine.gsb_rows()] == [("", "metric")]
+    assert {row["treatment"] for row in engine.ab()} == {"default"}
+    assert [(row["treatment"], row["source"]) for row in engine.gsb_rows()] == [("default", "metric")]
 
 
 def test_a_configured_control_that_does_not_sort_first(tmp_path: Path) -> None:

@@ -328,3 +328,39 @@ def test_a_file_that_is_not_parquet_is_an_error_not_a_traceback(content: bytes, 
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "bad.parquet: cannot be read as Parquet" in result.stderr
     assert json.loads(result.stdout)["events"]["ranking"] == 0
+
+
+def test_empty_ids_and_names_are_ones_not_given(tmp_path: Path) -> None:
+    """A ranking's ``session_id``, ``unit_id`` or ``query_id`` of ``""`` (a producer's zero value for "none") was an
+    id like any other: every such request of the log fell into one session and one A/B unit (a unit in every arm,
+    counted as a conflict), and ``experiment`` or ``arm`` ``""`` made a group of that name. Empty, each is now the
+    field not given, on every reading path: compact and spaced JSON lines (the compiled reader and msgspec), Parquet."""
+    path = tmp_path / "sim.jsonl"
+    write_jsonl(SimulationConfig(requests=600, seed=7, unit="user"), str(path))
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    fields = ("session_id", "unit_id", "query_id", "experiment", "arm")
+    emptied, absent = [], []
+    rankings = 0
+    for row in rows:
+        if row["type"] == "ranking":
+            rankings += 1
+            if rankings % 3 == 0:  # a third of the rankings: one field empty in turn, all of them every 15th
+                chosen = fields if rankings % 15 == 0 else (fields[rankings // 3 % len(fields)],)
+                emptied.append({**row, **{field: "" for field in chosen}})
+                absent.append({key: value for key, value in row.items() if key not in chosen})
+                continue
+        emptied.append(row)
+        absent.append(row)
+    expected = replay([str(_written(absent, tmp_path / "absent.jsonl"))], Config()).report()
+    assert expected["events"]["invalid"] == 0
+    compact = _written(emptied, tmp_path / "compact.jsonl")
+    spaced = tmp_path / "spaced.jsonl"
+    spaced.write_text("".join(json.dumps(row) + "\n" for row in emptied))  # (", " and ": ": msgspec reads these)
+    write_parquet(emptied, tmp_path / "log.parquet")
+    for log in (compact, spaced, tmp_path / "log.parquet"):
+        assert replay([str(log)], Config()).report() == expected, log.name
+
+
+def _written(rows: list[dict[str, Any]], path: Path) -> Path:
+    write_jsonl_rows(rows, path)
+    return path

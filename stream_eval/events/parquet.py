@@ -477,15 +477,17 @@ def _plain_rankings(fields: Mapping[str, Any], ts: Floats, max_items: int, attri
         fields = {field: array.take(take) for field, array in fields.items()}
 
     def values(field: str, default: str | None, shared: bool) -> list[Any]:
+        """The column's values, ``default`` where null or empty (an empty id or name is one not given)."""
         array = fields.get(field)
         if array is None:
             return [default] * rows.shape[0]
         if not shared:
-            return _strings(array)
+            return [value or default for value in _strings(array)]
         encoded = pc.dictionary_encode(array)  # few distinct names: each is read once, as the label kept
         names = labels_of(encoded.dictionary.to_pylist())
         index = np.asarray(encoded.indices.fill_null(len(names)).to_numpy(zero_copy_only=False), dtype=np.int64)
-        return np.array([*names, default], dtype=object)[index].tolist()  # type: ignore[no-any-return]  # objects
+        return np.array([*(name or default for name in names), default],  # type: ignore[no-any-return]  # objects
+                        dtype=object)[index].tolist()
 
     made = list(map(CompactRanking, _strings(fields["request_id"]), repeat(""), length[rows].tolist(),
                     ts[rows].tolist(), _score_texts(fields.get("scores"), rows.shape[0]),

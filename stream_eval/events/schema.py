@@ -213,8 +213,9 @@ class CompactRanking(msgspec.Struct, gc=False):
         # score: the scores of a zero-result request are none.
         scores = None if not event.scores else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
         return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
-                   event.query_id, event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
-                   event.unit_id, event.attributes or None)
+                   event.query_id or None, event.session_id or None, event.experiment or "default",
+                   event.arm or "default", event.teams, event.subtopics, event.unit_id or None,
+                   event.attributes or None)  # (an empty id or name is one not given: docs/contract.md §1)
 
 
 _RAW_ITEMS = attrgetter("items")
@@ -411,9 +412,9 @@ class Validator:
         """The checks left once items and scores are known good, and the compact ranking."""
         if event.teams is not None or event.subtopics is not None:
             self._check_lengths(event, n, ("teams", "subtopics"))
-        return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, event.query_id,
-                              event.session_id, event.experiment, event.arm, event.teams, event.subtopics,
-                              event.unit_id, event.attributes or None)
+        return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, event.query_id or None,
+                              event.session_id or None, event.experiment or "default", event.arm or "default",
+                              event.teams, event.subtopics, event.unit_id or None, event.attributes or None)
 
     def _check_items(self, items: list[str]) -> None:
         n = len(items)
@@ -911,16 +912,17 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
     text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
 
-    def strings(key: str, source: str | bytes = text) -> list[Any]:
+    def strings(key: str, source: str | bytes = text) -> list[Any]:  # (an empty one, b == a, is none)
         starts, ends = (columns[k].tolist() for k in scan.COLUMNS[key])
-        return [source[a:b] if a >= 0 else None for a, b in zip(starts, ends, strict=True)]
+        return [source[a:b] if b > a else None for a, b in zip(starts, ends, strict=True)]
 
     def labels(key: str, absent: str | None) -> list[str | None]:
-        # few distinct names: each is read once, as the label kept (see label())
+        # few distinct names: each is read once, as the label kept (see label()); an empty one is one not given
         starts, ends = (columns[k] for k in scan.COLUMNS[key])
         codes, firsts = compiled.distinct_spans(raw, starts, ends)
         names = labels_of([text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)])
-        return np.array([*names, absent], dtype=object)[codes].tolist()  # type: ignore[no-any-return]  # code -1: absent
+        return np.array([*(name or absent for name in names), absent],  # type: ignore[no-any-return]  # code -1: absent
+                        dtype=object)[codes].tolist()
 
     times = ts.tolist()  # parsed by _check_numbers
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
