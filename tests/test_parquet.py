@@ -165,6 +165,9 @@ def test_bad_columns_are_errors(tmp_path: Path) -> None:
         parse_columns("request=req_id")
     with pytest.raises(ColumnError):
         parse_columns("request_id")
+    with pytest.raises(ColumnError, match="request_id is given twice"):  # (the last one was taken)
+        parse_columns("request_id=req,items=docs,request_id=rid")
+    assert parse_columns("request_id=req,session_id=req,request_id=req") == {"request_id": "req", "session_id": "req"}
     pq.write_table(pa.table({"req": ["a"]}), tmp_path / "x.parquet")
     result = run_cli("replay", str(tmp_path / "x.parquet"), "--columns", "request_id=rid", "--format", "json")
     assert result.returncode == 2 and "no column 'rid'" in result.stderr

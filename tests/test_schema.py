@@ -320,6 +320,19 @@ def test_kind_from_config_gets_its_grade() -> None:
     assert invalid(feedback(kind="share"), config).code == "unknown_kind"
 
 
+def test_kinds_may_set_the_grades_of_click_and_label() -> None:
+    """README: ``[kinds]`` may name ``click`` (the grade of a click that gives none) and ``label`` (the grade of a
+    label that gives none, then not ``missing_grade``); feedback that gives its grade keeps it."""
+    config = Config(kinds=(("click", 3.0), ("label", 2.0)))
+    assert valid(feedback(), config).grade == 3.0  # type: ignore[union-attr]
+    assert valid(feedback(kind="label"), config).grade == 2.0  # type: ignore[union-attr]
+    assert valid(feedback(kind="label", grade=1), config).grade == 1.0  # type: ignore[union-attr]
+    assert valid(feedback(grade=0), config).grade == 0.0  # type: ignore[union-attr]
+    lines = b"".join(feedback(kind=kind) + b"\n" for kind in ("click", "label"))  # (the compiled reader, too)
+    chunk = schema.decode_chunk_columns(lines, config)
+    assert len(chunk.feedback) == 2 and sorted(chunk.feedback.grade.tolist()) == [2.0, 3.0]
+
+
 def test_feedback_missing_fields() -> None:
     assert invalid(feedback(request_id=DROP)).code == "missing_field"
     assert invalid(feedback(item=DROP)).code == "missing_field"

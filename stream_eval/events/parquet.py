@@ -86,6 +86,8 @@ def parse_columns(text: str | None) -> dict[str, str]:
             raise ColumnError(f"--columns: {pair.strip()!r} is not FIELD=COLUMN")
         if field not in FIELDS:
             raise ColumnError(f"--columns: {field!r} is not a field of an event (one of {', '.join(FIELDS)})")
+        if field in mapping and mapping[field] != column:  # (which one was meant? the last one was taken)
+            raise ColumnError(f"--columns: {field} is given twice ({mapping[field]} and {column})")
         mapping[field] = column
     return mapping
 
