@@ -132,6 +132,7 @@ class Join:
         self._closed_expiry: list[tuple[float, int, str]] = []
         self._early: list[RequestState] = []
         self._seq = count()
+        self.late: set[int] = set()  # the ids of the requests of late rankings: finalised, never handed over
 
     # -- events -------------------------------------------------------------------------------------
     def _remembered(self, rid: str) -> bool:
@@ -140,7 +141,8 @@ class Join:
         return forget_at is not None and forget_at > self.watermark
 
     def ranking(self, event: Ranking | CompactRanking) -> str:
-        """Open a request; ``duplicate`` if its request_id was already seen (and is still remembered)."""
+        """Open a request; ``duplicate`` if its request_id was already seen (and is still remembered); ``late`` if
+        event time is past its finalisation point (opened all the same, never handed over)."""
         rid = event.request_id
         previous = self.open.get(rid)
         if previous is not None and previous.ts + self.horizon + self.horizon <= self.watermark:
@@ -151,11 +153,15 @@ class Join:
         if previous is not None or self._remembered(rid):
             self.counts["ranking", "duplicate"] += 1
             return "duplicate"
-        self.counts["ranking", "ok"] += 1
+        # late: event time is past its own finalisation point; it opens its request, which is never handed over
+        late = event.ts + self.horizon <= self.watermark  # type: ignore[operator]  # ts is float
+        self.counts["ranking", "late" if late else "ok"] += 1
         self.closed.pop(rid, None)
         state = RequestState(event)
+        if late:
+            self.late.add(id(state))
         self.open[rid] = state
-        if self.changed is not None:
+        if self.changed is not None and not late:
             self.changed[rid] = state
         self._due.add(state.ts + self.horizon, state)
         mine = [f for f in self.waiting if f.request_id == rid]
@@ -260,7 +266,15 @@ class Join:
             forget_at, _, rid = heapq.heappop(closed)
             if self.closed.get(rid) == forget_at:
                 del self.closed[rid]
-        return finalised
+        return self._handed_over(finalised)
+
+    def _handed_over(self, finalised: list[RequestState]) -> list[RequestState]:
+        """The finalised requests less those of late rankings."""
+        if not self.late:
+            return finalised
+        kept = [state for state in finalised if id(state) not in self.late]
+        self.late.difference_update(id(state) for state in finalised)
+        return kept
 
     def flush(self) -> list[RequestState]:
         """End of input: finalise every open request and count every waiting feedback as an orphan."""
@@ -275,4 +289,4 @@ class Join:
         self.waiting = []
         self.closed.clear()
         self._closed_expiry.clear()
-        return finalised
+        return self._handed_over(finalised)

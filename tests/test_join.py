@@ -150,9 +150,29 @@ def test_late_by_attribution_window() -> None:
 
 def test_late_by_window_even_when_it_arrived_before_its_ranking() -> None:
     run = Driver()
-    run(click("r1", "a", 20), rank("r1", 5))
+    run(click("r1", "a", 20), rank("r1", 6))  # (6 + 15 > 20: the ranking itself is in time)
     assert run.feedback_counts() == {"late": 1}
     assert run.finish() == {"r1": {}}
+
+
+def test_a_ranking_past_its_own_finalisation_point_is_late() -> None:
+    """A ranking that comes once event time has passed its serve time + window + lateness is late: counted, and left
+    out of the metrics, as late feedback is. It was counted ok and finalised at once, a request with little or no
+    feedback (what waited for it given up by then): a log whose rankings lag their feedback by more than the
+    horizon read as a collapse of every metric, with nothing but the orphans to say why. It still opens its request
+    (remembered: feedback after it is late, a ranking of its id a duplicate), which is never handed over."""
+    for eager in (True, False):
+        run = Driver(eager=eager)
+        assert run(click("r1", "a", 20)) == ["pending"]
+        assert run(rank("r1", 5)) == ["late"]  # 5 + 15 <= 20; its waiting click, 15 s after it, is late
+        assert run(rank("r2", 6)) == ["ok"]  # in time: 6 + 15 > 20
+        assert run(rank("r2", 1)) == ["duplicate"]  # a duplicate first, however late
+        assert run(rank("r3", 4.5)) == ["late"]
+        assert run(click("r3", "a", 12)) == ["late"]  # feedback of a late ranking's request
+        assert run(rank("r1", 7)) == ["duplicate"]
+        assert run.counts["ranking", "late"] == 2 and run.counts["ranking", "ok"] == 1
+        assert run.finish() == {"r2": {}}
+        assert run.feedback_counts() == {"late": 2}
 
 
 def test_late_after_finalisation() -> None:
@@ -259,14 +279,14 @@ def test_orphan_after_expiry() -> None:
     run.join.advance(25.0)  # ts + window + lateness
     assert run.feedback_counts() == {"orphan": 1}
     assert not run.join.pending
-    assert run(rank("rX", 9)) == ["ok"]  # too late for its waiting feedback: nothing is applied
+    assert run(rank("rX", 11)) == ["ok"]  # too late for its waiting feedback: nothing is applied
     assert run.finish() == {"rX": {}}
     assert run.feedback_counts() == {"orphan": 1}
 
 
 def test_orphan_when_its_ranking_arrives_after_expiry_without_advance() -> None:
     run = Driver(eager=False)
-    run(click("rX", "a", 10), rank("rY", 40), rank("rX", 9))
+    run(click("rX", "a", 10), rank("rY", 40), rank("rX", 30))
     assert run.feedback_counts() == {"orphan": 1}
     assert run.finish() == {"rX": {}, "rY": {}}
 
@@ -299,7 +319,7 @@ def test_advance_never_moves_back() -> None:
 
 def test_flush_finalises_in_deadline_order() -> None:
     run = Driver(eager=False)
-    run(rank("r3", 30), rank("r1", 10), rank("r2", 20))
+    run(rank("r3", 30), rank("r1", 16), rank("r2", 20))  # (16 + 15 > 30: in time)
     assert [r.request_id for r in run.join.flush().rankings] == ["r1", "r2", "r3"]
 
 
@@ -345,7 +365,7 @@ def _check_counts_add_up(run: Driver, events: list[Ranking | Feedback]) -> None:
     assert set(counts) <= {"ok", "late", "duplicate", "orphan"}
     assert sum(counts.values()) == n_feedback, counts
     n_ranking = sum(isinstance(e, Ranking) for e in events)
-    assert run.counts["ranking", "ok"] + run.counts["ranking", "duplicate"] == n_ranking
+    assert run.counts["ranking", "ok"] + run.counts["ranking", "duplicate"] + run.counts["ranking", "late"] == n_ranking
     assert len(run.finalised) == run.counts["ranking", "ok"]
     assert not run.join.pending and not run.join.open_slots().size
 
@@ -546,3 +566,26 @@ def test_due_times_beyond_int64_seconds_keep_their_order() -> None:
     due.add_many(np.array([1e19, 5.5, 5.2, 2e19]), ["far", "b", "a", "farther"])
     assert due.pop_due(6.0, lambda entry: {"far": 1e19, "b": 5.5, "a": 5.2, "farther": 2e19}[entry]) == ["b", "a"]
     assert due.pop_due(1.5e19, lambda entry: {"far": 1e19, "farther": 2e19}[entry]) == ["far"]
+
+
+def test_rankings_read_after_their_feedback_are_late_not_empty_requests(tmp_path) -> None:
+    """``stream-eval replay feedback.jsonl rankings.jsonl`` (files are read in the order given): the rankings come
+    when event time is past their finalisation points. They were counted as requests without feedback, every metric
+    at zero; now they are late rankings, and no request is evaluated."""
+    import orjson
+
+    from stream_eval.config import Config as Settings
+    from stream_eval.engine.replay import replay
+    from stream_eval.simulate import SimulationConfig, simulate_lines
+
+    lines = list(simulate_lines(SimulationConfig(requests=300, seed=2, rate=0.05)))  # 300 requests over ~100 min
+    log, rankings, feedback = tmp_path / "log.jsonl", tmp_path / "rankings.jsonl", tmp_path / "feedback.jsonl"
+    log.write_bytes(b"".join(lines))
+    rankings.write_bytes(b"".join(line for line in lines if orjson.loads(line)["type"] == "ranking"))
+    feedback.write_bytes(b"".join(line for line in lines if orjson.loads(line)["type"] == "feedback"))
+    right = replay([str(log)], Settings()).report()
+    wrong = replay([str(feedback), str(rankings)], Settings()).report()
+    assert right["events"]["late"] == 0 and right["overall"]["requests"] == 300
+    requests = wrong["overall"]["requests"]  # (the first half hour's rankings are in time)
+    assert requests < 100 and wrong["events"]["late"] >= 300 - requests  # (late: rankings and feedback)
+    assert wrong["events"]["ranking"] == 300 and wrong["events"]["orphan"] > 0

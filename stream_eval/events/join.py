@@ -12,6 +12,12 @@ Rules (docs/contract.md §1), with the one choice the contract leaves open writt
 * Feedback whose ranking has not arrived when the watermark passes ``ts + attribution_window +
   allowed_lateness`` is an **orphan**. At most ``max_waiting_feedback`` feedback events wait: beyond that, the one
   that would expire first is given up, an orphan at once, and counted (``OVERFLOW``, ``"waiting_feedback"``).
+* A ranking that arrives when the watermark has passed its own finalisation point (``serve_ts +
+  attribution_window + allowed_lateness``) is **late** (counted, left out of the metrics): counted, it would be a
+  request with little or no feedback. It opens its request as any ranking does (feedback waiting for it joins it,
+  and it is remembered), so that the join's state is the same whatever the watermark was when it came (a worker's
+  rebuild re-reads it before event time moves); when finalised, at once, the request is not handed over. A
+  duplicate ranking is a duplicate first.
 * A request is finalised when the watermark passes ``serve_ts + attribution_window + allowed_lateness``.
   ``allowed_lateness`` (default 60 s) is how far out of event-time order an event may arrive; feedback
   that arrives after its request's finalisation point is late too.
@@ -397,6 +403,7 @@ class Join:
         # the columns (_COLUMNS)
         self._serve = np.zeros(FIRST_CAPACITY)
         self._final = np.zeros(FIRST_CAPACITY, dtype=np.bool_)
+        self._late: set[int] = set()  # open slots of late rankings (docs/contract.md §1): never handed over
         self._applied = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback was applied
         self._graded = np.zeros(FIRST_CAPACITY, dtype=np.bool_)  # feedback with grade > 0 or on a served item
         self._row = np.zeros(FIRST_CAPACITY, dtype=np.int64)  # the live windows' row (see set_rows)
@@ -571,13 +578,16 @@ class Join:
         # rows applied at another place than their arrival: slot, feedback, applied at, order there, watermark,
         # and whether they waited for their ranking (then the orphan rule applies)
         waiting_rows: list[tuple[int, Feedback, int, int, float, bool]] = []
-        ranking_ok = ranking_duplicate = 0
+        ranking_ok = ranking_duplicate = ranking_late = 0
+        late_slots: list[int] = []  # the new slots of late rankings (opened as any, left out when finalised)
         serve = self._serve
+        served_at = list(map(_TS, rankings))
         if (rids and known_slots.max() < 0 and len(set(rids)) == len(rids) and self.pending.keys().isdisjoint(rids)
-                and (plain is not None or all(type(r) is CompactRanking for r in rankings))):
-            # new ids only, each once, none awaited: every ranking opens a slot (the loop below, at once)
+                and (plain is not None or all(type(r) is CompactRanking for r in rankings))
+                and not (np.array(served_at) + horizon <= marks[objects_at]).any()):
+            # new ids only, each once, none awaited, none late: every ranking opens a slot (the loop below, at once)
             ranking_ok, new_at, new_rankings = len(rids), ranking_at, rankings
-            new_ts = list(map(_TS, rankings))
+            new_ts = served_at
             rankings = []
         for k, (p, ranking, rid, slot) in enumerate(zip(ranking_at, rankings, rids, known_slots.tolist(),
                                                         strict=False)):
@@ -589,9 +599,13 @@ class Join:
                 if served + horizon + horizon > mark:  # open, or finalised and still remembered
                     ranking_duplicate += 1
                     continue
-                if slot >= first_new or not self._final[slot - self.base]:
-                    early_here.append(slot)  # open but forgotten: finalised now, before the new request opens
-            ranking_ok += 1
+            if slot >= 0 and (slot >= first_new or not self._final[slot - self.base]):
+                early_here.append(slot)  # open but forgotten: finalised now, before the new request opens
+            if served_at[k] + horizon <= mark:  # late: event time is past its own finalisation point
+                ranking_late += 1
+                late_slots.append(first_new + len(new_at))
+            else:
+                ranking_ok += 1
             if type(ranking) is not CompactRanking:
                 ranking = CompactRanking.of(ranking)  # type: ignore[arg-type]  # a Ranking
             new_slot = first_new + len(new_at)
@@ -610,6 +624,8 @@ class Join:
             counts["ranking", "ok"] += ranking_ok
         if ranking_duplicate:
             counts["ranking", "duplicate"] += ranking_duplicate
+        if ranking_late:
+            counts["ranking", "late"] += ranking_late
         n_new = len(new_at)
         if n_new:
             self._grow(self.size + n_new)
@@ -644,8 +660,12 @@ class Join:
             self.size += n_new
             slots = np.arange(first_new, first_new + n_new, dtype=np.int64)
             self._put_ids(slots)
+            if late_slots:
+                self._late.update(late_slots)
             if self.changed is not None:
                 self.changed.update(slots.tolist())
+                if late_slots:
+                    self.changed.difference_update(late_slots)
             self._due.add_slots(slots, self._serve[span] + self.horizon)
         for slot in early_here:
             self._final[slot - self.base] = True
@@ -887,7 +907,21 @@ class Join:
             return _empty_finalised()
         index = slots - self.base
         self._final[index] = True
+        if self._late:  # late rankings' requests: finalised (remembered, their rows let go), not handed over
+            late = np.fromiter(map(self._late.__contains__, slots.tolist()), dtype=np.bool_, count=slots.shape[0])
+            if late.any():
+                self._late.difference_update(slots[late].tolist())
+                self._view(slots[late], take=True)
+                self._release(slots[late], index[late])
+                slots, index = slots[~late], index[~late]
+                if not slots.shape[0]:
+                    return _empty_finalised()
         finalised = self._view(slots, take=True)
+        self._release(slots, index)
+        return finalised
+
+    def _release(self, slots: Ints, index: Ints) -> None:
+        """What finalised requests no longer need: their duplicate keys, rankings, listings, live changes."""
         slot_list = slots.tolist()
         if self._odd_keys:
             for slot in self._odd_keys.keys() & set(slot_list):
@@ -900,7 +934,6 @@ class Join:
             self._listed.difference_update(slot_list)
         if self.changed:
             self.changed.difference_update(slot_list)
-        return finalised
 
     def current(self, slots: Ints) -> Finalised:
         """Open requests as they stand now (their rows stay): the live windows' view."""
