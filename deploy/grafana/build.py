@@ -453,8 +453,9 @@ def health_panels(ids: Iterator[int]) -> list[timeseries.Panel]:
     return [
         _graph(next(ids), "Events by status",
                "Input events per second by type (ranking, feedback, judgment) and status. ok: applied. invalid: "
-               "rejected by validation (sent to the dead-letters topic with the reason). late: arrived after its "
-               "request was finalised. duplicate: seen before. orphan: feedback whose ranking never arrived. "
+               "rejected by validation (sent to the dead-letters topic with the reason). late: feedback that arrived "
+               "after its request was finalised, or a ranking after its own finalisation point (left out of the "
+               "metrics). duplicate: seen before. orphan: feedback whose ranking never arrived. "
                "Also: event label values folded into experiment=\"__other__\" because a label had too many values.",
                unit="eps")
         .with_target(_query("A", "sum by (type, status) (rate(stream_eval_events_total[$__rate_interval]))",
