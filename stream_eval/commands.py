@@ -27,7 +27,7 @@ _T = TypeVar("_T")
 
 
 def replay_command(args: argparse.Namespace, config: Config) -> int:
-    _check_paths(args.files, [args.output, args.per_request, getattr(args, "html", None), args.ab_trace])
+    check_paths(args.files, [args.output, args.per_request, getattr(args, "html", None), args.ab_trace])
     ubi = None
     if getattr(args, "input_format", "events") == "ubi":
         from stream_eval.events.ubi import ubi_config, ubi_settings
@@ -107,16 +107,16 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     return 1 if engine.unreadable else 0
 
 
-def _check_paths(inputs: list[str], outputs: list[str | None]) -> None:
+def check_paths(inputs: list[str], outputs: list[str | None]) -> None:
     """Refuse, before any work, an input that is a directory and an output whose directory does not exist (or
-    that is a directory itself), rather than after the whole replay."""
+    that is a directory itself, or names one with a trailing ``/``), rather than after the whole replay."""
     for path in inputs:
         if path != "-" and os.path.isdir(path):
             raise ConfigError(f"{path}: is a directory; give the files in it (e.g. {os.path.join(path, '*.parquet')})")
     for output in outputs:
         if not output or output == "-":
             continue
-        if os.path.isdir(output):
+        if os.path.isdir(output) or output.endswith(("/", os.sep)):
             raise ConfigError(f"{output}: is a directory, not a file to write")
         if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
             raise FileNotFoundError(errno.ENOENT, "no such file", output)
@@ -230,6 +230,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         given.append("--partitions")
     if given:  # (they were ignored without a word: a user who forgot --broker would wait for a paced file)
         raise ConfigError(f"simulate: {', '.join(given)}: only with --broker (sending to Kafka)")
+    check_paths([], [args.output])
     sim = _simulation(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
                       judgments=args.judgments, unit=args.unit, behaviour=args.behaviour, pre_period=args.pre_period,
                       preference=args.preference)

@@ -525,6 +525,9 @@ def _lines(path: str) -> list[bytes]:
 
 def trec_command(args: argparse.Namespace) -> int:
     """``stream-eval trec QRELS RUN``."""
+    from stream_eval.commands import check_paths
+
+    check_paths([args.qrels, args.run], [args.output])
     qrels = read_qrels(_lines(args.qrels), args.qrels)
     run = read_run(_lines(args.run), args.run)
     measures = parse_measures(args.measure or ["official"])

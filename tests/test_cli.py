@@ -679,3 +679,17 @@ def test_paths_it_cannot_use_are_refused_before_the_replay(tmp_path: Path, log: 
         assert result.returncode == 2, (args, result.stderr.decode())
         assert result.stdout == b"" and b"Traceback" not in result.stderr, args
         assert str(args[-1]).encode() in result.stderr, (args, result.stderr)
+
+
+def test_outputs_that_name_directories_are_refused_by_every_command(tmp_path: Path, log: Path) -> None:
+    """An output that is a directory, or ends in ``/``, gave a traceback (IsADirectoryError), in replay only after
+    the whole replay; ``simulate -o`` and ``trec -o`` were not checked at all."""
+    qrels, run = tmp_path / "qrels", tmp_path / "run"
+    qrels.write_text("1 0 d1 1\n")
+    run.write_text("1 Q0 d1 1 1.0 r\n")
+    for args in (["replay", log, "-o", f"{tmp_path / 'nowhere'}/"], ["replay", log, "--ab-trace", f"{tmp_path}/"],
+                 ["simulate", "--requests", "5", "-o", tmp_path], ["trec", qrels, run, "-o", tmp_path]):
+        result = cli(*args)
+        assert result.returncode == 2, (args, result.stderr.decode())
+        assert b"is a directory, not a file to write" in result.stderr and b"Traceback" not in result.stderr, args
+    assert cli("trec", qrels, run, "-o", tmp_path / "out.txt").returncode == 0
