@@ -213,9 +213,14 @@ class CompactRanking(msgspec.Struct, gc=False):
         # score: the scores of a zero-result request are none.
         scores = None if not event.scores else bytes(memoryview(_SCORES_ENCODER.encode(event.scores)))
         return cls(event.request_id, text, len(items), event.ts, scores,  # type: ignore[arg-type]  # validated: ts is float
-                   event.query_id or None, event.session_id or None, event.experiment or "default",
-                   event.arm or "default", event.teams, event.subtopics, event.unit_id or None,
-                   event.attributes or None)  # (an empty id or name is one not given: docs/contract.md §1)
+                   *_named(event))
+
+
+def _named(event: Ranking) -> tuple[Any, ...]:
+    """A ranking's fields after its scores, as :class:`CompactRanking` takes them: an empty id or name is one not
+    given (docs/contract.md §1), and so are empty ``attributes``."""
+    return (event.query_id or None, event.session_id or None, event.experiment or "default", event.arm or "default",
+            event.teams, event.subtopics, event.unit_id or None, event.attributes or None)
 
 
 _RAW_ITEMS = attrgetter("items")
@@ -412,9 +417,7 @@ class Validator:
         """The checks left once items and scores are known good, and the compact ranking."""
         if event.teams is not None or event.subtopics is not None:
             self._check_lengths(event, n, ("teams", "subtopics"))
-        return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, event.query_id or None,
-                              event.session_id or None, event.experiment or "default", event.arm or "default",
-                              event.teams, event.subtopics, event.unit_id or None, event.attributes or None)
+        return CompactRanking(event.request_id, text, n, self.time(event.ts), scores, *_named(event))
 
     def _check_items(self, items: list[str]) -> None:
         n = len(items)
