@@ -83,6 +83,7 @@ __all__ = [
     "INTERLEAVED_ARM",
     "INTERLEAVE_SHARE",
     "JUDGMENT_RATE",
+    "MAX_PREFERENCE",
     "TRUE_EFFECT_REQUESTS",
     "UNITS",
     "SimulationConfig",
@@ -127,6 +128,9 @@ DWELL_LONG = 90.0
 
 ZERO_RESULT_RATE = 0.02
 """Share of requests that serve an empty list, with ``behaviour``."""
+
+MAX_PREFERENCE = 50.0
+"""The largest ``preference``: ``exp(preference * z)`` stays a float64 for every ``z`` a normal draw gives."""
 
 N_SUBTOPICS = 6
 """Number of subtopics per query when ``subtopics`` is on (``t1 .. t6``)."""
@@ -202,7 +206,8 @@ class SimulationConfig:
             units that come back later have a pre-period (CUPED's covariate). 0: none.
         preference: With ``unit="user"``: the spread of each user's persistent click propensity (a user's chance
             to click an examined item is ``1 - (1 - p) ** exp(preference * z)``, ``z ~ N(0, 1)`` drawn once per
-            user), so that a user's metrics before the experiment predict them during it. 0: none.
+            user), so that a user's metrics before the experiment predict them during it. 0: none; at most
+            :data:`MAX_PREFERENCE`.
         dwell_scale: With ``behaviour``: ``(arm, factor)`` pairs scaling the mean dwell after every click on a list
             the arm served (an item of an interleaved list: its team's arm), e.g. ``(("clickbait", 0.4),)``: a ranker
             that puts items first whose pages users leave quickly. Its clicks, and so its relevance measures, stay
@@ -299,8 +304,8 @@ class SimulationConfig:
             raise ValueError(f"all {self.requests:,} requests fall in the pre-period ({span:,.0f} s of event time at "
                              f"{self.rate:g} requests/s, pre-period {self.pre_period:,.0f} s): no experiment "
                              "traffic; ask for more requests or a shorter pre-period")
-        if not (self.preference >= 0 and math.isfinite(self.preference)):
-            raise ValueError("preference must be >= 0")
+        if not 0 <= self.preference <= MAX_PREFERENCE:  # (above it, exp(preference * z) leaves float64)
+            raise ValueError(f"preference must be between 0 and {MAX_PREFERENCE:g} (e.g. 0.8)")
         if self.preference > 0 and self.unit != "user":
             raise ValueError("preference needs unit='user' (a preference belongs to a returning user)")
         if self.interleaving and INTERLEAVED_ARM in names:

@@ -614,14 +614,18 @@ def test_simulate_then_replay(tmp_path: Path) -> None:
 
 
 def test_simulate_settings_it_cannot_use_are_a_message_not_a_traceback(tmp_path: Path) -> None:
-    """A pre-period that would hold every request (no experiment traffic), a preference without users: exit 2
-    with the reason, and no file written."""
+    """A pre-period that would hold every request (no experiment traffic), a preference without users, one so
+    large that the propensities overflowed (a numpy warning, then users who always or never click): exit 2 with
+    the reason, and no file written."""
     out = tmp_path / "sim.jsonl"
     result = cli("simulate", "--unit", "user", "--pre-period", "1d", "--preference", "0.8", "-o", out)
     assert result.returncode == 2 and b"all 1,000 requests fall in the pre-period" in result.stderr
     assert b"Traceback" not in result.stderr and not out.exists()
     result = cli("simulate", "--preference", "0.8", "-o", out)
     assert result.returncode == 2 and b"preference needs unit='user'" in result.stderr
+    result = cli("simulate", "--unit", "user", "--preference", "1000", "-o", out)
+    assert result.returncode == 2 and b"preference must be between 0 and 50" in result.stderr
+    assert b"Warning" not in result.stderr and not out.exists()
 
 
 @pytest.mark.parametrize("options", [["--rate", "500"], ["--topic-prefix", "x", "--no-flush", "--security-protocol",
