@@ -17,6 +17,7 @@ from stream_eval.config import Config, ConfigError
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.replay import Progress, ProgressBar, is_parquet, replay, total_size
 from stream_eval.export.report import PerRequestWriter, to_json, to_table
+from stream_eval.metrics.specs import request_specs
 
 if TYPE_CHECKING:
     from stream_eval.events.ubi import UbiCounts, UbiSettings
@@ -52,7 +53,7 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     with ExitStack() as stack:
         writer = None
         if args.per_request:
-            writer = _per_request_writer(args.per_request, stack)
+            writer = _per_request_writer(args.per_request, stack, config)
         progress = None
         if not args.no_progress and sys.stderr.isatty():
             progress = ProgressBar(total_size(args.files))
@@ -194,12 +195,13 @@ def _columns(args: argparse.Namespace) -> dict[str, str] | None:
     return parse_columns(args.columns)
 
 
-def _per_request_writer(path: str, stack: ExitStack) -> Callable[[FinalisedBatch], object]:
+def _per_request_writer(path: str, stack: ExitStack, config: Config) -> Callable[[FinalisedBatch], object]:
     """``--per-request``: Parquet when the name ends ``.parquet``, else JSON Lines."""
     if is_parquet(path):
         from stream_eval.export.parquet import ParquetPerRequestWriter
 
-        return stack.enter_context(ParquetPerRequestWriter(path))
+        metrics = [spec.name for spec in request_specs(config)]
+        return stack.enter_context(ParquetPerRequestWriter(path, metrics))
     return PerRequestWriter(stack.enter_context(open(path, "wb")))
 
 

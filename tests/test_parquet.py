@@ -134,6 +134,23 @@ def test_cli_columns_mapping_and_per_request_parquet(simulated: list[dict[str, A
         assert {name: row[name] for name in record["metrics"]} == record["metrics"]
 
 
+def test_per_request_parquet_without_requests_has_the_same_columns(simulated: list[dict[str, Any]],
+                                                                  tmp_path: Path) -> None:
+    """A run that finalises no request (an empty log, feedback only) writes a file with the metric columns too, as
+    a run with rows does, so that the files of several runs read as one dataset; it had the id columns only."""
+    write_jsonl_rows(simulated, tmp_path / "log.jsonl")
+    write_jsonl_rows([row for row in simulated if row["type"] == "feedback"], tmp_path / "feedback.jsonl")
+    schemas = []
+    for name in ("log", "feedback"):
+        out = tmp_path / f"{name}.parquet"
+        result = run_cli("replay", str(tmp_path / f"{name}.jsonl"), "--format", "json", "--cutoffs", "3,5",
+                         "--per-request", str(out))
+        assert result.returncode == 0, result.stderr
+        schemas.append(pq.read_schema(out))
+    assert pq.read_table(tmp_path / "feedback.parquet").num_rows == 0
+    assert "nDCG@5" in schemas[0].names and schemas[1] == schemas[0]
+
+
 @pytest.mark.slow
 def test_rows_without_type_column_and_timestamps(tmp_path: Path) -> None:
     """Without a ``type`` column a row with items is a ranking, one with an item feedback; ``ts`` a timestamp."""

@@ -3,6 +3,7 @@ request, with the record's ids and one float column per metric (null where the J
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import TracebackType
 
 import numpy as np
@@ -15,8 +16,10 @@ from stream_eval.engine.engine import ID_FIELDS, FinalisedBatch
 class ParquetPerRequestWriter:
     """Writes each finalised batch as a row group of ``path`` (the file is complete once closed)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, metrics: Sequence[str] = ()) -> None:
+        """``metrics``: the metric columns a file with no request finalised still has (the batches' otherwise)."""
         self.path = path
+        self.metrics = list(metrics)
         self.written = 0
         self._writer: pq.ParquetWriter | None = None
 
@@ -33,9 +36,11 @@ class ParquetPerRequestWriter:
         self.written += len(batch.states)
 
     def close(self) -> None:
-        """Finish the file; with no request finalised, a file of the id columns and no rows."""
+        """Finish the file; with no request finalised, a file of the id and metric columns and no rows (the same
+        schema as a file with rows, so that files of several runs read as one dataset)."""
         if self._writer is None:
-            pq.write_table(pa.table({name: pa.array([], pa.string()) for name in ID_FIELDS}), self.path)
+            pq.write_table(pa.table({**{name: pa.array([], pa.string()) for name in ID_FIELDS},
+                                     **{name: pa.array([], pa.float64()) for name in self.metrics}}), self.path)
             return
         self._writer.close()
 
