@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib.util
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -108,12 +111,17 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     return 1 if engine.unreadable else 0
 
 
-def check_paths(inputs: list[str], outputs: list[str | None]) -> None:
+def check_paths(inputs: list[str], outputs: list[str | None], several: bool = True) -> None:
     """Refuse, before any work, an input that is a directory and an output whose directory does not exist (or
-    that is a directory itself, or names one with a trailing ``/``), rather than after the whole replay."""
+    that is a directory itself, or names one with a trailing ``/``), rather than after the whole replay.
+
+    ``several``: the command takes several inputs, and the message names the directory's files as a glob (of
+    the kind of file most of them are)."""
     for path in inputs:
         if path != "-" and os.path.isdir(path):
-            raise ConfigError(f"{path}: is a directory; give the files in it (e.g. {os.path.join(path, '*.parquet')})")
+            if not several:
+                raise ConfigError(f"{path}: is a directory, not a file to read")
+            raise ConfigError(f"{path}: is a directory; give the files in it (e.g. {_glob_of(path)})")
     for output in outputs:
         if not output or output == "-":
             continue
@@ -121,6 +129,24 @@ def check_paths(inputs: list[str], outputs: list[str | None]) -> None:
             raise ConfigError(f"{output}: is a directory, not a file to write")
         if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
             raise FileNotFoundError(errno.ENOENT, "no such file", output)
+
+
+def _glob_of(directory: str) -> str:
+    """``directory/*.EXT`` for the suffix most of its files have (``.jsonl``, ``.jsonl.gz``, ``.parquet``...), else
+    ``directory/*``."""
+    with contextlib.suppress(OSError):
+        suffixes = Counter(_suffix(name) for name in os.listdir(directory)
+                           if not name.startswith(".") and os.path.isfile(os.path.join(directory, name)))
+        suffixes.pop("", None)
+        if suffixes:
+            return os.path.join(directory, "*" + max(sorted(suffixes), key=suffixes.__getitem__))
+    return os.path.join(directory, "*")
+
+
+def _suffix(name: str) -> str:
+    """A file name's kind: ``.jsonl``, ``.jsonl.gz`` (a compressed file's suffix with the one before it)."""
+    suffixes = Path(name).suffixes
+    return "".join(suffixes[-2:] if suffixes and suffixes[-1] == ".gz" else suffixes[-1:])
 
 
 def _check_ubi_inputs(command: str, files: list[str], columns: str | None) -> None:

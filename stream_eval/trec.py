@@ -527,7 +527,7 @@ def trec_command(args: argparse.Namespace) -> int:
     """``stream-eval trec QRELS RUN``."""
     from stream_eval.commands import check_paths
 
-    check_paths([args.qrels, args.run], [args.output])
+    check_paths([args.qrels, args.run], [args.output], several=False)
     qrels = read_qrels(_lines(args.qrels), args.qrels)
     run = read_run(_lines(args.run), args.run)
     measures = parse_measures(args.measure or ["official"])

@@ -685,6 +685,21 @@ def test_paths_it_cannot_use_are_refused_before_the_replay(tmp_path: Path, log: 
         assert str(args[-1]).encode() in result.stderr, (args, result.stderr)
 
 
+def test_a_directory_as_input_is_named_with_the_files_it_holds(tmp_path: Path) -> None:
+    """The message for a directory given as an input suggested ``DIR/*.parquet`` whatever the directory held, and
+    did so for ``trec``'s QRELS and RUN too, which are one file each."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("day1.jsonl.gz", "day2.jsonl.gz", "notes.txt", ".hidden.parquet"):
+        (logs / name).write_bytes(b"")
+    result = cli("replay", logs, "--format", "json")
+    assert result.returncode == 2 and f"e.g. {logs / '*.jsonl.gz'})".encode() in result.stderr, result.stderr
+    run = tmp_path / "run"
+    run.write_text("1 Q0 d1 1 1.0 r\n")
+    result = cli("trec", logs, run)
+    assert result.returncode == 2 and b"is a directory, not a file to read" in result.stderr, result.stderr
+
+
 def test_outputs_that_name_directories_are_refused_by_every_command(tmp_path: Path, log: Path) -> None:
     """An output that is a directory, or ends in ``/``, gave a traceback (IsADirectoryError), in replay only after
     the whole replay; ``simulate -o`` and ``trec -o`` were not checked at all."""
