@@ -357,7 +357,9 @@ def _bad_log(tmp_path: Path) -> tuple[Path, Path]:
             "object_id_field": "sku"}
     queries = [
         good,
-        {**good, "query_id": "q-none", "query_response_hit_ids": []},  # no hits: no ranking, ignored
+        {**good, "query_id": "q-none", "query_response_hit_ids": []},  # no hits: a zero-result ranking
+        {key: value for key, value in good.items() if key != "query_response_hit_ids"} | {
+            "query_id": "q-unlisted"},  # no list of hits: nothing to evaluate, left out
         {key: value for key, value in good.items() if key != "query_id"},  # missing_query_id
         {**good, "query_id": "q-bad-ts", "timestamp": "yesterday"},  # bad_ts
         {**good, "query_id": "q-naive-ts", "timestamp": "2026-03-02T09:00:00"},  # bad_ts: no offset
@@ -419,13 +421,52 @@ def test_bad_records_are_counted_with_reason_codes_and_never_stop_a_run(tmp_path
     rejected = {(e.where, e.code) for batch in decoded(UbiConverter(Config(kinds=(("purchase", 3.0),))).convert(
         read_records(str(queries)), read_records(str(events))), Config(kinds=(("purchase", 3.0),)))
         for e in batch if isinstance(e, Invalid)}
-    assert {(f"{queries}:7", "bad_items"), (f"{queries}:9", "bad_json"), (f"{events}:3", "unknown_hit"),
+    assert {(f"{queries}:8", "bad_items"), (f"{queries}:10", "bad_json"), (f"{events}:3", "unknown_hit"),
             (f"{events}:4", "ordinal_mismatch")} <= rejected and len(rejected) == 14
     assert report["ubi"]["ignored_actions"] == {"hover": 1}
-    assert report["ubi"]["queries_without_hits"] == 1 and report["ubi"]["events_of_queries_without_hits"] == 1
+    assert report["ubi"]["queries_without_hits"] == 2 and report["ubi"]["zero_result_rankings"] == 1
+    assert report["ubi"]["events_of_queries_without_hits"] == 1
     # q1 is evaluated with B clicked (the first event) and A (given by its ordinal); the click on q-never: orphan
-    assert report["events"]["ranking"] == 1 and report["events"]["feedback"] == 3 and report["events"]["orphan"] == 1
+    # (the query without hits is a zero-result ranking)
+    assert report["events"]["ranking"] == 2 and report["events"]["feedback"] == 3 and report["events"]["orphan"] == 1
     assert report["overall"]["metrics"]["MRR"] == 1.0 and report["overall"]["metrics"]["P@10"] == pytest.approx(0.2)
+
+
+def test_a_query_without_hits_is_a_zero_result_ranking(tmp_path: Path) -> None:
+    """A query whose search found nothing was left out, so that ``ZeroResult`` was 0 on every UBI log and the
+    reformulations through it were not seen. It is a ranking of an empty list, as in an event log: the report
+    equals that of the same events written by hand; its events are left out, counted."""
+    def at(seconds: float) -> str:
+        return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+    texts = {"q1": "shoes", "q2": "red shoes", "q3": "blue shoes", "q4": "socks"}
+    hits = {"q1": ["A", "B", "C"], "q2": [], "q3": ["D", "E"], "q4": ["F"]}
+    queries = [{"query_id": q, "client_id": "c1", "user_query": texts[q], "query_response_hit_ids": hits[q],
+                "timestamp": at(10 * k), **({"session_id": "s1"} if q != "q4" else {})}
+               for k, q in enumerate(texts)]
+    clicks = [("q1", "B", 2, 3), ("q2", "X", 1, 13), ("q3", "D", 1, 23)]
+    events = [{"action_name": "click", "query_id": q, "client_id": "c1", "timestamp": at(t), "session_id": "s1",
+               "event_attributes": {"object": {"object_id": item}, "position": {"ordinal": ordinal}}}
+              for q, item, ordinal, t in clicks]
+    assert_valid(queries, events)
+    by_hand = [{"type": "ranking", "request_id": q["query_id"],
+                "ts": datetime.fromisoformat(q["timestamp"]).timestamp(), "items": q["query_response_hit_ids"],
+                "query_id": q["user_query"], "unit_id": "c1",
+                "experiment": "default", "arm": "default", **({"session_id": "s1"} if "session_id" in q else {})}
+               for q in queries]
+    by_hand += [{"type": "feedback", "request_id": q, "item": item, "kind": "click",
+                 "ts": datetime.fromisoformat(at(t)).timestamp()} for q, item, _, t in clicks if q != "q2"]
+    by_hand.sort(key=lambda event: event["ts"])
+    metrics = ("--metrics", "default,behaviour")
+    report, stderr = ubi_replayed(jsonl(tmp_path / "q.jsonl", queries), jsonl(tmp_path / "e.jsonl", events), *metrics)
+    expected, _ = replayed(jsonl(tmp_path / "hand.jsonl", by_hand), *metrics)
+    del report["config"]["kinds"], expected["config"]["kinds"]  # (UBI's action names are kinds of their own)
+    assert without_ubi(report) == expected
+    assert report["overall"]["requests"] == 4 and report["overall"]["metrics"]["ZeroResult"] == 0.25
+    assert report["overall"]["metrics"]["Reformulation"] == 0.5  # q1 -> q2 -> q3 within the gap, unsatisfied
+    assert report["ubi"]["queries_without_hits"] == report["ubi"]["zero_result_rankings"] == 1
+    assert report["ubi"]["events_of_queries_without_hits"] == 1
+    assert "1 queries without hits (1 zero-result rankings, 0 without a list of hits left out; their 1 events" in stderr
 
 
 def test_ordinal_checks_and_settings_from_the_config(tmp_path: Path) -> None:

@@ -199,13 +199,15 @@ def normalise_query(text: str) -> str:
 class UbiCounts:
     """What the conversion saw: records read, events made, records rejected (by ``kind: code``) and ignored."""
 
-    __slots__ = ("queries", "events", "rankings", "feedback", "invalid", "ignored", "no_hits", "of_no_hits")
+    __slots__ = ("queries", "events", "rankings", "feedback", "invalid", "ignored", "no_hits", "zero_results",
+                 "of_no_hits")
 
     def __init__(self) -> None:
         self.queries = self.events = self.rankings = self.feedback = 0
         self.invalid: Counter[str] = Counter()
         self.ignored: Counter[str] = Counter()  # events by action name
-        self.no_hits = 0  # queries without hits (no ranking to evaluate)
+        self.no_hits = 0  # queries without hits: an empty list (zero-result rankings) or none
+        self.zero_results = 0  # ... of them an empty list
         self.of_no_hits = 0  # events of such queries
 
     def ignore(self, action: str) -> None:
@@ -217,7 +219,8 @@ class UbiCounts:
         """The ``ubi`` section of the report."""
         return {"queries": self.queries, "events": self.events, "rankings": self.rankings, "feedback": self.feedback,
                 "invalid": dict(self.invalid.most_common()), "ignored_actions": dict(self.ignored.most_common()),
-                "queries_without_hits": self.no_hits, "events_of_queries_without_hits": self.of_no_hits}
+                "queries_without_hits": self.no_hits, "zero_result_rankings": self.zero_results,
+                "events_of_queries_without_hits": self.of_no_hits}
 
     def describe(self) -> str:
         """One line for the terminal."""
@@ -229,7 +232,9 @@ class UbiCounts:
             more = ", ..." if len(self.ignored) > 5 else ""
             text += f"; ignored {ignored:,} events of actions not mapped to feedback ({names}{more})"
         if self.no_hits:
-            text += f"; {self.no_hits:,} queries without hits (and their {self.of_no_hits:,} events) left out"
+            text += (f"; {self.no_hits:,} queries without hits ({self.zero_results:,} zero-result rankings, "
+                     f"{self.no_hits - self.zero_results:,} without a list of hits left out; their "
+                     f"{self.of_no_hits:,} events left out)")
         if self.invalid:
             rejected = ", ".join(f"{reason} x{n}" for reason, n in self.invalid.most_common())
             text += f"; rejected {sum(self.invalid.values()):,} records ({rejected})"
@@ -644,7 +649,9 @@ class UbiConverter:
             self._query_times.append((ts, request_id))
         if not hits:
             self.counts.no_hits += 1
-            return ts
+            if raw_hits is None:  # (no list of hits logged: nothing to evaluate)
+                return ts
+            self.counts.zero_results += 1  # (a search that found nothing: a zero-result ranking, as in an event log)
         return query
 
     def _attributes_of(self, record: dict[str, Any]) -> dict[str, str] | None:
