@@ -172,6 +172,13 @@ def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_
     # a tighter tolerance that b has not been shown within: keep running
     strict = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.001}\n'))
     assert {r["treatment"]: r["recommendation"] for r in strict.experiments()}["b-better"] == "keep running"
+    # a guardrail no unit has a value of (no subtopics in this log: no alpha-nDCG row) has shown nothing: it was
+    # left out, and b shipped
+    unseen = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"alpha-nDCG@10" = -0.01}\n'))
+    assert not [row for row in unseen.ab() if row["metric"] == "alpha-nDCG@10"]
+    recommendation = {r["treatment"]: r for r in unseen.experiments()}
+    assert recommendation["b-better"]["recommendation"] == "keep running"
+    assert recommendation["b-better"]["unproven"] == ["alpha-nDCG@10"]
 
 
 def test_only_the_named_primary_metrics_can_ship_a_treatment(tmp_path: Path) -> None:
