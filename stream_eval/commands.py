@@ -88,6 +88,12 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         if empty and seen:
             print(f"stream-eval: warning: experiment {row['experiment']}: no unit came to {', '.join(map(repr, empty))}"
                   f" (arms with units: {', '.join(seen)}); check [experiments.{row['experiment']}]", file=sys.stderr)
+    seen_experiments = sorted({group["experiment"] for group in report.get("groups", [])})
+    unseen = [name for name, _ in config.experiments if name not in seen_experiments]
+    if unseen and report.get("groups"):  # a configured experiment that no request came to: a typo, most likely
+        print(f"stream-eval: warning: no request of experiment {', '.join(map(repr, unseen))}, which --config sets "
+              f"(experiments seen: {', '.join(seen_experiments)}); check the [experiments.NAME] tables' names",
+              file=sys.stderr)
     examples = [f"{e.where or '?'}: {e.kind}: {e.reason}" for e in engine.invalid_examples]
     for line in examples[:5]:
         print(f"stream-eval: invalid {line}", file=sys.stderr)

@@ -300,3 +300,10 @@ def test_a_configured_arm_no_unit_came_to_is_warned_of(tmp_path: Path) -> None:
     fine = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "-o", str(tmp_path / "f.json")],
                           capture_output=True, text=True, timeout=120)
     assert "warning" not in fine.stderr
+    # an experiment's table under another name (exp_1 for exp1): its control and guardrails were silently not used
+    config.write_text('[experiments.exp_1]\ncontrol = "b-better"\n')
+    typo = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "--config", str(config),
+                           "-o", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
+    assert typo.returncode == 0, typo.stderr
+    assert ("warning: no request of experiment 'exp_1', which --config sets (experiments seen: exp1)"
+            in typo.stderr)
