@@ -285,25 +285,25 @@ def test_gsb_verdicts_all_the_same_decide_by_the_sign_test(tmp_path: Path) -> No
 
 def test_a_configured_arm_no_unit_came_to_is_warned_of(tmp_path: Path) -> None:
     """``control = "a-contrl"`` (a typo) was taken silently: every treatment compared with an empty control.
-    ``replay`` now says which configured arm got no unit, next to the arms that did."""
+    ``replay`` now says which configured arm got no unit, next to the arms that did; and which configured
+    experiment no request named (``exp_1`` for ``exp1``: its control and guardrails were silently not used)."""
     import subprocess
     import sys
 
     log = _log(tmp_path, ARMS, "three.jsonl")
     config = tmp_path / "typo.toml"
-    config.write_text('[experiments.exp1]\ncontrol = "a-contrl"\n')
-    done = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "--config", str(config),
-                           "-o", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+
+    def stderr(table: str | None) -> str:
+        if table is not None:
+            config.write_text(table)
+        done = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "-o", str(tmp_path / "r"),
+                               *(["--config", str(config)] if table is not None else [])],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
     assert ("warning: experiment exp1: no unit came to 'a-contrl' (arms with units: a-control, b-better, c-worse)"
-            in done.stderr)
-    fine = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "-o", str(tmp_path / "f.json")],
-                          capture_output=True, text=True, timeout=120)
-    assert "warning" not in fine.stderr
-    # an experiment's table under another name (exp_1 for exp1): its control and guardrails were silently not used
-    config.write_text('[experiments.exp_1]\ncontrol = "b-better"\n')
-    typo = subprocess.run([sys.executable, "-m", "stream_eval.cli", "replay", str(log), "--config", str(config),
-                           "-o", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=120)
-    assert typo.returncode == 0, typo.stderr
+            in stderr('[experiments.exp1]\ncontrol = "a-contrl"\n'))
+    assert "warning" not in stderr(None)
     assert ("warning: no request of experiment 'exp_1', which --config sets (experiments seen: exp1)"
-            in typo.stderr)
+            in stderr('[experiments.exp_1]\ncontrol = "b-better"\n'))
