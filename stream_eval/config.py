@@ -589,6 +589,10 @@ def _guardrails(name: str, value: object) -> tuple[tuple[str, Tolerance], ...]:
     return tuple(out)
 
 
+MIN_SHARE = 1e-9
+"""The smallest share of the units a ``split`` may give an arm (of the total; a sample-ratio test needs some)."""
+
+
 def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
     if not isinstance(value, Mapping) or len(value) < 2:
         raise ConfigError(f"experiments.{name}.split: expected a table of two or more arm = share, e.g. "
@@ -596,8 +600,14 @@ def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
     shares = {str(arm): _number(f"experiments.{name}.split.{arm}")(share) for arm, share in value.items()}
     if any(not share > 0 for share in shares.values()):
         raise ConfigError(f"experiments.{name}.split: every share must be positive, got {shares}")
-    total = sum(shares.values())
-    return tuple(sorted((arm, share / total) for arm, share in shares.items()))
+    largest = max(shares.values())  # (scaled to it first: shares of 1e308 do not sum to inf)
+    total = sum(share / largest for share in shares.values())
+    scaled = {arm: share / largest / total for arm, share in shares.items()}
+    smallest = min(scaled, key=scaled.__getitem__)
+    if scaled[smallest] < MIN_SHARE:
+        raise ConfigError(f"experiments.{name}.split: {smallest!r} would get {scaled[smallest]:.3g} of the units; "
+                          f"every share must be at least {MIN_SHARE:g} of the total")
+    return tuple(sorted(scaled.items()))
 
 
 READERS: dict[str, Any] = {

@@ -49,10 +49,19 @@ def test_control_alone_makes_every_other_arm_a_treatment() -> None:
     ('[experiments.e]\ncontrol = "a"\ntreatment = "a"\n', "cannot be a treatment too"),
     ('[experiments.e]\ncontrol = "x"\nsplit = {a = 1, b = 1}\n', "arms of the split"),
     ('[experiments.e]\ncontrl = "a"\n', "unknown setting"),
+    # (an arm with almost nothing, which made the SRM check fail with a traceback after the whole replay)
+    ('[experiments.e]\nsplit = {a = 1e300, b = 1e-300}\n', "'b' would get 0 of the units"),
+    ('[experiments.e]\nsplit = {a = 1, b = 1e-320}\n', "at least 1e-09 of the total"),
 ])
 def test_experiment_tables_that_cannot_be_used_are_refused(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _config(text)
+
+
+def test_shares_too_large_to_sum_are_scaled() -> None:
+    """Shares of 1e308 summed to infinity: every expected share was 0, and the SRM check failed with a traceback
+    after the whole replay."""
+    assert _config('[experiments.e]\nsplit = {a = 1e308, b = 1e308}\n').split_for("e", set()) == {"a": 0.5, "b": 0.5}
 
 
 def test_a_config_file_with_three_arms(tmp_path: Path) -> None:
