@@ -34,7 +34,7 @@ from stream_eval.config import Config, ConfigError
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.events.schema import Feedback, Ranking, validate
 from stream_eval.metrics.ranked_lists import LIST_MEASURES, MIN_GEO_MEAN, NONPOOL, UNJUDGED, RankedLists, relstring
-from stream_eval.metrics.specs import MetricNameError, MetricSpec, parse
+from stream_eval.metrics.specs import BEHAVIOUR_METRICS, MetricNameError, MetricSpec, parse, select
 
 #: trec_eval's cutoffs of P, recall, ndcg_cut, map_cut and relative_P.
 CUTOFFS = (5, 10, 15, 20, 30, 100, 200, 500, 1000)
@@ -207,8 +207,8 @@ def parse_measures(requests: Iterable[str]) -> list[Measure]:
             found = TREC_MEASURES.get(family)
             if found is not None and found.params in ("cutoffs", "fractions") and text:
                 measure, dot = found, "."
-        if measure is None:
-            registry[_registry_name(request)] = None
+        if measure is None:  # (with its companion: RBP(p=0.8) brings RBP-Res(p=0.8), as in replay)
+            registry.update(dict.fromkeys(spec.name for spec in select([_registry_name(request)], ())))
             continue
         if not dot:
             chosen.setdefault(measure.name, None)
@@ -245,6 +245,9 @@ def _registry_name(request: str) -> str:
                         f"registry ({exc})") from None
     if spec.needs_subtopics:
         raise TrecError(f"-m {request}: {spec.family} needs the items' subtopics, which qrels do not have")
+    if spec.family in BEHAVIOUR_METRICS:
+        raise TrecError(f"-m {request}: {spec.family} is a measure of what users did (clicks, dwell, sessions), "
+                        "which qrels and runs do not have; trec evaluates relevance measures")
     return spec.name
 
 

@@ -169,7 +169,8 @@ def test_registry_names_agree_with_ir_measures(data: tuple[Qrels, RunScores], le
     them out."""
     qrels, run = data
     per_query, summary = ours(*write_files(qrels, run, tmp_path, extra=2), REGISTRY_NAMES, level=level)
-    assert list(summary) == ["nDCG@10", "RBP(p=0.8)", "Judged@10", "P(rel=2)@5", "AP@3", "RR", "R-Prec", "R@4"]
+    assert list(summary) == ["nDCG@10", "RBP(p=0.8)", "RBP-Res(p=0.8)", "Judged@10", "P(rel=2)@5", "AP@3", "RR",
+                             "R-Prec", "R@4"]
     oracle = {"nDCG@10": "nDCG@10", "RBP(p=0.8)": f"RBP(p=0.8,rel={level})", "Judged@10": "Judged@10",
               "P(rel=2)@5": "P(rel=2)@5", "AP@3": f"AP(rel={level})@3", "RR": f"RR(rel={level})",
               "R-Prec": f"Rprec(rel={level})", "R@4": f"R(rel={level})@4"}
@@ -237,6 +238,12 @@ def test_measures_parse_as_trec_eval_reads_them() -> None:
         with pytest.raises(TrecError):
             parse_measures([bad])
     assert set(NICKNAMES["all_trec"]) <= set(TREC_MEASURES)
+    # RBP brings its residual along, as in replay (it was left out of the text output)
+    assert [m.trec_name for m in parse_measures(["RBP(p=0.8)", "map"])] == ["map", "RBP(p=0.8)", "RBP-Res(p=0.8)"]
+    # measures of what users did: a clear refusal (it was a message about gsb_metric, a setting never given)
+    for behaviour in ("Reformulation", "QueriesPerSession", "CTR@10"):
+        with pytest.raises(TrecError, match="a measure of what users did"):
+            parse_measures([behaviour])
 
 
 def test_bad_files_are_errors() -> None:
