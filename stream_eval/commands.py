@@ -44,6 +44,7 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         print("stream-eval replay: Parquet needs pyarrow; install it with: "
               "python3 -m pip install 'stream-eval[parquet]'", file=sys.stderr)
         return 2
+    columns = _columns(args) if ubi is None else None  # (refused before any output is opened)
     html_data = None
     if getattr(args, "html", None):
         if importlib.util.find_spec("plotly") is None:
@@ -74,7 +75,7 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         if ubi is not None:
             engine, counts = _replay_ubi(args.files, config, ubi, on_finalised, progress, on_look, attach)
         else:
-            engine = replay(args.files, config, on_finalised, progress, on_look, attach=attach, columns=_columns(args))
+            engine = replay(args.files, config, on_finalised, progress, on_look, attach=attach, columns=columns)
         if progress is not None:
             progress.close()
     report = engine.report()
@@ -222,6 +223,9 @@ def _columns(args: argparse.Namespace) -> dict[str, str] | None:
     """``--columns FIELD=COLUMN,...`` as a dict (None when not given)."""
     if not getattr(args, "columns", None):
         return None
+    if not any(is_parquet(path) for path in args.files):  # (a JSON line names its fields itself)
+        raise ConfigError("--columns maps the columns of Parquet inputs (a name ending .parquet); none is given, "
+                          "and JSON Lines are read by their field names")
     from stream_eval.events.parquet import parse_columns
 
     return parse_columns(args.columns)

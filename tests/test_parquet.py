@@ -190,6 +190,12 @@ def test_bad_columns_are_errors(tmp_path: Path) -> None:
     assert result.returncode == 2 and "no column 'rid'" in result.stderr
     result = run_cli("replay", str(tmp_path / "x.parquet"), "--format", "json")
     assert result.returncode == 2 and "nothing says what a row is" in result.stderr
+    # JSON Lines name their fields: --columns was ignored without a word
+    (tmp_path / "x.jsonl").write_text("")
+    result = run_cli("replay", str(tmp_path / "x.jsonl"), "--columns", "request_id=x", "--per-request",
+                     str(tmp_path / "out.jsonl"))
+    assert result.returncode == 2 and "--columns maps the columns of Parquet inputs" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out.jsonl").exists()
 
 
 @pytest.mark.slow
