@@ -190,6 +190,27 @@ def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_
     assert recommendation["b-better"]["unproven"] == ["alpha-nDCG@10"]
 
 
+def test_the_table_view_shows_each_treatment_its_lift_guardrails_and_recommendation(tmp_path: Path) -> None:
+    """The terminal's table (replay's default there) had no treatment in its GSB rows (two rows alike), and none of
+    lift, guardrail status or recommendation: a terminal user never saw ``ship`` or ``rollback``."""
+    from stream_eval.export.report import to_table
+
+    log = _log(tmp_path, ARMS, "three.jsonl")
+    report = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.01}\n')).report()
+    lines = to_table(report).splitlines()
+    gsb = [line.split() for line in lines[lines.index("GSB (treatment vs control; always-valid sign test)") + 3:]]
+    assert [row[1] for row in gsb[:2]] == ["b-better", "c-worse"]
+    rows = {(row["treatment"], row["metric"]): row for row in report["ab"]}
+    for (treatment, metric), row in rows.items():
+        line = next(line for line in lines if f"{treatment} - a-control" in line and f" {metric} " in line)
+        assert f"{100 * row['lift']:+.2f}%" in line
+        assert ("breached -0.0100" in line) == (treatment == "c-worse" and metric == "GAUC")
+        assert ("within -0.0100" in line) == (treatment == "b-better" and metric == "GAUC")
+    recommended = lines[lines.index("Recommendation per treatment") + 3:]
+    assert recommended[0].split()[:5] == ["exp1", "b-better", "-", "a-control", "ship"]
+    assert recommended[1].split()[:5] == ["exp1", "c-worse", "-", "a-control", "rollback"]
+
+
 def test_only_the_named_primary_metrics_can_ship_a_treatment(tmp_path: Path) -> None:
     """With ``primary`` named, the other metrics are exploratory: b-better is decided better on MRR and nDCG@10
     but not on P@10, so with P@10 alone primary it keeps running, and with nDCG@10 primary it ships on nDCG@10

@@ -68,7 +68,7 @@ EXPECTED_EVENTS = {"ranking": 5, "feedback": 9, "judgment": 1, "invalid": 4, "la
 TOP_KEYS = {"config", "events", "overall", "groups", "gsb", "ab", "srm", "overflow", "experiments"}
 SRM_KEYS = {"experiment", "units", "expected", "chi2", "p_value", "sequential_p_value", "mismatch", "unit_conflicts"}
 EVENT_KEYS = {"ranking", "feedback", "judgment", "invalid", "late", "duplicate", "orphan"}
-SECTION_KEYS = {"requests", "empty", "sessions", "metrics"}
+SECTION_KEYS = {"requests", "empty", "sessions", "single_class_sessions", "metrics"}
 GROUP_KEYS = {"experiment", "arm"} | SECTION_KEYS
 GSB_KEYS = {"experiment", "treatment", "source", "good", "same", "bad", "score", "p_value", "cs_lower", "cs_upper",
             "decision"}
@@ -171,6 +171,7 @@ def test_replay_report_shape_and_counts(default_report: dict[str, Any]) -> None:
     assert set(rep["overall"]) == SECTION_KEYS
     assert rep["overall"]["requests"] == 5 and rep["overall"]["empty"] == 1
     assert rep["overall"]["sessions"] == 3  # s1, s2 and r5's own; s3 has no positive
+    assert rep["overall"]["single_class_sessions"] == 1  # s3
     assert {"MRR", "MAP", "P@10", "R@10", "nDCG@10", "ERR@10", "GAUC"} <= set(metrics(rep))
     assert [(g["experiment"], g["arm"]) for g in rep["groups"]] == [("e", "A"), ("e", "B"), ("e", "il")]
     for g in rep["groups"]:

@@ -437,6 +437,9 @@ def test_engine_gauc_matches_sklearn(weight, with_scores, slices, monkeypatch):
         aucs.append(roc_auc_score(ys, xs))
         weights.append({"impressions": len(ys), "clicks": int(ys.sum()), "uniform": 1}[weight])
     assert report["overall"]["sessions"] == len(aucs) > 50
+    # the sessions left out, every impression of one class, are counted (the table view's "single-class")
+    single = sum(bool(ys.all() or not ys.any()) for ys, _ in per_session)
+    assert report["overall"]["single_class_sessions"] == single > 0
     assert report["overall"]["metrics"]["GAUC"] == pytest.approx(np.average(aucs, weights=weights), abs=TOL)
 
 

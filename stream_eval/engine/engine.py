@@ -821,7 +821,8 @@ class Engine:
         means = stats.moments.mean()
         metrics: dict[str, float | None] = {name: _number(means[j]) for j, name in self._metric_names()}
         metrics[GAUC] = _number(stats.gauc.mean()[0])
-        return {"requests": stats.requests, "empty": stats.empty, "sessions": stats.sessions, "metrics": metrics}
+        return {"requests": stats.requests, "empty": stats.empty, "sessions": stats.sessions,
+                "single_class_sessions": stats.single_class, "metrics": metrics}
 
     def overall(self) -> GroupStats:
         total = GroupStats(len(self.specs))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stream_eval.export.html_data import HtmlData, QueryMeans, ratio
+from stream_eval.export.report import guardrail_status, percent
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -215,25 +216,11 @@ def _badge(decision: str, text: str | None = None) -> str:
     return f'<span class="decision" style="background:{color}">{html.escape(text or decision)}</span>'
 
 
-def _percent(value: object) -> str:
-    """A relative lift as a signed percentage (``-`` when undefined)."""
-    if not isinstance(value, float) or not math.isfinite(value):
-        return "-"
-    return f"{100 * value:+.2f}%"
-
-
 def _guardrail(row: dict[str, Any]) -> str:
     """A guardrail row's status against its tolerated loss (``breached``, ``within``, ``unproven``), blank for a
     goal metric."""
-    if not row.get("guardrail"):
-        return ""
-    margin = row.get("margin")
-    tolerated = _percent(margin) if row.get("margin_relative") else _number(margin)
-    if row.get("breached"):
-        return _badge("worse", f"breached {tolerated}")
-    if row.get("non_inferior"):
-        return _badge("better", f"within {tolerated}")
-    return _badge("inconclusive", f"unproven {tolerated}")
+    status = guardrail_status(row)
+    return "" if status is None else _badge(*status)
 
 
 def _decisions(report: dict[str, Any]) -> str:
@@ -250,7 +237,7 @@ def _decisions(report: dict[str, Any]) -> str:
     level = f"{100 * report['config']['confidence']:g}%"
     rows = [[html.escape(a["experiment"]), f"{html.escape(a['treatment'])} - {html.escape(a['control'])}",
              html.escape(a["metric"]), _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]),
-             _percent(a.get("lift")), f"[{_percent(a.get('lift_cs_lower'))}, {_percent(a.get('lift_cs_upper'))}]",
+             percent(a.get("lift")), f"[{percent(a.get('lift_cs_lower'))}, {percent(a.get('lift_cs_upper'))}]",
              _number(a["p_value"]), _badge(a["decision"]), _guardrail(a),
              f"{a['units_control']:,} / {a['units_treatment']:,}"]
             for a in report["ab"]]
@@ -278,7 +265,7 @@ def _segment_table(report: dict[str, Any]) -> str:
     level = f"{100 * report['config']['confidence']:g}%"
     rows = [[html.escape(a["experiment"]), html.escape(f"{a['segment']['field']} = {a['segment']['value']}"),
              f"{html.escape(a['treatment'])} - {html.escape(a['control'])}", html.escape(a["metric"]),
-             _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]), _percent(a.get("lift")),
+             _number(a["delta"]), _interval(a["cs_lower"], a["cs_upper"]), percent(a.get("lift")),
              _number(a["p_value"]), _badge(a["decision"]), _number(a["rest_delta"]), _number(a["rest_p_value"]),
              _badge("worse" if a["differs"] else "inconclusive", "differs" if a["differs"] else "no"),
              f"{a['units_control']:,} / {a['units_treatment']:,}"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import IO, Any
 
 import orjson
@@ -26,6 +27,27 @@ def _interval(lower: object, upper: object) -> str:
     return f"[{_fmt(lower)}, {_fmt(upper)}]"
 
 
+def percent(value: object) -> str:
+    """A relative lift as a signed percentage (``-`` when undefined)."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return "-"
+    return f"{100 * value:+.2f}%"
+
+
+def guardrail_status(row: dict[str, Any]) -> tuple[str, str] | None:
+    """An ``ab`` row's guardrail status against its tolerated loss, as (decision of its colour, text):
+    ``breached -1.00%``, ``within -0.0050``, ``unproven ...``; None for a goal metric."""
+    if not row.get("guardrail"):
+        return None
+    margin = row.get("margin")
+    tolerated = percent(margin) if row.get("margin_relative") else _fmt(margin)
+    if row.get("breached"):
+        return "worse", f"breached {tolerated}"
+    if row.get("non_inferior"):
+        return "better", f"within {tolerated}"
+    return "inconclusive", f"unproven {tolerated}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
@@ -39,28 +61,42 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
     events = report["events"]
     parts = ["events: " + ", ".join(f"{k} {v:,}" for k, v in events.items())]
     metric_names = list(report["overall"]["metrics"])
-    header = ["experiment", "arm", "requests", "empty", "sessions", *metric_names]
-    rows = [["(all)", "", *(_fmt(report["overall"][k]) for k in ("requests", "empty", "sessions")),
+    counts = ("requests", "empty", "sessions", "single_class_sessions")
+    header = ["experiment", "arm", "requests", "empty", "sessions", "single-class", *metric_names]
+    rows = [["(all)", "", *(_fmt(report["overall"].get(k)) for k in counts),
              *(_fmt(report["overall"]["metrics"][m]) for m in metric_names)]]
     for group in report["groups"]:
-        rows.append([group["experiment"], group["arm"], *(_fmt(group[k]) for k in ("requests", "empty", "sessions")),
+        rows.append([group["experiment"], group["arm"], *(_fmt(group.get(k)) for k in counts),
                      *(_fmt(group["metrics"].get(m)) for m in metric_names)])
     parts += ["", _table(header, rows)]
     if report["gsb"]:
-        rows = [[g["experiment"], g["source"], str(g["good"]), str(g["same"]), str(g["bad"]), _fmt(g["score"]),
-                 _interval(g["cs_lower"], g["cs_upper"]), _fmt(g["p_value"]), g["decision"]] for g in report["gsb"]]
-        header = ["experiment", "source", "good", "same", "bad", "score", "confidence sequence", "p", "decision"]
+        rows = [[g["experiment"], g["treatment"] or "-", g["source"], str(g["good"]), str(g["same"]), str(g["bad"]),
+                 _fmt(g["score"]), _interval(g["cs_lower"], g["cs_upper"]), _fmt(g["p_value"]), g["decision"]]
+                for g in report["gsb"]]
+        header = ["experiment", "treatment", "source", "good", "same", "bad", "score", "confidence sequence", "p",
+                  "decision"]
         parts += ["", "GSB (treatment vs control; always-valid sign test)", _table(header, rows)]
     if report["ab"]:
         rows = [[a["experiment"], f"{a['treatment']} - {a['control']}", a["metric"], _fmt(a["delta"]),
                  _interval(a["cs_lower"], a["cs_upper"]), _fmt(a["p_value"]), a["decision"],
+                 percent(a.get("lift")), (guardrail_status(a) or ("", ""))[1],
                  _interval(a["ci_lower"], a["ci_upper"]), f"{a['units_control']}/{a['units_treatment']}",
                  f"{a['n_control']}/{a['n_treatment']}"] for a in report["ab"]]
         level = f"{100 * report['config']['confidence']:g}%"
-        header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision",
-                  "fixed interval", "units c/t", "n c/t"]
+        header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision", "lift",
+                  "guardrail", "fixed interval", "units c/t", "n c/t"]
         parts += ["", "A/B over units (the confidence sequence and p stay valid however often they are read; the "
                   "fixed interval does not)", _table(header, rows)]
+    if report.get("experiments"):
+        rows = [[r["experiment"], f"{r['treatment']} - {r['control']}", r["recommendation"],
+                 ", ".join(r["better"]) or "-", ", ".join(r["breached"]) or "-", ", ".join(r["unproven"]) or "-",
+                 "MISMATCH" if r["srm_mismatch"] else "ok"] for r in report["experiments"]]
+        header = ["experiment", "arms", "recommendation", "better", "guardrails breached", "guardrails unproven",
+                  "sample ratio"]
+        parts += ["", "Recommendation per treatment", _table(header, rows)]
+    if report.get("segment_ab"):
+        parts += ["", f"{len(report['segment_ab']):,} A/B rows per segment value (exploratory): in --format json's "
+                  "segment_ab and --html"]
     if report.get("srm"):
         rows = [[r["experiment"], " ".join(f"{arm} {n}" for arm, n in r["units"].items()),
                  " ".join(f"{arm} {share:g}" for arm, share in r["expected"].items()), _fmt(r["p_value"]),
