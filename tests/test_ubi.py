@@ -321,6 +321,10 @@ def test_search_hits_bulk_bodies_responses_and_epoch_milliseconds_equal_plain_re
                                                         "max_score": 1.0, "hits": hits}}
     (tmp_path / "response.json").write_text(json.dumps(response, indent=2))
     assert ubi_replayed(tmp_path / "response.json", log[1])[0] == reference
+    # the same response written with a hit per line: its first line is not "{" alone, and was read line by line
+    compact = json.dumps({**response, "hits": {**response["hits"], "hits": []}}).replace('"hits": []}}', '"hits": [')
+    (tmp_path / "per-line.json").write_text(compact + "\n" + ",\n".join(map(json.dumps, hits)) + "\n]}}\n")
+    assert ubi_replayed(tmp_path / "per-line.json", log[1])[0] == reference
     (tmp_path / "array.json").write_text(json.dumps(queries, indent=1))  # an array, indented
     assert ubi_replayed(tmp_path / "array.json", log[1])[0] == reference
     (tmp_path / "arrays.jsonl").write_text(json.dumps(queries[:50]) + "\n" + json.dumps(queries[50:]) + "\n")

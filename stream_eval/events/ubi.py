@@ -300,18 +300,24 @@ def read_records(path: str, damaged: list[str] | None = None,
 
 def _one_document(chunk: bytes) -> bool:
     """Whether a file that starts with ``chunk`` is one JSON document over several lines: its first line opens an
-    object and holds nothing else (as indented JSON does), or opens an array and is not JSON by itself. (A JSON
-    Lines file whose first line is broken stays JSON Lines: it is not read whole.)"""
-    line = chunk.lstrip().split(b"\n", 1)[0].strip()
-    if line == b"{":
+    object and holds nothing else (as indented JSON does), or opens an object or an array and is not JSON by itself,
+    nor is the line after it (a ``_search`` response written with a hit per line). A JSON Lines file whose first
+    line is broken stays JSON Lines, its second line being a record: it is not read whole."""
+    lines = [line.strip() for line in chunk.lstrip().split(b"\n", 8)[:8] if line.strip()][:2] or [b""]
+    first = lines[0]
+    if first == b"{":
         return True
-    if line[:1] != b"[":
+    if first[:1] not in (b"{", b"[") or _is_json(first):
         return False
+    return first[:1] == b"[" or (len(lines) > 1 and not _is_json(lines[1]))
+
+
+def _is_json(text: bytes) -> bool:
     try:
-        orjson.loads(line)
+        orjson.loads(text)
     except orjson.JSONDecodeError:
-        return True
-    return False
+        return False
+    return True
 
 
 def _line_records(chunk: bytes, first_line: int, source: str) -> Iterator[Record]:
