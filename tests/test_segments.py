@@ -154,8 +154,8 @@ def test_the_values_with_the_most_requests_are_shown_and_the_rest_is_other(tmp_p
 
 
 def test_a_listed_field_shows_its_values_and_folds_every_other(tmp_path: Any) -> None:
-    """``segment_values``: the values listed are shown, whatever ``max_segment_values`` and their traffic; the others
-    are __other__ when counted (``/metrics`` too)."""
+    """``segment_values``: the values listed are shown, whatever ``max_segment_values`` and their traffic (``xx``,
+    which no request has, with none: it was left out); the others are __other__ when counted (``/metrics`` too)."""
     config = Config(segments=SEGMENTS, max_segment_values=1, segment_values=(("locale", ("de-DE", "ja-JP", "xx")),))
     lines, attributes = _lines(300, seed=12)
     engine, collect = _replay(lines, tmp_path, config)
@@ -165,6 +165,8 @@ def test_a_listed_field_shows_its_values_and_folds_every_other(tmp_path: Any) ->
                 if key[2] == "locale"}
     expected.update({key: rows for key, rows in _expected_segments(collect.records, attributes, limit=1).items()
                      if key[2] == "platform"})
+    assert not any(key[3] == "xx" for key in expected)
+    expected.update({(e, a, "locale", "xx"): [] for e, a, f, _ in list(expected) if f == "locale"})
     _check_segments(engine.report(), expected)
     counted = engine.segment_overflow(shown=False)
     assert counted["locale"] == engine.report()["segment_overflow"]["locale"] > 0 and counted["platform"] == 0

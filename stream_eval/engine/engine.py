@@ -866,7 +866,8 @@ class Engine:
 
     def shown_segments(self) -> dict[SegmentKey, GroupStats]:
         """The segment groups as the report shows them: per experiment and field, the ``max_segment_values`` values
-        with the most requests (ties by name; every value of a field listed in ``segment_values``) and
+        with the most requests (ties by name; every value of a field listed in ``segment_values``, one without
+        requests too) and
         ``__missing__``, the other values' groups added into ``__other__`` (in the order of their names, so that the
         sums do not depend on the order values were met)."""
         traffic: dict[tuple[str, str], dict[str, float]] = {}
@@ -884,6 +885,9 @@ class Engine:
             if folded is None:
                 folded = out[key] = GroupStats(len(self.specs))
             folded += stats
+        for experiment, arm, field, _ in list(out):  # a listed value no request had: shown, with none
+            for value in self._segment_allowed.get(field, ()):
+                out.setdefault((experiment, arm, field, value), GroupStats(len(self.specs)))
         return out
 
     def segment_overflow(self, shown: bool = True) -> dict[str, int]:
