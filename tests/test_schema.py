@@ -68,7 +68,7 @@ DROP = object()
 
 #: A value of the wrong JSON type is rejected by msgspec; schema.py may name the field's own code or bad_field.
 WRONG_TYPE = {
-    "request_id": {"bad_field", "missing_field"},
+    "request_id": {"bad_field", "missing_field"},  # (null: missing_field)
     "items": {"bad_field", "bad_items"},
     "grade": {"bad_field", "bad_grade"},
     "ts": {"bad_field", "bad_ts"},
@@ -167,10 +167,13 @@ def test_ranking_empty_request_id() -> None:
 
 @pytest.mark.parametrize("value", [5, 1.5, None, ["r1"], {"id": "r1"}, True])
 def test_ranking_request_id_not_a_string(value: object) -> None:
+    """null (like "") is a missing id; another type is ``bad_field`` (it was ``missing_field``, which sent users
+    looking for a field that is there)."""
     bad = invalid(ranking(request_id=value))
     assert bad.kind == "ranking"
-    assert bad.code in WRONG_TYPE["request_id"]
+    assert bad.code == ("missing_field" if value is None else "bad_field")
     assert "request_id" in bad.reason
+    assert invalid(judgment(experiment=value)).code == ("missing_field" if value is None else "bad_field")
 
 
 def test_ranking_missing_items() -> None:

@@ -482,9 +482,10 @@ _COMPACT_DECODER = msgspec.json.Decoder(_RawRanking | Feedback | Judgment | Wate
 
 
 #: Short reason codes for msgspec's type errors, by the field they are about.
-_FIELD_CODES = {"request_id": "missing_field", "items": "bad_items", "grade": "bad_grade", "ts": "bad_ts",
-                "dwell": "bad_dwell", "experiment": "missing_field", "query_id": "missing_field",
+_FIELD_CODES = {"items": "bad_items", "grade": "bad_grade", "ts": "bad_ts", "dwell": "bad_dwell",
                 "attributes": "bad_attributes"}
+#: Fields required as text: null there is ``missing_field``, another type ``bad_field``.
+_REQUIRED_TEXT = frozenset({"request_id", "experiment", "query_id"})
 
 
 #: What decoding bytes can raise: msgspec's errors, UnicodeDecodeError for bytes that are not UTF-8, and
@@ -511,6 +512,8 @@ def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError | RecursionError
     if "missing required field" in text:
         return "missing_field", text
     field = text.rpartition("at `$.")[2].rstrip("`").split("[")[0].split(".")[0]
+    if field in _REQUIRED_TEXT and ("got `null`" in text or "length >= 1" in text):  # (null, empty: not given)
+        return "missing_field", text
     return _FIELD_CODES.get(field, "bad_field"), text
 
 
