@@ -44,6 +44,7 @@ SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--alpha", {"help": "alpha of alpha-nDCG (default 0.5)"}),
     ("--gsb-metric", {"help": "metric compared per query for GSB source 'metric' (default nDCG@10)"}),
     ("--gsb-epsilon", {"help": "smallest difference that is not 'same' (default 0)"}),
+    ("--gsb-window", {"help": "serve-time bucket in which a query's arms are compared for GSB (default 1h)"}),
     ("--confidence", {"help": "level of A/B intervals and confidence sequences (default 0.95)"}),
     ("--sequential-n", {"help": "units the confidence sequence is tuned for, N* (default 10000)"}),
     ("--look-every", {"help": "event time between A/B looks, for --ab-trace and p-values (default 1h)"}),

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stream_eval.engine.labels import MISSING, OTHER
-from stream_eval.metrics.specs import DEFAULT_METRICS, MetricNameError, MetricSpec, parse, select, split_names
+from stream_eval.metrics.specs import DEFAULT_METRICS, GAUC, MetricNameError, MetricSpec, parse, select, split_names
 
 GAINS = ("exp", "linear")
 EMPTY_POLICIES = ("zero", "skip")
@@ -221,8 +221,12 @@ class Config:
             raise ConfigError(f"look_every: must be positive, got {self.look_every}")
         if not 0.0 < self.srm_alpha < 1.0:
             raise ConfigError(f"srm_alpha: must lie in (0, 1), got {self.srm_alpha}")
+        named = [name for name in self.metrics if name != GAUC]  # (GAUC, of sessions, is reported whatever is named)
+        if self.metrics and not named:
+            raise ConfigError("metrics: GAUC is always reported; name the per-request measures to run with it, e.g. "
+                              "nDCG@10,GAUC")
         try:
-            specs = select(self.metrics or DEFAULT_METRICS, self.cutoffs)
+            specs = select(named or DEFAULT_METRICS, self.cutoffs)
         except MetricNameError as exc:
             raise ConfigError(f"metrics: {exc}") from None
         object.__setattr__(self, "specs", specs)
