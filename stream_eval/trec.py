@@ -184,11 +184,12 @@ def _value_name(name: str, kind: str, value: float) -> str:
 def parse_measures(requests: Iterable[str]) -> list[Measure]:
     """trec_eval's ``-m`` arguments (``map``, ``P.5,10``, ``P`` for its default cutoffs, ``P_5``, ``set_F.0.5``;
     ``official``, ``set``, ``all_trec``) and registry names (``nDCG@10``) as the values printed: trec_eval's
-    measures in its order, then the registry names in the order given; each once. Parameters given replace the
-    default (the cutoffs given in several ``-m`` add up; for other parameters the first counts, as in trec_eval).
+    measures in its order, then the registry names in the order given (RBP with its residual); each once.
+    Parameters given replace the default (the cutoffs given in several ``-m`` add up; for other parameters the
+    first counts, as in trec_eval).
 
     >>> [m.trec_name for m in parse_measures(["P.10,5", "map", "ndcg_cut_10", "RBP(p=0.8)", "set_F.0.5"])]
-    ['map', 'P_5', 'P_10', 'ndcg_cut_10', 'set_F_0.5', 'RBP(p=0.8)']
+    ['map', 'P_5', 'P_10', 'ndcg_cut_10', 'set_F_0.5', 'RBP(p=0.8)', 'RBP-Res(p=0.8)']
     """
     chosen: dict[str, tuple[tuple[float, ...], str] | None] = {}  # measure -> (parameters, as written) or default
     registry: dict[str, None] = {}
