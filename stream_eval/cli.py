@@ -141,9 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--topic-prefix", default="", metavar="P", help="with --broker: topic name prefix")
     simulate.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
                           help=f"with --broker: partitions of topics it creates (default {DEFAULT_PARTITIONS})")
-    _add_kafka_security(simulate)  # (with --broker)
+    _add_kafka_security(simulate, config=False)  # (with --broker)
     simulate.add_argument("--no-flush", action="store_true",
                           help="with --broker: no end-of-stream watermark at the end")
+    simulate.add_argument("--broker-timeout", type=_positive, metavar="SECONDS",
+                          help="with --broker: give up (exit code 1) when the broker stays unreachable this long "
+                               "(default 300)")
     broker = commands.add_parser("broker", help="run a local Kafka-compatible broker in the foreground (in memory)")
     broker.add_argument("--port", type=_port, default=9092, help="TCP port (default 9092)")
     broker.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise (default 127.0.0.1)")
@@ -230,10 +233,12 @@ def _add_kafka(parser: argparse.ArgumentParser) -> None:
     _add_kafka_security(parser)
 
 
-def _add_kafka_security(parser: argparse.ArgumentParser) -> None:
+def _add_kafka_security(parser: argparse.ArgumentParser, config: bool = True) -> None:
+    """The TLS and SASL options (``config``: the command has ``--config``, whose ``[kafka]`` table holds them)."""
+    also = "STREAM_EVAL_* variables and the [kafka] table of --config" if config else "STREAM_EVAL_* variables"
     group = parser.add_argument_group(
-        "Kafka security (also STREAM_EVAL_* variables and the [kafka] table of --config; the SASL password only "
-        "from STREAM_EVAL_SASL_PASSWORD or --sasl-password-file)")
+        f"Kafka security (also {also}; the SASL password only from STREAM_EVAL_SASL_PASSWORD or "
+        "--sasl-password-file)")
     group.add_argument("--security-protocol", choices=list(SECURITY_PROTOCOLS), type=str.upper,
                        help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL")
     group.add_argument("--sasl-mechanism", choices=list(SASL_MECHANISMS), type=str.upper,

@@ -285,6 +285,7 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 #: ``simulate``'s options that only sending to Kafka uses: (option, argument name).
 _BROKER_ONLY = (("--rate", "rate"), ("--topic-prefix", "topic_prefix"), ("--no-flush", "no_flush"),
+                ("--broker-timeout", "broker_timeout"),
                 ("--security-protocol", "security_protocol"), ("--sasl-mechanism", "sasl_mechanism"),
                 ("--sasl-username", "sasl_username"), ("--sasl-password-file", "sasl_password_file"),
                 ("--ssl-cafile", "ssl_cafile"), ("--ssl-certfile", "ssl_certfile"), ("--ssl-keyfile", "ssl_keyfile"),
@@ -324,6 +325,7 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
                       judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
                       rate=requests_per_second, behaviour=args.behaviour, pre_period=args.pre_period,
                       preference=args.preference)
+    timeout = {} if args.broker_timeout is None else {"broker_timeout": args.broker_timeout}
     return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
                            args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless,
-                           security=getattr(args, "security", None))
+                           security=getattr(args, "security", None), **timeout)

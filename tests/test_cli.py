@@ -630,7 +630,8 @@ def test_simulate_settings_it_cannot_use_are_a_message_not_a_traceback(tmp_path:
 
 
 @pytest.mark.parametrize("options", [["--rate", "500"], ["--topic-prefix", "x", "--no-flush", "--security-protocol",
-                                                        "SSL", "--no-ssl-check-hostname", "--partitions", "2"]])
+                                                        "SSL", "--no-ssl-check-hostname", "--partitions", "2"],
+                                     ["--broker-timeout", "3"]])
 def test_simulate_refuses_kafka_options_without_a_broker(options: list[str], tmp_path: Path) -> None:
     """``--rate`` (and the other options of sending to Kafka) without ``--broker`` were ignored without a word: a
     file written at full speed for a user who asked for a paced stream."""
@@ -699,6 +700,18 @@ def test_a_directory_as_input_is_named_with_the_files_it_holds(tmp_path: Path) -
     run.write_text("1 Q0 d1 1 1.0 r\n")
     result = cli("trec", logs, run)
     assert result.returncode == 2 and b"is a directory, not a file to read" in result.stderr, result.stderr
+    # produce said "no such file" of a directory
+    result = cli("produce", logs, "--broker", "kafka://localhost:1")
+    assert result.returncode == 2 and f"e.g. {logs / '*.jsonl.gz'})".encode() in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_simulate_to_a_broker_that_does_not_answer_gives_up_after_its_timeout() -> None:
+    """``simulate --broker`` had no ``--broker-timeout``: to a broker that never answers it waited its 300 s, as
+    "stream-eval produce"."""
+    result = cli("simulate", "--broker", "kafka://localhost:1", "--requests", "10", "--broker-timeout", "2")
+    assert result.returncode == 1 and b"gave up after --broker-timeout 2 s" in result.stderr, result.stderr
+    assert b"stream-eval produce" not in result.stderr
 
 
 def test_outputs_that_name_directories_are_refused_by_every_command(tmp_path: Path, log: Path) -> None:

@@ -245,7 +245,7 @@ async def send_lines(
         SendError: Some messages were not delivered (after all others were sent).
     """
     servers = parse_brokers(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
-    health = BrokerHealth("stream-eval produce", log, stall=min(_STALL, broker_timeout), where=",".join(servers))
+    health = BrokerHealth("stream-eval", log, stall=min(_STALL, broker_timeout), where=",".join(servers))
     progress = _Progress(health.clock())
     main = asyncio.ensure_future(_send_lines(lines, servers, topics, speed, flush, partitions, rate, timeout,
                                              Counter() if counts is None else counts, health, broker_timeout,
@@ -440,6 +440,14 @@ def produce_command(files: Sequence[str], broker: str, prefix: str, speed: float
         security = kafka_security() if security is None else security
         security.ssl_context()  # unreadable TLS files: a clear error now, not a connection failure later
     except KafkaSecurityError as error:
+        print(f"stream-eval: {error}", file=sys.stderr)
+        return 2
+    from stream_eval.commands import check_paths
+    from stream_eval.config import ConfigError
+
+    try:
+        check_paths(list(files), [])  # (a directory: the message replay gives)
+    except ConfigError as error:
         print(f"stream-eval: {error}", file=sys.stderr)
         return 2
     missing = [path for path in files if path != "-" and not os.path.isfile(path)]
