@@ -38,6 +38,7 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import orjson
 
 from stream_eval.engine import shares
 from stream_eval.engine.delays import FeedbackDelays
@@ -53,6 +54,8 @@ Event = Ranking | Feedback | Judgment | Watermark | Invalid
 _RANKINGS = (Ranking, CompactRanking)
 KINDS = ("ranking", "feedback", "judgment")
 JOINED = ("ranking", "feedback")
+#: The most bytes of waiting feedback (JSON) a checkpoint stores; with more, none (:class:`Checkpoint`).
+WAITING_BYTES = 256 * 1024
 #: Seconds of wall clock between two finalisation watermarks of one partition sent to the regroup log.
 ANNOUNCE_EVERY = 0.2
 
@@ -78,12 +81,17 @@ class Checkpoint:
     #: The worker's: request ids that a previous owner wrote to request-metrics before ``output_end`` and that
     #: are still open here (not to be written again when they are finalised).
     written: list[str] = field(default_factory=list)
+    #: The feedback waiting for its ranking (``Join.waiting_feedback``); None when more waited than
+    #: :data:`WAITING_BYTES` hold, and in checkpoints stored before 2026-11-28: the rebuild then keeps the feedback
+    #: re-read that waits (docs/design.md, "Delivery", says what that can miss).
+    waiting: list[list[Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "start": self.start, "processed": self.processed,
                 "watermark": time_to_json(self.watermark), "share": self.share, "regroup_seq": self.regroup_seq,
                 "output_end": self.output_end, "windows": None if self.windows is None else list(self.windows),
-                "owner": self.owner, "written": self.written}
+                "owner": self.owner, "written": self.written,
+                **({} if self.waiting is None else {"waiting": self.waiting})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
@@ -94,7 +102,7 @@ class Checkpoint:
                    data.get("share"), int(data.get("regroup_seq", 0)),
                    None if output_end is None else int(output_end),
                    None if windows is None else (int(windows[0]), int(windows[1])), data.get("owner"),
-                   [str(request_id) for request_id in data.get("written", ())])
+                   [str(request_id) for request_id in data.get("written", ())], data.get("waiting"))
 
 
 class Source:
@@ -229,6 +237,11 @@ class Task:
         if checkpoint is not None:
             self.mute = {k: e for k, e in checkpoint.processed.items() if e > checkpoint.start.get(k, e)}
             self.resume_watermark = checkpoint.watermark
+            # the feedback that waited is put back as it was once the rebuild is done (what re-reading makes wait
+            # depends on the order the topics are re-read in, and event time, which stand still while muted)
+            self.join.restoring_waiting = checkpoint.waiting is not None
+            if not self.mute and checkpoint.waiting is not None:  # (nothing to re-read: at once)
+                self.join.restore_waiting(checkpoint.waiting)
             for kind, start in checkpoint.start.items():
                 # what comes before the checkpoint's start is in its share: never fed again, even when the consumer
                 # reads from an older position (a reset to the group's committed offset that won over our seek)
@@ -325,6 +338,12 @@ class PartitionedEngine:
             checkpoint.processed[kind] = processed
             checkpoint.start[kind] = min(needed, source.next_offset) if needed is not None else source.next_offset
         checkpoint.share = shares.take(task.engine, windows=task.windows is None)
+        if task.join.restoring_waiting and restored is not None:
+            checkpoint.waiting = restored.waiting
+        else:
+            waiting = task.join.waiting_feedback()
+            # (a checkpoint is one Kafka message: below its 1 MB limit, with the share)
+            checkpoint.waiting = waiting if len(orjson.dumps(waiting)) <= WAITING_BYTES else None
         checkpoint.windows = task.windows
         checkpoint.regroup_seq = task.engine.regroup.seq  # type: ignore[union-attr]  # set in _new_engine
         return checkpoint
@@ -410,6 +429,8 @@ class PartitionedEngine:
         engine = task.engine
         with engine.muted(engine.join):
             engine.finalise_until(task.resume_watermark)  # what the previous owner had finalised
+        if task.join.restoring_waiting:
+            task.join.restore_waiting(task.restored.waiting or ())
         held, task.held = task.held, []
         invalid: list[Invalid] = []
         for held_kind, held_offsets, held_events in held:

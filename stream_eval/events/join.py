@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import compress, count
 from operator import attrgetter
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -430,6 +430,9 @@ class Join:
         self._due = _DueSlots()
         self._early: list[int] = []  # finalised when a new ranking took their id: emitted by the next advance
         self.pending: dict[str, list[Feedback]] = {}
+        #: While a worker rebuilds the join from a checkpoint that stored the feedback waiting: what re-read feedback
+        #: waits meanwhile (to join a ranking re-read after it) is replaced by what waited (:meth:`restore_waiting`).
+        self.restoring_waiting = False
         self.waiting = 0  # feedback events in ``pending``
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._rows: dict[int, list[tuple[Ints, Ints, Ints, Floats]]] = {}  # block -> (slot, pos, kind, grade)
@@ -783,6 +786,24 @@ class Join:
             self.waiting -= 1
             self.counts["feedback", "orphan"] += 1
             self.counts[OVERFLOW, "waiting_feedback"] += 1
+
+    def waiting_feedback(self) -> list[list[Any]]:
+        """The feedback waiting for its ranking, as JSON-ready rows ``[request_id, item, kind, grade, ts, dwell]``
+        (a checkpoint stores them: re-read events do not tell which feedback waited, as that depended on event time
+        and on the rankings read then)."""
+        return [[f.request_id, f.item, f.kind, f.grade, f.ts, f.dwell] for waiting in self.pending.values()
+                for f in waiting]
+
+    def restore_waiting(self, rows: Sequence[Sequence[Any]]) -> None:
+        """After a rebuild, the feedback waiting is what :meth:`waiting_feedback` gave (in that order), not what
+        the re-read feedback left waiting."""
+        self.restoring_waiting = False
+        self.pending, self.waiting, self._pending_expiry = {}, 0, []
+        for request_id, item, kind, grade, ts, dwell in rows:
+            event = Feedback(request_id, item, kind, grade, ts, dwell)
+            self.pending.setdefault(event.request_id, []).append(event)
+            self.waiting += 1
+            heapq.heappush(self._pending_expiry, (event.ts + self.horizon, next(self._seq), event.request_id))  # type: ignore[operator]  # ts is float
 
     def _rebuild_expiry(self) -> None:
         """The expiry heap of the feedback waiting, without the entries of feedback that found its ranking."""
