@@ -605,8 +605,9 @@ def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
     if any(not share > 0 for share in shares.values()):
         raise ConfigError(f"experiments.{name}.split: every share must be positive, got {shares}")
     largest = max(shares.values())  # (scaled to it first: shares of 1e308 do not sum to inf)
-    total = sum(share / largest for share in shares.values())
-    scaled = {arm: share / largest / total for arm, share in shares.items()}
+    relative = {arm: share / largest for arm, share in shares.items()}
+    total = sum(relative.values())
+    scaled = {arm: share / total for arm, share in relative.items()}
     smallest = min(scaled, key=scaled.__getitem__)
     if scaled[smallest] < MIN_SHARE:
         raise ConfigError(f"experiments.{name}.split: {smallest!r} would get {scaled[smallest]:.3g} of the units; "

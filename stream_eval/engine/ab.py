@@ -1373,11 +1373,10 @@ def recommend(rows: Sequence[AbRow], config: Config, mismatched: Collection[str]
         elif row.decision == ("worse" if lower_is_better(row.metric) else "better") and (
                 not primary[row.experiment] or row.metric in primary[row.experiment]):
             now.better.append(row.metric)
+    rowed = {(row.experiment, row.treatment, row.metric) for row in rows if row.guardrail}
     for now in out.values():  # a guardrail without a row (no unit has a value of it yet) is shown nothing
-        shown = {*now.breached, *now.unproven} | {row.metric for row in rows if row.guardrail and (
-            row.experiment, row.treatment) == (now.experiment, now.treatment)}
         now.unproven.extend(metric for metric, _ in config.settings_of(now.experiment).guardrails
-                            if metric not in shown)
+                            if (now.experiment, now.treatment, metric) not in rowed)
     return [dataclasses.replace(r, recommendation="rollback" if r.breached else
                                 "ship" if r.better and not r.unproven and not r.srm_mismatch else "keep running")
             for r in out.values()]

@@ -885,7 +885,7 @@ class Engine:
             if folded is None:
                 folded = out[key] = GroupStats(len(self.specs))
             folded += stats
-        for experiment, arm, field, _ in list(out):  # a listed value no request had: shown, with none
+        for experiment, arm, field in {key[:3] for key in out}:  # a listed value no request had: shown, with none
             for value in self._segment_allowed.get(field, ()):
                 out.setdefault((experiment, arm, field, value), GroupStats(len(self.specs)))
         return out

@@ -216,7 +216,7 @@ class Task:
     share), sources, needed offsets and rebuild progress."""
 
     __slots__ = ("engine", "join", "sources", "requests", "mute", "resume_watermark", "held", "flushed",
-                 "announced", "announced_at", "generation", "windows", "restored")
+                 "announced", "announced_at", "generation", "windows", "restored", "waiting")
 
     def __init__(self, engine: Engine, now: float, checkpoint: Checkpoint | None,
                  generation: str | None = None) -> None:
@@ -226,6 +226,9 @@ class Task:
         self.generation = os.urandom(4).hex() if generation is None else generation
         self.windows: tuple[int, int] | None = None  # where the full windows share of this ownership is stored
         self.restored = checkpoint
+        #: The checkpoint's waiting feedback, until the rebuild is done and it replaces what re-reading left waiting
+        #: (which depends on the order the topics are re-read in, and on event time, which stands still while muted).
+        self.waiting = None if checkpoint is None else checkpoint.waiting
         self.sources = {kind: Source(now) for kind in KINDS}
         self.requests = {kind: Requests() for kind in JOINED}
         self.mute: dict[str, int] = {}
@@ -237,11 +240,8 @@ class Task:
         if checkpoint is not None:
             self.mute = {k: e for k, e in checkpoint.processed.items() if e > checkpoint.start.get(k, e)}
             self.resume_watermark = checkpoint.watermark
-            # the feedback that waited is put back as it was once the rebuild is done (what re-reading makes wait
-            # depends on the order the topics are re-read in, and event time, which stand still while muted)
-            self.join.restoring_waiting = checkpoint.waiting is not None
-            if not self.mute and checkpoint.waiting is not None:  # (nothing to re-read: at once)
-                self.join.restore_waiting(checkpoint.waiting)
+            if not self.mute:  # (nothing to re-read: at once)
+                self.restore_waiting()
             for kind, start in checkpoint.start.items():
                 # what comes before the checkpoint's start is in its share: never fed again, even when the consumer
                 # reads from an older position (a reset to the group's committed offset that won over our seek)
@@ -251,6 +251,12 @@ class Task:
     @property
     def rebuilding(self) -> bool:
         return bool(self.mute)
+
+    def restore_waiting(self) -> None:
+        """The rebuild is done: the feedback waiting is the checkpoint's (when it stored it)."""
+        if self.waiting is not None:
+            self.join.restore_waiting(self.waiting)
+            self.waiting = None
 
 
 class PartitionedEngine:
@@ -338,8 +344,8 @@ class PartitionedEngine:
             checkpoint.processed[kind] = processed
             checkpoint.start[kind] = min(needed, source.next_offset) if needed is not None else source.next_offset
         checkpoint.share = shares.take(task.engine, windows=task.windows is None)
-        if task.join.restoring_waiting and restored is not None:
-            checkpoint.waiting = restored.waiting
+        if task.waiting is not None:  # (still rebuilding)
+            checkpoint.waiting = task.waiting
         else:
             waiting = task.join.waiting_feedback()
             # (a checkpoint is one Kafka message: below its 1 MB limit, with the share)
@@ -429,8 +435,7 @@ class PartitionedEngine:
         engine = task.engine
         with engine.muted(engine.join):
             engine.finalise_until(task.resume_watermark)  # what the previous owner had finalised
-        if task.join.restoring_waiting:
-            task.join.restore_waiting(task.restored.waiting or ())
+        task.restore_waiting()
         held, task.held = task.held, []
         invalid: list[Invalid] = []
         for held_kind, held_offsets, held_events in held:

@@ -430,9 +430,6 @@ class Join:
         self._due = _DueSlots()
         self._early: list[int] = []  # finalised when a new ranking took their id: emitted by the next advance
         self.pending: dict[str, list[Feedback]] = {}
-        #: While a worker rebuilds the join from a checkpoint that stored the feedback waiting: what re-read feedback
-        #: waits meanwhile (to join a ranking re-read after it) is replaced by what waited (:meth:`restore_waiting`).
-        self.restoring_waiting = False
         self.waiting = 0  # feedback events in ``pending``
         self._pending_expiry: list[tuple[float, int, str]] = []
         self._rows: dict[int, list[tuple[Ints, Ints, Ints, Floats]]] = {}  # block -> (slot, pos, kind, grade)
@@ -797,7 +794,6 @@ class Join:
     def restore_waiting(self, rows: Sequence[Sequence[Any]]) -> None:
         """After a rebuild, the feedback waiting is what :meth:`waiting_feedback` gave (in that order), not what
         the re-read feedback left waiting."""
-        self.restoring_waiting = False
         self.pending, self.waiting, self._pending_expiry = {}, 0, []
         for request_id, item, kind, grade, ts, dwell in rows:
             event = Feedback(request_id, item, kind, grade, ts, dwell)
