@@ -193,7 +193,8 @@ class ScaleBench:
     def produce(self, prefix: str) -> dict[str, Any]:
         """The backlog (``StreamBench.produce``), and the A/B readout a replay of it gives (``expected_ab``)."""
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:  # StreamBench.produce keeps the log there
-            bench = StreamBench(argparse.Namespace(requests=self.args.requests, out_dir=tmp), self.bootstrap)
+            options = argparse.Namespace(requests=self.args.requests, out_dir=tmp, all_on=None)  # (default traffic)
+            bench = StreamBench(options, self.bootstrap)
             data = bench.produce(prefix, self.args.event_rate)  # (with the replay's A/B figures: expected_ab)
             self.expected = bench.expected
             log(f"replay of the backlog: {len(self.expected)} A/B figures to reach")
