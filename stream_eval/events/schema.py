@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from itertools import repeat
 from operator import attrgetter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 import numpy as np
@@ -658,7 +658,8 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
     line by line so that each bad line is reported with its number.
     """
     try:
-        decoded = _LINE_DECODER.decode_lines(chunk)
+        # (each decoded event may be replaced by an Invalid in place: msgspec types the list as events only)
+        decoded = cast("list[Event | Invalid]", _LINE_DECODER.decode_lines(chunk))
     except DECODE_ERRORS:
         return _line_by_line(chunk, config, first_line, source)
     # decode_lines skips blank lines and accepts two JSON values on one line; a line must hold one event.
@@ -674,7 +675,7 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
             results[index] = finish(event, config)
             continue
         try:
-            check(event)
+            check(event)  # type: ignore[arg-type]  # neither Invalid nor Watermark (checked above)
         except EventError as error:
             results[index] = Invalid(type_name(event), error.code, error.reason)
     if any(type(result) is Invalid for result in results):
