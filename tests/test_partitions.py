@@ -345,6 +345,38 @@ def test_an_idle_partition_stops_holding_event_time_back() -> None:
     assert engine.watermark == 200.5  # (event time never goes back)
 
 
+def test_a_partition_that_ended_before_its_checkpoint_holds_no_event_time_back_after_a_move() -> None:
+    """A new owner of a partition whose topics had ended (end watermarks read, everything finalised) holds the
+    all-partition event time back no more than its last owner did: not for idle_timeout until an event comes."""
+    now = [0.0]
+    config = Config(attribution_window=10.0, allowed_lateness=0.0)
+    first = PartitionedEngine(Engine(config, Collect()), clock=lambda: now[0])
+    for partition in (0, 1):
+        first.assign(partition)
+    end = b'{"type": "watermark", "end": true}'
+    for partition in (0, 1):
+        _feed(first, "ranking", partition, [(0, orjson.dumps({"type": "ranking", "request_id": f"r{partition}",
+                                                                  "items": ["x", "y"], "ts": 100.0})), (1, end)])
+        _feed(first, "feedback", partition, [(0, orjson.dumps({"type": "feedback", "request_id": f"r{partition}",
+                                                                   "item": "y", "ts": 101.0})), (1, end)])
+    assert first.watermark == math.inf
+    moved = [Checkpoint.from_json(orjson.loads(orjson.dumps(first.checkpoint(p).to_json()))) for p in (0, 1)]
+    now[0] += 1.0
+    collect = Collect()
+    second = PartitionedEngine(Engine(config, collect), clock=lambda: now[0])
+    for checkpoint in moved:
+        second.assign(checkpoint.partition, checkpoint)
+    second.tick()
+    assert second.watermark == math.inf  # (was -inf until idle_timeout: the restored sources had not ended)
+    # an event after the end marker opens the partition again, as on its first owner
+    _feed(second, "ranking", 1, [(2, orjson.dumps({"type": "ranking", "request_id": "late", "items": ["x"],
+                                                   "ts": 300.0}))])
+    assert "late" not in collect.records  # held open: partition 1 has not ended any more
+    _feed(second, "ranking", 1, [(3, end)])
+    _feed(second, "feedback", 1, [(2, end)])
+    assert "late" in collect.records
+
+
 @pytest.mark.parametrize("silence", [True, False])
 def test_a_broker_outage_is_no_silence(silence: bool) -> None:
     """A worker counts a source's silence on :class:`SilenceClock`: an outage of the broker (or a stop of the

@@ -85,13 +85,17 @@ class Checkpoint:
     #: :data:`WAITING_BYTES` hold, and in checkpoints stored before 2026-11-28: the rebuild then keeps the feedback
     #: re-read that waits (docs/design.md, "Delivery", says what that can miss).
     waiting: list[list[Any]] | None = None
+    #: The input topics (kinds) of the partition whose last message read was an end watermark: a new owner takes
+    #: them as ended (they hold event time back no more) until an event comes after the end.
+    ended: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"partition": self.partition, "start": self.start, "processed": self.processed,
                 "watermark": time_to_json(self.watermark), "share": self.share, "regroup_seq": self.regroup_seq,
                 "output_end": self.output_end, "windows": None if self.windows is None else list(self.windows),
                 "owner": self.owner, "written": self.written,
-                **({} if self.waiting is None else {"waiting": self.waiting})}
+                **({} if self.waiting is None else {"waiting": self.waiting}),
+                **({"ended": self.ended} if self.ended else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
@@ -102,7 +106,8 @@ class Checkpoint:
                    data.get("share"), int(data.get("regroup_seq", 0)),
                    None if output_end is None else int(output_end),
                    None if windows is None else (int(windows[0]), int(windows[1])), data.get("owner"),
-                   [str(request_id) for request_id in data.get("written", ())], data.get("waiting"))
+                   [str(request_id) for request_id in data.get("written", ())], data.get("waiting"),
+                   [str(kind) for kind in data.get("ended", ())])
 
 
 class Source:
@@ -242,6 +247,9 @@ class Task:
             self.resume_watermark = checkpoint.watermark
             if not self.mute:  # (nothing to re-read: at once)
                 self.restore_waiting()
+            for kind in checkpoint.ended:  # (a re-read of the topic before its end opens and ends it again)
+                if kind in self.sources:
+                    self.sources[kind].ended = True
             for kind, start in checkpoint.start.items():
                 # what comes before the checkpoint's start is in its share: never fed again, even when the consumer
                 # reads from an older position (a reset to the group's committed offset that won over our seek)
@@ -343,6 +351,7 @@ class PartitionedEngine:
             needed = task.requests[kind].first(task.join) if kind in task.requests else None
             checkpoint.processed[kind] = processed
             checkpoint.start[kind] = min(needed, source.next_offset) if needed is not None else source.next_offset
+        checkpoint.ended = [kind for kind, source in task.sources.items() if source.ended]
         checkpoint.share = shares.take(task.engine, windows=task.windows is None)
         if task.waiting is not None:  # (still rebuilding)
             checkpoint.waiting = task.waiting
