@@ -103,6 +103,45 @@ def test_dockerfile_runs_as_a_non_root_user_without_the_development_broker() -> 
     assert "calfkit" not in text.lower() and "[dev]" not in installs and ".[" not in installs, installs
     dependencies = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[0]
     assert "calfkit" not in dependencies  # the broker is the `dev` extra, not a dependency of the image
+    # numba's cache: a directory the user owns, filled (the loops compiled) as that user after the USER line
+    cache = re.search(r"^ENV NUMBA_CACHE_DIR=(\S+)$", text, re.M)
+    assert cache is not None and f"chown {final} {cache.group(1)}" in text
+    assert "warm_up" in text.split(f"USER {users[-1]}")[-1]
+
+
+def test_the_compiled_loops_cache_where_the_package_and_home_cannot_be_written(tmp_path: Path) -> None:
+    """The image runs as a user without a home over a site-packages it cannot write: numba, finding neither of its
+    cache places writable, failed at import ("no locator available"), so every command did. A ``__pycache__`` that is
+    a file, and a cache home under a file, cannot be written even by root."""
+    import sys
+
+
+    package = tmp_path / "site" / "stream_eval"
+    shutil.copytree(ROOT / "stream_eval", package, ignore=shutil.ignore_patterns("__pycache__"))
+    for directory in [package, *(d for d in package.rglob("*") if d.is_dir())]:
+        (directory / "__pycache__").write_text("not a directory")
+    (tmp_path / "afile").write_text("")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(package.parent), XDG_CACHE_HOME=str(tmp_path / "afile" / "cache"),
+               HOME=str(tmp_path / "afile"), TMPDIR=str(temp), PYTHONDONTWRITEBYTECODE="1")
+    code = ("import os, numpy as np; from stream_eval.engine import compiled; "
+            "print(os.environ['NUMBA_CACHE_DIR']); print(compiled.__file__)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cache, module = done.stdout.split()
+    assert module.startswith(str(package)) and cache.startswith(str(temp)) and "stream-eval-numba" in cache
+
+
+def test_the_numba_cache_is_numbas_own_choice_where_it_can_write() -> None:
+    from stream_eval import numba_cache_dir
+
+    assert numba_cache_dir("/pkg", "/home/u/.cache/numba", lambda path: path == "/pkg/__pycache__") is None
+    assert numba_cache_dir("/pkg", "/home/u/.cache/numba", lambda path: path.startswith("/home")) is None
+    chosen = numba_cache_dir("/pkg", "/home/u/.cache/numba", lambda path: False)
+    assert chosen is not None and "stream-eval-numba" in chosen
 
 
 def _bind_mounts(service: dict[str, Any]) -> dict[str, str]:
