@@ -132,3 +132,20 @@ def test_input_topics_with_different_partition_counts_stop_the_worker(broker: st
     assert asyncio.run(prepare_topics(alone, 30)) == (1, 1)
     found = asyncio.run(_describe(broker, [alone.topics.feedback]))
     assert found[alone.topics.feedback]["partitions"] == "1"
+
+
+def test_the_topics_the_worker_creates_have_as_many_partitions_as_existing_inputs(broker: str) -> None:
+    """Input topics made with 6 partitions (by ``produce --partitions 6``) and a worker at its default
+    ``--partitions`` (4): its checkpoints were made with 4, and the worker of partitions 4 and 5 waited for
+    partitions that do not exist, as if the broker were down. A checkpoint topic with fewer partitions than the
+    inputs stops the worker at start."""
+    wide = WorkerSettings([broker], prefix="topics-wide.", group="g", partitions=4)
+    asyncio.run(ensure_topics([broker], [wide.topics.rankings, wide.topics.feedback], 6))
+    assert asyncio.run(prepare_topics(wide, 30)) == (6, 6)
+    found = asyncio.run(_describe(broker, list(wide.topic_configs())))
+    assert {name: found[name]["partitions"] for name in found} == {name: "6" for name in found}
+    narrow = WorkerSettings([broker], prefix="topics-narrow.", group="g", partitions=4)
+    asyncio.run(ensure_topics([broker], [narrow.checkpoint_topic], 2))
+    with pytest.raises(TopicSettingsError) as raised:
+        asyncio.run(prepare_topics(narrow, 30))
+    assert "topics-narrow.g.checkpoints has 2 partitions and the input topics 4" in str(raised.value)

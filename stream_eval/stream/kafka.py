@@ -513,6 +513,9 @@ async def ensure_topics(bootstrap: list[str], names: Iterable[str], partitions: 
                         text = f"cannot create topic {name!r}: error code {code}" + (f" ({message})" if message else "")
                         if code in _REFUSED_TOPICS:  # no retry will do: the worker stops (exit 2)
                             raise TopicSettingsError(text)
+                        if code == 38:
+                            text += ("; retried while a starting cluster registers its brokers: a cluster with fewer "
+                                     "brokers than --replication-factor never will, lower it")
                         raise RuntimeError(text)
                     created.add(name)
             # Apache Kafka answers CreateTopics before every broker knows the topic and its leader: a consumer

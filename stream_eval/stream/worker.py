@@ -99,11 +99,17 @@ async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int,
             "(kafka-topics --alter --partitions N) before more data is written to it (docs/operations.md)")
     inputs = max(found.values()) or settings.partitions
     wanted = min(settings.stage_partitions or inputs, SHARDS)
-    partitions = {name: wanted if name in stage_topics else inputs if name in pair else settings.partitions
-                  for name in configs}
+    # the others as many as the inputs too: partition p of the input checkpoints to partition p of the checkpoints
+    partitions = {name: wanted if name in stage_topics else inputs for name in configs}
     await ensure_topics(settings.brokers, list(configs), partitions, timeout=timeout, security=settings.security,
                         replication_factor=settings.replication_factor, configs=configs)
     inputs = await count(settings.topics.rankings) or settings.partitions
+    checkpoints = await count(settings.checkpoint_topic)
+    if checkpoints < inputs:  # (made before the inputs grew, or by hand): the partitions past its end never commit
+        raise TopicSettingsError(
+            f"the checkpoint topic {settings.checkpoint_topic} has {checkpoints} partitions and the input topics "
+            f"{inputs}: each input partition checkpoints to the partition of the same number. Give it as many "
+            "(kafka-topics --alter --partitions N) or more (docs/operations.md)")
     counts = [await count(topic) for topic in stage_topics]
     stages = counts[0]  # (a regroup log that exists keeps its partitions: its records are routed by them)
     if not 1 <= stages <= SHARDS or min(counts[1:]) < stages:
