@@ -68,6 +68,13 @@ def test_every_topic_the_worker_uses_is_created() -> None:
     assert {*names.inputs, names.request_metrics, names.dead_letters, settings.checkpoint_topic} <= created
     partitions = set(re.findall(r"--partitions (\d+)", script))
     assert partitions == {str(settings.partitions)}  # co-partitioned: the same count everywhere
+    # the checkpoints topic made here carries what the worker would have made it with (segment.ms too, which
+    # the worker's check of existing topics does not cover: without it trimmed checkpoints stayed for a week)
+    made = script.split(f"--topic {settings.checkpoint_topic}")[1].split("\n\n")[0]
+    given = dict(re.findall(r"--config ([\w.]+)=(\S+)", made))
+    wanted = {k: v for k, v in settings.topic_configs()[settings.checkpoint_topic].items()
+              if k != "min.insync.replicas"}
+    assert {k: given.get(k) for k in wanted} == wanted
 
 
 def test_prometheus_scrapes_the_worker() -> None:
