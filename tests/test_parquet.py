@@ -333,6 +333,17 @@ def test_attributes_of_another_type_are_invalid_as_in_json(tmp_path: Path) -> No
     assert [s["segment"]["value"] for s in from_parquet["segments"] if s["segment"]["field"] == "platform"] == ["web"]
 
 
+def test_a_time_that_is_not_finite_is_out_of_range_as_the_contract_says(tmp_path: Path) -> None:
+    """A Parquet column holds NaN and infinities, which no JSON line can: a ``ts`` of them is a time no real log
+    holds (``ts_out_of_range``, docs/contract.md §1), a grade of them a bad grade."""
+    table = pa.table({"type": ["ranking", "ranking", "ranking", "feedback"], "request_id": ["a", "b", "c", "c"],
+                      "ts": [float("nan"), float("inf"), T0, T0 + 1], "items": [["x"], ["x"], ["x"], None],
+                      "item": [None, None, None, "x"], "grade": [None, None, None, float("nan")]})
+    pq.write_table(table, tmp_path / "odd.parquet")
+    engine = replay([str(tmp_path / "odd.parquet")], Config())
+    assert engine.invalid_reasons == {"ranking: ts_out_of_range": 2, "feedback: bad_grade": 1}
+
+
 def test_a_damaged_row_group_keeps_the_row_groups_before_it(tmp_path: Path) -> None:
     """Row groups are read in runs of up to 65,536 rows: a damaged group lost the whole run before it, here every
     row (small groups of 2,000). Now the run's groups before the damaged one are read."""

@@ -544,8 +544,9 @@ def _slow_row(fields: Mapping[str, Any], k: int, attributes: Any, bad_text: bool
         return Invalid(kind, "bad_utf8", "not UTF-8 text", where)
     for field in ("ts", "grade", "dwell"):
         value = row.get(field)
-        if isinstance(value, float) and not math.isfinite(value):
-            return Invalid(kind, f"bad_{field}", f"{field}: not a finite number", where)
+        if isinstance(value, float) and not math.isfinite(value):  # (a time no log holds: docs/contract.md §1)
+            return Invalid(kind, "ts_out_of_range" if field == "ts" else f"bad_{field}",
+                           f"{field}: not a finite number", where)
     if "ts" in row and not isinstance(row["ts"], int | float | str):  # a timestamp column
         row["ts"] = float(_times(fields["ts"].slice(k, 1), 1)[0])
     try:
