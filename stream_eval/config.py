@@ -411,7 +411,9 @@ def _settings_json(settings: ExperimentSettings) -> dict[str, Any]:
     if settings.primary:
         out["primary"] = list(settings.primary)
     if settings.guardrails:
-        out["guardrails"] = {metric: tolerance.label() for metric, tolerance in settings.guardrails}
+        # relative as written ("-1%"), absolute as the number it is
+        out["guardrails"] = {metric: tolerance.label() if tolerance.relative else tolerance.value
+                             for metric, tolerance in settings.guardrails}
     if settings.cuped:
         out["cuped"] = True
         out["cuped_lookback"] = settings.cuped_lookback

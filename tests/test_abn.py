@@ -178,6 +178,8 @@ def test_a_guardrail_is_a_non_inferiority_test_and_leads_the_recommendation(tmp_
     assert recommendation["c-worse"]["breached"] == ["GAUC"]
     assert recommendation["b-better"]["recommendation"] == "ship"
     assert "nDCG@10" in recommendation["b-better"]["better"] and not recommendation["b-better"]["unproven"]
+    # the report's config gives them as written: a relative loss as its text, an absolute one as a number
+    assert engine.report()["config"]["experiments"]["exp1"]["guardrails"] == {"ERR@10": "-50%", "GAUC": -0.01}
     # a tighter tolerance that b has not been shown within: keep running
     strict = replay([str(log)], _config('[experiments.exp1]\nguardrails = {"GAUC" = -0.001}\n'))
     assert {r["treatment"]: r["recommendation"] for r in strict.experiments()}["b-better"] == "keep running"
