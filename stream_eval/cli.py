@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--preference", type=_non_negative, default=0.0, metavar="X",
                           help="with --unit user: spread of each user's persistent click propensity, so that the "
                                "pre-period predicts (e.g. 0.8; default 0)")
+    simulate.add_argument("--arms", type=_arms_arg, metavar="NAME:QUALITY,...",
+                          help="the experiment's arms and each one's ranker quality in [0, 1] (1 = sorted by true "
+                               "relevance, 0 = random), e.g. control:0.55,better:0.7,worse:0.4 (default "
+                               "control:0.55,treatment:0.7)")
+    simulate.add_argument("--segment", type=_segment_arg, action="append", default=[], metavar="FIELD=V1,V2,...",
+                          help="rankings carry attributes.FIELD, one of the values per unit (repeatable; for "
+                               "[segments])")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
     simulate.add_argument("--broker", metavar="URL",
                           help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")
@@ -311,6 +318,30 @@ def _duration_arg(text: str) -> float:
         return parse_duration(text, "duration")
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _arms_arg(text: str) -> tuple[tuple[str, float], ...]:
+    arms = []
+    for part in text.split(","):
+        name, _, quality = part.strip().rpartition(":")
+        try:
+            value = float(quality)
+        except ValueError:
+            value = math.nan
+        if not name or not 0.0 <= value <= 1.0:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: give each arm as NAME:QUALITY, a quality in [0, 1] "
+                                             "(e.g. control:0.55,better:0.7)")
+        arms.append((name, value))
+    return tuple(arms)
+
+
+def _segment_arg(text: str) -> tuple[str, tuple[str, ...]]:
+    field, _, values = text.partition("=")
+    names = tuple(value.strip() for value in values.split(","))
+    if not field.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a segment as FIELD=VALUE,VALUE,... "
+                                         "(e.g. platform=ios,android,web)")
+    return field.strip(), names
 
 
 def _non_negative(text: str) -> float:

@@ -269,9 +269,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     if given:  # (they were ignored without a word: a user who forgot --broker would wait for a paced file)
         raise ConfigError(f"simulate: {', '.join(given)}: only with --broker (sending to Kafka)")
     check_paths([], [args.output])
-    sim = _simulation(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                      judgments=args.judgments, unit=args.unit, behaviour=args.behaviour, pre_period=args.pre_period,
-                      preference=args.preference)
+    sim = _simulation(**_simulated(args))
     if args.output == "-":
         out = sys.stdout.buffer
         for line in simulate_lines(sim):
@@ -290,6 +288,14 @@ _BROKER_ONLY = (("--rate", "rate"), ("--topic-prefix", "topic_prefix"), ("--no-f
                 ("--sasl-username", "sasl_username"), ("--sasl-password-file", "sasl_password_file"),
                 ("--ssl-cafile", "ssl_cafile"), ("--ssl-certfile", "ssl_certfile"), ("--ssl-keyfile", "ssl_keyfile"),
                 ("--ssl-check-hostname", "ssl_check_hostname"))
+
+
+def _simulated(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``simulate``'s options, as :class:`SimulationConfig` names them."""
+    arms = {} if args.arms is None else {"arms": args.arms}
+    return dict(requests=args.requests, seed=args.seed, interleaving=args.interleaving, judgments=args.judgments,
+                unit=args.unit, behaviour=args.behaviour, pre_period=args.pre_period, preference=args.preference,
+                segments=tuple(args.segment), **arms)
 
 
 def _simulation(**settings: Any) -> SimulationConfig:
@@ -321,10 +327,7 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
     requests_per_second = args.rate / EVENTS_PER_REQUEST if args.rate > 0 else SimulationConfig.rate
     now = float(int(time.time()))
     start = now if paced else now - args.requests / requests_per_second
-    sim = _simulation(requests=args.requests, seed=args.seed, interleaving=args.interleaving,
-                      judgments=args.judgments, unit=args.unit, start_ts=start, endless=endless,
-                      rate=requests_per_second, behaviour=args.behaviour, pre_period=args.pre_period,
-                      preference=args.preference)
+    sim = _simulation(**_simulated(args), start_ts=start, endless=endless, rate=requests_per_second)
     timeout = {} if args.broker_timeout is None else {"broker_timeout": args.broker_timeout}
     return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
                            args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless,

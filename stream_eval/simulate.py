@@ -66,6 +66,7 @@ import gc
 import gzip
 import itertools
 import math
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -213,6 +214,10 @@ class SimulationConfig:
             that puts items first whose pages users leave quickly. Its clicks, and so its relevance measures, stay
             as its quality makes them; its satisfied clicks fall and its reformulations rise. Arms not named keep
             1; empty (the default): the output is the same as before the option existed.
+        segments: ``(field, values)`` pairs: every ranking carries ``attributes`` with one value of each field, the
+            same for all of a unit's rankings (its ``unit_id``, else its session: a user is on one platform), drawn
+            by a hash of the field and the unit, so that each value has about ``1 / len(values)`` of the units.
+            Empty (the default): no attributes.
     """
 
     requests: int = 1000
@@ -244,6 +249,7 @@ class SimulationConfig:
     pre_period: float = 0.0
     preference: float = 0.0
     dwell_scale: tuple[tuple[str, float], ...] = ()
+    segments: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         """Reject configurations the generator cannot honour.
@@ -317,6 +323,12 @@ class SimulationConfig:
                 raise ValueError(f"dwell_scale: {name!r} is not an arm (arms: {', '.join(names)})")
             if not (factor > 0 and math.isfinite(factor)):
                 raise ValueError(f"dwell_scale: the factor of {name!r} must be a positive number, not {factor}")
+        fields = [field for field, _ in self.segments]
+        if len(set(fields)) != len(fields):
+            raise ValueError("segments: each field once")
+        for field, values in self.segments:
+            if not field or not values or not all(values) or len(set(values)) != len(values):
+                raise ValueError(f"segments: {field!r} needs a name and distinct, non-empty values")
 
 
 def click_probabilities(max_grade: int) -> FloatArray:
@@ -759,6 +771,8 @@ class _Generator:
         events: list[Event] = []
         arm_labels = [*self.arm_names, INTERLEAVED_ARM]
         unit_ids = None if request_user is None else [f"u{user}" for user in request_user.tolist()]
+        # each field's values, and the start of its hash (a field of its own: fields drawn independently)
+        segments = [(field, values, zlib.crc32(field.encode())) for field, values in cfg.segments]
         pre_rows = before.tolist() if cfg.pre_period > 0 else None
         for i, (rid, ts, lo, n, q, sess, code) in enumerate(
             zip(
@@ -787,6 +801,10 @@ class _Generator:
                 del event["experiment"], event["arm"]
             if unit_ids is not None:
                 event["unit_id"] = unit_ids[i]
+            if segments:
+                unit = (event.get("unit_id") or event["session_id"]).encode()
+                event["attributes"] = {field: values[zlib.crc32(unit, seed) % len(values)]
+                                       for field, values, seed in segments}
             if code == n_arms:
                 event["teams"] = teams_rows[i]
             if subtopic_table is not None:

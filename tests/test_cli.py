@@ -629,6 +629,22 @@ def test_simulate_settings_it_cannot_use_are_a_message_not_a_traceback(tmp_path:
     assert b"Warning" not in result.stderr and not out.exists()
 
 
+def test_simulate_writes_the_arms_and_segments_asked_for(tmp_path: Path) -> None:
+    """``--arms`` names the experiment's arms with their rankers' quality, ``--segment`` a field of the rankings'
+    attributes: a three-arm experiment with a segment, as the README's A/B/n section has a user try it."""
+    out = tmp_path / "abn.jsonl"
+    result = cli("simulate", "--requests", "600", "--unit", "user", "--arms", "control:0.55,better:0.9,worse:0.1",
+                 "--segment", "platform=ios,web", "-o", out)
+    assert result.returncode == 0, result.stderr.decode()
+    rankings = [json.loads(line) for line in out.read_bytes().splitlines() if b'"ranking"' in line]
+    assert {r["arm"] for r in rankings} == {"control", "better", "worse"}
+    assert {r["attributes"]["platform"] for r in rankings} == {"ios", "web"}
+    for bad, said in ((["--arms", "control,better:0.7"], b"NAME:QUALITY"), (["--arms", "a:1.5"], b"NAME:QUALITY"),
+                      (["--segment", "platform"], b"FIELD=VALUE"), (["--segment", "p=a,a"], b"distinct")):
+        result = cli("simulate", "--requests", "5", "-o", tmp_path / "x.jsonl", *bad)
+        assert result.returncode == 2 and said in result.stderr, (bad, result.stderr)
+
+
 @pytest.mark.parametrize("options", [["--rate", "500"], ["--topic-prefix", "x", "--no-flush", "--security-protocol",
                                                         "SSL", "--no-ssl-check-hostname", "--partitions", "2"],
                                      ["--broker-timeout", "3"]])

@@ -517,6 +517,10 @@ def test_zero_requests() -> None:
         {"behaviour": True, "dwell_scale": (("nope", 0.5),)},
         {"behaviour": True, "dwell_scale": (("treatment", 0.0),)},
         {"behaviour": True, "dwell_scale": (("treatment", math.inf),)},
+        {"segments": (("platform", ()),)},
+        {"segments": (("platform", ("ios", "ios")),)},
+        {"segments": (("", ("ios",)),)},
+        {"segments": (("platform", ("ios",)), ("platform", ("web",)))},
     ],
 )
 def test_config_validation(kwargs: dict[str, Any]) -> None:
@@ -720,3 +724,22 @@ def test_dwell_scale_moves_satisfied_clicks_not_relevance() -> None:
     assert clickbait["nDCG@10"] == control["nDCG@10"] and clickbait["MRR"] == control["MRR"]  # same clicks
     assert clickbait["SatClick"] < 0.85 * control["SatClick"]
     assert clickbait["Reformulation"] > control["Reformulation"]
+
+
+def test_segments_give_each_unit_one_value_of_each_field() -> None:
+    """``segments``: every ranking carries ``attributes`` with one value of each field, the same for every ranking of
+    a unit (a user stays on their platform, pre-period included), each value with a share of the units; the rest
+    of each event is what it was without them."""
+    base = SimulationConfig(requests=3000, unit="user", pre_period=5.0)
+    fields = (("platform", ("ios", "android", "web")), ("locale", ("en", "de")))
+    plain, segmented = list(simulate(base)), list(simulate(dataclasses.replace(base, segments=fields)))
+    assert [{k: v for k, v in e.items() if k != "attributes"} for e in segmented] == plain
+    rankings = [e for e in segmented if e["type"] == "ranking"]
+    assert all(set(e["attributes"]) == {"platform", "locale"} for e in rankings)
+    seen: dict[str, set[tuple[str, str]]] = collections.defaultdict(set)
+    for e in rankings:
+        seen[e["unit_id"]].add((e["attributes"]["platform"], e["attributes"]["locale"]))
+    assert all(len(values) == 1 for values in seen.values())
+    per_unit = collections.Counter(value for values in seen.values() for value, _ in values)
+    assert set(per_unit) == {"ios", "android", "web"} and min(per_unit.values()) > len(seen) / 6
+    assert not any("attributes" in e for e in plain)
