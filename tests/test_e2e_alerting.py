@@ -201,7 +201,7 @@ def test_the_rollback_webhook_is_called_for_the_arm_truly_worse_on_a_guardrail(t
         calls = [p for p in webhook.payloads if p["_path"] == "/rollback"]
         assert calls and calls[0]["receiver"] == "rollback", webhook.summary()
         annotations = alert["annotations"]
-        assert float(annotations["margin"]) == -0.02
+        assert float(annotations["margin"]) == -0.02 and annotations["margin_on"] == "delta"
         assert float(annotations["upper"]) == pytest.approx(rows["c-worse"]["cs_upper"], rel=1e-3)
         assert float(annotations["lower"]) == pytest.approx(rows["c-worse"]["cs_lower"], rel=1e-3)
         # b-within: its guardrail series is there, 0, and no alert was ever pending or firing for it
@@ -431,7 +431,7 @@ def test_a_real_worker_has_the_rollback_webhook_called_for_the_arm_truly_worse_o
              and any(a["labels"].get("experiment") == GUARD for a in p["alerts"])]
     assert calls and all(p["receiver"] == "rollback" for p in calls), webhook.summary()
     annotations = alert["annotations"]
-    assert float(annotations["margin"]) == pytest.approx(TOLERANCE)
+    assert float(annotations["margin"]) == pytest.approx(TOLERANCE) and annotations["margin_on"] == "lift"
     assert float(annotations["lower"]) <= float(annotations["upper"]) < TOLERANCE
     exported = {labels["arm"]: value for labels, value in stack.worker_samples()["stream_eval_ab_guardrail_breached"]
                 if labels["experiment"] == GUARD and labels["metric"] == "ERR@10"}
@@ -458,7 +458,8 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from _panels(panel.get("panels", []))  # rows hold their collapsed panels
 
 
-_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
+#: ($1, ${2}: label_replace's groups, which Grafana leaves as they are: no variable is named by digits)
+_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\[\[([A-Za-z_]\w*)\]\]|\$([A-Za-z_]\w*)")
 
 
 def _substitute(expr: str) -> str:

@@ -124,6 +124,13 @@ def _ratio(sum_series: str, count_series: str, selector: str, by_labels: str = "
     return f"{by} ({sum_series}{{{selector}}})\n  / ({by} ({count_series}{{{selector}}}) > 0)"
 
 
+def _as_mean_names(expr: str) -> str:
+    """``expr``'s series of every metric, their per-request names given as the means' (RR -> MRR, AP(rel=2)@10 ->
+    MAP(rel=2)@10, as the A/B series and live windows name them), and only those of the panel's ``$metric``."""
+    return (f'label_replace({expr}, "metric", "M$1$2", "metric", "(RR|AP)([(@].*)?")\n'
+            '  and on (metric) label_replace(vector(1), "metric", "$metric", "", "")')
+
+
 def _thresholds(base: str, *steps: tuple[float, str]) -> dash.ThresholdsConfig:
     return dash.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
         [Threshold(value=None, color=base), *(Threshold(value=v, color=c) for v, c in steps)])
@@ -334,20 +341,24 @@ def guardrails_panel(panel_id: int) -> table.Panel:
         "B": (_guardrail("stream_eval_ab_guardrail_margin"), "tolerated loss"),
         "C": (_guardrail("stream_eval_ab_guardrail_lower"), "cs lower"),
         "D": (_guardrail("stream_eval_ab_guardrail_upper"), "cs upper"),
+        "E": (_guardrail("stream_eval_ab_guardrail_relative"), "on"),
     }
     panel = (
         table.Panel().id(panel_id).title("Guardrails: each treatment against the tolerated loss")
         .description(
             "One line per treatment arm and guardrail metric ([experiments.NAME] guardrails, e.g. ERR@10 = "
             "\"-1%\", GAUC = -0.005). 'tolerated loss' is on the relative lift when configured in %, else on the "
-            "delta; 'cs lower' .. 'cs upper' is the always-valid confidence sequence of that same quantity. status "
+            "delta (column 'on': lift or delta); 'cs lower' .. 'cs upper' is the always-valid confidence sequence "
+            "of that same quantity. status "
             "= within (non-inferior) when the sequence lies wholly on the good side of the tolerated loss, "
             "breached when wholly on the bad side (the treatment is then rolled back), else unproven (keep "
             "collecting).")
         .datasource(DATASOURCE).span(16).height(8).decimals(4)
     )
-    return _status_table(panel, columns, "status",
-                         {"1": ("within", GOOD), "0": ("unproven", WARN), "-1": ("breached", BAD)})
+    return (_status_table(panel, columns, "status",
+                          {"1": ("within", GOOD), "0": ("unproven", WARN), "-1": ("breached", BAD)})
+            .override_by_name("on", [DynamicConfigValue("mappings", [_mapping({"1": ("lift", "text"),
+                                                                               "0": ("delta", "text")})])]))
 
 
 def guardrail_bounds_panel(panel_id: int) -> timeseries.Panel:
@@ -529,18 +540,18 @@ def segment_panels(ids: Iterator[int]) -> list[Builder[Panel]]:
         _graph(next(ids), "$metric per arm and segment value",
                "Mean of $metric per arm within each segment value ($segment), over the requests served in the "
                "last hour of event time (open requests' current values included), summed over workers first "
-               "(sum of sums / sum of counts). 'cumulative': every finalised request of the value so far (measures "
-               "whose per-request name differs, MRR = mean RR, show their 1h line only). Session measures (GAUC, "
-               "QueriesPerSession, Reformulation) are not per segment. One panel per selected metric.", w=24, h=9)
+               "(sum of sums / sum of counts). 'cumulative': every finalised request of the value so far. Session "
+               "measures (GAUC, QueriesPerSession, Reformulation) are not per segment. One panel per selected "
+               "metric.", w=24, h=9)
         .repeat("metric").repeat_direction("h").max_per_row(2)
         .decimals(3).min(0)
         .with_target(_query("A", _ratio("stream_eval_segment_window_sum", "stream_eval_segment_window_count", window,
                                         f"experiment, arm, metric, {SEGMENT_BY}"),
                             "{{segment_field}}={{segment_value}} {{arm}} 1h"))
-        .with_target(_query("B", _ratio("stream_eval_segment_metric_sum_total",
-                                        "stream_eval_segment_metric_count_total",
-                                        f'{EXP_ARM}, {SEGMENT}, metric=~"$metric"',
-                                        f"experiment, arm, metric, {SEGMENT_BY}"),
+        .with_target(_query("B", _as_mean_names(_ratio("stream_eval_segment_metric_sum_total",
+                                                       "stream_eval_segment_metric_count_total",
+                                                       f"{EXP_ARM}, {SEGMENT}",
+                                                       f"experiment, arm, metric, {SEGMENT_BY}")),
                             "{{segment_field}}={{segment_value}} {{arm}} cumulative"))
         .override_by_regexp("/ cumulative$/", [DynamicConfigValue("custom.lineWidth", 3)]),
         _status_table(rows, columns, "differs from the rest", {"1": ("yes", WARN), "0": ("no", NEUTRAL)},

@@ -38,7 +38,7 @@ SEGMENT_AB_FIELDS = (*AB_FIELDS, "rest_delta", "rest_p_value", "differs")
 
 #: A guardrail's exported fields: its tolerated loss, the bounds of the sequence compared with it (the lift's for a
 #: relative tolerance), breached 0/1 and non-inferior 0/1.
-GUARDRAIL_FIELDS = ("margin", "lower", "upper", "breached", "non_inferior")
+GUARDRAIL_FIELDS = ("margin", "lower", "upper", "breached", "non_inferior", "relative")
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,7 +238,7 @@ class Reader:
                 bounds = ("lift_cs_lower", "lift_cs_upper") if row["margin_relative"] else ("cs_lower", "cs_upper")
                 guardrails[row["experiment"], row["metric"], row["treatment"]] = (
                     row["margin"], _number(row[bounds[0]]), _number(row[bounds[1]]), float(row["breached"]),
-                    float(row["non_inferior"]))
+                    float(row["non_inferior"]), float(row["margin_relative"]))
         recommendations: dict[Labels, float] = {
             (r["experiment"], r["treatment"], r["recommendation"]): 1.0 for r in engine.experiments()}
         compared = engine.config.compares  # (the traffic outside any experiment is tracked for CUPED, not shown)

@@ -316,6 +316,8 @@ class EngineCollector(Collector):
              "sequence wholly on the bad side of the margin)."),
             ("stream_eval_ab_guardrail_non_inferior", "1 when the treatment is shown within the guardrail's "
              "tolerance (the sequence wholly on the good side of the margin)."),
+            ("stream_eval_ab_guardrail_relative", "1 when the guardrail's margin was given in % (margin, lower and "
+             "upper are then on the relative lift: -0.01 = -1 %), 0 when it is on the delta."),
         )):
             yield self._gauge(name, doc, ab, {k: v[i] for k, v in s.ab.guardrails.items()})
         yield self._gauge("stream_eval_ab_recommendation", "1 for a treatment's recommendation: ship, rollback or "
