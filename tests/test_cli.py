@@ -294,6 +294,8 @@ def test_damaged_gzip_reports_what_was_read_and_fails(tmp_path: Path, damage: st
     assert f"stream-eval: error: {path}: " in result.stderr.decode()
     read = json.loads(result.stdout)["events"]
     assert 0 < read["ranking"] < 3000  # what came before the damage
+    if damage == "cut":  # the line the cut went through is left out, not counted invalid
+        assert read["invalid"] == 0 and b"cut there, left out" in result.stderr, result.stderr.decode()
 
 
 @pytest.mark.slow

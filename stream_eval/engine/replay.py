@@ -50,8 +50,8 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
     """Complete lines of ``path`` in chunks: ``(chunk, number of its first line, compressed bytes read)``.
 
     With ``damaged``, a file that cannot be read to its end (gzip cut short or corrupt, an I/O error) ends where
-    it breaks: what was read before is given (its last line, likely cut, as well) and the reason is added to
-    ``damaged``.
+    it breaks: its complete lines before are given, the text after the last line end (a line cut where the file
+    broke) is left out, and the reason is added to ``damaged``.
 
     A UTF-8 byte order mark at the start (what some Windows tools write before UTF-8 text) is left out: JSON text
     has none, and RFC 8259 lets a reader ignore it."""
@@ -69,7 +69,11 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
                     raise
                 where, reason = "stdin" if path == "-" else path, str(error) or type(error).__name__
                 read = line - 1 + count_lines(rest)
-                damaged.append(f"{where}: {reason} after line {read}; the events before were read")
+                partial = rest[rest.rfind(b"\n") + 1:]
+                left = (f" (and {len(partial):,} bytes of line {read + 1}, cut there, left out)"
+                        if partial.strip() else "")
+                damaged.append(f"{where}: {reason} after line {read}; the events before were read{left}")
+                rest = rest[: len(rest) - len(partial)]
                 break
             if not block:
                 break
