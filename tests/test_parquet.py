@@ -342,6 +342,11 @@ def test_a_time_that_is_not_finite_is_out_of_range_as_the_contract_says(tmp_path
     pq.write_table(table, tmp_path / "odd.parquet")
     engine = replay([str(tmp_path / "odd.parquet")], Config())
     assert engine.invalid_reasons == {"ranking: ts_out_of_range": 2, "feedback: bad_grade": 1}
+    # a NaN score: named as what it is (it used to read "Expected `float`, got `null`", the NaN written as null)
+    pq.write_table(pa.table({"request_id": ["a"], "ts": [T0], "items": [["x", "y"]], "scores": [[1.0, math.nan]]}),
+                   tmp_path / "score.parquet")
+    engine = replay([str(tmp_path / "score.parquet")], Config())
+    assert [e.reason for e in engine.invalid_examples] == ["scores: not a finite number (NaN or infinite) in the list"]
 
 
 def test_a_damaged_row_group_keeps_the_row_groups_before_it(tmp_path: Path) -> None:

@@ -1043,3 +1043,12 @@ def test_a_grade_beyond_100_is_bad_grade_on_every_path(grade: float, tmp_path: P
             assert not engine.invalid_reasons and report["overall"]["metrics"]["nDCG@10"] > 0
         else:
             assert engine.invalid_reasons == {"feedback: bad_grade": 1}, separators
+
+
+def test_a_lone_surrogate_escape_is_named_as_a_possible_reason() -> None:
+    """msgspec says "Input data was truncated" for a string with a high surrogate escape without its pair: a whole
+    line then read as if cut. The reason names both."""
+    lone = invalid(b'{"type": "ranking", "request_id": "r", "ts": 1767225600, "items": ["\\ud800"]}')
+    cut = invalid(b'{"type": "ranking", "request_id": "r", "ts": 1767225600, "items": ["a')
+    assert lone.code == cut.code == "bad_json"
+    assert "lone UTF-16 surrogate" in lone.reason and "truncated" in lone.reason

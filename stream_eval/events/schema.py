@@ -504,6 +504,8 @@ def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError | RecursionError
         return "too_deep", TOO_DEEP_REASON
     text = str(error)
     if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
+        if text == "Input data was truncated":  # (msgspec's words for a high surrogate escape without its pair too)
+            text += " (or a string holds a lone UTF-16 surrogate escape such as \\ud800)"
         return "bad_json", text
     if "missing required field `type`" in text:
         return "missing_type", "type: missing (one of ranking, feedback, judgment, watermark)"
