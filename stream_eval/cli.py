@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--arms", type=_arms_arg, metavar="NAME:QUALITY,...",
                           help="the experiment's arms and each one's ranker quality in [0, 1] (1 = sorted by true "
                                "relevance, 0 = random), e.g. control:0.55,better:0.7,worse:0.4 (default "
-                               "control:0.55,treatment:0.7)")
+                               "control:0.55,treatment:0.7); the control is the first by name unless the config "
+                               "names it ([experiments.exp1] control = \"control\")")
     simulate.add_argument("--segment", type=_segment_arg, action="append", default=[], metavar="FIELD=V1,V2,...",
                           help="rankings carry attributes.FIELD, one of the values per unit (repeatable; for "
                                "[segments])")
@@ -324,6 +325,7 @@ def _arms_arg(text: str) -> tuple[tuple[str, float], ...]:
     arms = []
     for part in text.split(","):
         name, _, quality = part.strip().rpartition(":")
+        name = name.strip()
         try:
             value = float(quality)
         except ValueError:

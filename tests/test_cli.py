@@ -296,6 +296,12 @@ def test_damaged_gzip_reports_what_was_read_and_fails(tmp_path: Path, damage: st
     assert 0 < read["ranking"] < 3000  # what came before the damage
     if damage == "cut":  # the line the cut went through is left out, not counted invalid
         assert read["invalid"] == 0 and b"cut there, left out" in result.stderr, result.stderr.decode()
+        # only the trailer cut (every line there), the last without a line end: it is whole, and read
+        whole = gzip.compress("\n".join(lines).encode())[:-4]
+        path.write_bytes(whole)
+        result = cli("replay", path, "--format", "json")
+        assert result.returncode == 1 and b"left out" not in result.stderr, result.stderr.decode()
+        assert json.loads(result.stdout)["events"]["ranking"] == 3000
 
 
 @pytest.mark.slow

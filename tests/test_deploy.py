@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -116,12 +116,14 @@ def test_dockerfile_runs_as_a_non_root_user_without_the_development_broker() -> 
     assert "warm_up" in text.split(f"USER {users[-1]}")[-1]
 
 
-def test_the_compiled_loops_cache_where_the_package_and_home_cannot_be_written(tmp_path: Path) -> None:
-    """The image runs as a user without a home over a site-packages it cannot write: numba, finding neither of its
-    cache places writable, failed at import ("no locator available"), so every command did. A ``__pycache__`` that is
-    a file, and a cache home under a file, cannot be written even by root."""
+@pytest.mark.parametrize("given", [None, "unwritable"])
+def test_the_compiled_loops_cache_where_the_package_and_home_cannot_be_written(tmp_path: Path,
+                                                                              given: str | None) -> None:
+    """The image runs as a user without a home over a site-packages it cannot write: numba, finding none of its
+    cache places writable, failed at import ("no locator available"), so every command did; so did an image whose
+    NUMBA_CACHE_DIR another uid owns. A ``__pycache__`` that is a file, and directories under a file, cannot be
+    written even by root."""
     import sys
-
 
     package = tmp_path / "site" / "stream_eval"
     shutil.copytree(ROOT / "stream_eval", package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -133,6 +135,8 @@ def test_the_compiled_loops_cache_where_the_package_and_home_cannot_be_written(t
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(PYTHONPATH=str(package.parent), XDG_CACHE_HOME=str(tmp_path / "afile" / "cache"),
                HOME=str(tmp_path / "afile"), TMPDIR=str(temp), PYTHONDONTWRITEBYTECODE="1")
+    if given:
+        env["NUMBA_CACHE_DIR"] = str(tmp_path / "afile" / "numba-cache")
     code = ("import os, numpy as np; from stream_eval.engine import compiled; "
             "print(os.environ['NUMBA_CACHE_DIR']); print(compiled.__file__)")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
@@ -140,15 +144,27 @@ def test_the_compiled_loops_cache_where_the_package_and_home_cannot_be_written(t
     assert done.returncode == 0, done.stderr[-2000:]
     cache, module = done.stdout.split()
     assert module.startswith(str(package)) and cache.startswith(str(temp)) and "stream-eval-numba" in cache
+    assert (Path(cache).stat().st_mode & 0o077) == 0  # this user's alone (numba unpickles what it finds there)
 
 
-def test_the_numba_cache_is_numbas_own_choice_where_it_can_write() -> None:
-    from stream_eval import numba_cache_dir
+def test_the_numba_cache_is_numbas_own_choice_where_it_can_write(tmp_path: Path) -> None:
+    from stream_eval import numba_cache_dir, private_dir
 
-    assert numba_cache_dir("/pkg", "/home/u/.cache/numba", lambda path: path == "/pkg/__pycache__") is None
-    assert numba_cache_dir("/pkg", "/home/u/.cache/numba", lambda path: path.startswith("/home")) is None
-    chosen = numba_cache_dir("/pkg", "/home/u/.cache/numba", lambda path: False)
+    def choose(writable: Callable[[str], bool], given: str = "", private: bool = True) -> str | None:
+        return numba_cache_dir("/pkg", "/home/u/.cache/numba", given, writable, lambda path: private)
+
+    assert choose(lambda path: path == "/pkg/__pycache__") is None
+    assert choose(lambda path: path.startswith("/home")) is None
+    assert choose(lambda path: path == "/cache", given="/cache") is None
+    chosen = choose(lambda path: False, given="/cache")  # NUMBA_CACHE_DIR set, but not writable: no say
     assert chosen is not None and "stream-eval-numba" in chosen
+    # a shared name that is not this user's private directory (made by someone else, or open to others): not used
+    other = choose(lambda path: False, private=False)
+    assert other is not None and other != chosen and Path(other).is_dir()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert not private_dir(str(shared)) and private_dir(str(tmp_path / "mine"))
 
 
 def _bind_mounts(service: dict[str, Any]) -> dict[str, str]:
@@ -293,7 +309,7 @@ def _substituted(expr: str, **values: str) -> str:
         assert name in VARIABLES, f"unknown variable ${name} in {expr!r}"
         return values.get(name, VARIABLES[name])
     # ($1, ${2}: label_replace's groups, which Grafana leaves as they are: no variable is named by digits)
-    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", value, expr)
+    return re.sub(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\$([A-Za-z_]\w*)", value, expr)
 
 
 def test_grafana_provisioning_matches_compose() -> None:
@@ -494,6 +510,8 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
             series("stream_eval_segment_metric_count_total", "0+4x5", metric="RR", **labels),
             series("stream_eval_segment_metric_sum_total", "0+1x5", metric="nDCG@10", **labels),
             series("stream_eval_segment_metric_count_total", "0+4x5", metric="nDCG@10", **labels),
+            series("stream_eval_segment_metric_sum_total", "0+3x5", metric="AP(rel=2)@10", **labels),
+            series("stream_eval_segment_metric_count_total", "0+4x5", metric="AP(rel=2)@10", **labels),
             series("stream_eval_segment_ab_differs", differs, metric="MRR", **{**labels, "arm": "treatment"}),
         ]
     checks = [
@@ -505,6 +523,8 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
          [sample(0.5, arm="control", metric="MRR", **segment)]),
         (_target("$metric per arm and segment value", "B", "nDCG@10"),
          [sample(0.25, arm="control", metric="nDCG@10", **segment)]),
+        (_target("$metric per arm and segment value", "B", "MAP(rel=2)@10"),  # (the raw value: no escapes)
+         [sample(0.75, arm="control", metric="MAP(rel=2)@10", **segment)]),
         # w2's 0 is a stale value from before a hand-over: the row is flagged (max over workers)
         (_target("Segment rows: each treatment vs control within a segment value", "A"),
          [sample(1, arm="treatment", metric="MRR", **segment)]),

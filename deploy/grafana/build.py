@@ -127,8 +127,9 @@ def _ratio(sum_series: str, count_series: str, selector: str, by_labels: str = "
 def _as_mean_names(expr: str) -> str:
     """``expr``'s series of every metric, their per-request names given as the means' (RR -> MRR, AP(rel=2)@10 ->
     MAP(rel=2)@10, as the A/B series and live windows name them), and only those of the panel's ``$metric``."""
+    # (${metric:raw}: a multi-value variable is regex-escaped, MAP\(rel=2\)@10, where a label value is set)
     return (f'label_replace({expr}, "metric", "M$1$2", "metric", "(RR|AP)([(@].*)?")\n'
-            '  and on (metric) label_replace(vector(1), "metric", "$metric", "", "")')
+            '  and on (metric) label_replace(vector(1), "metric", "${metric:raw}", "", "")')
 
 
 def _thresholds(base: str, *steps: tuple[float, str]) -> dash.ThresholdsConfig:

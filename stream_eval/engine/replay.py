@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
+import orjson
+
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.events.schema import Chunk, count_lines, decode_chunk_columns
@@ -70,10 +72,11 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
                 where, reason = "stdin" if path == "-" else path, str(error) or type(error).__name__
                 read = line - 1 + count_lines(rest)
                 partial = rest[rest.rfind(b"\n") + 1:]
-                left = (f" (and {len(partial):,} bytes of line {read + 1}, cut there, left out)"
-                        if partial.strip() else "")
+                left = ""
+                if partial.strip() and not _whole_json(partial):  # (a last line without its line end may be whole)
+                    left = f" (and {len(partial):,} bytes of line {read + 1}, cut there, left out)"
+                    rest = rest[: len(rest) - len(partial)]
                 damaged.append(f"{where}: {reason} after line {read}; the events before were read{left}")
-                rest = rest[: len(rest) - len(partial)]
                 break
             if not block:
                 break
@@ -91,6 +94,14 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
             line += count_lines(chunk)
         if rest.strip():
             yield rest, line, _tell(raw)
+
+
+def _whole_json(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 #: The UTF-8 byte order mark.

@@ -548,8 +548,8 @@ def _slow_row(fields: Mapping[str, Any], k: int, attributes: Any, bad_text: bool
             return Invalid(kind, "ts_out_of_range" if field == "ts" else f"bad_{field}",
                            f"{field}: not a finite number", where)
     scores = row.get("scores")
-    if isinstance(scores, list) and not all(isinstance(x, int | float) and math.isfinite(x) for x in scores
-                                           if x is not None):  # (JSON has no NaN: it would be written as null)
+    if isinstance(scores, list) and any(isinstance(x, float) and not math.isfinite(x)
+                                        for x in scores):  # (JSON has no NaN: it would be written as null)
         return Invalid(kind, "bad_field", "scores: not a finite number (NaN or infinite) in the list", where)
     if "ts" in row and not isinstance(row["ts"], int | float | str):  # a timestamp column
         row["ts"] = float(_times(fields["ts"].slice(k, 1), 1)[0])
