@@ -14,11 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-import orjson
-
 from stream_eval.config import Config
 from stream_eval.engine.engine import Engine, FinalisedBatch
-from stream_eval.events.schema import Chunk, count_lines, decode_chunk_columns
+from stream_eval.events.schema import Chunk, count_lines, decode_chunk_columns, is_json
 
 #: Bytes read at a time: the size that replayed the benchmark file fastest for a few MB more peak RSS; a larger
 #: one gained little more and its peak grew with the file (docs/benchmarks.md, "Facts moved from code comments").
@@ -73,7 +71,7 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
                 read = line - 1 + count_lines(rest)
                 partial = rest[rest.rfind(b"\n") + 1:]
                 left = ""
-                if partial.strip() and not _whole_json(partial):  # (a last line without its line end may be whole)
+                if partial.strip() and not is_json(partial):  # (a last line without its line end may be whole)
                     left = f" (and {len(partial):,} bytes of line {read + 1}, cut there, left out)"
                     rest = rest[: len(rest) - len(partial)]
                 damaged.append(f"{where}: {reason} after line {read}; the events before were read{left}")
@@ -94,14 +92,6 @@ def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
             line += count_lines(chunk)
         if rest.strip():
             yield rest, line, _tell(raw)
-
-
-def _whole_json(line: bytes) -> bool:
-    try:
-        orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 #: The UTF-8 byte order mark.

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from stream_eval.config import MAX_GRADE, Config
 from stream_eval.events import compiled, scan
@@ -688,6 +689,15 @@ def decode_chunk(chunk: bytes, config: Config, first_line: int = 1, source: str 
                 result.where = f"{source}:{number}"
                 result.raw = bytes(line)
     return results
+
+
+def is_json(text: bytes) -> bool:
+    """Whether ``text`` is one whole JSON value."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def count_lines(chunk: bytes) -> int:

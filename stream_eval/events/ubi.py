@@ -48,6 +48,7 @@ from stream_eval.events.schema import (
     Invalid,
     Watermark,
     decode_chunk_compact,
+    is_json,
     parse_time,
     screen_one,
     screened,
@@ -307,17 +308,9 @@ def _one_document(chunk: bytes) -> bool:
     first = lines[0]
     if first == b"{":
         return True
-    if first[:1] not in (b"{", b"[") or _is_json(first):
+    if first[:1] not in (b"{", b"[") or is_json(first):
         return False
-    return first[:1] == b"[" or (len(lines) > 1 and not _is_json(lines[1]))
-
-
-def _is_json(text: bytes) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
+    return first[:1] == b"[" or (len(lines) > 1 and not is_json(lines[1]))
 
 
 def _line_records(chunk: bytes, first_line: int, source: str) -> Iterator[Record]:
