@@ -100,6 +100,13 @@ def test_arms_that_differed_before_the_experiment_are_flagged_beside_srm(tmp_pat
     registry = CollectorRegistry()
     EngineCollector(engine, registry)
     assert registry.get_sample_value("stream_eval_pre_imbalance", {"experiment": "exp"}) == 1.0
+    # the terminal's table shows it beside the sample ratio (it showed CUPED nowhere)
+    from stream_eval.export.report import to_table
+
+    lines = to_table(engine.report()).splitlines()
+    header = lines[lines.index("Sample ratio (units per arm)") + 1]
+    assert header.split()[-1] == "pre-period"
+    assert "IMBALANCE" in lines[lines.index("Sample ratio (units per arm)") + 3] and "MRR" in lines[-1]
 
 
 def test_the_covariate_comes_from_a_warehouse_table_when_one_is_named(tmp_path: Path) -> None:
@@ -186,6 +193,20 @@ def test_simulated_users_with_a_pre_period_give_a_variance_reduction_on_metrics(
     assert registry.get_sample_value("stream_eval_ab_variance_reduction", labels) == rows["MRR"]["variance_reduction"]
     assert registry.get_sample_value("stream_eval_ab_pre_p_value", labels) == rows["MRR"]["pre_p_value"]
     assert registry.get_sample_value("stream_eval_pre_imbalance", {"experiment": "exp1"}) == 0.0
+    # the terminal's table and the HTML page show each row's variance reduction and the pre-period check
+    from stream_eval.export.html import _decisions
+    from stream_eval.export.report import to_table
+
+    report = engine.report()
+    lines = to_table(report).splitlines()
+    header = next(line for line in lines if line.startswith("experiment") and "fixed interval" in line)
+    assert header.split()[-2:] == ["var.", "red."]
+    mrr = next(line for line in lines if "treatment - control" in line and " MRR " in line)
+    assert mrr.split()[-1] == f"{100 * rows['MRR']['variance_reduction']:.1f}%"
+    assert plain.report()["ab"] and "var. red." not in to_table(plain.report())
+    page = _decisions(report)  # (the page's Decisions section)
+    assert "CUPED variance reduction" in page and f"{100 * rows['MRR']['variance_reduction']:.1f}%" in page
+    assert "pre-period check (the arms before the experiment) exp1: ok" in page
 
 
 def test_traffic_outside_any_experiment_is_not_compared_once_experiments_are_configured(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stream_eval.export.html_data import HtmlData, QueryMeans, ratio
-from stream_eval.export.report import guardrail_status, percent
+from stream_eval.export.report import guardrail_status, percent, pre_period_check, variance_reduction
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -244,9 +244,17 @@ def _decisions(report: dict[str, Any]) -> str:
     parts.append('<p class="note">Each treatment - the control, over randomisation units. The confidence sequence '
                  "and the p-value stay valid however often they are read; the decisions are taken after "
                  "false-discovery control (e-BH over the goal metrics and treatments).</p>")
-    parts.append(_table(["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "lift",
-                         "lift's confidence sequence", "p", "decision", "guardrail", "units c / t"], rows,
-                        text_columns=3))
+    header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "lift",
+              "lift's confidence sequence", "p", "decision", "guardrail", "units c / t"]
+    if any(a.get("cuped") for a in report["ab"]):  # CUPED: the adjusted rows' variance reduction
+        header.append("CUPED variance reduction")
+        for row, a in zip(rows, report["ab"], strict=True):
+            row.append(variance_reduction(a))
+        checks = [f"{html.escape(r['experiment'])}: {html.escape(check)}" for r in report.get("srm", [])
+                  if (check := pre_period_check(r)) is not None]
+        parts.append(f'<p class="note">CUPED on: each row adjusted by the units\' own pre-period values; '
+                     f'pre-period check (the arms before the experiment) {"; ".join(checks) or "-"}.</p>')
+    parts.append(_table(header, rows, text_columns=3))
     recommendation_colours = {"ship": "better", "rollback": "worse", "keep running": "inconclusive"}
     recommendations = [[html.escape(r["experiment"]), html.escape(r["treatment"]),
                         _badge(recommendation_colours[r["recommendation"]], r["recommendation"])

@@ -34,6 +34,22 @@ def percent(value: object) -> str:
     return f"{100 * value:+.2f}%"
 
 
+def variance_reduction(row: dict[str, Any]) -> str:
+    """CUPED's variance reduction of an ``ab`` row as a percentage (``-`` without CUPED)."""
+    value = row.get("variance_reduction")
+    if not row.get("cuped") or not isinstance(value, float) or not math.isfinite(value):
+        return "-"
+    return f"{100 * value:.1f}%"
+
+
+def pre_period_check(row: dict[str, Any]) -> str | None:
+    """An ``srm`` row's pre-period check of a CUPED experiment (None without CUPED): ``ok``, or the metrics whose
+    arms differed before the experiment."""
+    if "pre_imbalance" not in row:
+        return None
+    return "IMBALANCE " + ", ".join(row["pre_imbalance"]) if row["pre_imbalance"] else "ok"
+
+
 def guardrail_status(row: dict[str, Any]) -> tuple[str, str] | None:
     """An ``ab`` row's guardrail status against its tolerated loss, as (decision of its colour, text):
     ``breached -1.00%``, ``within -0.0050``, ``unproven ...``; None for a goal metric."""
@@ -85,6 +101,10 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
         level = f"{100 * report['config']['confidence']:g}%"
         header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision", "lift",
                   "guardrail", "fixed interval", "units c/t", "n c/t"]
+        if any(a.get("cuped") for a in report["ab"]):  # CUPED: the adjusted rows' variance reduction
+            header.append("var. red.")
+            for row, a in zip(rows, report["ab"], strict=True):
+                row.append(variance_reduction(a))
         parts += ["", "A/B over units (the confidence sequence and p stay valid however often they are read; the "
                   "fixed interval does not)", _table(header, rows)]
     if report.get("experiments"):
@@ -95,13 +115,18 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
                   "sample ratio"]
         parts += ["", "Recommendation per treatment", _table(header, rows)]
     if report.get("segment_ab"):
-        parts += ["", f"{len(report['segment_ab']):,} A/B rows per segment value (exploratory): in --format json's "
-                  "segment_ab and --html"]
+        values = {(r["segment"]["field"], r["segment"]["value"]) for r in report["segment_ab"]}
+        parts += ["", f"{len(report['segment_ab']):,} A/B rows of {len(values):,} segment values (exploratory): in "
+                  "--format json's segment_ab and --html"]
     if report.get("srm"):
         rows = [[r["experiment"], " ".join(f"{arm} {n}" for arm, n in r["units"].items()),
                  " ".join(f"{arm} {share:g}" for arm, share in r["expected"].items()), _fmt(r["p_value"]),
                  _fmt(r["sequential_p_value"]), "MISMATCH" if r["mismatch"] else "ok"] for r in report["srm"]]
         header = ["experiment", "units", "expected", "chi2 p", "sequential p", "sample ratio"]
+        if any("pre_imbalance" in r for r in report["srm"]):  # CUPED: the arms' pre-period compared
+            header.append("pre-period")
+            for row, r in zip(rows, report["srm"], strict=True):
+                row.append(pre_period_check(r) or "-")
         parts += ["", "Sample ratio (units per arm)", _table(header, rows)]
     if invalid_examples:
         parts += ["", "invalid events (first few):", *("  " + line for line in invalid_examples)]
