@@ -149,3 +149,22 @@ def test_the_topics_the_worker_creates_have_as_many_partitions_as_existing_input
     with pytest.raises(TopicSettingsError) as raised:
         asyncio.run(prepare_topics(narrow, 30))
     assert "topics-narrow.g.checkpoints has 2 partitions and the input topics 4" in str(raised.value)
+
+
+def test_produce_gives_a_missing_input_topic_the_count_of_the_existing_one(broker: str) -> None:
+    """``produce --partitions 4`` beside a feedback topic of 2 partitions made the rankings topic with 4, and the
+    worker then refused the pair: produce now takes the existing topic's count, and refuses a pair that differs."""
+    from stream_eval.stream.kafka import topics
+    from stream_eval.stream.produce import send_lines
+
+    names = topics("produce-pair.")
+    asyncio.run(ensure_topics([broker], [names.feedback], 2))
+    line = b'{"type": "ranking", "request_id": "r1", "ts": 1767225600, "items": ["a"]}\n'
+    asyncio.run(send_lines([line], broker, names, speed=None, flush=False, partitions=4))
+    found = asyncio.run(_describe(broker, [names.rankings, names.judgments]))
+    assert found[names.rankings]["partitions"] == found[names.judgments]["partitions"] == "2"
+    odd = topics("produce-odd.")
+    asyncio.run(ensure_topics([broker], [odd.rankings], 4))
+    asyncio.run(ensure_topics([broker], [odd.feedback], 2))
+    with pytest.raises(TopicSettingsError, match="must have the same partition count"):
+        asyncio.run(send_lines([line], broker, odd, speed=None, flush=False, partitions=4))

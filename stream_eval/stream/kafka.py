@@ -627,6 +627,28 @@ class _Without(logging.Filter):
         return not str(record.msg).startswith(self.prefix)
 
 
+async def input_partitions(bootstrap: list[str], names: Topics, default: int, timeout: float,
+                           security: KafkaSecurity | None = None) -> int:
+    """The partition count of the input topics: that of the ``rankings`` or ``feedback`` topic that exists, else
+    ``default``. The join reads partition p of the rankings with partition p of the feedback (both keyed by request
+    id): a topic of the pair that exists sets the count of the other, and two that differ cannot be used.
+
+    Raises:
+        TimeoutError: The broker did not answer in time.
+        TopicSettingsError: Both exist with different counts.
+    """
+    pair = (names.rankings, names.feedback)
+    found = {topic: len(await asyncio.wait_for(partitions_for(bootstrap, topic, security), timeout))
+             for topic in pair}
+    if 0 not in found.values() and len(set(found.values())) > 1:
+        raise TopicSettingsError(
+            f"the input topics {' and '.join(f'{t} ({n} partitions)' for t, n in found.items())} must have the "
+            "same partition count: a request's ranking and its feedback are keyed by request_id, and the worker "
+            "joins partition p of one with partition p of the other. Give the topic with fewer the same count "
+            "(kafka-topics --alter --partitions N) before more data is written to it (docs/operations.md)")
+    return max(found.values()) or default
+
+
 async def partitions_for(bootstrap: list[str], topic: str, security: KafkaSecurity | None = None) -> list[int]:
     """Sorted partition ids of ``topic`` (empty if the topic does not exist)."""
     from aiokafka import AIOKafkaClient

@@ -37,6 +37,7 @@ from stream_eval.stream.kafka import (
     ensure_topics,
     event_key,
     idempotence_supported,
+    input_partitions,
     kafka_security,
     parse_brokers,
 )
@@ -298,9 +299,11 @@ async def _send_lines(
 
     pacer = _Pacer(speed, rate)
     attempt = max(0.5, min(timeout, _ATTEMPT, broker_timeout / 2))  # shorter than the stall: its error is reported
-    await health.call("startup", lambda: ensure_topics(servers, topics.inputs, partitions, timeout=attempt,
-                                                       security=security),
-                      give_up_after=broker_timeout)
+    async def prepare() -> None:  # (the missing input topics as many partitions as an existing rankings/feedback)
+        count = await input_partitions(servers, topics, partitions, attempt, security)
+        await ensure_topics(servers, topics.inputs, count, timeout=attempt, security=security)
+
+    await health.call("startup", prepare, give_up_after=broker_timeout)
     # idempotent where the broker allows it: a batch resent after an answer lost on the way is stored once
     idempotent = await idempotence_supported(servers, security, timeout=min(attempt, 10.0))
     producer = AIOKafkaProducer(

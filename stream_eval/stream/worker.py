@@ -42,6 +42,7 @@ from stream_eval.stream.kafka import (
     TopicSettingsError,
     client_options,
     ensure_topics,
+    input_partitions,
     partitions_for,
 )
 from stream_eval.stream.settings import WorkerSettings
@@ -87,17 +88,8 @@ async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int,
     async def count(topic: str) -> int:
         return len(await asyncio.wait_for(partitions_for(settings.brokers, topic, settings.security), timeout))
 
-    # the join reads partition p of the rankings with partition p of the feedback (both keyed by request id): a
-    # topic of the pair that exists sets the count of the other, and two that differ cannot be used
-    pair = (settings.topics.rankings, settings.topics.feedback)
-    found = {topic: await count(topic) for topic in pair}
-    if 0 not in found.values() and len(set(found.values())) > 1:
-        raise TopicSettingsError(
-            f"the input topics {' and '.join(f'{t} ({n} partitions)' for t, n in found.items())} must have the "
-            "same partition count: a request's ranking and its feedback are keyed by request_id, and the worker "
-            "joins partition p of one with partition p of the other. Give the topic with fewer the same count "
-            "(kafka-topics --alter --partitions N) before more data is written to it (docs/operations.md)")
-    inputs = max(found.values()) or settings.partitions
+    inputs = await input_partitions(settings.brokers, settings.topics, settings.partitions, timeout,
+                                    settings.security)
     wanted = min(settings.stage_partitions or inputs, SHARDS)
     # the others as many as the inputs too: partition p of the input checkpoints to partition p of the checkpoints
     partitions = {name: wanted if name in stage_topics else inputs for name in configs}
