@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --broker: events per second (default 0 = as fast as possible)")
     simulate.add_argument("--topic-prefix", default="", metavar="P", help="with --broker: topic name prefix")
     simulate.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
-                          help=f"with --broker: partitions of topics it creates (default {DEFAULT_PARTITIONS})")
+                          help=f"with --broker: partitions of topics it creates (default {DEFAULT_PARTITIONS}; "
+                               "an existing rankings or feedback topic sets it instead)")
     _add_kafka_security(simulate, config=False)  # (with --broker)
     simulate.add_argument("--no-flush", action="store_true",
                           help="with --broker: no end-of-stream watermark at the end")
@@ -172,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--no-flush", action="store_true",
                          help="no end-of-stream watermark at the end: the worker keeps open requests open")
     produce.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
-                         help=f"partitions of topics it creates (default {DEFAULT_PARTITIONS})")
+                         help=f"partitions of topics it creates (default {DEFAULT_PARTITIONS}; an existing "
+                              "rankings or feedback topic sets it instead)")
     produce.add_argument("--broker-timeout", type=_positive, default=300.0, metavar="SECONDS",
                          help="give up (exit code 1) when the broker stays unreachable this long; until then sends "
                               "and the final flush wait, retrying with backoff (default 300)")
@@ -181,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--group", default=os.environ.get("STREAM_EVAL_GROUP") or "stream-eval",
                         help="consumer group id (default: STREAM_EVAL_GROUP, else stream-eval)")
     worker.add_argument("--partitions", type=_positive_int, default=DEFAULT_PARTITIONS, metavar="N",
-                        help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS})")
+                        help=f"partitions of the topics it creates (default {DEFAULT_PARTITIONS}; an existing "
+                             "rankings or feedback topic sets it instead)")
     worker.add_argument("--stage-partitions", type=_stage_partitions, default=None, metavar="N",
                         help="partitions of the regroup log it creates, spread over the group's workers (1 to 64; "
                              "default: as many as the input topics; a log that exists keeps its own)")
