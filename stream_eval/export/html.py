@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stream_eval.export.html_data import HtmlData, QueryMeans, ratio
-from stream_eval.export.report import guardrail_status, percent, pre_period_check, variance_reduction
+from stream_eval.export.report import add_column, guardrail_status, percent, pre_period_check, variance_reduction
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -247,9 +247,7 @@ def _decisions(report: dict[str, Any]) -> str:
     header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "lift",
               "lift's confidence sequence", "p", "decision", "guardrail", "units c / t"]
     if any(a.get("cuped") for a in report["ab"]):  # CUPED: the adjusted rows' variance reduction
-        header.append("CUPED variance reduction")
-        for row, a in zip(rows, report["ab"], strict=True):
-            row.append(variance_reduction(a))
+        add_column(header, rows, "CUPED variance reduction", map(variance_reduction, report["ab"]))
         checks = [f"{html.escape(r['experiment'])}: {html.escape(check)}" for r in report.get("srm", [])
                   if (check := pre_period_check(r)) is not None]
         parts.append(f'<p class="note">CUPED on: each row adjusted by the units\' own pre-period values; '

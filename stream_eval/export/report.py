@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import IO, Any
 
 import orjson
@@ -40,6 +41,13 @@ def variance_reduction(row: dict[str, Any]) -> str:
     if not row.get("cuped") or not isinstance(value, float) or not math.isfinite(value):
         return "-"
     return f"{100 * value:.1f}%"
+
+
+def add_column(header: list[str], rows: list[list[str]], name: str, cells: Iterable[str]) -> None:
+    """Append column ``name`` with ``cells`` (one per row) to a table."""
+    header.append(name)
+    for row, cell in zip(rows, cells, strict=True):
+        row.append(cell)
 
 
 def pre_period_check(row: dict[str, Any]) -> str | None:
@@ -102,9 +110,7 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
         header = ["experiment", "arms", "metric", "delta", f"{level} confidence sequence", "p", "decision", "lift",
                   "guardrail", "fixed interval", "units c/t", "n c/t"]
         if any(a.get("cuped") for a in report["ab"]):  # CUPED: the adjusted rows' variance reduction
-            header.append("var. red.")
-            for row, a in zip(rows, report["ab"], strict=True):
-                row.append(variance_reduction(a))
+            add_column(header, rows, "var. red.", map(variance_reduction, report["ab"]))
         parts += ["", "A/B over units (the confidence sequence and p stay valid however often they are read; the "
                   "fixed interval does not)", _table(header, rows)]
     if report.get("experiments"):
@@ -124,9 +130,7 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
                  _fmt(r["sequential_p_value"]), "MISMATCH" if r["mismatch"] else "ok"] for r in report["srm"]]
         header = ["experiment", "units", "expected", "chi2 p", "sequential p", "sample ratio"]
         if any("pre_imbalance" in r for r in report["srm"]):  # CUPED: the arms' pre-period compared
-            header.append("pre-period")
-            for row, r in zip(rows, report["srm"], strict=True):
-                row.append(pre_period_check(r) or "-")
+            add_column(header, rows, "pre-period", (pre_period_check(r) or "-" for r in report["srm"]))
         parts += ["", "Sample ratio (units per arm)", _table(header, rows)]
     if invalid_examples:
         parts += ["", "invalid events (first few):", *("  " + line for line in invalid_examples)]
