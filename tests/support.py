@@ -202,7 +202,8 @@ class MemoryLogs:
     async def store_all(self, topic: str, records: dict[int, tuple[bytes, bytes]]) -> dict[int, int]:
         return {p: await self.store(topic, value, p, key) for p, (key, value) in sorted(records.items())}
 
-    async def store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None) -> tuple[int, int]:
+    async def store_pieces(self, data: bytes, topic: str, partition: int, key: bytes | None = None,
+                           producer: Any = None) -> tuple[int, int]:
         return await self.store(topic, data, partition, key or b""), 1
 
     async def read_pieces(self, where: tuple[int, int], topic: str, partition: int) -> bytes:

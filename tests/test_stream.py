@@ -280,6 +280,38 @@ def _fenced_log(worker: StreamWorker) -> tuple[FencedLog, MemoryLogs, RecordingS
     return delivery, logs, sender
 
 
+class _FenceReader:
+    """The fence reader (an aiokafka consumer) on a checkpoint topic's partition in memory (``checkpoints``, its
+    (key, value) records); ``reads`` gets (from offset, records returned) of each read."""
+
+    def __init__(self, checkpoints: list[tuple[bytes | None, bytes]], reads: list[tuple[int, int]]) -> None:
+        self.checkpoints, self.reads = checkpoints, reads
+        self.tps: set[Any] = set()
+        self.at: dict[Any, int] = {}
+
+    def assignment(self) -> set[Any]:
+        return self.tps
+
+    def assign(self, tps: list[Any]) -> None:
+        self.tps = set(tps)
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.at[tp] = offset
+
+    async def getmany(self, *tps: Any, timeout_ms: int = 0) -> dict[Any, list[Any]]:
+        from types import SimpleNamespace
+
+        out = {}
+        for tp in tps:
+            first = self.at[tp]
+            records = [SimpleNamespace(offset=n, key=key, value=value)
+                       for n, (key, value) in enumerate(self.checkpoints) if n >= first]
+            self.reads.append((first, len(records)))
+            self.at[tp] = len(self.checkpoints)
+            out[tp] = records
+        return out
+
+
 def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wrote() -> None:
     """The hand-over hold: a worker that has just claimed partition 0 from an owner that did not release it keeps
     its records of it; at the end of the hold it reads request-metrics again from where it read at its claim, and
@@ -311,12 +343,58 @@ def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wr
     asyncio.run(main())
 
 
+def test_waiting_feedback_too_large_for_a_checkpoint_record_goes_in_pieces_and_is_restored() -> None:
+    """Feedback read before its rankings waits for them. More of it than a checkpoint record holds
+    (``WAITING_BYTES`` of JSON: the record is one Kafka message, with the partition's share) is stored in pieces
+    before the checkpoint, which says where, and the next owner restores all of it. Until 2026-12-02 such a
+    checkpoint held none, and the next owner's late and orphan counts could differ from an uninterrupted run's
+    (what a restored ``waiting`` then gives is ``tests/test_partitions.py``'s)."""
+    from stream_eval.engine.partitions import WAITING_BYTES
+    from stream_eval.events.messages import decode_message_chunk
+    from stream_eval.stream.delivery import WAITING
+
+    config = Config()
+    settings = WorkerSettings(["localhost:9"], group="waiting", handover_hold=0.0)
+    a, b = StreamWorker(settings, config), StreamWorker(settings, config)
+    delivery_a, logs, _ = _fenced_log(a)
+    delivery_b = FencedLog(b.settings, b.partitioned, b.stages, b.lock, b.health, logs=logs,  # type: ignore[arg-type]
+                           sender=RecordingSender())  # type: ignore[arg-type]  # fakes of the same shape
+    delivery_a._fence_reader = _FenceReader(logs.log(settings.checkpoint_topic, 0), [])
+    committed: list[Any] = []
+
+    class Consumer:  # the input consumer, whose offsets a checkpoint commits
+        async def commit(self, offsets: Any) -> None:
+            committed.append(offsets)
+
+    delivery_a.consumer = Consumer()
+    values = [line.rstrip(b"\n") for line in simulate_lines(SimulationConfig(requests=2000, seed=5))
+              if orjson.loads(line)["type"] == "feedback"]
+    offsets = list(range(len(values)))
+
+    async def main() -> list[Any]:
+        await delivery_a.claim(0)
+        a.partitioned.feed("feedback", 0, offsets, decode_message_chunk(values, "feedback", config,
+                                                                        [0.0] * len(values), [""] * len(values)))
+        waiting = a.partitioned.tasks[0].join.waiting_feedback()
+        assert len(orjson.dumps(waiting)) > WAITING_BYTES  # (every feedback waits: no ranking was read)
+        await delivery_a.commit([0])
+        await delivery_b.claim(0)
+        return waiting
+
+    waiting = asyncio.run(main())
+    assert committed  # (the checkpoint was committed)
+    records = logs.log(settings.checkpoint_topic, 0)
+    stored = orjson.loads([value for key, value in records if key == b"checkpoint"][-1])
+    assert "waiting" not in stored and stored["waiting_at"][0] < len(records)
+    assert records[stored["waiting_at"][0]][0] == WAITING
+    restored = b.partitioned.tasks[0].waiting  # (kept while partition 0 is rebuilt, then the join's)
+    assert restored == orjson.loads(orjson.dumps(waiting)) and len(restored) == len(values)
+
+
 def test_a_commit_reads_the_checkpoint_topic_only_when_another_worker_wrote_to_it() -> None:
     """Fencing by claims without a read each time: a commit's probe that lands right after the last offset the
     worker checked (or wrote itself) cannot have a claim before it, so the check reads nothing; once another worker's
     claim lies in between, the check reads it and the partition is given up at once."""
-    from types import SimpleNamespace
-
     from stream_eval.stream.delivery import CLAIM, Claim
 
     worker = StreamWorker(WorkerSettings(["localhost:9"], group="fences", handover_hold=0.0), Config())
@@ -324,32 +402,7 @@ def test_a_commit_reads_the_checkpoint_topic_only_when_another_worker_wrote_to_i
     checkpoints = logs.log(worker.settings.checkpoint_topic, 0)
     reads: list[tuple[int, int]] = []  # (from offset, records returned) of each read of the checkpoint topic
 
-    class Reader:  # the fence reader (an aiokafka consumer) on the logs in memory
-        def __init__(self) -> None:
-            self.tps: set[Any] = set()
-            self.at: dict[Any, int] = {}
-
-        def assignment(self) -> set[Any]:
-            return self.tps
-
-        def assign(self, tps: list[Any]) -> None:
-            self.tps = set(tps)
-
-        def seek(self, tp: Any, offset: int) -> None:
-            self.at[tp] = offset
-
-        async def getmany(self, *tps: Any, timeout_ms: int = 0) -> dict[Any, list[Any]]:
-            out = {}
-            for tp in tps:
-                first = self.at[tp]
-                records = [SimpleNamespace(offset=n, key=key, value=value)
-                           for n, (key, value) in enumerate(checkpoints) if n >= first]
-                reads.append((first, len(records)))
-                self.at[tp] = len(checkpoints)
-                out[tp] = records
-            return out
-
-    delivery._fence_reader = Reader()
+    delivery._fence_reader = _FenceReader(checkpoints, reads)
 
     async def main() -> None:
         await delivery.claim(0)  # the claim, and a first checkpoint (no checkpoint to restore)

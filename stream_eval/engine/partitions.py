@@ -38,7 +38,6 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
-import orjson
 
 from stream_eval.engine import shares
 from stream_eval.engine.delays import FeedbackDelays
@@ -54,7 +53,8 @@ Event = Ranking | Feedback | Judgment | Watermark | Invalid
 _RANKINGS = (Ranking, CompactRanking)
 KINDS = ("ranking", "feedback", "judgment")
 JOINED = ("ranking", "feedback")
-#: The most bytes of waiting feedback (JSON) a checkpoint stores; with more, none (:class:`Checkpoint`).
+#: The most bytes of waiting feedback (JSON) a checkpoint record holds itself; more is stored in pieces before it
+#: (:attr:`Checkpoint.waiting_at`).
 WAITING_BYTES = 256 * 1024
 #: Seconds of wall clock between two finalisation watermarks of one partition sent to the regroup log.
 ANNOUNCE_EVERY = 0.2
@@ -81,10 +81,13 @@ class Checkpoint:
     #: The worker's: request ids that a previous owner wrote to request-metrics before ``output_end`` and that
     #: are still open here (not to be written again when they are finalised).
     written: list[str] = field(default_factory=list)
-    #: The feedback waiting for its ranking (``Join.waiting_feedback``); None when more waited than
-    #: :data:`WAITING_BYTES` hold, and in checkpoints stored before 2026-11-28: the rebuild then keeps the feedback
-    #: re-read that waits (docs/design.md, "Delivery", says what that can miss).
+    #: The feedback waiting for its ranking (``Join.waiting_feedback``); None in checkpoints stored before
+    #: 2026-11-28, and in those stored before 2026-12-02 when more waited than :data:`WAITING_BYTES`: the rebuild then
+    #: keeps the feedback re-read that waits (docs/design.md, "Delivery", says what that can miss).
     waiting: list[list[Any]] | None = None
+    #: The worker's: where the waiting feedback is stored when it is more than :data:`WAITING_BYTES` (``waiting`` is
+    #: then None in the record, and filled in when it is read back).
+    waiting_at: tuple[int, int] | None = None
     #: The input topics (kinds) of the partition whose last message read was an end watermark: a new owner takes
     #: them as ended (they hold event time back no more) until an event comes after the end.
     ended: list[str] = field(default_factory=list)
@@ -95,11 +98,12 @@ class Checkpoint:
                 "output_end": self.output_end, "windows": None if self.windows is None else list(self.windows),
                 "owner": self.owner, "written": self.written,
                 **({} if self.waiting is None else {"waiting": self.waiting}),
+                **({} if self.waiting_at is None else {"waiting_at": list(self.waiting_at)}),
                 **({"ended": self.ended} if self.ended else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:
-        windows = data.get("windows")
+        windows, waiting_at = data.get("windows"), data.get("waiting_at")
         output_end = data.get("output_end")
         return cls(int(data["partition"]), {k: int(v) for k, v in data["start"].items()},
                    {k: int(v) for k, v in data["processed"].items()}, float(data["watermark"]),
@@ -107,6 +111,7 @@ class Checkpoint:
                    None if output_end is None else int(output_end),
                    None if windows is None else (int(windows[0]), int(windows[1])), data.get("owner"),
                    [str(request_id) for request_id in data.get("written", ())], data.get("waiting"),
+                   None if waiting_at is None else (int(waiting_at[0]), int(waiting_at[1])),
                    [str(kind) for kind in data.get("ended", ())])
 
 
@@ -355,10 +360,8 @@ class PartitionedEngine:
         checkpoint.share = shares.take(task.engine, windows=task.windows is None)
         if task.waiting is not None:  # (still rebuilding)
             checkpoint.waiting = task.waiting
-        else:
-            waiting = task.join.waiting_feedback()
-            # (a checkpoint is one Kafka message: below its 1 MB limit, with the share)
-            checkpoint.waiting = waiting if len(orjson.dumps(waiting)) <= WAITING_BYTES else None
+        else:  # (the delivery stores more than WAITING_BYTES of it apart: a checkpoint is one Kafka message)
+            checkpoint.waiting = task.join.waiting_feedback()
         checkpoint.windows = task.windows
         checkpoint.regroup_seq = task.engine.regroup.seq  # type: ignore[union-attr]  # set in _new_engine
         return checkpoint

@@ -28,7 +28,7 @@ import orjson
 from stream_eval.config import ConfigError
 from stream_eval.engine import shares, snapshot
 from stream_eval.engine.engine import FinalisedBatch
-from stream_eval.engine.partitions import Checkpoint, PartitionedEngine
+from stream_eval.engine.partitions import WAITING_BYTES, Checkpoint, PartitionedEngine
 from stream_eval.engine.regroup import StageCheckpoint
 from stream_eval.engine.stages import StagePartitions
 from stream_eval.events.scan import MAX_EVENT_BYTES
@@ -38,9 +38,11 @@ from stream_eval.stream.logs import CHECKPOINT, Logs, Record, Sender
 from stream_eval.stream.settings import WorkerSettings
 
 log = logging.getLogger("stream_eval.worker")
-#: Keys of the records of the checkpoint topic besides checkpoints: the pieces of a full windows share, a new
-#: owner's claim, a probe (written to read up to it), and the release of an owner that gave its partition up.
+#: Keys of the records of the checkpoint topic besides checkpoints: the pieces of a full windows share and of
+#: waiting feedback too large for the checkpoint record, a new owner's claim, a probe (written to read up to it),
+#: and the release of an owner that gave its partition up.
 WINDOWS = b"windows"
+WAITING = b"waiting"
 CLAIM = b"claim"
 PROBE = b"probe"
 RELEASE = b"release"
@@ -230,13 +232,31 @@ class Delivery(abc.ABC):
         checkpoint = None if found is None else Checkpoint.from_json(found)
         windows = None
         if checkpoint is not None and checkpoint.windows is not None:
-            data = await self.logs.read_pieces(checkpoint.windows, self.settings.checkpoint_topic, partition)
-            windows = orjson.loads(zlib.decompress(data))
+            windows = await self._read_stored(checkpoint.windows, partition)
+        if checkpoint is not None and checkpoint.waiting_at is not None:
+            checkpoint.waiting = await self._read_stored(checkpoint.waiting_at, partition)
         log.info("partition %d: %s", partition, "no checkpoint" if checkpoint is None else
                  f"restoring the checkpoint (start {checkpoint.start}, processed {checkpoint.processed})")
         with self.lock:
             starts = self.partitioned.assign(partition, checkpoint, windows, owner)
         return checkpoint, last, starts
+
+    async def _read_stored(self, where: tuple[int, int], partition: int) -> Any:
+        """What :meth:`_store` stored in pieces at ``where`` of the checkpoint topic's ``partition``."""
+        return orjson.loads(zlib.decompress(await self.logs.read_pieces(where, self.settings.checkpoint_topic,
+                                                                        partition)))
+
+    async def _store_waiting(self, checkpoint: Checkpoint, producer: Any = None) -> None:
+        """Waiting feedback of more than :data:`WAITING_BYTES` (JSON), which would not fit in the checkpoint record
+        (one Kafka message) with its share, stored in pieces before it (through ``producer``: a transaction's);
+        the checkpoint then says where (``waiting_at``)."""
+        if checkpoint.waiting is None:
+            return
+        data = orjson.dumps(checkpoint.waiting)
+        if len(data) > WAITING_BYTES:
+            checkpoint.waiting_at = await self.logs.store_pieces(zlib.compress(data, 1), self.settings.checkpoint_topic,
+                                                                 checkpoint.partition, WAITING, producer=producer)
+            checkpoint.waiting = None
 
     def _windows_record(self, partition: int) -> bytes | None:
         """The full share of a partition's windows, compressed, when one is due (every ``snapshot_interval``; the
@@ -434,6 +454,7 @@ class FencedLog(Delivery):
                     where = await self.logs.store_pieces(record, self.settings.checkpoint_topic, partition, WINDOWS)
                     self.partitioned.windows_stored(partition, where)
                 checkpoint = self.partitioned.checkpoint(partition)
+                await self._store_waiting(checkpoint)
                 checkpoint.output_end = self._output_end(partition)
                 checkpoint.written = sorted(self.written.get(partition, ()))  # (a next owner will not read them)
                 stored[partition] = checkpoint
@@ -757,6 +778,7 @@ class Transactions(Delivery):
                                                        WINDOWS, producer=sender.producer)
                     self.partitioned.windows_stored(partition, where)
                 checkpoint = self.partitioned.checkpoint(partition)
+                await self._store_waiting(checkpoint, producer=sender.producer)
                 # its commit marker goes in the same transaction: the stage counts the records when it does
                 task.engine.regroup.commit(checkpoint.regroup_seq)  # type: ignore[union-attr]  # set by partitioned
             await self.send_routed(sender, self.partitioned.take_routed(partitions=[partition]), [])
