@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -62,7 +63,13 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> Config:
     overrides = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in SHARED_OPTIONS}
     path = overrides.pop("config")
-    return load_config(path, overrides)
+    kinds = None
+    if getattr(args, "input_format", "events") == "ubi":  # (its purchase and add_to_cart kinds, for sat_kinds)
+        from stream_eval.events.ubi import ubi_kinds, ubi_settings
+
+        settings = ubi_settings(path)
+        kinds = functools.partial(ubi_kinds, settings=settings)
+    return load_config(path, overrides, kinds=kinds)
 
 
 def _shared_argv(args: argparse.Namespace) -> list[str]:

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stream_eval.engine.labels import MISSING, OTHER
@@ -675,8 +675,10 @@ def load_config(
     path: str | None = None,
     overrides: Mapping[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
+    kinds: Callable[[tuple[tuple[str, float], ...]], tuple[tuple[str, float], ...]] | None = None,
 ) -> Config:
-    """Build a :class:`Config` from a TOML file, ``STREAM_EVAL_*`` variables and explicit overrides.
+    """Build a :class:`Config` from a TOML file, ``STREAM_EVAL_*`` variables and explicit overrides; ``kinds``
+    completes ``[kinds]`` (the input's own kinds: UBI's ``purchase``, ...) before the settings are checked.
 
     >>> load_config(overrides={"cutoffs": "5,10", "gain": "linear"}, environ={}).cutoffs
     (5, 10)
@@ -700,4 +702,6 @@ def load_config(
     values.update(_read(from_env, "environment"))
     if overrides:
         values.update(_read({k: v for k, v in overrides.items() if v is not None}, "command line"))
+    if kinds is not None:
+        values["kinds"] = kinds(tuple(values.get("kinds", ())))
     return Config(**values)

@@ -283,6 +283,44 @@ def test_parquet_exports_equal_json_lines(log: tuple[Path, Path, Any, Any], tmp_
     assert ubi_replayed(tmp_path / "timed.parquet", log[1])[0] == reference
 
 
+def _flattened(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A record as a warehouse or ``pandas.json_normalize`` flattens it: nested objects' keys joined by dots."""
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        if type(value) is dict:
+            flat.update(_flattened(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_flattened_events_integer_query_ids_and_sat_kinds_of_ubi(log: tuple[Path, Path, Any, Any],
+                                                                   tmp_path: Path) -> None:
+    """Events flattened (keys ``event_attributes.object.object_id``, ``event_attributes.position.ordinal``, ...),
+    in JSON Lines and Parquet, give the nested export's report (until 2026-12-02 every click of a flattened export
+    was ``missing_object``); query ids written as integers in both exports are their text (they were
+    ``missing_query_id``); and ``--sat-kinds purchase`` is taken on UBI input without a ``[kinds]`` table (it was
+    refused: ``purchase`` was not a kind yet when the settings were checked)."""
+    reference, _ = ubi_replayed(log[0], log[1])
+    flat = [_flattened(event) for event in log[3]]
+    assert any("event_attributes.object.object_id" in event for event in flat)
+    assert ubi_replayed(log[0], jsonl(tmp_path / "flat.jsonl", flat))[0] == reference
+    pq.write_table(table(flat), tmp_path / "flat.parquet")
+    assert ubi_replayed(log[0], tmp_path / "flat.parquet")[0] == reference
+    numbered = {query["query_id"]: 1000 + k for k, query in enumerate(log[2])}
+    queries = [{**query, "query_id": numbered[query["query_id"]]} for query in log[2]]
+    events = [{**event, "query_id": numbered.get(event["query_id"], event["query_id"])} for event in log[3]]
+    as_numbers, _ = ubi_replayed(jsonl(tmp_path / "q.jsonl", queries), jsonl(tmp_path / "e.jsonl", events))
+    assert as_numbers["overall"] == reference["overall"] and as_numbers["events"] == reference["events"]
+    satisfied = ("--sat-kinds", "purchase", "--metrics", "SatClick")
+    purchases, _ = ubi_replayed(log[0], log[1], *satisfied)
+    (tmp_path / "kinds.toml").write_text(KINDS)  # the hand-converted events need [kinds]
+    hand, _ = replayed(jsonl(tmp_path / "hand.jsonl", hand_converted(log[2], log[3])), "--config",
+                       tmp_path / "kinds.toml", *satisfied)
+    assert purchases["config"]["sat_kinds"] == ["purchase"]
+    assert purchases["overall"] == hand["overall"] and 0 < purchases["overall"]["metrics"]["SatClick"] < 1
+
+
 def test_segments_come_from_query_attributes(log: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
     """``segments = ["platform", "page"]`` finds ``query_attributes.platform`` (and the number ``page`` as its JSON
     text): the segment groups and A/B rows of the hand-converted JSON Lines, from UBI JSON Lines and Parquet, and

@@ -110,6 +110,9 @@ class UbiSettings(NamedTuple):
     hold: float | None = None
 
 
+#: Where an event names the hit it acts on: the object's id, and its ordinal (position) in the query's hits.
+OBJECT_ID = "event_attributes.object.object_id"
+ORDINAL = "event_attributes.position.ordinal"
 _TEXT_SETTINGS = ("experiment_field", "arm_field", "unit_field", "session_field", "dwell_field", "attributes_field")
 
 
@@ -174,16 +177,23 @@ def ubi_config(config: Config, settings: UbiSettings) -> Config:
     Raises:
         ConfigError: an action maps to ``label`` (which needs a grade of its own) or to a kind without a grade.
     """
-    grades = config.kind_grades
-    added: list[tuple[str, float]] = []
+    kinds = ubi_kinds(config.kinds, settings)
+    return dataclasses.replace(config, kinds=kinds) if kinds != config.kinds else config
+
+
+def ubi_kinds(kinds: tuple[tuple[str, float], ...], settings: UbiSettings) -> tuple[tuple[str, float], ...]:
+    """:func:`ubi_config`'s ``[kinds]``, before a :class:`Config` is made of them (so that ``sat_kinds`` may name
+    ``purchase`` on UBI input without a ``[kinds]`` table)."""
+    grades = {"click": 1.0, **dict(kinds)}
+    added: dict[str, float] = {}
     for action, kind in settings.actions:
-        if kind in grades or kind in dict(added):
+        if kind in grades or kind in added:
             continue
         if kind not in DEFAULT_GRADES:
             raise ConfigError(f"ubi.actions.{action}: the kind {kind!r} has no grade: give it one in the config's "
                               f"[kinds] table ({kind} = 2, say)")
-        added.append((kind, DEFAULT_GRADES[kind]))
-    return dataclasses.replace(config, kinds=config.kinds + tuple(added)) if added else config
+        added[kind] = DEFAULT_GRADES[kind]
+    return kinds + tuple(added.items())
 
 
 def normalise_query(text: str) -> str:
@@ -521,6 +531,9 @@ class UbiConverter:
         self._experiment, self._arm, self._unit, self._session, self._dwell, self._attributes = (
             _Path(path) for path in (settings.experiment_field, settings.arm_field, settings.unit_field,
                                      settings.session_field, settings.dwell_field, settings.attributes_field))
+        # (paths, so that a flattened export's keys ``event_attributes.object.object_id`` work too)
+        self._object_id, self._ordinal, self._object_id_field = (
+            _Path(path) for path in (OBJECT_ID, ORDINAL, "event_attributes.object.object_id_field"))
         self._heap: list[tuple[float, int, int, _Query | _Event]] = []
         self._seq = 0
         # queries read (their hits, to check events) and the first session named by an event of each query, both in
@@ -622,10 +635,11 @@ class UbiConverter:
     @staticmethod
     def _request_id(record: dict[str, Any]) -> str:
         value = record.get("query_id")
-        if not isinstance(value, str) or not value:
+        request_id = _id(value)  # (an integer as its text, as object ids)
+        if not request_id:
             raise EventError("missing_query_id", "query_id: missing" if value is None else
-                             f"query_id: {value!r} is not a text of at least one character")
-        return value
+                             f"query_id: {value!r} is not a text of at least one character or an integer")
+        return request_id
 
     def _query(self, where: str, record: dict[str, Any]) -> _Query | float | None:
         settings = self.settings
@@ -675,7 +689,7 @@ class UbiConverter:
         if not isinstance(action, str) or not action:
             raise EventError("missing_action", "action_name: missing" if action is None else
                              f"action_name: {action!r} is not a text")
-        request_id = record.get("query_id")
+        request_id = _id(record.get("query_id"))
         session = _label(self._session(record))
         kind = self.actions.get(action)
         if kind is None:
@@ -689,20 +703,14 @@ class UbiConverter:
         request_id = self._request_id(record)
         ts = self._time(record)
         self._note_session(request_id, session, ts)
-        attributes = record.get("event_attributes")
-        if type(attributes) is not dict:
-            attributes = {}
-        thing = attributes.get("object")
-        raw_item = thing.get("object_id") if type(thing) is dict else None
+        raw_item = self._object_id(record)
         item = _id(raw_item)
         if raw_item is not None and item is None:
-            raise EventError("bad_object",
-                             f"event_attributes.object.object_id: {raw_item!r} is not a text or an integer")
-        position = attributes.get("position")
-        raw_ordinal = position.get("ordinal") if type(position) is dict else None
+            raise EventError("bad_object", f"{OBJECT_ID}: {raw_item!r} is not a text or an integer")
+        raw_ordinal = self._ordinal(record)
         ordinal = _ordinal(raw_ordinal)
         if raw_ordinal is not None and ordinal is None:
-            raise EventError("bad_ordinal", f"event_attributes.position.ordinal: {raw_ordinal!r} is not an integer")
+            raise EventError("bad_ordinal", f"{ORDINAL}: {raw_ordinal!r} is not an integer")
         raw_dwell = self._dwell(record)
         dwell = None
         if raw_dwell is not None:
@@ -711,7 +719,7 @@ class UbiConverter:
                 raise EventError("bad_dwell", f"{self.settings.dwell_field}: {raw_dwell!r} is not a number of seconds "
                                  ">= 0")
             dwell = float(raw_dwell)
-        id_field = _id(thing.get("object_id_field")) if type(thing) is dict else None
+        id_field = _id(self._object_id_field(record))
         return _Event(request_id, ts, kind, item, ordinal, dwell, id_field, where)
 
     def _note_session(self, request_id: Any, session: str | None, ts: float | None) -> None:
@@ -745,7 +753,7 @@ class UbiConverter:
                     return None
                 item = self._checked_item(event, query)
             elif item is None:
-                raise EventError("missing_object", "event_attributes.object.object_id: missing, and the query's hits "
+                raise EventError("missing_object", f"{OBJECT_ID}: missing, and the query's hits "
                                  "are not known (no query record, or one too far away in time) to take it from the "
                                  "ordinal")
         except EventError as reject:
@@ -769,9 +777,10 @@ class UbiConverter:
         at = hits[index] if index is not None and 0 <= index < len(hits) else None
         if event.item is None:
             if at is None:
-                raise EventError("missing_object", "event_attributes.object.object_id: missing" + (
-                    "" if event.ordinal is None else f", and ordinal {event.ordinal} is beyond the query's "
-                    f"{len(hits)} hits"))
+                raise EventError("missing_object", f"{OBJECT_ID}: missing" + (
+                    "" if event.ordinal is None else f", and ordinal {event.ordinal} is outside the query's "
+                    f"{len(hits)} hits (ordinals {self.settings.ordinal_base} to "
+                    f"{len(hits) - 1 + self.settings.ordinal_base})"))
             return at
         if not query.positions:
             query.positions.update(zip(hits, range(len(hits)), strict=True))
