@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +45,12 @@ async def _send(broker: str, topic: str, value: bytes) -> None:
         await producer.stop()
 
 
+def _json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310  # a local worker
+        found: dict[str, Any] = json.loads(response.read())
+    return found
+
+
 def test_worker_and_produce_commands_and_the_control_topic(broker: str, tmp_path: Path) -> None:
     expected = replay([str(EXAMPLE)], Config()).report()
     metrics_port = free_port()
@@ -65,11 +73,21 @@ def test_worker_and_produce_commands_and_the_control_topic(broker: str, tmp_path
         assert any(name.startswith("faust_") for name in samples)  # one registry with faust's sensors
         invalid = sum(v for labels, v in samples["stream_eval_events_total"] if labels["status"] == "invalid")
         assert invalid == expected["events"]["invalid"]
+        # /report: the worker's report (it holds every partition: the stage's too, so the A/B rows, bit for bit)
+        report_url = f"http://127.0.0.1:{metrics_port}/report"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _json(report_url)["ab"] != expected["ab"]:
+            time.sleep(0.5)
+        report = _json(report_url)
+        assert report["ab"] == expected["ab"] and expected["ab"] and report["srm"] == expected["srm"]
+        assert report["overall"]["requests"] == expected["overall"]["requests"]
+        assert report["worker"] == {"input_partitions": [0, 1, 2, 3], "stage_partitions": [0, 1, 2, 3]}
         asyncio.run(_send(broker, "cli.cli.control", json.dumps({"command": "report"}).encode()))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "report: " not in log.read_text():
             time.sleep(0.5)
-        assert "report: " in log.read_text()
+        logged = [line.split("report: ", 1)[1] for line in log.read_text().splitlines() if "report: " in line]
+        assert json.loads(logged[0])["ab"] == expected["ab"]  # (one line of JSON: until 2026-12-02 a Python repr)
     finally:
         code = stop_process(worker, grace=30)
     assert code == 0, log.read_text()

@@ -390,16 +390,19 @@ Readiness = Callable[[], tuple[bool, str]]
 _WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-def probes_app(metrics: _WSGIApp, readiness: Readiness | None = None) -> _WSGIApp:
-    """``/healthz`` and ``/readyz`` for Kubernetes probes in front of the ``/metrics`` app (every other path).
+def probes_app(metrics: _WSGIApp, readiness: Readiness | None = None,
+               report: Callable[[], dict[str, Any]] | None = None) -> _WSGIApp:
+    """``/healthz`` and ``/readyz`` for Kubernetes probes in front of the ``/metrics`` app (every other path), and
+    ``/report`` where ``report`` is given.
 
     ``/healthz``: 200 while the process serves HTTP. ``/readyz``: 200 when ``readiness()`` says ready, else 503;
-    both with a short JSON body (``{"ready": false, "reason": "..."}``). Without ``readiness``, ready.
+    both with a short JSON body (``{"ready": false, "reason": "..."}``). Without ``readiness``, ready. ``/report``:
+    ``report()`` as JSON (a worker's report of what it holds: README, "Control topic and /report").
     """
-    import json
+    import orjson
 
     def respond(start_response: Callable[..., Any], status: str, body: dict[str, Any]) -> list[bytes]:
-        data = json.dumps(body).encode() + b"\n"
+        data = orjson.dumps(body) + b"\n"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
                                 ("Cache-Control", "no-store")])
         return [data]
@@ -408,6 +411,8 @@ def probes_app(metrics: _WSGIApp, readiness: Readiness | None = None) -> _WSGIAp
         path = environ.get("PATH_INFO", "")
         if path == "/healthz":
             return respond(start_response, "200 OK", {"alive": True})
+        if path == "/report" and report is not None:
+            return respond(start_response, "200 OK", report())
         if path == "/readyz":
             try:
                 ready, reason = readiness() if readiness is not None else (True, "no readiness check")
@@ -444,9 +449,11 @@ class MetricsAddressError(ConfigError):
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
-                  readiness: Readiness | None = None) -> MetricsServer:
-    """Serve ``registry`` on ``http://host:port/metrics`` (any path but the probes'), with ``/healthz`` and
-    ``/readyz`` (:func:`probes_app`); ``port=0`` picks a free port, ``host`` may be IPv4, IPv6 or a name."""
+                  readiness: Readiness | None = None,
+                  report: Callable[[], dict[str, Any]] | None = None) -> MetricsServer:
+    """Serve ``registry`` on ``http://host:port/metrics`` (any path but the others), with ``/healthz``,
+    ``/readyz`` and ``/report`` (:func:`probes_app`); ``port=0`` picks a free port, ``host`` may be IPv4, IPv6 or a
+    name."""
     import socket
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -465,7 +472,8 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0",
         address_family = family
 
     try:
-        server = make_server(host, port, probes_app(make_wsgi_app(registry), readiness), Server, handler_class=Quiet)
+        server = make_server(host, port, probes_app(make_wsgi_app(registry), readiness, report), Server,
+                             handler_class=Quiet)
     except OSError as error:  # in use, or an address of no interface here
         raise MetricsAddressError(f"/metrics on {host}:{port}: {error.strerror or error} (choose another "
                                   "--metrics-port or --metrics-host)") from None

@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 import faust
+import orjson
 
 from stream_eval.config import Config
 from stream_eval.stream.kafka import PLAINTEXT, KafkaSecurity
@@ -184,10 +185,8 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
             if name == "checkpoint":
                 await worker.checkpoint_now()
                 log.warning("checkpoint written on request")
-            elif name == "report":
-                with worker.lock:
-                    report = worker.totals().report()
-                log.warning("report: %s", report)
+            elif name == "report":  # (one line of JSON: what this worker holds, as /report gives it)
+                log.warning("report: %s", orjson.dumps(worker.report()).decode())
             else:
                 log.warning("unknown control command %r", command)
 
@@ -258,9 +257,10 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
                   "or fenced-log.", "mode", lambda: worker.delivery_mode, registry)
     collector.refresh()  # a readout from the start: a scrape never has to wait for the first batches to end
     worker.between_batches, worker.readout_soon = collector.refresh, collector.refresh_soon
-    server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness)
-    log.warning("stream-eval worker: /metrics, /healthz, /readyz on %s:%d, brokers %s (%s), topics %s*", metrics_host,
-                metrics_port, ",".join(settings.brokers), (settings.security or PLAINTEXT).describe(), settings.prefix)
+    server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness, report=worker.report)
+    log.warning("stream-eval worker: /metrics, /healthz, /readyz, /report on %s:%d, brokers %s (%s), topics %s*",
+                metrics_host, metrics_port, ",".join(settings.brokers), (settings.security or PLAINTEXT).describe(),
+                settings.prefix)
     quiet = logging.getLogger("aiokafka")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # the outage is logged once (stream/backoff.py), not per connection attempt

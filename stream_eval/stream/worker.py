@@ -314,6 +314,14 @@ class StreamWorker:
         """This worker's totals as one engine (for a report)."""
         return self.partitioned.totals()
 
+    def report(self) -> dict[str, Any]:
+        """The report of what this worker holds (its input partitions' shares and its stage partitions': the A/B
+        rows where it holds stage partition 0), with ``worker``: which partitions those are."""
+        with self.lock:
+            report = self.totals().report()
+            held = {"input_partitions": sorted(self.partitioned.tasks), "stage_partitions": sorted(self.stages.held)}
+        return {"worker": held, **report}
+
     # -- commits ------------------------------------------------------------------------------------
     async def checkpoint(self, partitions: list[int] | None = None, release: bool = False) -> None:
         """Commit ``partitions`` (default: all, and the stage partitions held): their outputs, checkpoints and
