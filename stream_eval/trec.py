@@ -313,15 +313,19 @@ def read_run(lines: Iterable[bytes], source: str = "run") -> Run:
     column is not used either: trec_eval ranks by score).
 
     Raises:
-        TrecError: a line with fewer than six fields, a score that is not a number, a document twice for a query.
+        TrecError: a line with fewer than six fields, a score that is not a number (or NaN), a document twice for a
+            query.
     """
     docs: dict[str, list[tuple[str, float]]] = {}
     tag = ""
     for where, fields, qid, docno in _rows(lines, source, "qid Q0 docno rank score tag", more=True):
         try:
-            docs.setdefault(qid, []).append((docno, float(fields[4])))
+            score = float(fields[4])
         except ValueError:
             raise TrecError(f"{where}: score {fields[4]!r} is not a number") from None
+        if math.isnan(score):  # (trec_eval's order of NaN scores is undefined: pytrec_eval's is another than ours)
+            raise TrecError(f"{where}: score {fields[4]!r} is not a number (NaN has no rank order)")
+        docs.setdefault(qid, []).append((docno, score))
         tag = fields[5]
     return Run(docs, tag)
 

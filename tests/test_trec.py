@@ -257,6 +257,11 @@ def test_bad_files_are_errors() -> None:
         read_qrels([b"q1 0 d1 1", b"q1 0 d1 0"])
     with pytest.raises(TrecError, match="not a number"):
         read_run([b"q1 Q0 d1 1 high tag"])
+    for nan in (b"nan", b"NaN", b"-nan"):  # (float() takes them; trec_eval's order of NaN is undefined)
+        with pytest.raises(TrecError, match="NaN has no rank order"):
+            read_run([b"q1 Q0 d1 1 " + nan + b" tag"])
+    assert read_run([b"q1 Q0 d1 1 inf tag", b"q1 Q0 d2 2 -inf tag"]).docs == {"q1": [("d1", math.inf),
+                                                                                ("d2", -math.inf)]}
     with pytest.raises(TrecError, match="twice"):
         read_run([b"q1 Q0 d1 1 1.0 tag", b"q1 Q0 d1 2 0.5 tag"])
     with pytest.raises(TrecError, match="out of range"):
