@@ -84,7 +84,8 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         print(f"stream-eval: {counts.describe()}", file=sys.stderr)
     for row in report.get("srm", []):  # a configured arm that no unit came to: a typo, most likely
         named = config.settings_of(row["experiment"])
-        empty = [arm for arm in (named.control, *named.treatments) if arm and not row["units"].get(arm)]
+        configured = dict.fromkeys([named.control, *named.treatments, *(arm for arm, _ in named.split)])
+        empty = [arm for arm in configured if arm and not row["units"].get(arm)]
         seen = sorted(arm for arm, n in row["units"].items() if n)
         if empty and seen:
             print(f"stream-eval: warning: experiment {row['experiment']}: no unit came to {', '.join(map(repr, empty))}"

@@ -284,8 +284,14 @@ class Config:
         for name, settings in self.experiments:
             for metric in [*settings.primary, *(metric for metric, _ in settings.guardrails)]:
                 if metric not in lower:
+                    try:
+                        measured = parse(metric).mean_name == metric  # (a measure, but not one of `metrics`)
+                    except MetricNameError:
+                        measured = False
+                    hint = (f"; it is a measure, not among `metrics`: add it there (metrics = [\"default\", "
+                            f"\"{metric}\"])" if measured else "")
                     raise ConfigError(f"experiments.{name}: {metric!r} is not a metric of the A/B rows (one of "
-                                      f"{', '.join(lower)})")
+                                      f"{', '.join(lower)}){hint}")
             for metric, tolerance in settings.guardrails:
                 if (tolerance.value > 0) != lower[metric]:
                     way = "a rise (positive)" if lower[metric] else "a fall (negative)"
@@ -543,10 +549,11 @@ def _experiments(value: object) -> tuple[tuple[str, ExperimentSettings], ...]:
     for name, table in value.items():
         if not isinstance(table, Mapping):
             raise ConfigError(f'experiments.{name}: expected a table like control = "a"')
-        unknown = set(table) - {"control", "treatment", "split", "primary", "guardrails", "cuped", "cuped_lookback",
-                                "cuped_table"}
+        known = ("control", "treatment", "split", "primary", "guardrails", "cuped", "cuped_lookback", "cuped_table")
+        unknown = set(table) - set(known)
         if unknown:
-            raise ConfigError(f"experiments.{name}: unknown setting(s) {', '.join(sorted(unknown))}")
+            raise ConfigError(f"experiments.{name}: unknown setting(s) {', '.join(sorted(unknown))} (known: "
+                              f"{', '.join(known)})")
         if "treatment" in table and "control" not in table:
             raise ConfigError(f"experiments.{name}: a treatment needs its control")
         control = str(table["control"]) if "control" in table else None
@@ -606,10 +613,14 @@ def _split(name: str, value: object) -> tuple[tuple[str, float], ...]:
     shares = {str(arm): _number(f"experiments.{name}.split.{arm}")(share) for arm, share in value.items()}
     if any(not share > 0 for share in shares.values()):
         raise ConfigError(f"experiments.{name}.split: every share must be positive, got {shares}")
-    largest = max(shares.values())  # (scaled to it first: shares of 1e308 do not sum to inf)
-    relative = {arm: share / largest for arm, share in shares.items()}
-    total = sum(relative.values())
-    scaled = {arm: share / total for arm, share in relative.items()}
+    if max(shares.values()) <= 1.0 and math.isclose(math.fsum(shares.values()), 1.0, rel_tol=1e-12):
+        # (kept as written: 0.34, not 0.33999999999999997)
+        scaled = shares
+    else:
+        largest = max(shares.values())  # (scaled to it first: shares of 1e308 do not sum to inf)
+        relative = {arm: share / largest for arm, share in shares.items()}
+        total = sum(relative.values())
+        scaled = {arm: share / total for arm, share in relative.items()}
     smallest = min(scaled, key=scaled.__getitem__)
     if scaled[smallest] < MIN_SHARE:
         raise ConfigError(f"experiments.{name}.split: {smallest!r} would get {scaled[smallest]:.3g} of the units; "

@@ -48,7 +48,11 @@ def test_control_alone_makes_every_other_arm_a_treatment() -> None:
     ('[experiments.e]\ntreatment = "a"\n', "needs its control"),
     ('[experiments.e]\ncontrol = "a"\ntreatment = "a"\n', "cannot be a treatment too"),
     ('[experiments.e]\ncontrol = "x"\nsplit = {a = 1, b = 1}\n', "arms of the split"),
-    ('[experiments.e]\ncontrl = "a"\n', "unknown setting"),
+    ('[experiments.e]\ncontrl = "a"\n', r"unknown setting\(s\) contrl \(known: control, treatment, split"),
+    # a measure that is not among `metrics` says so (it read as if the name were wrong)
+    ('[experiments.e]\ncontrol = "a"\nguardrails = {"SatClick" = "-1%"}\n',
+     r"'SatClick' is not a metric of the A/B rows .*; it is a measure, not among `metrics`: add it there"),
+    ('[experiments.e]\ncontrol = "a"\nprimary = ["Foo"]\n', r"'Foo' is not a metric of the A/B rows \([^)]*\)$"),
     # (an arm with almost nothing, which made the SRM check fail with a traceback after the whole replay)
     ('[experiments.e]\nsplit = {a = 1e300, b = 1e-300}\n', "'b' would get 0 of the units"),
     ('[experiments.e]\nsplit = {a = 1, b = 1e-320}\n', "at least 1e-09 of the total"),
@@ -62,6 +66,10 @@ def test_shares_too_large_to_sum_are_scaled() -> None:
     """Shares of 1e308 summed to infinity: every expected share was 0, and the SRM check failed with a traceback
     after the whole replay."""
     assert _config('[experiments.e]\nsplit = {a = 1e308, b = 1e308}\n').split_for("e", set()) == {"a": 0.5, "b": 0.5}
+    # shares that sum to 1 are kept as written (they were echoed as 0.33999999999999997 in the report and SRM rows)
+    thirds = _config('[experiments.e]\nsplit = {a = 0.34, b = 0.33, c = 0.33}\n')
+    assert thirds.split_for("e", set()) == {"a": 0.34, "b": 0.33, "c": 0.33}
+    assert thirds.to_json()["experiments"]["e"]["split"] == {"a": 0.34, "b": 0.33, "c": 0.33}
 
 
 def test_a_config_file_with_three_arms(tmp_path: Path) -> None:
@@ -337,5 +345,8 @@ def test_a_configured_arm_no_unit_came_to_is_warned_of(tmp_path: Path) -> None:
     assert ("warning: experiment exp1: no unit came to 'a-contrl' (arms with units: a-control, b-better, c-worse)"
             in stderr('[experiments.exp1]\ncontrol = "a-contrl"\n'))
     assert "warning" not in stderr(None)
+    # an arm of the split misspelt (it had no warning: only control and treatment were checked)
+    assert ("warning: experiment exp1: no unit came to 'c-wrose' (arms with units: a-control, b-better, c-worse)"
+            in stderr('[experiments.exp1]\nsplit = {a-control = 1, b-better = 1, c-wrose = 1}\n'))
     assert ("warning: no request of experiment 'exp_1', which --config sets (experiments seen: exp1)"
             in stderr('[experiments.exp_1]\ncontrol = "b-better"\n'))

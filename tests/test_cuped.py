@@ -109,6 +109,24 @@ def test_arms_that_differed_before_the_experiment_are_flagged_beside_srm(tmp_pat
     assert "IMBALANCE" in lines[lines.index("Sample ratio (units per arm)") + 3] and "MRR" in lines[-1]
 
 
+def test_the_pre_period_check_says_when_no_unit_had_pre_period_data(tmp_path: Path) -> None:
+    """CUPED on a log without a pre-period: the rows are the unadjusted ones, and the check beside the sample
+    ratio says ``no pre-period data`` (it said ``ok``, which read as a check passed); with pre-period data, ``ok``."""
+    from stream_eval.export.report import to_table
+
+    def check(pre_period: bool) -> str:
+        events = []
+        for k in range(40):
+            if pre_period:
+                events += _request(f"p{k}", T0 + k, f"u{k}", k % 2 == 0)
+            events += _request(f"e{k}", T0 + 3600 + k, f"u{k}", k % 3 == 0, "exp", "a" if k % 2 else "b")
+        lines = to_table(_replay(tmp_path, events, _cuped()).report()).splitlines()
+        return lines[lines.index("Sample ratio (units per arm)") + 3]
+
+    assert check(False).endswith("no pre-period data")
+    assert check(True).endswith(" ok") and "no pre-period data" not in check(True)
+
+
 def test_the_covariate_comes_from_a_warehouse_table_when_one_is_named(tmp_path: Path) -> None:
     """``cuped_table``: a Parquet file of (unit, metric, value); a listed value is one pre-period observation, a
     unit or metric not listed has none; the stream's pre-period is not used then."""

@@ -249,7 +249,7 @@ def _decisions(report: dict[str, Any]) -> str:
     if any(a.get("cuped") for a in report["ab"]):  # CUPED: the adjusted rows' variance reduction
         add_column(header, rows, "CUPED variance reduction", map(variance_reduction, report["ab"]))
         checks = [f"{html.escape(r['experiment'])}: {html.escape(check)}" for r in report.get("srm", [])
-                  if (check := pre_period_check(r)) is not None]
+                  if (check := pre_period_check(r, report["ab"])) is not None]
         parts.append(f'<p class="note">CUPED on: each row adjusted by the units\' own pre-period values; '
                      f'pre-period check (the arms before the experiment) {"; ".join(checks) or "-"}.</p>')
     parts.append(_table(header, rows, text_columns=3))

@@ -50,12 +50,16 @@ def add_column(header: list[str], rows: list[list[str]], name: str, cells: Itera
         row.append(cell)
 
 
-def pre_period_check(row: dict[str, Any]) -> str | None:
-    """An ``srm`` row's pre-period check of a CUPED experiment (None without CUPED): ``ok``, or the metrics whose
-    arms differed before the experiment."""
+def pre_period_check(row: dict[str, Any], ab: Iterable[dict[str, Any]] = ()) -> str | None:
+    """An ``srm`` row's pre-period check of a CUPED experiment (None without CUPED): ``ok``, the metrics whose
+    arms differed before the experiment, or ``no pre-period data`` when none of the experiment's ``ab`` rows has
+    a pre-period delta (no unit had a pre-period value: the rows are the unadjusted ones)."""
     if "pre_imbalance" not in row:
         return None
-    return "IMBALANCE " + ", ".join(row["pre_imbalance"]) if row["pre_imbalance"] else "ok"
+    if row["pre_imbalance"]:
+        return "IMBALANCE " + ", ".join(row["pre_imbalance"])
+    mine = [a for a in ab if a.get("experiment") == row["experiment"] and a.get("cuped")]
+    return "no pre-period data" if mine and all(a.get("pre_delta") is None for a in mine) else "ok"
 
 
 def guardrail_status(row: dict[str, Any]) -> tuple[str, str] | None:
@@ -130,7 +134,8 @@ def to_table(report: dict[str, Any], invalid_examples: list[str] | None = None) 
                  _fmt(r["sequential_p_value"]), "MISMATCH" if r["mismatch"] else "ok"] for r in report["srm"]]
         header = ["experiment", "units", "expected", "chi2 p", "sequential p", "sample ratio"]
         if any("pre_imbalance" in r for r in report["srm"]):  # CUPED: the arms' pre-period compared
-            add_column(header, rows, "pre-period", (pre_period_check(r) or "-" for r in report["srm"]))
+            add_column(header, rows, "pre-period", (pre_period_check(r, report.get("ab", ())) or "-"
+                                                     for r in report["srm"]))
         parts += ["", "Sample ratio (units per arm)", _table(header, rows)]
     if invalid_examples:
         parts += ["", "invalid events (first few):", *("  " + line for line in invalid_examples)]
