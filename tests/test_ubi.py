@@ -787,3 +787,16 @@ def test_inputs_given_in_the_wrong_order_get_a_hint() -> None:
     assert swapped.returncode == 0 and "are the two inputs swapped?" in swapped.stderr
     right = cli("replay", "--input-format", "ubi", queries, events, "-o", os.devnull, "--no-progress")
     assert right.returncode == 0 and "swapped" not in right.stderr
+
+
+def test_exports_in_descending_time_order_get_a_hint(log: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
+    """Exports sorted by timestamp descending (a ``_search`` sorted newest first): queries and events meet late or
+    not at all, and the report was silently wrong. The terminal line says which export is in descending order;
+    in ascending order it does not."""
+    newest_first = jsonl(tmp_path / "q.jsonl", sorted(log[2], key=lambda q: datetime.fromisoformat(q["timestamp"]),
+                                                      reverse=True))
+    done = cli("replay", "--input-format", "ubi", newest_first, log[1], "-o", os.devnull, "--no-progress")
+    assert done.returncode == 0 and "the ubi_queries export is mostly in descending time order" in done.stderr
+    assert "ubi_events export" not in done.stderr
+    right = cli("replay", "--input-format", "ubi", log[0], log[1], "-o", os.devnull, "--no-progress")
+    assert right.returncode == 0 and "descending" not in right.stderr

@@ -211,7 +211,7 @@ class UbiCounts:
     """What the conversion saw: records read, events made, records rejected (by ``kind: code``) and ignored."""
 
     __slots__ = ("queries", "events", "rankings", "feedback", "invalid", "ignored", "no_hits", "zero_results",
-                 "of_no_hits")
+                 "of_no_hits", "steps", "backwards", "_previous")
 
     def __init__(self) -> None:
         self.queries = self.events = self.rankings = self.feedback = 0
@@ -220,6 +220,16 @@ class UbiCounts:
         self.no_hits = 0  # queries without hits: an empty list (zero-result rankings) or none
         self.zero_results = 0  # ... of them an empty list
         self.of_no_hits = 0  # events of such queries
+        # per input (queries, events): timestamps read after another, how many of them earlier than the one before
+        self.steps, self.backwards = [0, 0], [0, 0]
+        self._previous = [math.nan, math.nan]
+
+    def timed(self, k: int, ts: float) -> None:
+        """Input ``k``'s next record has timestamp ``ts``."""
+        previous, self._previous[k] = self._previous[k], ts
+        if previous == previous:  # (not the first)
+            self.steps[k] += 1
+            self.backwards[k] += ts < previous
 
     def ignore(self, action: str) -> None:
         if action not in self.ignored and len(self.ignored) >= MAX_IGNORED_NAMES:
@@ -249,6 +259,11 @@ class UbiCounts:
         if self.invalid:
             rejected = ", ".join(f"{reason} x{n}" for reason, n in self.invalid.most_common())
             text += f"; rejected {sum(self.invalid.values()):,} records ({rejected})"
+        for k, name in enumerate(("ubi_queries", "ubi_events")):
+            if self.steps[k] >= 10 and self.backwards[k] > self.steps[k] // 2:
+                text += (f"; the {name} export is mostly in descending time order ({self.backwards[k]:,} of "
+                         f"{self.steps[k]:,} timestamps earlier than the one before): queries and events then meet "
+                         "late or not at all; sort it by timestamp ascending")
         if not self.rankings and any(reason.endswith("missing_action") for reason in self.invalid):
             text += ("; no ranking was made and the events have no action_name: are the two inputs swapped? (the "
                      "ubi_queries export comes first, then ubi_events)")
@@ -600,7 +615,10 @@ class UbiConverter:
         try:
             if isinstance(value, _Problem):
                 raise EventError(*value)
-            return self._query(where, value) if k == _QUERY else self._event(where, value)
+            read = self._query(where, value) if k == _QUERY else self._event(where, value)
+            if read is not None:
+                self.counts.timed(k, read if isinstance(read, float) else read.ts)
+            return read
         except EventError as reject:
             kind = "ranking" if k == _QUERY else "feedback"
             self.counts.invalid[f"{kind}: {reject.code}"] += 1
