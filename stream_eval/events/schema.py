@@ -513,11 +513,34 @@ def _reason_of(error: msgspec.MsgspecError | UnicodeDecodeError | RecursionError
     if "at `$.type`" in text:
         return "unknown_type", f"type: {text.split(' - ')[0].replace('Invalid value', 'unknown type')}"
     if "missing required field" in text:
-        return "missing_field", text
+        return "missing_field", _worded(text)
     field = text.rpartition("at `$.")[2].rstrip("`").split("[")[0].split(".")[0]
     if field in _REQUIRED_TEXT and ("got `null`" in text or "length >= 1" in text):  # (null, empty: not given)
-        return "missing_field", text
-    return _FIELD_CODES.get(field, "bad_field"), text
+        return "missing_field", _worded(text)
+    return _FIELD_CODES.get(field, "bad_field"), _worded(text)
+
+
+_AT = re.compile(r"(.+) - at `\$\.?(.*)`")
+_MISSING = re.compile(r"Object missing required field `(.+)`(?: - at `\$\.?(.*)`)?")
+
+
+def _worded(text: str) -> str:
+    """msgspec's message of a validation error in the words of the other reasons: the field first.
+
+    >>> _worded("Expected `float` >= 0.0 - at `$.grade`"), _worded("Object missing required field `ts`")
+    ('grade: expected `float` >= 0.0', 'ts: missing (a required field)')
+    >>> _worded("Expected `str`, got `int` - at `$.items[2]`")
+    'items[2]: expected `str`, got `int`'
+    """
+    missing = _MISSING.fullmatch(text)
+    if missing is not None:
+        where = f"{missing.group(2)}." if missing.group(2) else ""
+        return f"{where}{missing.group(1)}: missing (a required field)"
+    at = _AT.fullmatch(text)
+    if at is not None:
+        message, path = at.groups()
+        return f"{path or 'the event'}: {message[:1].lower()}{message[1:]}"
+    return text
 
 
 _TYPE_FIELD = re.compile(rb'"type"\s*:\s*"([a-z]+)"')
