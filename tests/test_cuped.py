@@ -225,6 +225,11 @@ def test_simulated_users_with_a_pre_period_give_a_variance_reduction_on_metrics(
     page = _decisions(report)  # (the page's Decisions section)
     assert "CUPED variance reduction" in page and f"{100 * rows['MRR']['variance_reduction']:.1f}%" in page
     assert "pre-period check (the arms before the experiment) exp1: ok" in page
+    from stream_eval.export.html import _srm_table
+
+    srm = _srm_table(report)  # (and the page's sample-ratio table, as the terminal's)
+    assert "<th>pre-period</th>" in srm.replace(' class="text"', "") and srm.count(">ok<") == 2
+    assert "pre-period" not in _srm_table(plain.report())
 
 
 def test_traffic_outside_any_experiment_is_not_compared_once_experiments_are_configured(tmp_path: Path) -> None:

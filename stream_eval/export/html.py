@@ -321,8 +321,11 @@ def _srm_table(report: dict[str, Any]) -> str:
              _number(r["p_value"]), _number(r["sequential_p_value"]),
              _badge("worse", "MISMATCH") if r["mismatch"] else _badge("better", "ok")]
             for r in report["srm"]]
-    return _table(["experiment", "units", "expected split", "chi2 p", "sequential p", "sample ratio"], rows,
-                  text_columns=3)
+    header = ["experiment", "units", "expected split", "chi2 p", "sequential p", "sample ratio"]
+    if any("pre_imbalance" in r for r in report["srm"]):  # CUPED: the arms' pre-period compared, as in the table view
+        add_column(header, rows, "pre-period", (html.escape(pre_period_check(r, report.get("ab", ())) or "-")
+                                                 for r in report["srm"]))
+    return _table(header, rows, text_columns=3)
 
 
 def _queries_left_out(queries: QueryMeans) -> str:
