@@ -32,6 +32,12 @@ _T = TypeVar("_T")
 
 def replay_command(args: argparse.Namespace, config: Config) -> int:
     check_paths(args.files, [args.output, args.per_request, getattr(args, "html", None), args.ab_trace])
+    if args.output == "-":  # (standard output, where the report goes anyway)
+        args.output = None
+    for flag, path in (("--per-request", args.per_request), ("--html", getattr(args, "html", None)),
+                       ("--ab-trace", args.ab_trace)):
+        if path == "-":
+            raise ConfigError(f"{flag} -: standard output holds the report; give {flag} a file")
     ubi = None
     if getattr(args, "input_format", "events") == "ubi":
         from stream_eval.events.ubi import ubi_config, ubi_settings
@@ -130,13 +136,29 @@ def check_paths(inputs: list[str], outputs: list[str | None], several: bool = Tr
             if not several:
                 raise ConfigError(f"{path}: is a directory, not a file to read")
             raise ConfigError(f"{path}: is a directory; give the files in it (e.g. {_glob_of(path)})")
+    written: list[str] = []
     for output in outputs:
         if not output or output == "-":
             continue
         if os.path.isdir(output) or output.endswith(("/", os.sep)):
             raise ConfigError(f"{output}: is a directory, not a file to write")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-            raise FileNotFoundError(errno.ENOENT, "no such file", output)
+        directory = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(directory):
+            raise ConfigError(f"{output}: cannot be written: no directory {directory}")
+        # an output that is an input (or another output) would be emptied before it is read (or overwritten)
+        for other in [*(path for path in inputs if path != "-"), *written]:
+            if _same_file(output, other):
+                what = "another output" if other in written else "an input"
+                named = "" if other == output else f" ({other})"
+                raise ConfigError(f"{output}: is {what}{named}; write the output to another file")
+        written.append(output)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name the same file (one that exists, or one that would be made)."""
+    with contextlib.suppress(OSError):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _glob_of(directory: str) -> str:

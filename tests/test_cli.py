@@ -711,6 +711,29 @@ def test_paths_it_cannot_use_are_refused_before_the_replay(tmp_path: Path, log: 
         assert str(args[-1]).encode() in result.stderr, (args, result.stderr)
 
 
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path: Path, log: Path) -> None:
+    """``--per-request`` (or ``--ab-trace``) naming the input emptied the log before it was read: exit 0, an empty
+    report and the log gone; ``-o`` naming it overwrote it after; two outputs of one file overwrote each other.
+    They are refused before any work (exit 2), the input untouched; ``-o -`` is standard output (it made a file
+    ``-``), and another output to ``-`` is refused."""
+    victim = tmp_path / "victim.jsonl"
+    victim.write_bytes(log.read_bytes())
+    packed = tmp_path / "victim.jsonl.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    for args in ([victim, "--per-request", victim], [victim, "--ab-trace", victim], [victim, "-o", victim],
+                 [packed, "--per-request", packed], [victim, "--per-request", tmp_path / "." / "victim.jsonl"],
+                 [victim, "-o", tmp_path / "same", "--per-request", tmp_path / "same"],
+                 [victim, "--per-request", "-"]):
+        result = cli("replay", *args, "--format", "json")
+        assert result.returncode == 2 and b"Traceback" not in result.stderr, (args, result.stderr)
+        assert b"write the output to another file" in result.stderr or b"give --per-request a file" in \
+            result.stderr, result.stderr
+    assert victim.read_bytes() == log.read_bytes() and gzip.decompress(packed.read_bytes()) == log.read_bytes()
+    assert not (tmp_path / "same").exists()
+    result = cli("replay", victim, "-o", "-", "--format", "json", cwd=tmp_path)
+    assert result.returncode == 0 and json.loads(result.stdout)["overall"] and not (tmp_path / "-").exists()
+
+
 def test_a_directory_as_input_is_named_with_the_files_it_holds(tmp_path: Path) -> None:
     """The message for a directory given as an input suggested ``DIR/*.parquet`` whatever the directory held, and
     did so for ``trec``'s QRELS and RUN too, which are one file each."""
