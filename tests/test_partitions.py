@@ -95,6 +95,49 @@ def test_partitioned_input_gives_the_replay_numbers(tmp_path: Any, batch: int, b
     assert collect.repeated == 0
 
 
+def test_events_after_the_end_of_every_partition_go_on_as_in_replay(tmp_path: Any) -> None:
+    """A log read to its end (``produce`` sends an end watermark to every topic-partition), then more traffic on the
+    same topics (live, say). Event time stood at +inf for good: the live windows and their gauge stopped, and the
+    regroup stage closed no session and applied no A/B unit of the new traffic again (its partitions had said
+    +inf). Now an ended partition that has events again tells the stage (a ``resumed`` watermark) and event time
+    goes on from the new events, as replay goes on after an end watermark in its input: same numbers."""
+    config, first = _short_horizons(600, seed=21, behaviour=False, look_every=60.0)
+    defaults = SimulationConfig()
+    later = defaults.start_ts + 600 / defaults.rate + 3600.0  # (an hour after the first log's last request)
+    _, second = _short_horizons(600, seed=22, behaviour=False, start_ts=later)
+    end = b'{"type": "watermark", "end": true}\n'
+    expected, _ = _replay([*first, end, *second], tmp_path, config)
+    engine = PartitionedEngine(Engine(config))
+    for partition in range(PARTITIONS):
+        engine.assign(partition)
+    offsets: dict[tuple[str, int], int] = defaultdict(int)
+    for part in (first, second):
+        sent, _ = _route(part)
+        for kind, partition, _, value in sent:
+            _feed(engine, kind, partition, [(offsets[kind, partition], value)])
+            offsets[kind, partition] += 1
+        if part is first:
+            assert engine.watermark == math.inf
+            closed = engine.totals().overall().sessions
+            engine_units = engine.totals().report()["srm"][0]["units"]
+    assert engine.watermark == math.inf and engine.engine.watermark > later  # (the windows went on)
+    report = engine.totals().report()
+    assert report["overall"]["sessions"] > closed > 0  # the new traffic's sessions were scored
+    assert report["ab"] and report["srm"][0]["units"] != engine_units  # and its A/B units applied
+    assert _comparable(report) == _comparable(expected.report())
+    # a new owner of an ended partition (from its checkpoint) says "resumed" too when events come after the end
+    checkpoint = Checkpoint.from_json(orjson.loads(orjson.dumps(engine.checkpoint(0).to_json())))
+    assert checkpoint.watermark == math.inf and {"ranking", "feedback"} <= set(checkpoint.ended)
+    moved = regrouping(Engine(config))
+    moved.assign(0, checkpoint)
+    moved.take_routed()
+    ranking = [value for kind, partition, _, value in _route(second)[0] if kind == "ranking" and partition == 0][0]
+    _feed(moved, "ranking", 0, [(offsets["ranking", 0], ranking)])  # (one of the second log's: after the end)
+    marks = [records.decode(value) for _, _, value in moved.take_routed()]
+    marks = [mark for mark in marks if type(mark) is records.PartitionWatermark and mark.input_partition == 0]
+    assert [mark.resumed for mark in marks] == [True] and marks[0].at < math.inf
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stale", [False, True], ids=["from-the-start-offsets", "from-offset-0"])
 def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: bool) -> None:
@@ -118,7 +161,7 @@ def test_rebalance_rebuilds_state_without_counting_twice(tmp_path: Any, stale: b
 
 
 def _short_horizons(requests: int, seed: int, behaviour: bool, look_every: float = 3600.0,
-                    cuped: bool = False) -> tuple[Config, list[bytes]]:
+                    cuped: bool = False, **simulated: Any) -> tuple[Config, list[bytes]]:
     """A config of short horizons (many sessions and query buckets close) and simulated traffic with every kind of
     event, in three arms (A/B/n: control, then the treatments treatment and worse); with ``behaviour``, the
     behaviour and session measures and traffic with dwell; with ``cuped``, users with persistent preferences and a
@@ -130,7 +173,7 @@ def _short_horizons(requests: int, seed: int, behaviour: bool, look_every: float
     sim = SimulationConfig(requests=requests, seed=seed, judgments=True, interleaving=True, label_rate=0.3,
                            duplicate_fraction=0.05, orphan_fraction=0.03, invalid_fraction=0.02, max_delay=15.0,
                            shuffle_window=3.0, behaviour=behaviour,
-                           arms=(("control", 0.55), ("treatment", 0.7), ("worse", 0.4)), **users)
+                           arms=(("control", 0.55), ("treatment", 0.7), ("worse", 0.4)), **users, **simulated)
     return config, list(simulate_lines(sim))
 
 

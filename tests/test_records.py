@@ -71,7 +71,8 @@ def any_record(draw: st.DrawFn) -> records.Record:
         return records.ArmSeen(experiment=draw(TEXT), arm=draw(TEXT), **common)
     if kind == "w":
         time = draw(FLOAT.map(float) | st.sampled_from(["inf", "-inf"]))
-        return records.PartitionWatermark(input_partition=draw(st.integers(0, 64)), time=time, **common)
+        return records.PartitionWatermark(input_partition=draw(st.integers(0, 64)), time=time,
+                                          resumed=draw(st.booleans()), **common)
     return (records.Commit if kind == "c" else records.Rewind)(**common)
 
 
@@ -89,7 +90,9 @@ def test_the_wire_keys_are_those_of_the_earlier_logs(record: records.Record) -> 
     wire = orjson.loads(records.encode(record))
     assert wire["k"] == type(record).__struct_config__.tag
     fields = {f.encode_name: getattr(record, f.name) for f in msgspec.structs.fields(record)}
-    assert {key for key in wire if key != "k"} == {key for key, value in fields.items() if value is not None}
+    defaults = {f.encode_name: f.default for f in msgspec.structs.fields(record)}
+    assert {key for key in wire if key != "k"} == {key for key, value in fields.items()
+                                                   if value is not None and value is not defaults[key]}
     for key, value in wire.items():
         if isinstance(fields.get(key), bytes):  # (a flat column: base64 in the JSON)
             assert base64.b64decode(value) == fields[key]

@@ -328,6 +328,8 @@ class PartitionedEngine:
         reading from (those known)."""
         engine = self._new_engine(partition)
         task = Task(engine, self.clock(), checkpoint, generation)
+        if checkpoint is not None and checkpoint.watermark == math.inf:
+            task.announced = math.inf  # (the end was written to the regroup log: events after it resume, in tick)
         if checkpoint is not None and checkpoint.share is not None:
             shares.restore(engine, checkpoint.share, windows)
         engine.regroup.begin(task.generation, 0 if checkpoint is None else checkpoint.regroup_seq)  # type: ignore[union-attr]  # set above
@@ -531,7 +533,10 @@ class PartitionedEngine:
                 engine.finalise_until(target)
             # the regroup stage closes sessions when every partition is this far
             finalised = math.inf if task.flushed else task.join.watermark
-            if finalised > task.announced and (finalised == math.inf or now - task.announced_at >= ANNOUNCE_EVERY):
+            if task.announced == math.inf and finalised < math.inf:  # ended, and events came after the end
+                task.announced, task.announced_at = finalised, now
+                engine.regroup.watermark(partition, finalised, resumed=True)  # type: ignore[union-attr]  # (as below)
+            elif finalised > task.announced and (finalised == math.inf or now - task.announced_at >= ANNOUNCE_EVERY):
                 task.announced, task.announced_at = finalised, now
                 engine.regroup.watermark(partition, finalised)  # type: ignore[union-attr]  # set in _new_engine
         if not self.external_stage:
@@ -543,7 +548,8 @@ class PartitionedEngine:
                        if kind in JOINED and math.isfinite(s.watermark)]
             if reached:
                 self._close_windows(min(reached))
-        if overall > self.watermark or overall == math.inf:
+        if overall > self.watermark or overall == math.inf or (self.watermark == math.inf and speaking):
+            # (from +inf down to a finite time: ended sources have events again, and event time goes on with them)
             self.watermark = overall
             self._close_windows(overall)
         return self.watermark

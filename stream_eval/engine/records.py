@@ -167,10 +167,12 @@ class ArmSeen(Record, tag="a"):
 
 class PartitionWatermark(Record, tag="w"):
     """Every request of input partition ``input_partition`` finalised by ``time`` has its records above this one
-    (``time``: epoch seconds, or ``"inf"`` at the end of the partition)."""
+    (``time``: epoch seconds, or ``"inf"`` at the end of the partition). ``resumed``: the partition, ended
+    (``"inf"`` written before), has events again: its event time is ``time`` from here on, lower than the end."""
 
     input_partition: int = field(name="u")
     time: float | str = field(name="t")  # as JSON holds it: a number, or "inf"/"-inf" (engine/times.py)
+    resumed: bool = field(default=False, name="r")
 
     @property
     def at(self) -> float:

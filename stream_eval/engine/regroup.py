@@ -291,9 +291,11 @@ class RegroupSink:
             self._arms.add((experiment, arm))
             self._append(experiment.encode(), records.ArmSeen(experiment=experiment, arm=arm))
 
-    def watermark(self, partition: int, watermark: float) -> None:
-        """Every request of input partition ``partition`` finalised by ``watermark`` has its records above."""
-        self._append(b"", records.PartitionWatermark(input_partition=partition, time=time_to_json(watermark)))
+    def watermark(self, partition: int, watermark: float, resumed: bool = False) -> None:
+        """Every request of input partition ``partition`` finalised by ``watermark`` has its records above;
+        ``resumed``: the partition had ended, and has events again (its event time goes back from +inf)."""
+        self._append(b"", records.PartitionWatermark(input_partition=partition, time=time_to_json(watermark),
+                                                     resumed=resumed))
 
     def take_routed(self) -> list[tuple[int, bytes, bytes]]:
         """The records appended since the last call: (stage partition, key, value), in order."""
@@ -709,6 +711,13 @@ class SessionStage:
                 marks = self.partition_watermarks
                 if partition >= len(marks):
                     marks += [-math.inf] * (partition + 1 - len(marks))
+                if mark.resumed and marks[partition] == math.inf and time < math.inf:
+                    # an ended partition has events again: event time goes on from the end's +inf down to them
+                    # (what closed at the end stays closed; what comes now closes as its time passes, as in replay)
+                    marks[partition] = time
+                    self._history.append((at, tuple(self.partition_watermarks)))
+                    self.watermark = min(self.watermark, min(marks))
+                    return
                 if time <= marks[partition]:
                     return
                 marks[partition] = time
