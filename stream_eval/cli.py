@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how results are made exactly-once: Kafka transactions, or the fenced log for brokers "
                              "without them; auto (default): transactions where the broker runs them "
                              "(docs/design.md, \"Delivery\")")
-    worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+    worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"],
+                        help="warn (default): warnings and errors; info adds partition assignments and claims")
     worker.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text (default) or JSON lines: ts, level, logger, message")
     worker.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",

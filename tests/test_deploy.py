@@ -56,6 +56,20 @@ def test_worker_command_is_valid_and_reaches_the_broker() -> None:
     assert f"{args.metrics_port}:{args.metrics_port}" in services["worker"]["ports"]
 
 
+def test_the_worker_reads_the_mounted_config_with_the_behaviour_measures() -> None:
+    """The compose worker ran without a config: the dashboard's behaviour row (CTR@10, SatClick, ...) stayed empty
+    and there was no place to name an experiment. It reads deploy/stream-eval.toml, whose settings load."""
+    from stream_eval.config import load_config
+    from stream_eval.metrics.specs import request_specs
+
+    worker = _compose()["services"]["worker"]
+    args = build_parser().parse_args(worker["command"])
+    assert _bind_mounts(worker) == {args.config: "deploy/stream-eval.toml"}
+    config = load_config(str(ROOT / "deploy" / "stream-eval.toml"), environ={})
+    names = {spec.mean_name for spec in request_specs(config)}
+    assert {"CTR@10", "SatClick", "Abandoned", "nDCG@10"} <= names
+
+
 def test_every_topic_the_worker_uses_is_created() -> None:
     services = _compose()["services"]
     args = build_parser().parse_args(services["worker"]["command"])
@@ -98,6 +112,16 @@ def test_dockerfile_default_command_is_valid() -> None:
     # the image alone, run in the compose network, reaches the broker and serves the port it exposes
     assert parse_brokers(args.broker) == [_internal_listener()]
     assert re.search(rf"^EXPOSE {args.metrics_port}$", text, re.M)
+
+
+def test_the_build_context_leaves_out_host_caches_and_keeps_what_the_dockerfile_copies() -> None:
+    """Without a .dockerignore, ``COPY stream_eval`` took the host's ``__pycache__`` and numba cache files (``.nbi``,
+    ``.nbc``: of another interpreter or CPU) into the image."""
+    ignored = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert {"**/__pycache__", "**/*.nbi", "**/*.nbc", ".git"} <= set(ignored)
+    copied = re.findall(r"^COPY (.+) \./", (ROOT / "Dockerfile").read_text(), re.M)
+    sources = {source for line in copied for source in line.split()}
+    assert sources == {"pyproject.toml", "README.md", "stream_eval"} and not sources & set(ignored)
 
 
 def test_dockerfile_runs_as_a_non_root_user_without_the_development_broker() -> None:
