@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import gzip
 import importlib.util
 import os
 import sys
@@ -34,6 +35,8 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
     check_paths(args.files, [args.output, args.per_request, getattr(args, "html", None), args.ab_trace])
     if args.output == "-":  # (standard output, where the report goes anyway)
         args.output = None
+    for path in args.files:
+        _check_text(path)
     for flag, path in (("--per-request", args.per_request), ("--html", getattr(args, "html", None)),
                        ("--ab-trace", args.ab_trace)):
         if path == "-":
@@ -102,6 +105,9 @@ def replay_command(args: argparse.Namespace, config: Config) -> int:
         print(f"stream-eval: warning: no request of experiment {', '.join(map(repr, unseen))}, which --config sets "
               f"(experiments seen: {', '.join(seen_experiments)}); check the [experiments.NAME] tables' names",
               file=sys.stderr)
+    if engine.invalid_reasons and not report["events"].get("ranking"):  # nothing read as a ranking: why?
+        for hint in filter(None, map(_array_hint, args.files)):
+            print(f"stream-eval: hint: {hint}", file=sys.stderr)
     examples = [f"{e.where or '?'}: {e.kind}: {e.reason}" for e in engine.invalid_examples]
     for line in examples[:5]:
         print(f"stream-eval: invalid {line}", file=sys.stderr)
@@ -152,6 +158,31 @@ def check_paths(inputs: list[str], outputs: list[str | None], several: bool = Tr
                 named = "" if other == output else f" ({other})"
                 raise ConfigError(f"{output}: is {what}{named}; write the output to another file")
         written.append(output)
+
+
+def _check_text(path: str) -> None:
+    """Refuse an input file of UTF-16 text (a byte order mark: what a Windows PowerShell redirect writes), every line
+    of which would be invalid: replay reads UTF-8."""
+    if path == "-" or is_parquet(path) or not os.path.isfile(path):
+        return
+    with open(path, "rb") as handle:
+        start = handle.read(2)
+    if start in (b"\xff\xfe", b"\xfe\xff"):
+        raise ConfigError(f"{path}: is UTF-16 text; replay reads UTF-8: convert it first (iconv -f UTF-16 -t UTF-8 "
+                          f"{path} > {path}.utf8)")
+
+
+def _array_hint(path: str) -> str | None:
+    """A hint for an input whose first line starts a JSON array (one array of events, not JSON Lines), else None."""
+    if path == "-" or is_parquet(path) or not os.path.isfile(path):
+        return None
+    with contextlib.suppress(OSError, EOFError, gzip.BadGzipFile):
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as handle:
+            start = handle.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+        if start.startswith(b"["):
+            return (f"{path} starts with '[': if it is one JSON array of events, replay needs JSON Lines (one event "
+                    f"object a line): jq -c '.[]' {path} > events.jsonl")
+    return None
 
 
 def _same_file(a: str, b: str) -> bool:

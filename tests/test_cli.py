@@ -734,6 +734,29 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path: Path,
     assert result.returncode == 0 and json.loads(result.stdout)["overall"] and not (tmp_path / "-").exists()
 
 
+def test_inputs_in_another_shape_get_a_hint(tmp_path: Path) -> None:
+    """Found by a new user: one JSON array of events (not JSON Lines), and a UTF-16 file (a PowerShell redirect),
+    gave an empty report with exit 0 and no word why; epoch milliseconds were out of range without a hint."""
+    events = [{"type": "ranking", "request_id": "r1", "ts": T0, "items": ["a", "b"]},
+              {"type": "feedback", "request_id": "r1", "item": "a", "kind": "click", "ts": T0 + 1}]
+    array = tmp_path / "events.json"
+    array.write_text(json.dumps(events, indent=2))
+    result = cli("replay", array, "--format", "json")
+    assert result.returncode == 0 and b"starts with '[': if it is one JSON array" in result.stderr, result.stderr
+    assert b"jq -c '.[]'" in result.stderr
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-16")
+    result = cli("replay", utf16, "--format", "json")
+    assert result.returncode == 2 and b"is UTF-16 text; replay reads UTF-8" in result.stderr, result.stderr
+    lines = tmp_path / "ms.jsonl"
+    lines.write_text(json.dumps({**events[0], "ts": T0 * 1000}) + "\n")
+    result = cli("replay", lines, "--format", "json")
+    assert result.returncode == 0 and b"epoch milliseconds? ts is in seconds" in result.stderr, result.stderr
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert b"hint" not in cli("replay", plain, "--format", "json").stderr
+
+
 def test_a_directory_as_input_is_named_with_the_files_it_holds(tmp_path: Path) -> None:
     """The message for a directory given as an input suggested ``DIR/*.parquet`` whatever the directory held, and
     did so for ``trec``'s QRELS and RUN too, which are one file each."""

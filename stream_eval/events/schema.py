@@ -342,8 +342,9 @@ class Validator:
             ts = default_ts if ts is None and default_ts is not None else parse_time(ts)
         if self.min_ts <= ts <= self.max_ts:
             return ts
+        hint = "; epoch milliseconds? ts is in seconds" if self.min_ts * 1000 <= ts <= self.max_ts * 1000 else ""
         raise EventError("ts_out_of_range", f"ts: {ts!r} is outside the event times a log can hold "
-                         f"[{_iso(self.min_ts)}, {_iso(self.max_ts)}] (settings min_ts, max_ts)")
+                         f"[{_iso(self.min_ts)}, {_iso(self.max_ts)}] (settings min_ts, max_ts){hint}")
 
     def ranking(self, event: Ranking) -> None:
         items = event.items
