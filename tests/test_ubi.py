@@ -800,3 +800,14 @@ def test_exports_in_descending_time_order_get_a_hint(log: tuple[Path, Path, Any,
     assert "ubi_events export" not in done.stderr
     right = cli("replay", "--input-format", "ubi", log[0], log[1], "-o", os.devnull, "--no-progress")
     assert right.returncode == 0 and "descending" not in right.stderr
+
+
+def test_epoch_seconds_get_a_hint(tmp_path: Path) -> None:
+    """UBI numbers are epoch milliseconds: epoch seconds are out of range, and the reason now says what they look
+    like (a new user's export of seconds gave only ``ts_out_of_range``)."""
+    queries = [{"query_id": "q1", "user_query": "a", "timestamp": 1772442006, "query_response_hit_ids": ["a", "b"]}]
+    events = [{"action_name": "click", "query_id": "q1", "timestamp": "1772442010",
+               "event_attributes": {"object": {"object_id": "a"}}}]
+    result = cli("replay", "--input-format", "ubi", jsonl(tmp_path / "q.jsonl", queries),
+                 jsonl(tmp_path / "e.jsonl", events), "-o", os.devnull, "--no-progress")
+    assert result.returncode == 0 and result.stderr.count("epoch seconds? a number is read as epoch milliseconds") == 2

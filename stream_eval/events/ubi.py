@@ -646,8 +646,12 @@ class UbiConverter:
         except OverflowError:
             raise EventError("bad_ts", f"timestamp: {value!r} is out of range") from None
         if not self.config.min_ts <= ts <= self.config.max_ts:
+            number = isinstance(value, int | float) and not isinstance(value, bool) or (
+                isinstance(value, str) and value.isdigit())
+            seconds = number and self.config.min_ts <= ts * 1000 <= self.config.max_ts
+            hint = "; epoch seconds? a number is read as epoch milliseconds, as UBI writes them" if seconds else ""
             raise EventError("ts_out_of_range", f"timestamp: {value!r} is outside the event times a log can hold "
-                             "(settings min_ts, max_ts)")
+                             f"(settings min_ts, max_ts){hint}")
         return ts
 
     @staticmethod
