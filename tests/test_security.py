@@ -350,8 +350,17 @@ def test_produce_and_worker_over_sasl_ssl_with_client_certificates(broker_kind: 
             assert SECRET not in (sent.stdout + sent.stderr).decode()
             _wait(lambda: _metric(base + "/metrics", "stream_eval_requests_total") == expected, 180,
                   "every request through TLS and SASL", worker, log)
-            _wait(lambda: _ready(base), 60, "/readyz 200 once caught up", worker, log)
-            assert _get(base + "/readyz")[1]["reason"].startswith("caught up on ")
+            ready: list[dict[str, Any]] = []
+
+            def caught_up() -> bool:  # (the reason of the answer that said ready: the next one may say the regroup
+                with contextlib.suppress(OSError):  # log has records again, its own looks and commits)
+                    status, body = _get(base + "/readyz")
+                    if status == 200:
+                        ready.append(body)
+                return bool(ready)
+
+            _wait(caught_up, 60, "/readyz 200 once caught up", worker, log)
+            assert ready[0]["reason"].startswith("caught up on ")
             assert SECRET.encode() not in Path(f"/proc/{worker.pid}/cmdline").read_bytes()
         finally:
             code = stop_process(worker, grace=60)
