@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import gzip
 import importlib.util
 import os
 import sys
@@ -19,7 +18,7 @@ import orjson
 
 from stream_eval.config import Config, ConfigError
 from stream_eval.engine.engine import Engine, FinalisedBatch
-from stream_eval.engine.replay import Progress, ProgressBar, is_parquet, replay, total_size
+from stream_eval.engine.replay import BOM, Progress, ProgressBar, first_bytes, is_parquet, replay, total_size
 from stream_eval.export.report import PerRequestWriter, to_json, to_table
 from stream_eval.metrics.specs import request_specs
 
@@ -161,28 +160,19 @@ def check_paths(inputs: list[str], outputs: list[str | None], several: bool = Tr
 
 
 def _check_text(path: str) -> None:
-    """Refuse an input file of UTF-16 text (a byte order mark: what a Windows PowerShell redirect writes), every line
-    of which would be invalid: replay reads UTF-8."""
-    if path == "-" or is_parquet(path) or not os.path.isfile(path):
-        return
-    with open(path, "rb") as handle:
-        start = handle.read(2)
-    if start in (b"\xff\xfe", b"\xfe\xff"):
+    """Refuse an input of UTF-16 text (a byte order mark: what a Windows PowerShell redirect writes), every line of
+    which would be invalid: replay reads UTF-8."""
+    if first_bytes(path, 2) in (b"\xff\xfe", b"\xfe\xff"):
         raise ConfigError(f"{path}: is UTF-16 text; replay reads UTF-8: convert it first (iconv -f UTF-16 -t UTF-8 "
                           f"{path} > {path}.utf8)")
 
 
 def _array_hint(path: str) -> str | None:
     """A hint for an input whose first line starts a JSON array (one array of events, not JSON Lines), else None."""
-    if path == "-" or is_parquet(path) or not os.path.isfile(path):
+    if not first_bytes(path, 64).lstrip(BOM + b" \t\r\n").startswith(b"["):
         return None
-    with contextlib.suppress(OSError, EOFError, gzip.BadGzipFile):
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as handle:
-            start = handle.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
-        if start.startswith(b"["):
-            return (f"{path} starts with '[': if it is one JSON array of events, replay needs JSON Lines (one event "
-                    f"object a line): jq -c '.[]' {path} > events.jsonl")
-    return None
+    return (f"{path} starts with '[': if it is one JSON array of events, replay needs JSON Lines (one event object a "
+            f"line): jq -c '.[]' {path} > events.jsonl")
 
 
 def _same_file(a: str, b: str) -> bool:

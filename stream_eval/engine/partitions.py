@@ -548,7 +548,7 @@ class PartitionedEngine:
                        if kind in JOINED and math.isfinite(s.watermark)]
             if reached:
                 self._close_windows(min(reached))
-        if overall > self.watermark or overall == math.inf or (self.watermark == math.inf and speaking):
+        if overall > self.watermark or math.inf in (overall, self.watermark):
             # (from +inf down to a finite time: ended sources have events again, and event time goes on with them)
             self.watermark = overall
             self._close_windows(overall)

@@ -11,7 +11,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, BinaryIO
 
 from stream_eval.config import Config
@@ -43,6 +43,16 @@ def _open(path: str) -> Iterator[BinaryIO]:
         else:
             raw.seek(0)
             yield raw
+
+
+def first_bytes(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of an input as replay reads it (gzip undone); none of standard input (not to be
+    consumed), of Parquet, or of a file that cannot be read."""
+    if path == "-" or is_parquet(path) or not os.path.isfile(path):
+        return b""
+    with suppress(*_BROKEN), _open(path) as stream:
+        return stream.read(size)
+    return b""
 
 
 def read_chunks(path: str, chunk_bytes: int = CHUNK_BYTES,
