@@ -371,7 +371,10 @@ def _simulate_to_kafka(args: argparse.Namespace) -> int:
     requests_per_second = args.rate / EVENTS_PER_REQUEST if args.rate > 0 else SimulationConfig.rate
     now = float(int(time.time()))
     start = now if paced else now - args.requests / requests_per_second
-    sim = _simulation(**_simulated(args), start_ts=start, endless=endless, rate=requests_per_second)
+    # each run its own ids (a request id again within the attribution window would count as a duplicate, and its
+    # feedback join the earlier request): the start's milliseconds, in hex
+    run = f"{time.time_ns() // 1_000_000:x}-"
+    sim = _simulation(**_simulated(args), start_ts=start, endless=endless, rate=requests_per_second, id_prefix=run)
     timeout = {} if args.broker_timeout is None else {"broker_timeout": args.broker_timeout}
     return produce_command([], args.broker, args.topic_prefix, 1.0 if paced else None, not args.no_flush,
                            args.partitions, lines=simulate_lines(sim), rate=args.rate or None, endless=endless,

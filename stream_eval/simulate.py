@@ -218,6 +218,9 @@ class SimulationConfig:
             same for all of a unit's rankings (its ``unit_id``, else its session: a user is on one platform), drawn
             by a hash of the field and the unit, so that each value has about ``1 / len(values)`` of the units.
             Empty (the default): no attributes.
+        id_prefix: Put before every request, session and user id (``r{k}``, ``s{k}``, ``u{k}``), so that runs into
+            the same topics do not reuse ids (``simulate --broker`` gives each run its own). Empty (the default):
+            the output is the same as before the option existed.
     """
 
     requests: int = 1000
@@ -250,6 +253,7 @@ class SimulationConfig:
     preference: float = 0.0
     dwell_scale: tuple[tuple[str, float], ...] = ()
     segments: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    id_prefix: str = ""
 
     def __post_init__(self) -> None:
         """Reject configurations the generator cannot honour.
@@ -759,7 +763,8 @@ class _Generator:
 
         # Assemble the events.
         experiment = cfg.experiment
-        request_ids = [f"r{start + i}" for i in range(m)]
+        ids = cfg.id_prefix
+        request_ids = [f"{ids}r{start + i}" for i in range(m)]
         query_names = world.query_names
         # Served lists as flat lists, sliced per request (no per-row intermediate lists).
         flat_items = world.flat_names(np.repeat(queries, lengths), shown[visible])
@@ -770,7 +775,7 @@ class _Generator:
         q_list = queries.tolist()
         events: list[Event] = []
         arm_labels = [*self.arm_names, INTERLEAVED_ARM]
-        unit_ids = None if request_user is None else [f"u{user}" for user in request_user.tolist()]
+        unit_ids = None if request_user is None else [f"{ids}u{user}" for user in request_user.tolist()]
         # each field's values, and the start of its hash (a field of its own: fields drawn independently)
         segments = [(field, values, zlib.crc32(field.encode())) for field, values in cfg.segments]
         pre_rows = before.tolist() if cfg.pre_period > 0 else None
@@ -793,7 +798,7 @@ class _Generator:
                 "items": flat_items[lo : lo + n],
                 "scores": flat_scores[lo : lo + n],
                 "query_id": query_names[q],
-                "session_id": f"s{sess}",
+                "session_id": f"{ids}s{sess}",
                 "experiment": experiment,
                 "arm": arm_labels[code],
             }
@@ -844,7 +849,7 @@ class _Generator:
             self.orphans += n_o
             for k, (item, ts) in enumerate(zip(o_names, o_ts.tolist(), strict=True)):
                 events.append(
-                    {"type": "feedback", "request_id": f"r{base + k}", "item": item, "kind": "click", "ts": ts}
+                    {"type": "feedback", "request_id": f"{ids}r{base + k}", "item": item, "kind": "click", "ts": ts}
                 )
             all_ts.append(o_ts)
 

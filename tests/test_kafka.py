@@ -266,6 +266,26 @@ def test_simulate_to_kafka(broker: str) -> None:
     assert len([r for r in records if r[3] == END_WATERMARK]) == 12
 
 
+def test_simulate_runs_into_the_same_topics_share_no_request_id(broker: str) -> None:
+    """Every run's ids were ``r0``, ``r1``, ...: a second run within the attribution window counted its rankings as
+    duplicates and joined its feedback to the first run's requests."""
+    prefix = _prefix()
+    sent = 0
+    for _ in range(2):
+        result = _cli("simulate", "--requests", "30", "--broker", broker, "--topic-prefix", prefix, "--unit", "user")
+        assert result.returncode == 0, result.stderr
+        sent += int(re.search(r"sent ([\d,]+) events", result.stderr).group(1).replace(",", ""))  # type: ignore[union-attr]
+    t = topics(prefix)
+    records = asyncio.run(_consume(broker, t.inputs, until=sent + 24))
+    rankings = [json.loads(r[3]) for r in records if r[0] == t.rankings and r[3] != END_WATERMARK]
+    ids = [r["request_id"] for r in rankings]
+    assert len(ids) == 60 and len(set(ids)) == 60
+    runs = {rid.rpartition("-")[0] for rid in ids}
+    assert len(runs) == 2  # each run's own prefix, on its sessions and users too
+    assert all(r["session_id"].startswith(r["request_id"].rpartition("-")[0] + "-s") for r in rankings)
+    assert all(r["unit_id"].startswith(r["request_id"].rpartition("-")[0] + "-u") for r in rankings)
+
+
 def test_simulate_endless_until_sigterm(broker: str) -> None:
     prefix = _prefix()
     process = subprocess.Popen([sys.executable, "-m", "stream_eval.cli", "simulate", "--requests", "0", "--broker",
