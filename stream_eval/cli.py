@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "names it ([experiments.exp1] control = \"control\")")
     simulate.add_argument("--segment", type=_segment_arg, action="append", default=[], metavar="FIELD=V1,V2,...",
                           help="rankings carry attributes.FIELD, one of the values per unit (repeatable; for "
-                               "[segments])")
+                               "the `segments` setting)")
     simulate.add_argument("--output", "-o", default="-", metavar="FILE", help="'-' = stdout, .gz compresses")
     simulate.add_argument("--broker", metavar="URL",
                           help="send to Kafka instead of writing JSON Lines (e.g. kafka://localhost:9092)")
@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--stage-partitions", type=_stage_partitions, default=None, metavar="N",
                         help="partitions of the regroup log it creates, spread over the group's workers (1 to 64; "
                              "default: as many as the input topics; a log that exists keeps its own)")
+    worker.add_argument("--snapshot-interval", type=_snapshot_interval, default=60.0, metavar="DURATION",
+                        help="how often the A/B units and each partition's windows are snapshotted whole (default "
+                             "60s; longer: fewer bytes written where the A/B state is large, more log re-read when a "
+                             "partition moves: docs/operations.md)")
     worker.add_argument("--replication-factor", type=_positive_int, default=1, metavar="N",
                         help="replicas of the topics it creates; topics that exist must have at least N "
                              "(default 1, for a local broker; 3 on a production cluster: docs/operations.md)")
@@ -210,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text (default) or JSON lines: ts, level, logger, message")
     worker.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
-                        help="address of /metrics, /healthz and /readyz (default 0.0.0.0: every interface)")
+                        help="address of /metrics, /healthz, /readyz and /report (default 0.0.0.0: every interface)")
     _add_input_format(worker)
     worker.add_argument("--ubi-queries-topic", default="ubi_queries", metavar="NAME",
                         help="with --input-format ubi: the topic of UBI query records, after --topic-prefix "
@@ -365,6 +369,13 @@ def _positive_int(text: str) -> int:
     return _checked(text, int, lambda value: value >= 1, "must be >= 1")
 
 
+def _snapshot_interval(text: str) -> float:
+    seconds = _duration_arg(text)
+    if not 1.0 <= seconds <= 86_400.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 1s to 24h")
+    return seconds
+
+
 def _stage_partitions(text: str) -> int:
     return _checked(text, int, lambda value: 1 <= value <= 64, "must be 1 to 64 (the A/B units' 64 shards)")
 
@@ -438,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       stage_partitions=args.stage_partitions, security=security_from_args(args),
                                       replication_factor=args.replication_factor,
                                       min_insync_replicas=args.min_insync_replicas, delivery=args.delivery,
-                                      **ubi)
+                                      snapshot_interval=args.snapshot_interval, **ubi)
             return run_worker(settings, config_from_args(args), args.metrics_port, args.loglevel,
                               metrics_host=args.metrics_host, log_format=args.log_format)
         if args.command == "demo":

@@ -677,6 +677,22 @@ def test_stage_partitions_beyond_the_shards_are_refused(given: str) -> None:
     assert build_parser().parse_args(["worker", "--stage-partitions", "64"]).stage_partitions == 64
 
 
+def test_snapshot_interval_is_a_worker_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/operations.md told operators to raise ``snapshot_interval`` where the A/B state is large, a setting no
+    option, variable or file reached."""
+    import stream_eval.stream.app as app
+    from stream_eval.cli import build_parser, main
+
+    seen: list[Any] = []
+    monkeypatch.setattr(app, "run_worker", lambda settings, *args, **kwargs: seen.append(settings) or 0)
+    assert main(["worker", "--broker", "kafka://localhost:1", "--snapshot-interval", "5m"]) == 0
+    assert seen[0].snapshot_interval == 300.0
+    assert build_parser().parse_args(["worker"]).snapshot_interval == 60.0
+    for given in ("0s", "2d", "soon"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["worker", "--snapshot-interval", given])
+
+
 @pytest.mark.parametrize("setting", ["session_gap = nan", "gsb_window = nan", "max_grade = inf", "gsb_epsilon = nan",
                                      "gsb_epsilon = -1", "rel_threshold = inf", "attribution_window = inf",
                                      "allowed_lateness = 1e400", "max_grade = 1100", "[kinds]\nkinds.purchase = 1e9"])

@@ -75,9 +75,9 @@ def test_every_topic_the_worker_uses_is_created() -> None:
     args = build_parser().parse_args(services["worker"]["command"])
     settings = WorkerSettings(parse_brokers(args.broker), args.topic_prefix, args.group, args.partitions)
     script = services["create-topics"]["command"][0]
-    loop = re.search(r"for topic in ([^;]+);", script)
-    assert loop is not None
-    created = set(loop.group(1).split()) | set(re.findall(r"--topic ([\w.-]+)", script))
+    loops = re.findall(r"for topic in ([^;]+);", script)
+    assert loops
+    created = {name for loop in loops for name in loop.split()} | set(re.findall(r"--topic ([\w.-]+)", script))
     names = topics(settings.prefix)
     assert {*names.inputs, names.request_metrics, names.dead_letters, settings.checkpoint_topic} <= created
     partitions = set(re.findall(r"--partitions (\d+)", script))
@@ -576,3 +576,13 @@ def test_queries_compute_what_their_panels_say(tmp_path: Path) -> None:
     file.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": [tests]}, sort_keys=False))
     result = subprocess.run([_promtool(), "test", "rules", str(file)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_input_topics_keep_a_produced_log() -> None:
+    """The compose made the input topics with the broker's 7-day retention: `stream-eval produce` stamps messages
+    with their events' times, so a log older than that was deleted at the broker's next check, read or not."""
+    script = "\n".join(_compose()["services"]["create-topics"]["command"])
+    for topic in ("rankings", "feedback", "judgments"):
+        loops = [block for block in script.split("for topic in ")[1:] if topic in block.split(";")[0].split()]
+        assert len(loops) == 1, topic
+        assert "--config retention.ms=-1" in loops[0].split("done")[0], topic
