@@ -177,3 +177,18 @@ def test_the_next_fetch_requests_go_out_before_a_batch_is_handled() -> None:
         return events
 
     assert asyncio.run(main()) == ["request written", "batch of 1 handed to the worker"]
+
+
+def test_input_partitions_added_while_the_group_runs_stop_the_worker_with_a_settings_error() -> None:
+    """Partitions added to the input topics of a running group: the worker given the new ones claimed them from
+    checkpoint partitions that do not exist, retried that for ever as a broker outage (stream_eval_broker_up 0,
+    /readyz 503), and the whole group stalled. It stops instead, with the message a restart gives (exit code 2)."""
+    from stream_eval.stream.kafka import TopicSettingsError
+
+    worker, _ = _worker([100.0])
+    worker._stop = asyncio.Event()
+    grown = [TopicPartition(topic, p) for topic in worker.topics.inputs for p in (2, 3)]
+    asyncio.run(asyncio.wait_for(worker.on_partitions_assigned(grown), 5))  # (a claim would wait for the broker)
+    assert isinstance(worker.fatal, TopicSettingsError)
+    assert "input partitions [2, 3] assigned, but the input topics had 2 partitions" in str(worker.fatal)
+    assert worker._stop.is_set() and sorted(worker.partitioned.tasks) == [0, 1]

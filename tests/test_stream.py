@@ -553,3 +553,34 @@ def test_a_rebuilt_partition_dead_letters_each_message_with_its_own_topic() -> N
     asyncio.run(worker._handle(batch(topics.rankings, [ranking % 0, ranking % 1, b'{"type":"ranking"}'])))
     where = sorted((topic, partition, offset) for _, topic, partition, offset in delivery.outbox.dead)
     assert where == [(topics.feedback, 0, 1), (topics.rankings, 0, 2)]
+
+
+def test_input_partitions_added_while_running_stop_the_worker(broker: str, broker_kind: str) -> None:
+    """Partitions added to the inputs of a running group: the worker given the new ones retried their claims for
+    ever as a broker outage (the checkpoint topic has no such partitions) and the group stalled. The worker stops,
+    its loop ending with a settings error (the command exits 2 with it), once its consumer's metadata shows them."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+    if broker_kind == "tansu":
+        pytest.skip("Tansu cannot add partitions to a topic (no CreatePartitions); Apache Kafka runs this test")
+
+    prefix = "grown."
+    settings = WorkerSettings([broker], prefix=prefix, group="grown", partitions=2,
+                              extra={"metadata_max_age_ms": 1000})
+
+    async def main() -> None:
+        await send_lines(_log(200, seed=3), [broker], topics(prefix), partitions=2)
+        worker = StreamWorker(settings, Config())
+        task, _ = await _running(worker)
+        await _until(lambda: worker.events_seen > 0, 60, "the first events")
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+        await admin.start()
+        try:
+            await admin.create_partitions({topic: NewPartitions(total_count=4) for topic in topics(prefix).inputs})
+        finally:
+            await admin.close()
+        await asyncio.wait_for(task, 60)  # (it ends by itself)
+        assert worker.fatal is not None and "partitions were added to them while the group ran" in str(worker.fatal)
+        assert worker.health.up  # (no broker outage reported)
+
+    _run(main)

@@ -18,6 +18,7 @@ import json
 import logging
 import logging.config
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -154,6 +155,8 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
             await worker.run(stop)
         finally:
             stopped.set()
+        if worker.fatal is not None:  # (the worker stopped by itself: faust stops as on SIGTERM, run_worker exits 2)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     class WorkerApp(faust.App):
         async def on_first_start(self) -> None:
@@ -287,7 +290,11 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
             faust_worker.spinner = None
         faust_worker.execute_from_commandline()
     except SystemExit as done:
+        if worker.fatal is not None:
+            raise worker.fatal from None  # (a ConfigError: its message, exit code 2)
         return int(done.code or 0)
     finally:
         server.stop()
+    if worker.fatal is not None:
+        raise worker.fatal
     return 0

@@ -283,6 +283,10 @@ class StreamWorker:
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
         #: ``transactions`` or ``fenced-log`` once chosen at start (``stream_eval_delivery_info``)
         self.delivery_mode: str | None = None
+        #: Why the worker stopped by itself (a topic changed under it that it cannot go on with): the command's
+        #: exit code is then 2, as for the same topics at start.
+        self.fatal: TopicSettingsError | None = None
+        self._stop: asyncio.Event | None = None
 
     @property
     def handover_holds(self) -> int:
@@ -406,12 +410,31 @@ class StreamWorker:
             seeks: list[tuple[Any, int]] = []
             for tp in assigned:
                 by_partition[tp.partition].append(tp)
+            grown = sorted(partition for partition in by_partition if partition >= self.partition_count)
+            if grown:
+                self._stop_for(TopicSettingsError(
+                    f"input partitions {grown} assigned, but the input topics had {self.partition_count} partitions "
+                    f"when this worker started: partitions were added to them while the group ran. Each input "
+                    f"partition checkpoints to the partition of the same number of {self.settings.checkpoint_topic}, "
+                    "and the regroup stage waits for every input partition's event time: stop the group's workers, "
+                    "and start a new --group (or give the checkpoint topic as many partitions as the inputs, "
+                    "kafka-topics --alter --partitions N, and start them again; docs/operations.md)"))
+                return
             for partition, tps in sorted(by_partition.items()):
                 if partition not in self.partitioned.tasks:
                     seeks += await self._claim(partition, tps)
             for tp, start in seeks:  # at the end, with nothing awaited after (the tasks drop what comes before)
                 self._consumer.seek(tp, start)
             log.info("assigned partitions %s", sorted(by_partition))
+
+    def _stop_for(self, error: TopicSettingsError) -> None:
+        """Stop the worker (its loop ends after the batch in hand, with a last checkpoint of what it holds) for
+        ``error``, which the command then prints, with exit code 2."""
+        if self.fatal is None:
+            log.error("stream-eval worker: stopping: %s", error)
+            self.fatal = error
+        if self._stop is not None:
+            self._stop.set()
 
     async def _claim(self, partition: int, tps: list[Any]) -> list[tuple[Any, int]]:
         """Claim input partition ``partition`` (:meth:`Delivery.claim`); where to seek its topic-partitions ``tps``."""
@@ -585,7 +608,7 @@ class StreamWorker:
                                  listener=Listener(self.on_partitions_revoked, self.on_partitions_assigned))
         self._stage_consumer.subscribe([settings.regroup_topic],
                                        listener=Listener(self.on_stage_revoked, self.on_stage_assigned))
-        stop = stop or asyncio.Event()
+        stop = self._stop = stop or asyncio.Event()
         last_checkpoint = time.monotonic()
         committed = 0  # input messages read at the last checkpoint
         stage_records = stage_read = 0  # regroup records: of the last fetch, all read
