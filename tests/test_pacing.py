@@ -192,3 +192,15 @@ def test_input_partitions_added_while_the_group_runs_stop_the_worker_with_a_sett
     assert isinstance(worker.fatal, TopicSettingsError)
     assert "input partitions [2, 3] assigned, but the input topics had 2 partitions" in str(worker.fatal)
     assert worker._stop.is_set() and sorted(worker.partitioned.tasks) == [0, 1]
+
+
+def test_a_worker_without_live_windows_is_refused_with_a_message() -> None:
+    """``windows = []`` (which replay accepts) crashed the worker at start with a traceback from its windows."""
+    import dataclasses
+
+    import pytest
+
+    from stream_eval.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"windows = \[\]: a worker keeps live windows"):
+        StreamWorker(WorkerSettings(["127.0.0.1:1"], prefix="w.", group="w"), dataclasses.replace(Config(), windows=()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -582,5 +583,41 @@ def test_input_partitions_added_while_running_stop_the_worker(broker: str, broke
         await asyncio.wait_for(task, 60)  # (it ends by itself)
         assert worker.fatal is not None and "partitions were added to them while the group ran" in str(worker.fatal)
         assert worker.health.up  # (no broker outage reported)
+
+    _run(main)
+
+
+@pytest.mark.parametrize("change", ["attribution_window", "metrics", "session_gap", "segments"])
+def test_a_restart_under_settings_its_checkpoints_cannot_be_restored_under_stops(broker: str, change: str) -> None:
+    """A worker restarted with another attribution window counted requests twice (longer) or never (shorter); with
+    another session gap, sessions; with the measures changed (even reordered), it failed in aiokafka's listener
+    and hung, looking healthy. Each checkpoint now says what it was counted under: such a restart stops with
+    the settings that changed (exit code 2 from the command); the same settings go on."""
+    from stream_eval.stream.delivery import SettingsChanged
+
+    prefix = f"changed-{change.replace('_', '-')}."
+    settings = WorkerSettings([broker], prefix=prefix, group=prefix.rstrip("."), partitions=2)
+    before = Config(attribution_window=60.0, session_gap=60.0)
+    after = dataclasses.replace(before, **{"attribution_window": {"attribution_window": 20.0},
+                                            "metrics": {"metrics": ("nDCG@10", "RR")},
+                                            "session_gap": {"session_gap": 30.0},
+                                            "segments": {"segments": ("platform",)}}[change])
+
+    async def main() -> None:
+        await send_lines(_log(300, seed=5), [broker], topics(prefix), partitions=2)
+        first = StreamWorker(settings, before)
+        running = await _running(first)
+        await _until(lambda: first.events_seen > 0 and first.stages.held, 60, "the first events")
+        await _stop(running)
+        same = StreamWorker(settings, before)
+        running = await _running(same)
+        await _until(lambda: len(same.partitioned.tasks) == 2, 60, "the partitions claimed again")
+        await _stop(running)
+        assert same.fatal is None
+        changed = StreamWorker(settings, after)
+        task, _ = await _running(changed)
+        await asyncio.wait_for(task, 60)  # (it ends by itself)
+        assert isinstance(changed.fatal, SettingsChanged), changed.fatal
+        assert change in str(changed.fatal) and "Start a new --group" in str(changed.fatal)
 
     _run(main)

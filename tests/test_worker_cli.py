@@ -146,6 +146,22 @@ def test_repeated_client_log_lines_are_let_through_once_per_interval_with_a_coun
     assert again.getMessage() == "Unable connect to node 2 (5 more like it held back in the last 31 s)"
 
 
+def test_every_partition_s_out_of_range_fetch_is_let_through_as_a_warning() -> None:
+    """Input deleted (retention, a topic deleted and made again) before the worker read it: aiokafka says so in one
+    INFO line per partition, and then reads on from the earliest offset the broker holds. The filter let only the
+    first partition's line through in 30 s, at INFO (below the worker's default level): the loss went unseen."""
+    from stream_eval.stream.worker import RepeatFilter
+
+    repeats = RepeatFilter(every=30.0, clock=lambda: 0.0)
+    records = [logging.LogRecord("aiokafka.consumer.fetcher", logging.INFO, __file__, 1,
+                                 "Fetch offset %s is out of range for partition %s, resetting offset",
+                                 (4879 + p, f"TopicPartition(topic='s4.feedback', partition={p})"), None)
+               for p in range(4)]
+    assert all(repeats.filter(record) for record in records)
+    assert {record.levelno for record in records} == {logging.WARNING}
+    assert "partition=3" in records[3].getMessage() and "counted nowhere" in records[3].getMessage()
+
+
 @pytest.mark.slow
 def test_a_worker_whose_broker_is_gone_stops_within_a_pod_s_grace_period(tmp_path: Path) -> None:
     """SIGTERM after the broker went away: exit 0 within 30 s (it took minutes: a checkpoint retried for ever, then

@@ -291,7 +291,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
         faust_worker.execute_from_commandline()
     except SystemExit as done:
         if worker.fatal is not None:
-            raise worker.fatal from None  # (a ConfigError: its message, exit code 2)
+            raise worker.fatal from None  # (a ConfigError: its message, exit code 2; anything else exit code 1)
         return int(done.code or 0)
     finally:
         server.stop()

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from stream_eval.config import ConfigError
+from stream_eval.config import Config, ConfigError
 from stream_eval.engine import shares, snapshot
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.partitions import WAITING_BYTES, Checkpoint, PartitionedEngine
@@ -99,6 +99,35 @@ class Outbox:
         return bool(self.requests or self.dead)
 
 
+class SettingsChanged(ConfigError):
+    """A checkpoint of the group was stored under settings its state cannot be restored under (:func:`fingerprint`)."""
+
+
+def fingerprint(settings: WorkerSettings, config: Config) -> dict[str, Any]:
+    """The settings a checkpoint's state was counted under and can only be restored under: the measures (by column),
+    the horizons that finalise requests and close sessions, the live windows, the segment fields, and where the
+    input comes from (docs/operations.md, "Changing settings")."""
+    return {"metrics": [spec.mean_name for spec in config.specs], "attribution_window": config.attribution_window,
+            "allowed_lateness": config.allowed_lateness, "session_gap": config.session_gap,
+            "windows": list(config.windows), "segments": list(config.segments),
+            "input_format": settings.input_format, "topics": [settings.topics.rankings, settings.topics.feedback]}
+
+
+def check_fingerprint(stored: Any, current: dict[str, Any], where: str) -> None:
+    """Raise :class:`SettingsChanged` when a checkpoint's ``stored`` fingerprint (None: stored before 2026-12-02, not
+    checked) differs from ``current``, naming each setting that changed."""
+    if not isinstance(stored, dict):
+        return
+    changed = [f"{name} {stored.get(name)!r} -> {value!r}" for name, value in current.items()
+               if name in stored and stored[name] != value]
+    if changed:
+        raise SettingsChanged(
+            f"{where}: its checkpoint was counted under other settings ({'; '.join(changed)}); restored under these "
+            "it would count requests or sessions twice or never, or mix up the measures' columns. Start a new "
+            "--group for the new settings (it reads the inputs from their start, or from where you point it), or "
+            "restart with the old ones (docs/operations.md, \"Changing settings\")")
+
+
 class Delivery(abc.ABC):
     """Claims, commits and releases the input partitions and regroup stage partitions of one worker.
 
@@ -121,6 +150,8 @@ class Delivery(abc.ABC):
         self.lock = lock
         self.health = health
         self.logs = logs or Logs(settings.brokers, health, settings.security)
+        #: What each checkpoint stores of the settings its state was counted under (:func:`fingerprint`).
+        self.fingerprint = fingerprint(settings, partitioned.engine.config)
         self.outbox = Outbox()
         self.output_partitions = settings.partitions
         self._windows_due: dict[int, float] = {}  # when each partition's full windows share is stored next
@@ -223,12 +254,17 @@ class Delivery(abc.ABC):
         self.outbox.take({partition})
         self._windows_due.pop(partition, None)
 
+    def _encoded(self, checkpoint: Checkpoint) -> bytes:
+        """An input partition's checkpoint record, with the settings its state was counted under."""
+        return orjson.dumps({**checkpoint.to_json(), "settings": self.fingerprint})
+
     async def _restore(self, partition: int, before: int | None, owner: str) -> tuple[Checkpoint | None, Any,
                                                                                        dict[str, int]]:
         """Restore input partition ``partition`` from its last checkpoint before offset ``before`` of the checkpoint
         topic, as ownership ``owner``: the checkpoint, the last record before ``before``, and the offsets to read
         from."""
         found, last = await self.logs.last_checkpoint(self.settings.checkpoint_topic, partition, before)
+        check_fingerprint(found and found.get("settings"), self.fingerprint, f"input partition {partition}")
         checkpoint = None if found is None else Checkpoint.from_json(found)
         windows = None
         if checkpoint is not None and checkpoint.windows is not None:
@@ -286,6 +322,7 @@ class Delivery(abc.ABC):
         """Take stage partition ``stage`` over from its last checkpoint (and the snapshot it names); returns the
         offset of the regroup log to read from (None: its start)."""
         found, _ = await self.logs.last_checkpoint(self.settings.regroup_checkpoint_topic, stage)
+        check_fingerprint(found and found.get("settings"), self.fingerprint, f"stage partition {stage}")
         checkpoint = None if found is None else StageCheckpoint.from_json(found)
         data = None
         if checkpoint is not None and checkpoint.snapshot is not None:
@@ -330,7 +367,7 @@ class Delivery(abc.ABC):
         """Stage partition ``stage``'s checkpoint record (its share with it), and the regroup offset it starts at."""
         held = self.stages.held[stage]
         checkpoint = held.stage.checkpoint()
-        record = {**checkpoint.to_json(), "share": shares.take(held.engine, windows=True)}
+        record = {**checkpoint.to_json(), "share": shares.take(held.engine, windows=True), "settings": self.fingerprint}
         return orjson.dumps(record), checkpoint.start
 
 
@@ -423,7 +460,7 @@ class FencedLog(Delivery):
             read_to = await self.logs.end_offset(self.topics.request_metrics, output)
             self._note_output_end(partition, read_to)
             first = Checkpoint(partition, output_end=self._output_end(partition), owner=owner)
-            self._own({partition: await self.logs.store(settings.checkpoint_topic, orjson.dumps(first.to_json()),
+            self._own({partition: await self.logs.store(settings.checkpoint_topic, self._encoded(first),
                                                          partition)})
         if settings.handover_hold > 0 and checkpoint is not None and not released:
             # a previous owner that did not say it was done may still write (a worker it was not its last act for
@@ -458,7 +495,7 @@ class FencedLog(Delivery):
                 checkpoint.output_end = self._output_end(partition)
                 checkpoint.written = sorted(self.written.get(partition, ()))  # (a next owner will not read them)
                 stored[partition] = checkpoint
-                windows[partition] = (CHECKPOINT, orjson.dumps(checkpoint.to_json()))
+                windows[partition] = (CHECKPOINT, self._encoded(checkpoint))
         at = await self.logs.store_all(self.settings.checkpoint_topic, windows)  # one round trip for all
         # a checkpoint stored after another owner's claim is not the one it restored: it must not count
         await self._taken_over(at)
@@ -785,7 +822,7 @@ class Transactions(Delivery):
             offsets = {}
             if checkpoint is not None:
                 await sender.send_record(self.settings.checkpoint_topic, partition,
-                                         (CHECKPOINT, orjson.dumps(checkpoint.to_json()), None))
+                                         (CHECKPOINT, self._encoded(checkpoint), None))
                 offsets = self._offsets(partition, checkpoint)
             await self._commit_transaction(sender, offsets, self.settings.group, again=not release)
             if checkpoint is not None and checkpoint.windows is not None:

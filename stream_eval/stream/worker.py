@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from stream_eval.config import Config
+from stream_eval.config import Config, ConfigError
 from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
 from stream_eval.engine.engine import Engine, FinalisedBatch
@@ -100,8 +100,10 @@ async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int,
     if checkpoints < inputs:  # (made before the inputs grew, or by hand): the partitions past its end never commit
         raise TopicSettingsError(
             f"the checkpoint topic {settings.checkpoint_topic} has {checkpoints} partitions and the input topics "
-            f"{inputs}: each input partition checkpoints to the partition of the same number. Give it as many "
-            "(kafka-topics --alter --partitions N) or more (docs/operations.md)")
+            f"{inputs}: each input partition checkpoints to the partition of the same number. If partitions were "
+            "added to the inputs of this group, start a new --group (requests in flight were split between "
+            "partitions); if the checkpoint topic was made with fewer, give it as many (kafka-topics --alter "
+            "--partitions N) or more (docs/operations.md)")
     counts = [await count(topic) for topic in stage_topics]
     stages = counts[0]  # (a regroup log that exists keeps its partitions: its records are routed by them)
     if not 1 <= stages <= SHARDS or min(counts[1:]) < stages:
@@ -189,6 +191,11 @@ def _quiet_client_debug_logs() -> None:
                 logger.addFilter(repeats)
 
 
+#: The start of aiokafka's line for a fetch from an offset its broker no longer holds (it then reads on from the
+#: earliest it holds).
+_OUT_OF_RANGE = "Fetch offset %s is out of range"
+
+
 class RepeatFilter(logging.Filter):
     """Lets a log message through once per ``every`` seconds per logger and message template, saying how many like
     it were held back: during a broker outage aiokafka logs every retry of every connection, hundreds of lines a
@@ -200,6 +207,12 @@ class RepeatFilter(logging.Filter):
         self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template) -> (last let through, held)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(_OUT_OF_RANGE):  # (each partition's, as a warning: input was lost)
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            record.msg = (f"{record.msg}: the broker no longer holds the offsets this worker was to read (deleted by "
+                          "retention before they were read, or the topic was deleted and made again); what lay "
+                          "between is read by no one and counted nowhere (docs/operations.md, \"Lost input\")")
+            return True
         key, now = (record.name, str(record.msg)), self.clock()
         last = self._seen.get(key)
         if last is not None and now - last[0] < self.every:
@@ -251,6 +264,9 @@ class StreamWorker:
         self.wall_clock = wall_clock
         if settings.input_format == "ubi":  # (the grades of the feedback kinds UBI actions map to)
             config = ubi_config(config, settings.ubi)
+        if not config.windows:  # (replay keeps no live windows; a worker's /metrics shows them)
+            raise ConfigError('windows = []: a worker keeps live windows for /metrics and needs at least one '
+                              'duration, e.g. windows = ["5m", "1h"] (the default)')
         self.config = config
         self.lock = lock or threading.Lock()
         self.labels = LabelBounds(config.max_label_values)  # one bound for every engine of this worker
@@ -285,7 +301,7 @@ class StreamWorker:
         self.delivery_mode: str | None = None
         #: Why the worker stopped by itself (a topic changed under it that it cannot go on with): the command's
         #: exit code is then 2, as for the same topics at start.
-        self.fatal: TopicSettingsError | None = None
+        self.fatal: Exception | None = None
         self._stop: asyncio.Event | None = None
 
     @property
@@ -416,9 +432,9 @@ class StreamWorker:
                     f"input partitions {grown} assigned, but the input topics had {self.partition_count} partitions "
                     f"when this worker started: partitions were added to them while the group ran. Each input "
                     f"partition checkpoints to the partition of the same number of {self.settings.checkpoint_topic}, "
-                    "and the regroup stage waits for every input partition's event time: stop the group's workers, "
-                    "and start a new --group (or give the checkpoint topic as many partitions as the inputs, "
-                    "kafka-topics --alter --partitions N, and start them again; docs/operations.md)"))
+                    "the regroup stage waits for every input partition's event time, and requests in flight are now "
+                    "split between partitions: stop the group's workers and start a new --group (docs/operations.md)"
+                    ))
                 return
             for partition, tps in sorted(by_partition.items()):
                 if partition not in self.partitioned.tasks:
@@ -427,9 +443,10 @@ class StreamWorker:
                 self._consumer.seek(tp, start)
             log.info("assigned partitions %s", sorted(by_partition))
 
-    def _stop_for(self, error: TopicSettingsError) -> None:
+    def _stop_for(self, error: Exception) -> None:
         """Stop the worker (its loop ends after the batch in hand, with a last checkpoint of what it holds) for
-        ``error``, which the command then prints, with exit code 2."""
+        ``error``, which the command then prints: with exit code 2 for settings that do not fit (a ConfigError),
+        else 1."""
         if self.fatal is None:
             log.error("stream-eval worker: stopping: %s", error)
             self.fatal = error
@@ -578,6 +595,8 @@ class StreamWorker:
             log.info("warm-up of the compiled loops skipped: %s: %s", type(error).__name__, error)
         await self.health.call("startup", self._prepare_topics)  # waits, with backoff, for a broker to answer
 
+        worker = self
+
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
             def __init__(self, revoked: Rebalance, assigned: Rebalance) -> None:
                 self.revoked, self.assigned = revoked, assigned
@@ -586,7 +605,10 @@ class StreamWorker:
                 await self.revoked(revoked)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
-                await self.assigned(assigned)
+                try:
+                    await self.assigned(assigned)
+                except Exception as error:  # (aiokafka logs a listener's error and goes on: the partitions would
+                    worker._stop_for(error)  # stay unclaimed for ever, the worker looking healthy)
 
         await self._choose_delivery()
         security = client_options(settings.security)
