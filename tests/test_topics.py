@@ -168,3 +168,17 @@ def test_produce_gives_a_missing_input_topic_the_count_of_the_existing_one(broke
     asyncio.run(ensure_topics([broker], [odd.feedback], 2))
     with pytest.raises(TopicSettingsError, match="must have the same partition count"):
         asyncio.run(send_lines([line], broker, odd, speed=None, flush=False, partitions=4))
+
+
+def test_stage_partitions_on_a_group_whose_regroup_log_exists_are_said_to_change_nothing(
+        broker: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``--stage-partitions 8`` on a group whose regroup log has 4 was left out without a word."""
+    settings = WorkerSettings([broker], prefix="topics-stages.", group="g", partitions=2, stage_partitions=2)
+    assert asyncio.run(prepare_topics(settings, 30)) == (2, 2)
+    with caplog.at_level("WARNING", logger="stream_eval.worker"):
+        asyncio.run(prepare_topics(settings, 30))
+    assert not caplog.records  # (the same count: nothing to say)
+    more = WorkerSettings([broker], prefix="topics-stages.", group="g", partitions=2, stage_partitions=4)
+    with caplog.at_level("WARNING", logger="stream_eval.worker"):
+        assert asyncio.run(prepare_topics(more, 30)) == (2, 2)
+    assert "--stage-partitions 4: the regroup log topics-stages.g.regroup exists with 2 partitions" in caplog.text

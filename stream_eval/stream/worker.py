@@ -109,6 +109,10 @@ async def prepare_topics(settings: WorkerSettings, timeout: float) -> tuple[int,
     if not 1 <= stages <= SHARDS or min(counts[1:]) < stages:
         raise ValueError(f"the regroup stage's topics {stage_topics} have {counts} partitions: the regroup log "
                          f"needs 1 to {SHARDS}, and the others at least as many")
+    if settings.stage_partitions and settings.stage_partitions != stages:
+        log.warning("--stage-partitions %d: the regroup log %s exists with %d partitions and keeps them (a group's "
+                    "records are routed by them): the option changes nothing for this group; a new --group takes it",
+                    settings.stage_partitions, settings.regroup_topic, stages)
     return inputs, stages
 
 
