@@ -621,3 +621,54 @@ def test_a_restart_under_settings_its_checkpoints_cannot_be_restored_under_stops
         assert change in str(changed.fatal) and "Start a new --group" in str(changed.fatal)
 
     _run(main)
+
+
+def test_input_the_broker_deleted_before_it_was_read_is_counted(broker: str, broker_kind: str) -> None:
+    """A group stopped for longer than its inputs' retention: the broker deleted feedback it had not read, and the
+    restarted worker read on from the earliest offset left without a count (one INFO line, one partition's only).
+    What was lost is now counted per topic and partition (stream_eval_input_lost_total) and said as a warning."""
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+    from aiokafka.structs import TopicPartition
+
+    if broker_kind == "tansu":
+        pytest.skip("Tansu cannot delete records (no DeleteRecords); Apache Kafka runs this test")
+    prefix = "lost."
+    settings = WorkerSettings([broker], prefix=prefix, group="lost", partitions=2)
+    lines = _log(400, seed=9)
+    half = len(lines) // 2
+    names = topics(prefix)
+
+    async def ends(admin: AIOKafkaAdminClient) -> dict[TopicPartition, int]:
+        from aiokafka import AIOKafkaConsumer
+
+        reader = AIOKafkaConsumer(bootstrap_servers=broker)
+        await reader.start()
+        try:
+            tps = [TopicPartition(names.feedback, p) for p in (0, 1)]
+            return {tp: int(end) for tp, end in (await reader.end_offsets(tps)).items()}
+        finally:
+            await reader.stop()
+
+    async def main() -> None:
+        await send_lines(lines[:half], [broker], names, partitions=2, flush=False)
+        first = StreamWorker(settings, Config())
+        running = await _running(first)
+        await _until(lambda: first.events_seen == half, 60, "the first half read")
+        await _stop(running)
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+        await admin.start()
+        try:
+            read = await ends(admin)
+            await send_lines(lines[half:], [broker], names, partitions=2, flush=False)
+            written = await ends(admin)
+            await admin.delete_records({tp: RecordsToDelete(end) for tp, end in written.items()}, timeout_ms=30_000)
+        finally:
+            await admin.close()
+        second = StreamWorker(settings, Config())
+        running = await _running(second)
+        lost = {(tp.topic, tp.partition): written[tp] - read[tp] for tp in written}
+        await _until(lambda: dict(second.input_lost) == lost, 60, f"the feedback never read counted: {lost}")
+        await _stop(running)
+        assert sum(lost.values()) > 50
+
+    _run(main)

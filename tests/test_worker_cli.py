@@ -150,16 +150,19 @@ def test_every_partition_s_out_of_range_fetch_is_let_through_as_a_warning() -> N
     """Input deleted (retention, a topic deleted and made again) before the worker read it: aiokafka says so in one
     INFO line per partition, and then reads on from the earliest offset the broker holds. The filter let only the
     first partition's line through in 30 s, at INFO (below the worker's default level): the loss went unseen."""
-    from stream_eval.stream.worker import RepeatFilter
+    from stream_eval.stream.worker import OutOfRange, RepeatFilter
 
-    repeats = RepeatFilter(every=30.0, clock=lambda: 0.0)
+    repeats, hook = RepeatFilter(every=30.0, clock=lambda: 0.0), OutOfRange()
+    seen: list[tuple[Any, int]] = []
+    hook.seen.append(seen)  # (a running worker's list: it counts what was lost)
     records = [logging.LogRecord("aiokafka.consumer.fetcher", logging.INFO, __file__, 1,
                                  "Fetch offset %s is out of range for partition %s, resetting offset",
                                  (4879 + p, f"TopicPartition(topic='s4.feedback', partition={p})"), None)
                for p in range(4)]
-    assert all(repeats.filter(record) for record in records)
+    assert all(repeats.filter(record) and hook.filter(record) for record in records)
     assert {record.levelno for record in records} == {logging.WARNING}
-    assert "partition=3" in records[3].getMessage() and "counted nowhere" in records[3].getMessage()
+    assert "partition=3" in records[3].getMessage() and "stream_eval_input_lost_total" in records[3].getMessage()
+    assert [offset for _, offset in seen] == [4879, 4880, 4881, 4882]
 
 
 @pytest.mark.slow

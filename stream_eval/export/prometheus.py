@@ -104,6 +104,22 @@ class InfoCollector(Collector):
         yield family
 
 
+class CountsCollector(Collector):
+    """A counter ``name_total`` with a series per key of the counts ``read()`` gives at each scrape (label values)."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], read: Callable[[], Mapping[Labels, float]],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.name, self.doc, self.labels, self.read = name, doc, labels, read
+        if registry is not None:
+            registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, value in sorted(self.read().items()):
+            family.add_metric(list(key), value)
+        yield family
+
+
 class EngineCollector(Collector):
     """Exports a :class:`~stream_eval.engine.readout.Readout` of an engine (or of a worker's shares) per scrape.
 

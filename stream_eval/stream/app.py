@@ -239,7 +239,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     from faust.worker import Worker
     from prometheus_client import CollectorRegistry
 
-    from stream_eval.export.prometheus import EngineCollector, InfoCollector, serve_metrics
+    from stream_eval.export.prometheus import CountsCollector, EngineCollector, InfoCollector, serve_metrics
     from stream_eval.stream.produce import run_interruptible
 
     fix_mmap_threshold()  # (before the worker allocates anything large)
@@ -258,6 +258,10 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
                                 max_wait=METRICS_MAX_WAIT)
     InfoCollector("stream_eval_delivery_info", "1 for how the worker makes its results exactly-once: transactions "
                   "or fenced-log.", "mode", lambda: worker.delivery_mode, registry)
+    CountsCollector("stream_eval_input_lost", "Input messages the broker deleted before the worker read them "
+                    "(retention shorter than an outage, a topic deleted and made again), by topic and partition.",
+                    ["topic", "partition"],
+                    lambda: {(topic, str(p)): float(n) for (topic, p), n in list(worker.input_lost.items())}, registry)
     collector.refresh()  # a readout from the start: a scrape never has to wait for the first batches to end
     worker.between_batches, worker.readout_soon = collector.refresh, collector.refresh_soon
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness, report=worker.report)

@@ -200,6 +200,40 @@ def _quiet_client_debug_logs() -> None:
 _OUT_OF_RANGE = "Fetch offset %s is out of range"
 
 
+class OutOfRange(logging.Filter):
+    """aiokafka's line for a fetch from an offset the broker no longer holds (it then reads on from the earliest it
+    holds), made a warning, and the topic-partition and offset handed to every worker of the process
+    (:meth:`StreamWorker._count_lost_input` counts what was lost). aiokafka says so in no other way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[tuple[Any, int]]] = []  # each running worker's StreamWorker.out_of_range
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(_OUT_OF_RANGE) and isinstance(record.args, tuple) and len(record.args) == 2:
+            offset, tp = record.args
+            for seen in self.seen:
+                seen.append((tp, int(offset)))  # type: ignore[call-overload]  # aiokafka's: an int
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            record.msg = (f"{record.msg}: the broker no longer holds the offsets this worker was to read (deleted by "
+                          "retention before they were read, or the topic was deleted and made again); the worker "
+                          "counts what was lost in stream_eval_input_lost_total (docs/operations.md, \"Lost input\")")
+        return True
+
+    @classmethod
+    def installed(cls) -> OutOfRange:
+        """The filter of aiokafka's fetcher logger (installed once, with the logger at INFO at least)."""
+        fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+        for found in fetcher.filters:
+            if isinstance(found, OutOfRange):
+                return found
+        made = cls()
+        fetcher.addFilter(made)
+        if fetcher.getEffectiveLevel() > logging.INFO:
+            fetcher.setLevel(logging.INFO)
+        return made
+
+
 class RepeatFilter(logging.Filter):
     """Lets a log message through once per ``every`` seconds per logger and message template, saying how many like
     it were held back: during a broker outage aiokafka logs every retry of every connection, hundreds of lines a
@@ -211,11 +245,7 @@ class RepeatFilter(logging.Filter):
         self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template) -> (last let through, held)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith(_OUT_OF_RANGE):  # (each partition's, as a warning: input was lost)
-            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
-            record.msg = (f"{record.msg}: the broker no longer holds the offsets this worker was to read (deleted by "
-                          "retention before they were read, or the topic was deleted and made again); what lay "
-                          "between is read by no one and counted nowhere (docs/operations.md, \"Lost input\")")
+        if str(record.msg).startswith(_OUT_OF_RANGE):  # (each partition's: OutOfRange)
             return True
         key, now = (record.name, str(record.msg)), self.clock()
         last = self._seen.get(key)
@@ -306,6 +336,10 @@ class StreamWorker:
         #: Why the worker stopped by itself (a topic changed under it that it cannot go on with): the command's
         #: exit code is then 2, as for the same topics at start.
         self.fatal: Exception | None = None
+        #: Input messages the broker deleted before this worker read them, per (topic, partition).
+        self.input_lost: dict[tuple[str, int], int] = defaultdict(int)
+        #: (topic-partition, offset) of the fetches aiokafka found out of range since the last batch (OutOfRange).
+        self.out_of_range: list[tuple[Any, int]] = []
         self._stop: asyncio.Event | None = None
 
     @property
@@ -640,6 +674,8 @@ class StreamWorker:
         stage_records = stage_read = 0  # regroup records: of the last fetch, all read
         stage_heard = -math.inf  # when the stage last fetched records
         shown = (0, 0)  # input messages and regroup records read at the last readout taken soon
+        out_of_range = OutOfRange.installed()
+        out_of_range.seen.append(self.out_of_range)
         try:
             while not stop.is_set():
                 # no wait for input while the stage has records to apply, a short one while it has had some lately
@@ -652,6 +688,8 @@ class StreamWorker:
                 batch = await self._fetch(self._consumer, waited)
                 async with self._busy:
                     await self._handle(batch)
+                    if self.out_of_range:
+                        await self._count_lost_input()
                     self._pace_feedback()
                     stage_records = await self._handle_stage()
                     stage_read += stage_records
@@ -678,6 +716,7 @@ class StreamWorker:
                         await self.checkpoint()
                         last_checkpoint, committed = time.monotonic(), self.events_seen
         finally:
+            out_of_range.seen.remove(self.out_of_range)
             # with the broker unreachable there is nothing to checkpoint to, nor a group to leave
             up = self.health.up
             if up:
@@ -713,6 +752,42 @@ class StreamWorker:
         self.partition_count, stages = await prepare_topics(settings, _STARTUP_ATTEMPT)
         self.stages.inputs, self.stages.count = self.partition_count, stages
         self.partitioned.stages = stages
+
+    async def _count_lost_input(self) -> None:
+        """The input consumer was to read offsets that the broker no longer holds (:class:`OutOfRange` saw aiokafka
+        say so, and it reads on from the earliest offset held): deleted by retention before they were read, or the
+        topic was deleted and made again. Counts what was lost (:attr:`input_lost`, ``stream_eval_input_lost_total``)
+        and says so."""
+        seen, self.out_of_range[:] = list(self.out_of_range), []
+        consumer = self._consumer
+        assigned = consumer.assignment()
+        offsets = {tp: offset for tp, offset in seen if tp in assigned}
+        if not offsets:
+            return
+        tps = list(offsets)
+        first = await self.health.call("fetch", lambda: consumer.beginning_offsets(tps))
+        end = await self.health.call("fetch", lambda: consumer.end_offsets(tps))
+        for tp in tps:
+            offset, held, last = int(offsets[tp]), int(first[tp]), int(end[tp])
+            if offset < held:
+                # a new owner re-reads from its checkpoint's start: what lies before the checkpoint's end was read
+                # once (and is needed again for the requests open then), what lies after it never
+                task = self.partitioned.tasks.get(tp.partition)
+                kind = self.topics.type_of(tp.topic)
+                read_to = offset if task is None else task.mute.get(kind, offset)
+                lost = held - max(offset, read_to)
+                self.input_lost[tp.topic, tp.partition] += max(lost, 0)
+                log.warning("%s/%d: offsets %d to %d were deleted by the broker (its retention) before this worker "
+                            "read them: %d messages never read, counted in stream_eval_input_lost_total, and %d read "
+                            "before its checkpoint that the requests open then miss; reading on from %d "
+                            "(docs/operations.md, \"Lost input\")", tp.topic, tp.partition, offset, held - 1,
+                            max(lost, 0), min(held, read_to) - offset, held)
+            else:
+                log.error("%s/%d: the broker holds offsets %d to %d, and this worker was to read from %d: the topic "
+                          "was deleted and made again (or cut) under the running group; reading on from %d, where "
+                          "the messages before offset %d are taken as read already. Start a new --group to read it "
+                          "whole (docs/operations.md, \"Lost input\")", tp.topic, tp.partition, held, last - 1,
+                          offset, held, offset)
 
     async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
         """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch the
