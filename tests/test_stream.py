@@ -638,7 +638,7 @@ def test_input_the_broker_deleted_before_it_was_read_is_counted(broker: str, bro
     half = len(lines) // 2
     names = topics(prefix)
 
-    async def ends(admin: AIOKafkaAdminClient) -> dict[TopicPartition, int]:
+    async def ends() -> dict[TopicPartition, int]:
         from aiokafka import AIOKafkaConsumer
 
         reader = AIOKafkaConsumer(bootstrap_servers=broker)
@@ -658,9 +658,9 @@ def test_input_the_broker_deleted_before_it_was_read_is_counted(broker: str, bro
         admin = AIOKafkaAdminClient(bootstrap_servers=broker)
         await admin.start()
         try:
-            read = await ends(admin)
+            read = await ends()
             await send_lines(lines[half:], [broker], names, partitions=2, flush=False)
-            written = await ends(admin)
+            written = await ends()
             await admin.delete_records({tp: RecordsToDelete(end) for tp, end in written.items()}, timeout_ms=30_000)
         finally:
             await admin.close()

@@ -293,12 +293,11 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
         if log_format == "json" or not sys.stdout.isatty():  # faust's spinner writes terminal codes on stdout
             faust_worker.spinner = None
         faust_worker.execute_from_commandline()
+        code = 0
     except SystemExit as done:
-        if worker.fatal is not None:
-            raise worker.fatal from None  # (a ConfigError: its message, exit code 2; anything else exit code 1)
-        return int(done.code or 0)
+        code = int(done.code or 0)
     finally:
         server.stop()
-    if worker.fatal is not None:
+    if worker.fatal is not None:  # (a ConfigError: its message, exit code 2; anything else exit code 1)
         raise worker.fatal
-    return 0
+    return code

@@ -113,9 +113,10 @@ def fingerprint(settings: WorkerSettings, config: Config) -> dict[str, Any]:
             "input_format": settings.input_format, "topics": [settings.topics.rankings, settings.topics.feedback]}
 
 
-def check_fingerprint(stored: Any, current: dict[str, Any], where: str) -> None:
-    """Raise :class:`SettingsChanged` when a checkpoint's ``stored`` fingerprint (None: stored before 2026-12-02, not
-    checked) differs from ``current``, naming each setting that changed."""
+def check_fingerprint(found: dict[str, Any] | None, current: dict[str, Any], where: str) -> None:
+    """Raise :class:`SettingsChanged` when the fingerprint of checkpoint record ``found`` (None, or one stored before
+    2026-12-02 without one: not checked) differs from ``current``, naming each setting that changed."""
+    stored = None if found is None else found.get("settings")
     if not isinstance(stored, dict):
         return
     changed = [f"{name} {stored.get(name)!r} -> {value!r}" for name, value in current.items()
@@ -264,7 +265,7 @@ class Delivery(abc.ABC):
         topic, as ownership ``owner``: the checkpoint, the last record before ``before``, and the offsets to read
         from."""
         found, last = await self.logs.last_checkpoint(self.settings.checkpoint_topic, partition, before)
-        check_fingerprint(found and found.get("settings"), self.fingerprint, f"input partition {partition}")
+        check_fingerprint(found, self.fingerprint, f"input partition {partition}")
         checkpoint = None if found is None else Checkpoint.from_json(found)
         windows = None
         if checkpoint is not None and checkpoint.windows is not None:
@@ -322,7 +323,7 @@ class Delivery(abc.ABC):
         """Take stage partition ``stage`` over from its last checkpoint (and the snapshot it names); returns the
         offset of the regroup log to read from (None: its start)."""
         found, _ = await self.logs.last_checkpoint(self.settings.regroup_checkpoint_topic, stage)
-        check_fingerprint(found and found.get("settings"), self.fingerprint, f"stage partition {stage}")
+        check_fingerprint(found, self.fingerprint, f"stage partition {stage}")
         checkpoint = None if found is None else StageCheckpoint.from_json(found)
         data = None
         if checkpoint is not None and checkpoint.snapshot is not None:

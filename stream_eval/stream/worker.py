@@ -333,8 +333,8 @@ class StreamWorker:
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
         #: ``transactions`` or ``fenced-log`` once chosen at start (``stream_eval_delivery_info``)
         self.delivery_mode: str | None = None
-        #: Why the worker stopped by itself (a topic changed under it that it cannot go on with): the command's
-        #: exit code is then 2, as for the same topics at start.
+        #: Why the worker stopped by itself (:meth:`_stop_for`): the command raises it (exit code 2 for settings or
+        #: topics that do not fit, as at start).
         self.fatal: Exception | None = None
         #: Input messages the broker deleted before this worker read them, per (topic, partition).
         self.input_lost: dict[tuple[str, int], int] = defaultdict(int)
@@ -768,25 +768,25 @@ class StreamWorker:
         first = await self.health.call("fetch", lambda: consumer.beginning_offsets(tps))
         end = await self.health.call("fetch", lambda: consumer.end_offsets(tps))
         for tp in tps:
-            offset, held, last = int(offsets[tp]), int(first[tp]), int(end[tp])
+            offset, held = int(offsets[tp]), int(first[tp])
             if offset < held:
                 # a new owner re-reads from its checkpoint's start: what lies before the checkpoint's end was read
                 # once (and is needed again for the requests open then), what lies after it never
                 task = self.partitioned.tasks.get(tp.partition)
                 kind = self.topics.type_of(tp.topic)
                 read_to = offset if task is None else task.mute.get(kind, offset)
-                lost = held - max(offset, read_to)
-                self.input_lost[tp.topic, tp.partition] += max(lost, 0)
+                lost = max(held - max(offset, read_to), 0)
+                self.input_lost[tp.topic, tp.partition] += lost
                 log.warning("%s/%d: offsets %d to %d were deleted by the broker (its retention) before this worker "
                             "read them: %d messages never read, counted in stream_eval_input_lost_total, and %d read "
                             "before its checkpoint that the requests open then miss; reading on from %d "
                             "(docs/operations.md, \"Lost input\")", tp.topic, tp.partition, offset, held - 1,
-                            max(lost, 0), min(held, read_to) - offset, held)
+                            lost, min(held, read_to) - offset, held)
             else:
                 log.error("%s/%d: the broker holds offsets %d to %d, and this worker was to read from %d: the topic "
                           "was deleted and made again (or cut) under the running group; reading on from %d, where "
                           "the messages before offset %d are taken as read already. Start a new --group to read it "
-                          "whole (docs/operations.md, \"Lost input\")", tp.topic, tp.partition, held, last - 1,
+                          "whole (docs/operations.md, \"Lost input\")", tp.topic, tp.partition, held, int(end[tp]) - 1,
                           offset, held, offset)
 
     async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
