@@ -377,6 +377,29 @@ def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         yield running
 
 
+def _scrapes(stack: Stack) -> str:
+    """How Prometheus's scrapes of the worker went so far (for failure messages): a failed scrape (slower than the
+    1 s timeout) marks every series stale until the next one, and instant queries then return nothing."""
+    prom = stack.prometheus
+    summary = {name: prom.values(expr) for name, expr in (
+        ("scrape seconds, max", "max_over_time(scrape_duration_seconds[1h])"),
+        ("scrape seconds, median", "quantile_over_time(0.5, scrape_duration_seconds[1h])"),
+        ("scrapes", "count_over_time(up[1h])"), ("failed scrapes", "count_over_time((up == 0)[1h:1s])"),
+        ("samples", "scrape_samples_scraped"))}
+    return "\nscrapes of the worker: " + ", ".join(f"{name} {list(found.values())}" for name, found in summary.items())
+
+
+def _settled(prom: Prometheus, expr: str, tries: int = 5) -> list[dict[str, Any]]:
+    """An instant query's result, asked again (up to ``tries`` times, a second apart) while empty: a scrape that
+    failed makes every series of the worker stale until the next one, as a dashboard sees it for a refresh."""
+    for attempt in range(tries):
+        found = prom.query(expr)
+        if found or attempt == tries - 1:
+            break
+        time.sleep(1.0)
+    return found
+
+
 def _ab_series(stack: Stack) -> set[str]:
     stack.check()
     return {r["metric"]["experiment"] for r in stack.prometheus.query('stream_eval_ab_cs_upper{metric="MRR"}')}
@@ -436,8 +459,9 @@ def test_a_real_worker_has_the_rollback_webhook_called_for_the_arm_truly_worse_o
     exported = {labels["arm"]: value for labels, value in stack.worker_samples()["stream_eval_ab_guardrail_breached"]
                 if labels["experiment"] == GUARD and labels["metric"] == "ERR@10"}
     assert exported == {"within": 0.0, "breach": 1.0}, exported
-    recommended = {dict(k)["arm"]: dict(k)["recommendation"]
-                   for k, v in prom.values(f'stream_eval_ab_recommendation{{experiment="{GUARD}"}}').items() if v == 1}
+    recommended = {r["metric"]["arm"]: r["metric"]["recommendation"]
+                   for r in _settled(prom, f'stream_eval_ab_recommendation{{experiment="{GUARD}"}} == 1')}
+    assert recommended.keys() == {"within", "breach"}, recommended
     assert recommended["breach"] == "rollback" and recommended["within"] != "rollback", recommended
     # within: its guardrail series is there, and no guardrail alert was ever pending or firing for it
     time.sleep(10)  # a few more looks, scrapes and rule evaluations
@@ -502,11 +526,11 @@ def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     empty = []
     by_panel: dict[tuple[str, str], int] = {}
     for board, title, expr in queries:
-        found = stack.prometheus.query(expr)  # an invalid query raises here
+        found = _settled(stack.prometheus, expr)  # an invalid query raises here
         by_panel[board, title] = by_panel.get((board, title), 0) + len(found)
         if not found:
             empty.append(f"{board} / {title}: {expr}")
-    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty) + _scrapes(stack)
 
 
 _CUMULATIVE = re.compile(r'stream_eval_metric_sum_total\{[^}]*metric="(RR|nDCG@10)"')

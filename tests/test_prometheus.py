@@ -6,6 +6,7 @@ import math
 import shutil
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -27,6 +28,7 @@ from stream_eval.engine.replay import replay
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import Join
 from stream_eval.events.schema import Event, Feedback, Invalid, Judgment, Ranking, finish
+from stream_eval.export import prometheus as export
 from stream_eval.export.prometheus import EngineCollector, serve_metrics
 from stream_eval.metrics.specs import GAUC, parse
 from stream_eval.simulate import SimulationConfig, simulate_lines
@@ -412,6 +414,7 @@ def test_exposition_passes_promtool(tmp_path: Path) -> None:
     engine.process(decode_chunk(Path(_log(tmp_path, simulation)).read_bytes(), config))  # the last hour still open
     assert engine.join.open_slots().size and engine.groups[0].requests
     exposition = generate_latest(registry)
+    assert export.exposition(registry.collect()) == exposition  # what /metrics serves: the same bytes
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
     problems = set((result.stdout + result.stderr).decode().strip().splitlines())
     # Exit 3 = lint findings only; the two allowed are names docs/contract.md §5 fixes for the window gauges.
@@ -447,16 +450,84 @@ def test_collector_reads_under_the_workers_lock() -> None:
 
 
 def test_serve_metrics_serves_the_registry() -> None:
+    import gzip
+
     engine, _, registry = _live(Config())
     engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    generate_latest(registry)  # (reading the windows makes the default group's row: from the second readout on)
+    expected = generate_latest(registry)
     server = serve_metrics(registry, 0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{server.port}/metrics"
+
+    def get(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310  # the local server
+            return dict(response.headers), response.read()
+
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as response:
-            body = response.read().decode()
+        headers, body = get(url)
+        zipped_headers, zipped = get(url, **{"Accept-Encoding": "gzip"})  # as Prometheus asks
+        _, some = get(url + "?name[]=stream_eval_watermark_seconds&name[]=stream_eval_events_total")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=5)  # noqa: S310
     finally:
         server.stop()
-    assert 'stream_eval_events_total{status="ok",type="ranking"} 1.0' in body
-    assert "stream_eval_watermark_seconds 5.0" in body
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert body == expected
+    assert 'stream_eval_events_total{status="ok",type="ranking"} 1.0' in body.decode()
+    assert "stream_eval_watermark_seconds 5.0" in body.decode()
+    assert zipped_headers["Content-Encoding"] == "gzip" and gzip.decompress(zipped) == body
+    assert {f.name for f in text_string_to_metric_families(some.decode())} == {"stream_eval_watermark_seconds",
+                                                                                "stream_eval_events"}
+    assert refused.value.code == 405
+
+
+_LABEL_TEXT = st.text(st.characters(codec="utf-8"), max_size=8) | st.sampled_from(['a"b', "c\\d", "e\nf", "\\n", ""])
+_VALUES = st.floats() | st.integers(-(2**60), 2**60) | st.sampled_from([1e6, 1234567.0, 1e22, 5e-324, -0.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.tuples(_LABEL_TEXT, _LABEL_TEXT, _VALUES), max_size=6), doc=_LABEL_TEXT,
+       created=st.none() | st.floats(0, 2e9), buckets=st.lists(st.floats(0, 1e9), max_size=4))
+def test_exposition_is_prometheus_clients_text_byte_for_byte(values: list[tuple[str, str, float]], doc: str,
+                                                             created: float | None, buckets: list[float]) -> None:
+    """What /metrics serves (``export.exposition``) against prometheus_client's own text export, the oracle: label
+    values and help texts to be escaped, special and large floats, every family type and OpenMetrics samples."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeHistogramMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+        Metric,
+        UnknownMetricFamily,
+    )
+
+    def families() -> list[Metric]:
+        counter = CounterMetricFamily("c", doc, labels=["b", "a"])
+        gauge = GaugeMetricFamily("g", doc, labels=["x", "le"])
+        unknown = UnknownMetricFamily("u", doc, labels=["a", "b"])
+        for a, b, value in values:
+            counter.add_metric([b, a], abs(value), created=created)
+            gauge.add_metric([a, b], value, timestamp=created)
+            unknown.add_metric([a, b], value)
+        cumulative = [(export.floatToGoString(bound), float(i)) for i, bound in enumerate(sorted(buckets))]
+        histogram = HistogramMetricFamily("h", doc, labels=["a"])
+        histogram.add_metric(["x"], [*cumulative, ("+Inf", len(buckets))], sum_value=1.5)
+        gauge_histogram = GaugeHistogramMetricFamily("gh", doc, labels=["a"])
+        gauge_histogram.add_metric(["x"], [*cumulative, ("+Inf", len(buckets))], gsum_value=2.5)
+        info = InfoMetricFamily("i", doc, labels=["a"])
+        info.add_metric(["y"], {"version": doc})
+        return [counter, gauge, unknown, histogram, gauge_histogram, info,
+                GaugeMetricFamily("plain", doc, value=values[0][2] if values else 0.0)]
+
+    class Families:
+        def collect(self) -> list[Metric]:
+            return families()
+
+    registry = CollectorRegistry()
+    registry.register(Families())
+    assert export.exposition(registry.collect()) == generate_latest(registry)
 
 
 # -- readouts: what a worker's /metrics shows between its batches --------------------------------------------
