@@ -11,8 +11,8 @@ experiment); the worker's per-partition shares are that engine under ``--partiti
 (``EngineCollector(shares=...)``), which gives a worker's label set and series count. Each round times, in this
 one thread, prometheus_client's ``generate_latest`` of the registry, which makes a sample object per series as the
 collector did until 2026-12-02 (what ``/metrics`` served then, with gzip at level 9), and ``exposition`` of the
-collector's rows (what it serves now, with gzip at level 1; Prometheus asks for gzip). Reported: medians (min-max) of CPU milliseconds per scrape, and their ratio. The output
-is checked to be the same bytes both ways.
+collector's rows (what it serves now, with gzip at level 1; Prometheus asks for gzip). Reported: medians (min-max)
+of CPU milliseconds per scrape, and their ratio. The output is checked to be the same bytes both ways.
 """
 
 from __future__ import annotations
