@@ -492,7 +492,8 @@ _VALUES = st.floats() | st.integers(-(2**60), 2**60) | st.sampled_from([1e6, 123
 def test_exposition_is_prometheus_clients_text_byte_for_byte(values: list[tuple[str, str, float]], doc: str,
                                                              created: float | None, buckets: list[float]) -> None:
     """What /metrics serves (``export.exposition``) against prometheus_client's own text export, the oracle: label
-    values and help texts to be escaped, special and large floats, every family type and OpenMetrics samples."""
+    values and help texts to be escaped, special and large floats, every family type and OpenMetrics samples, and
+    the collector's own rows (``Rows``), whose lines are kept from one scrape to the next."""
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeHistogramMetricFamily,
@@ -518,16 +519,23 @@ def test_exposition_is_prometheus_clients_text_byte_for_byte(values: list[tuple[
         gauge_histogram.add_metric(["x"], [*cumulative, ("+Inf", len(buckets))], gsum_value=2.5)
         info = InfoMetricFamily("i", doc, labels=["a"])
         info.add_metric(["y"], {"version": doc})
+        rows = sorted({(b, a): abs(value) for a, b, value in values}.items())  # (the collector's rows: sorted, unique)
         return [counter, gauge, unknown, histogram, gauge_histogram, info,
-                GaugeMetricFamily("plain", doc, value=values[0][2] if values else 0.0)]
+                GaugeMetricFamily("plain", doc, value=values[0][2] if values else 0.0),
+                export.Rows("rows_counter", doc, "counter", ["z", "a"], rows, lines),
+                export.Rows("rows_gauge", doc, "gauge", ["x", "y"], [(key, -value) for key, value in rows], lines),
+                export.Rows("rows_plain", doc, "gauge", [], [((), 1.5)], lines)]
 
     class Families:
         def collect(self) -> list[Metric]:
             return families()
 
+    lines = export.LineCache()
     registry = CollectorRegistry()
     registry.register(Families())
-    assert export.exposition(registry.collect()) == generate_latest(registry)
+    for _ in range(2):  # the second time with every line's label part from the cache
+        lines.turn()
+        assert export.exposition(registry.collect()) == generate_latest(registry)
 
 
 # -- readouts: what a worker's /metrics shows between its batches --------------------------------------------
