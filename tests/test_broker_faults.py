@@ -209,8 +209,13 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
                                                  partitions=PARTITIONS, rate=len(lines) / 10))
         await _until(lambda: alive() and worker.totals().overall().requests > 0, 60, "the first finalised requests")
         own_broker.freeze()
+        frozen = time.monotonic()
         try:
-            await asyncio.sleep(seconds)
+            # /readyz goes 503 as soon as the outage counts (broker_stall, 3 s here), not 30 s on (stale fetches)
+            await _until(lambda: worker.health.down_since is not None, 20, "the outage to count")
+            ready, reason = worker.readiness()
+            assert not ready and reason.startswith("the Kafka broker has not answered for"), reason
+            await asyncio.sleep(seconds - (time.monotonic() - frozen))
             assert registry.get_sample_value("stream_eval_broker_up") == 0.0
             assert not sending.done() and not running.done()
         finally:
@@ -218,6 +223,7 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
         counts = await asyncio.wait_for(sending, 120)
         assert sum(counts.values()) > len(lines) * 0.9
         await _until(lambda: alive() and _done(expected, worker), 120, "the end of every partition after the freeze")
+        await _until(lambda: worker.readiness()[0], 30, "/readyz ready again")
         report, want = worker.totals().report(), expected.report()  # (a stopped worker hands every share over)
         stop.set()
         await asyncio.wait_for(running, 60)

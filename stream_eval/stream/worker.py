@@ -409,7 +409,8 @@ class StreamWorker:
             await self.checkpoint(release=release)
 
     def readiness(self, stale_after: float = 30.0) -> tuple[bool, str]:
-        """``(ready, reason)`` for ``/readyz``: the worker holds an assignment and has caught up with it.
+        """``(ready, reason)`` for ``/readyz``: the worker holds an assignment and has caught up with it, and the
+        broker answers (not ready from the moment an outage counts, ``stream_eval_broker_up`` 0).
 
         Caught up: every assigned input partition is owned by the engine, and the consumer's position is at or
         past the high-water mark of the partition's latest fetch response, received less than ``stale_after``
@@ -418,6 +419,10 @@ class StreamWorker:
         """
         if self._consumer is None or self._stage_consumer is None:
             return False, "starting: not connected to Kafka yet"
+        down_since = self.health.down_since  # (read once: the worker's thread may end the outage meanwhile)
+        if down_since is not None:
+            return False, (f"the Kafka broker has not answered for {self.health.clock() - down_since:.0f}s "
+                           f"({self.health.last_error})")
         try:
             # the input partitions and the regroup stage's: a worker may hold only the latter (more workers than
             # input partitions) and still export the A/B results
