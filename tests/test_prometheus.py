@@ -454,7 +454,6 @@ def test_serve_metrics_serves_the_registry() -> None:
 
     engine, _, registry = _live(Config())
     engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
-    generate_latest(registry)  # (reading the windows makes the default group's row: from the second readout on)
     expected = generate_latest(registry)
     server = serve_metrics(registry, 0, host="127.0.0.1")
     url = f"http://127.0.0.1:{server.port}/metrics"

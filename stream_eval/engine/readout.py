@@ -152,6 +152,8 @@ class Reader:
         every: Shares = [("", "", engine)] if shares is None else shares
         for partition, generation, share in every:
             extra: Labels = () if shares is None else (partition, generation)
+            if share.windows is not None:  # first: the open requests it takes in may be of a group new to the engine
+                share.windows.sync()
             subtopics = share.with_subtopics
             names = [(j, spec.name) for j, spec in enumerate(share.specs)
                      if not spec.needs_subtopics or subtopics]
