@@ -159,8 +159,12 @@ class Rows(Metric):
         self.labels, self.rows, self._lines = tuple(labels), rows, lines
 
     @property
+    def sample_name(self) -> str:
+        return self.name + "_total" if self.type == "counter" else self.name
+
+    @property
     def samples(self) -> list[Sample]:
-        name = self.name + "_total" if self.type == "counter" else self.name
+        name = self.sample_name
         return [Sample(name, dict(zip(self.labels, key, strict=True)), value) for key, value in self.rows]
 
     @samples.setter
@@ -169,10 +173,10 @@ class Rows(Metric):
 
     def text(self) -> str:
         """The family in the text format, as :func:`exposition` writes every family."""
-        name = self.name + "_total" if self.type == "counter" else self.name
+        name = self.sample_name
         order = sorted(range(len(self.labels)), key=self.labels.__getitem__)
         start, labels = self._lines.start, self.labels
-        out = [f"# HELP {name} {_help_text(self.documentation)}\n# TYPE {name} {self.type}\n"]
+        out = [_head(name, self.documentation, self.type)]
         out += [f"{start(name, labels, order, key)}{floatToGoString(value)}\n" for key, value in self.rows]
         return "".join(out)
 
@@ -504,8 +508,10 @@ _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 
 
-def _help_text(doc: str) -> str:
-    return doc.replace("\\", "\\\\").replace("\n", "\\n")
+def _head(name: str, doc: str, kind: str) -> str:
+    """A family's ``# HELP`` and ``# TYPE`` lines."""
+    help_text = doc.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 
 
 def _label_value(value: str) -> str:
@@ -527,8 +533,7 @@ def exposition(families: Iterable[Metric]) -> bytes:
             continue
         name, kind = family.name, family.type
         typed = name + "_total" if kind == "counter" else name + "_info" if kind == "info" else name
-        help_text = _help_text(family.documentation)
-        append(f"# HELP {typed} {help_text}\n# TYPE {typed} {_TYPES.get(kind, kind)}\n")
+        append(_head(typed, family.documentation, _TYPES.get(kind, kind)))
         extra: dict[str, list[str]] = {}
         for sample in family.samples:
             labels = ",".join([f'{k}="{_label_value(v)}"' for k, v in sorted(sample.labels.items())])
@@ -542,7 +547,7 @@ def exposition(families: Iterable[Metric]) -> bytes:
             else:
                 append(line + "\n")
         for suffix, lines in sorted(extra.items()):
-            append(f"# HELP {name}{suffix} {help_text}\n# TYPE {name}{suffix} gauge\n")
+            append(_head(name + suffix, family.documentation, "gauge"))
             append("".join(f"{line}\n" for line in lines))
     return "".join(out).encode()
 
@@ -553,6 +558,8 @@ def metrics_app(registry: CollectorRegistry) -> _WSGIApp:
     prometheus_client's app; OPTIONS answers what is allowed, other methods 405."""
     import gzip
     from urllib.parse import parse_qs
+
+    from prometheus_client.exposition import gzip_accepted
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -566,7 +573,7 @@ def metrics_app(registry: CollectorRegistry) -> _WSGIApp:
         source = registry.restricted_registry(names) if names else registry
         body = exposition(source.collect())
         headers = [("Content-Type", CONTENT_TYPE)]
-        if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
             body = gzip.compress(body, compresslevel=1)
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Content-Length", str(len(body))))
