@@ -236,6 +236,8 @@ def test_a_broker_frozen_mid_stream_loses_and_repeats_nothing(own_broker: Broker
         assert records == expected_records.by_id
         errors = sum(worker.health.errors.values())
         assert errors >= 1 and registry.get_sample_value("stream_eval_broker_up") == 1.0
+        # the fetches in flight at the freeze got no answer in aiokafka's request timeout (40 s)
+        assert worker.health.errors.get("fetch", 0) >= 1, worker.health.errors
         assert sum(registry.get_sample_value("stream_eval_broker_errors_total", {"operation": op}) or 0
                    for op in worker.health.errors) == errors
 

@@ -150,9 +150,9 @@ def test_every_partition_s_out_of_range_fetch_is_let_through_as_a_warning() -> N
     """Input deleted (retention, a topic deleted and made again) before the worker read it: aiokafka says so in one
     INFO line per partition, and then reads on from the earliest offset the broker holds. The filter let only the
     first partition's line through in 30 s, at INFO (below the worker's default level): the loss went unseen."""
-    from stream_eval.stream.worker import OutOfRange, RepeatFilter
+    from stream_eval.stream.worker import FetcherLog, RepeatFilter
 
-    repeats, hook = RepeatFilter(every=30.0, clock=lambda: 0.0), OutOfRange()
+    repeats, hook = RepeatFilter(every=30.0, clock=lambda: 0.0), FetcherLog()
     seen: list[tuple[Any, int]] = []
     hook.seen.append(seen)  # (a running worker's list: it counts what was lost)
     records = [logging.LogRecord("aiokafka.consumer.fetcher", logging.INFO, __file__, 1,
@@ -163,6 +163,40 @@ def test_every_partition_s_out_of_range_fetch_is_let_through_as_a_warning() -> N
     assert {record.levelno for record in records} == {logging.WARNING}
     assert "partition=3" in records[3].getMessage() and "stream_eval_input_lost_total" in records[3].getMessage()
     assert [offset for _, offset in seen] == [4879, 4880, 4881, 4882]
+
+
+def test_every_failed_fetch_request_is_counted_though_repeated_lines_are_held_back() -> None:
+    """aiokafka retries a failed fetch request on its own and says so only in its log; ``getmany`` hands out
+    nothing. Each is a fetch error of every running worker (``stream_eval_broker_errors_total{operation="fetch"}``),
+    without marking an outage; the log keeps one line in 30 s. Before, no failed fetch was counted."""
+    from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
+
+    from stream_eval.stream.backoff import BrokerHealth
+    from stream_eval.stream.worker import FetcherLog, RepeatFilter
+
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    saved = list(fetcher.filters)
+    try:
+        fetcher.filters[:] = [RepeatFilter(every=30.0, clock=lambda: 0.0)]  # as _quiet_client_debug_logs leaves it
+        hook = FetcherLog.installed()
+        assert fetcher.filters[0] is hook and FetcherLog.installed() is hook
+        health = BrokerHealth("test", logging.getLogger("test"))
+        health.answered()
+        hook.healths.append(health)
+        errors = [KafkaConnectionError("Connection at 127.0.0.1:9092 closed"), RequestTimedOutError()] * 3
+        shown = [fetcher.filter(logging.LogRecord(fetcher.name, logging.ERROR, __file__, 1,
+                                                  "Failed fetch messages from %s: %s", (1, error), None))
+                 for error in errors]
+        assert health.errors == {"fetch": 6}
+        assert health.last_error.startswith("RequestTimedOutError")
+        assert health.up and health.down_since is None  # the worker's own calls mark an outage
+        assert shown == [True, False, False, False, False, False]  # one line through, the rest held back
+        hook.healths.remove(health)
+        fetcher.filter(logging.LogRecord(fetcher.name, logging.ERROR, __file__, 1,
+                                         "Failed fetch messages from %s: %s", (1, errors[0]), None))
+        assert health.errors == {"fetch": 6}  # a worker that stopped counts no more
+    finally:
+        fetcher.filters[:] = saved
 
 
 @pytest.mark.slow

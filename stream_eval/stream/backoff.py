@@ -118,11 +118,16 @@ class BrokerHealth:
         """``(up, errors per operation)``, copied."""
         return self.up, dict(self.errors)
 
+    def counted(self, operation: str, error: BaseException | str) -> None:
+        """Count an error of ``operation`` that the client retries on its own (aiokafka's failed fetch requests):
+        in ``errors`` and ``last_error``, without marking an outage, which the worker's own calls mark and end."""
+        self.errors[operation] = self.errors.get(operation, 0) + 1
+        self.last_error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+
     def failed(self, operation: str, error: BaseException | str, since: float | None = None) -> None:
         """Count an error of ``operation``; the first one of an outage is logged. ``since``: when the failed call
         started (the outage began then at the latest); default now."""
-        self.errors[operation] = self.errors.get(operation, 0) + 1
-        self.last_error = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.counted(operation, error)
         self.up = False
         if self.down_since is None:
             self.down_since = self.clock() if since is None else since

@@ -198,20 +198,34 @@ def _quiet_client_debug_logs() -> None:
 #: The start of aiokafka's line for a fetch from an offset its broker no longer holds (it then reads on from the
 #: earliest it holds).
 _OUT_OF_RANGE = "Fetch offset %s is out of range"
+#: aiokafka's line for a fetch request that failed (no connection, no answer in time): it retries on its own.
+_FAILED_FETCH = "Failed fetch messages from %s: %s"
 
 
-class OutOfRange(logging.Filter):
-    """aiokafka's line for a fetch from an offset the broker no longer holds (it then reads on from the earliest it
-    holds), made a warning, and the topic-partition and offset handed to every worker of the process
-    (:meth:`StreamWorker._count_lost_input` counts what was lost). aiokafka says so in no other way."""
+class FetcherLog(logging.Filter):
+    """What aiokafka's fetcher says in its log only, handed to every worker of the process:
+
+    * a fetch from an offset the broker no longer holds (it then reads on from the earliest it holds): the line made
+      a warning, the topic-partition and offset appended to each worker's ``out_of_range`` list
+      (:meth:`StreamWorker._count_lost_input` counts what was lost);
+    * a fetch request that failed (it retries on its own, and ``getmany`` then hands out nothing): counted in each
+      worker's ``stream_eval_broker_errors_total{operation="fetch"}`` (:meth:`BrokerHealth.counted`).
+
+    It comes first among the fetcher logger's filters, so that :class:`RepeatFilter` (which holds back repeated
+    lines) does not keep lines from it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[list[tuple[Any, int]]] = []  # each running worker's StreamWorker.out_of_range
+        self.healths: list[BrokerHealth] = []  # each running worker's StreamWorker.health
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith(_OUT_OF_RANGE) and isinstance(record.args, tuple) and len(record.args) == 2:
-            offset, tp = record.args
+        message, args = str(record.msg), record.args
+        if message == _FAILED_FETCH and isinstance(args, tuple) and len(args) == 2:
+            for health in self.healths:
+                health.counted("fetch", args[1] if isinstance(args[1], BaseException) else str(args[1]))
+        elif message.startswith(_OUT_OF_RANGE) and isinstance(args, tuple) and len(args) == 2:
+            offset, tp = args
             for seen in self.seen:
                 seen.append((tp, int(offset)))  # type: ignore[call-overload]  # aiokafka's: an int
             record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
@@ -221,14 +235,14 @@ class OutOfRange(logging.Filter):
         return True
 
     @classmethod
-    def installed(cls) -> OutOfRange:
-        """The filter of aiokafka's fetcher logger (installed once, with the logger at INFO at least)."""
+    def installed(cls) -> FetcherLog:
+        """The filter of aiokafka's fetcher logger (installed once, first, with the logger at INFO at least)."""
         fetcher = logging.getLogger("aiokafka.consumer.fetcher")
         for found in fetcher.filters:
-            if isinstance(found, OutOfRange):
+            if isinstance(found, FetcherLog):
                 return found
         made = cls()
-        fetcher.addFilter(made)
+        fetcher.filters.insert(0, made)
         if fetcher.getEffectiveLevel() > logging.INFO:
             fetcher.setLevel(logging.INFO)
         return made
@@ -245,7 +259,7 @@ class RepeatFilter(logging.Filter):
         self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, template) -> (last let through, held)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith(_OUT_OF_RANGE):  # (each partition's: OutOfRange)
+        if str(record.msg).startswith(_OUT_OF_RANGE):  # (each partition's: FetcherLog)
             return True
         key, now = (record.name, str(record.msg)), self.clock()
         last = self._seen.get(key)
@@ -338,7 +352,7 @@ class StreamWorker:
         self.fatal: Exception | None = None
         #: Input messages the broker deleted before this worker read them, per (topic, partition).
         self.input_lost: dict[tuple[str, int], int] = defaultdict(int)
-        #: (topic-partition, offset) of the fetches aiokafka found out of range since the last batch (OutOfRange).
+        #: (topic-partition, offset) of the fetches aiokafka found out of range since the last batch (FetcherLog).
         self.out_of_range: list[tuple[Any, int]] = []
         self._stop: asyncio.Event | None = None
 
@@ -679,8 +693,9 @@ class StreamWorker:
         stage_records = stage_read = 0  # regroup records: of the last fetch, all read
         stage_heard = -math.inf  # when the stage last fetched records
         shown = (0, 0)  # input messages and regroup records read at the last readout taken soon
-        out_of_range = OutOfRange.installed()
-        out_of_range.seen.append(self.out_of_range)
+        fetcher_log = FetcherLog.installed()
+        fetcher_log.seen.append(self.out_of_range)
+        fetcher_log.healths.append(self.health)
         try:
             while not stop.is_set():
                 # no wait for input while the stage has records to apply, a short one while it has had some lately
@@ -721,7 +736,8 @@ class StreamWorker:
                         await self.checkpoint()
                         last_checkpoint, committed = time.monotonic(), self.events_seen
         finally:
-            out_of_range.seen.remove(self.out_of_range)
+            fetcher_log.seen.remove(self.out_of_range)
+            fetcher_log.healths.remove(self.health)
             # with the broker unreachable there is nothing to checkpoint to, nor a group to leave
             up = self.health.up
             if up:
@@ -759,7 +775,7 @@ class StreamWorker:
         self.partitioned.stages = stages
 
     async def _count_lost_input(self) -> None:
-        """The input consumer was to read offsets that the broker no longer holds (:class:`OutOfRange` saw aiokafka
+        """The input consumer was to read offsets that the broker no longer holds (:class:`FetcherLog` saw aiokafka
         say so, and it reads on from the earliest offset held): deleted by retention before they were read, or the
         topic was deleted and made again. Counts what was lost (:attr:`input_lost`, ``stream_eval_input_lost_total``)
         and says so."""
@@ -795,8 +811,9 @@ class StreamWorker:
                           offset, held, offset)
 
     async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
-        """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch the
-        broker does not answer gives an empty batch too, without an error: the checkpoints notice the outage."""
+        """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch request
+        that failed inside aiokafka (which retries it) gives an empty batch too; :class:`FetcherLog` counts it, and
+        the checkpoints mark the outage."""
         try:
             batch: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms,
                                                                  max_records=self.settings.max_records)
