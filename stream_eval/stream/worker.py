@@ -352,6 +352,9 @@ class StreamWorker:
         self.fatal: Exception | None = None
         #: Input messages the broker deleted before this worker read them, per (topic, partition).
         self.input_lost: dict[tuple[str, int], int] = defaultdict(int)
+        #: (topic, partition) -> the first offset the broker held when this worker last counted it lost: a fetch from
+        #: before it again (another rebalance before the next checkpoint committed the offsets) counts nothing twice.
+        self._lost_counted: dict[tuple[str, int], int] = {}
         #: (topic-partition, offset) of the fetches aiokafka found out of range since the last batch (FetcherLog).
         self.out_of_range: list[tuple[Any, int]] = []
         self._stop: asyncio.Event | None = None
@@ -790,14 +793,18 @@ class StreamWorker:
         end = await self.health.call("fetch", lambda: consumer.end_offsets(tps))
         for tp in tps:
             offset, held = int(offsets[tp]), int(first[tp])
+            counted_to = self._lost_counted.get((tp.topic, tp.partition), 0)
+            if offset < held <= counted_to:
+                continue  # counted already, when this worker read the partition before its last rebalance
             if offset < held:
                 # a new owner re-reads from its checkpoint's start: what lies before the checkpoint's end was read
                 # once (and is needed again for the requests open then), what lies after it never
                 task = self.partitioned.tasks.get(tp.partition)
                 kind = self.topics.type_of(tp.topic)
                 read_to = offset if task is None else task.mute.get(kind, offset)
-                lost = max(held - max(offset, read_to), 0)
+                lost = max(held - max(offset, read_to, counted_to), 0)
                 self.input_lost[tp.topic, tp.partition] += lost
+                self._lost_counted[tp.topic, tp.partition] = held
                 log.warning("%s/%d: offsets %d to %d were deleted by the broker (its retention) before this worker "
                             "read them: %d messages never read, counted in stream_eval_input_lost_total, and %d read "
                             "before its checkpoint that the requests open then miss; reading on from %d "
