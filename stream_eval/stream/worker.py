@@ -221,10 +221,12 @@ class FetcherLog(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message, args = str(record.msg), record.args
-        if message == _FAILED_FETCH and isinstance(args, tuple) and len(args) == 2:
+        if not (isinstance(args, tuple) and len(args) == 2):
+            return True
+        if message == _FAILED_FETCH:
             for health in self.healths:
                 health.counted("fetch", args[1] if isinstance(args[1], BaseException) else str(args[1]))
-        elif message.startswith(_OUT_OF_RANGE) and isinstance(args, tuple) and len(args) == 2:
+        elif message.startswith(_OUT_OF_RANGE):
             offset, tp = args
             for seen in self.seen:
                 seen.append((tp, int(offset)))  # type: ignore[call-overload]  # aiokafka's: an int
@@ -795,7 +797,7 @@ class StreamWorker:
             offset, held = int(offsets[tp]), int(first[tp])
             counted_to = self._lost_counted.get((tp.topic, tp.partition), 0)
             if offset < held <= counted_to:
-                continue  # counted already, when this worker read the partition before its last rebalance
+                continue  # counted already: the same deleted offsets found out of range again
             if offset < held:
                 # a new owner re-reads from its checkpoint's start: what lies before the checkpoint's end was read
                 # once (and is needed again for the requests open then), what lies after it never
