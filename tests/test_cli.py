@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import run_cli
 
 from stream_eval.engine.replay import CHUNK_BYTES
 
@@ -113,10 +114,15 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str | Path, stdin: bytes | None = None, env: dict[str, str] | None = None,
         cwd: Path | None = None, script: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """``stream-eval ARGS`` without the caller's ``STREAM_EVAL_*`` variables (``env``: the ones to set): in this
+    process (``support.run_cli``), or with ``cwd`` or ``script`` (the console script) in a process of its own."""
+    if cwd is None and not script:
+        done = run_cli(*args, stdin=stdin or b"", env=env)
+        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.encode(), done.stderr.encode())
     command = [_script()] if script else [sys.executable, "-m", "stream_eval.cli"]
     return subprocess.run(
         [*command, *map(str, args)], input=stdin if stdin is not None else b"", capture_output=True,
-        env=env if env is not None else clean_env(), cwd=cwd, timeout=60,
+        env=clean_env(**(env or {})), cwd=cwd, timeout=60,
     )
 
 
@@ -569,7 +575,7 @@ def test_bad_option_value(log: Path, args: list[str], mentions: str) -> None:
 
 @pytest.mark.slow
 def test_bad_environment_value(log: Path) -> None:
-    result = cli("replay", log, env=clean_env(STREAM_EVAL_GAIN="cubic"))
+    result = cli("replay", log, env={"STREAM_EVAL_GAIN": "cubic"})
     assert result.returncode == 2
     assert "gain" in result.stderr.decode() and b"Traceback" not in result.stderr
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import run_cli
 from test_segments import _attributes
 
 from stream_eval.config import Config
@@ -48,9 +47,6 @@ def write_jsonl_rows(rows: list[dict[str, Any]], path: Path) -> None:
     path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stream_eval.cli", *args], capture_output=True, text=True,
-                          timeout=300)
 
 
 def reports(rows: list[dict[str, Any]], tmp: Path, config: Config | None = None, batch: int = 1000,

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from jsonschema import Draft202012Validator, FormatChecker
+from support import run_cli
 
 from stream_eval.config import Config
 from stream_eval.events.schema import Invalid
@@ -69,9 +70,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stream_eval.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args)
 
 
 def replayed(*args: str | Path) -> tuple[dict[str, Any], str]:
@@ -583,8 +583,9 @@ def test_produce_gives_a_worker_the_replay_numbers(broker: str, tmp_path: Path) 
         return sum(v for found, v in samples if all(found.get(k) == w for k, w in labels.items()))
 
     try:
-        sent = cli("produce", "--input-format", "ubi", *files, "--broker", broker, "--topic-prefix", prefix,
-                   "--config", config, timeout=120)
+        sent = subprocess.run([sys.executable, "-m", "stream_eval.cli", "produce", "--input-format", "ubi",
+                               *map(str, files), "--broker", broker, "--topic-prefix", prefix, "--config", str(config)],
+                              capture_output=True, text=True, timeout=120)
         assert sent.returncode == 0, sent.stderr
         assert "sent 51 events" in sent.stderr and "ignored 29 events" in sent.stderr
         requests = expected["overall"]["requests"]
