@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import orjson
 import pytest
@@ -32,37 +33,33 @@ ROOT = Path(__file__).resolve().parent.parent
 BROKER_KINDS = ("tansu", "kafka")
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without its ``STREAM_EVAL_*`` variables, and ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}, **extra}
+
+
 def run_cli(*args: str | Path, stdin: bytes = b"", env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
     """``stream-eval ARGS`` run in this process (``stream_eval.cli.main``, with stdin, stdout and stderr of its own,
-    and no ``STREAM_EVAL_*`` variable but those in ``env``): what ``python -m stream_eval.cli ARGS`` prints and
+    and the environment :func:`clean_env` gives with ``env``): what ``python -m stream_eval.cli ARGS`` prints and
     returns, without a second of interpreter start-up and imports per call. Tests of the process itself (the
     console script, the working directory, signals) start one instead."""
     from stream_eval.cli import main
 
     argv = [str(arg) for arg in args]
-    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
-    saved_stdin, saved_env = sys.stdin, dict(os.environ)
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(stdin)), encoding="utf-8")  # (peek, as a pipe)
-    for name in [name for name in os.environ if name.startswith("STREAM_EVAL_")]:
-        del os.environ[name]
-    os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(argv)
-            except SystemExit as done:  # (argparse's usage errors)
-                code = done.code if isinstance(done.code, int) else 1 if done.code else 0
-    finally:
-        sys.stdin = saved_stdin
-        os.environ.clear()
-        os.environ.update(saved_env)
-
-    def text(stream: io.TextIOWrapper) -> str:
-        stream.flush()
-        return stream.buffer.getvalue().decode()  # type: ignore[attr-defined]  # a BytesIO
-
-    return subprocess.CompletedProcess(["stream-eval", *argv], code, text(out), text(err))
+    written = io.BytesIO(), io.BytesIO()  # (under text streams: the commands write bytes to their .buffer too)
+    out, err = (io.TextIOWrapper(data, encoding="utf-8") for data in written)
+    piped = io.TextIOWrapper(io.BufferedReader(io.BytesIO(stdin)), encoding="utf-8")  # (peek, as a pipe's)
+    with mock.patch.dict(os.environ, clean_env(**(env or {})), clear=True), mock.patch.object(sys, "stdin", piped), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as done:  # (argparse's usage errors)
+            code = done.code if isinstance(done.code, int) else 1 if done.code else 0
+        out.flush()
+        err.flush()
+    stdout, stderr = (data.getvalue().decode() for data in written)
+    return subprocess.CompletedProcess(["stream-eval", *argv], code, stdout, stderr)
 
 
 def make_broker(kind: str, port: int, **options: Any) -> Broker:

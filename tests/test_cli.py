@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import run_cli
+from support import clean_env, run_cli
 
 from stream_eval.engine.replay import CHUNK_BYTES
 
@@ -104,12 +103,6 @@ def default_report(log: Path) -> dict[str, Any]:
 def default_rows(log: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """The ``--per-request`` records of ``log`` with default settings, by request_id."""
     return per_request(tmp_path_factory.mktemp("rows"), log)
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}
-    env.update(extra)
-    return env
 
 
 def cli(*args: str | Path, stdin: bytes | None = None, env: dict[str, str] | None = None,

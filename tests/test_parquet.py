@@ -47,8 +47,6 @@ def write_jsonl_rows(rows: list[dict[str, Any]], path: Path) -> None:
     path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
 
 
-
-
 def reports(rows: list[dict[str, Any]], tmp: Path, config: Config | None = None, batch: int = 1000,
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The reports of replaying ``rows`` as JSON Lines and as Parquet."""

@@ -70,13 +70,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args)
-
-
 def replayed(*args: str | Path) -> tuple[dict[str, Any], str]:
     """The JSON report of ``stream-eval replay ARGS`` and its stderr."""
-    result = cli("replay", *args, "--format", "json")
+    result = run_cli("replay", *args, "--format", "json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), result.stderr
 
@@ -525,26 +521,26 @@ def test_ordinal_checks_and_settings_from_the_config(tmp_path: Path) -> None:
     record = read_jsonl(tmp_path / "pr.jsonl")[0]
     assert (record["experiment"], record["arm"], record["query_id"]) == ("default", "c1", "lamp")
     config.write_text('[ubi.actions]\nwatch = "watch"\n')
-    result = cli("replay", "--input-format", "ubi", queries, events, "--config", config)
+    result = run_cli("replay", "--input-format", "ubi", queries, events, "--config", config)
     assert result.returncode == 2 and "the kind 'watch' has no grade" in result.stderr
     config.write_text("[ubi]\ncolour = 1\n")
-    result = cli("replay", "--input-format", "ubi", queries, events, "--config", config)
+    result = run_cli("replay", "--input-format", "ubi", queries, events, "--config", config)
     assert result.returncode == 2 and "unknown setting(s) colour" in result.stderr
-    result = cli("replay", "--input-format", "ubi", queries)
+    result = run_cli("replay", "--input-format", "ubi", queries)
     assert result.returncode == 2 and "give two inputs" in result.stderr
 
 
 def test_unreadable_inputs_are_clear_errors(log: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
-    result = cli("replay", "--input-format", "ubi", tmp_path / "none.jsonl", log[1])
+    result = run_cli("replay", "--input-format", "ubi", tmp_path / "none.jsonl", log[1])
     assert result.returncode == 2 and f"{tmp_path / 'none.jsonl'}: no such file" in result.stderr
     (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
-    result = cli("replay", "--input-format", "ubi", tmp_path / "broken.parquet", log[1], "--format", "json")
+    result = run_cli("replay", "--input-format", "ubi", tmp_path / "broken.parquet", log[1], "--format", "json")
     assert result.returncode == 1 and f"error: {tmp_path / 'broken.parquet'}: " in result.stderr
     assert json.loads(result.stdout)["ubi"]["events"] == len(log[3])  # the other input was read
 
 
 def test_cli_replays_the_example_and_prints_mrr_and_ndcg() -> None:
-    result = cli("replay", "--input-format", "ubi", EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl",
+    result = run_cli("replay", "--input-format", "ubi", EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl",
                  "--format", "table")
     assert result.returncode == 0, result.stderr
     header = next(line for line in result.stdout.splitlines() if line.startswith("experiment"))
@@ -784,9 +780,9 @@ def test_inputs_given_in_the_wrong_order_get_a_hint() -> None:
     """The events' export first and the queries' second: no ranking, every record rejected for its missing
     action_name; the terminal line says the inputs look swapped (in the right order, it does not)."""
     queries, events = EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl"
-    swapped = cli("replay", "--input-format", "ubi", events, queries, "-o", os.devnull, "--no-progress")
+    swapped = run_cli("replay", "--input-format", "ubi", events, queries, "-o", os.devnull, "--no-progress")
     assert swapped.returncode == 0 and "are the two inputs swapped?" in swapped.stderr
-    right = cli("replay", "--input-format", "ubi", queries, events, "-o", os.devnull, "--no-progress")
+    right = run_cli("replay", "--input-format", "ubi", queries, events, "-o", os.devnull, "--no-progress")
     assert right.returncode == 0 and "swapped" not in right.stderr
 
 
@@ -796,10 +792,10 @@ def test_exports_in_descending_time_order_get_a_hint(log: tuple[Path, Path, Any,
     in ascending order it does not."""
     newest_first = jsonl(tmp_path / "q.jsonl", sorted(log[2], key=lambda q: datetime.fromisoformat(q["timestamp"]),
                                                       reverse=True))
-    done = cli("replay", "--input-format", "ubi", newest_first, log[1], "-o", os.devnull, "--no-progress")
+    done = run_cli("replay", "--input-format", "ubi", newest_first, log[1], "-o", os.devnull, "--no-progress")
     assert done.returncode == 0 and "the ubi_queries export is mostly in descending time order" in done.stderr
     assert "ubi_events export" not in done.stderr
-    right = cli("replay", "--input-format", "ubi", log[0], log[1], "-o", os.devnull, "--no-progress")
+    right = run_cli("replay", "--input-format", "ubi", log[0], log[1], "-o", os.devnull, "--no-progress")
     assert right.returncode == 0 and "descending" not in right.stderr
 
 
@@ -809,6 +805,6 @@ def test_epoch_seconds_get_a_hint(tmp_path: Path) -> None:
     queries = [{"query_id": "q1", "user_query": "a", "timestamp": 1772442006, "query_response_hit_ids": ["a", "b"]}]
     events = [{"action_name": "click", "query_id": "q1", "timestamp": "1772442010",
                "event_attributes": {"object": {"object_id": "a"}}}]
-    result = cli("replay", "--input-format", "ubi", jsonl(tmp_path / "q.jsonl", queries),
+    result = run_cli("replay", "--input-format", "ubi", jsonl(tmp_path / "q.jsonl", queries),
                  jsonl(tmp_path / "e.jsonl", events), "-o", os.devnull, "--no-progress")
     assert result.returncode == 0 and result.stderr.count("epoch seconds? a number is read as epoch milliseconds") == 2
