@@ -66,7 +66,7 @@ _FEEDBACK_AHEAD = 1.0
 _RANKINGS_QUIET = 1.0
 #: A worker that has read everything there is commits once this share of the checkpoint interval has passed.
 _CAUGHT_UP_COMMITS = 0.25
-#: Milliseconds the broker may hold the input consumer's fetch requests for partitions with nothing new.
+#: Milliseconds the broker may hold a fetch request of the worker's consumers for partitions with nothing new.
 _FETCH_WAIT_MS = 100
 #: Seconds after the stage last fetched records during which the input fetch waits 10 ms, not 100 ms.
 _STAGE_ACTIVE = 0.5
@@ -676,8 +676,12 @@ class StreamWorker:
 
         await self._choose_delivery()
         security = client_options(settings.security)
+        # a fetch request for partitions with nothing new waits fetch_max_wait_ms at the broker; partitions resumed
+        # meanwhile (_pace_feedback) are asked for only once it returns, and a broker that does not answer it early
+        # when records come (Tansu, often) hands them out only then: with aiokafka's 500 ms,
+        # a backlog's last feedback and the regroup records of its end waited up to half a second (docs/benchmarks.md)
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
-                  "isolation_level": self.delivery.isolation_level,
+                  "isolation_level": self.delivery.isolation_level, "fetch_max_wait_ms": _FETCH_WAIT_MS,
                   "session_timeout_ms": settings.session_timeout_ms,
                   "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **lean_options(),
                   **settings.extra}
@@ -685,10 +689,6 @@ class StreamWorker:
             group_id=settings.group, **common,
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20,
-            # a fetch request for partitions with nothing new waits this long at the broker, and a feedback partition
-            # resumed meanwhile (_pace_feedback) is asked for only once it returns: aiokafka's 500 ms held the last
-            # feedback of a backlog back by up to half a second (docs/benchmarks.md)
-            fetch_max_wait_ms=_FETCH_WAIT_MS,
         )
         self._stage_consumer = AIOKafkaConsumer(group_id=f"{settings.group}.regroup", **common)
         for client in (self._consumer, self._stage_consumer):
