@@ -540,8 +540,8 @@ def test_unreadable_inputs_are_clear_errors(log: tuple[Path, Path, Any, Any], tm
 
 
 def test_cli_replays_the_example_and_prints_mrr_and_ndcg() -> None:
-    result = run_cli("replay", "--input-format", "ubi", EXAMPLES / "ubi_queries.jsonl", EXAMPLES / "ubi_events.jsonl",
-                 "--format", "table")
+    result = run_cli("replay", "--input-format", "ubi", EXAMPLES / "ubi_queries.jsonl",
+                     EXAMPLES / "ubi_events.jsonl", "--format", "table")
     assert result.returncode == 0, result.stderr
     header = next(line for line in result.stdout.splitlines() if line.startswith("experiment"))
     assert "MRR" in header and "nDCG@10" in header
@@ -806,5 +806,5 @@ def test_epoch_seconds_get_a_hint(tmp_path: Path) -> None:
     events = [{"action_name": "click", "query_id": "q1", "timestamp": "1772442010",
                "event_attributes": {"object": {"object_id": "a"}}}]
     result = run_cli("replay", "--input-format", "ubi", jsonl(tmp_path / "q.jsonl", queries),
-                 jsonl(tmp_path / "e.jsonl", events), "-o", os.devnull, "--no-progress")
+                     jsonl(tmp_path / "e.jsonl", events), "-o", os.devnull, "--no-progress")
     assert result.returncode == 0 and result.stderr.count("epoch seconds? a number is read as epoch milliseconds") == 2

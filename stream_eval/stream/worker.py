@@ -67,6 +67,9 @@ _RANKINGS_QUIET = 1.0
 #: A worker that has read everything there is commits once this share of the checkpoint interval has passed.
 _CAUGHT_UP_COMMITS = 0.25
 #: Milliseconds the broker may hold a fetch request of the worker's consumers for partitions with nothing new.
+#: Partitions resumed meanwhile (``_pace_feedback``) are asked for only once it returns, and a broker that does not
+#: answer it early when records come (Tansu, often) hands them out only then: with aiokafka's 500 ms, a backlog's
+#: last feedback and the regroup records of its end waited up to half a second (docs/benchmarks.md).
 _FETCH_WAIT_MS = 100
 #: Seconds after the stage last fetched records during which the input fetch waits 10 ms, not 100 ms.
 _STAGE_ACTIVE = 0.5
@@ -676,10 +679,6 @@ class StreamWorker:
 
         await self._choose_delivery()
         security = client_options(settings.security)
-        # a fetch request for partitions with nothing new waits fetch_max_wait_ms at the broker; partitions resumed
-        # meanwhile (_pace_feedback) are asked for only once it returns, and a broker that does not answer it early
-        # when records come (Tansu, often) hands them out only then: with aiokafka's 500 ms,
-        # a backlog's last feedback and the regroup records of its end waited up to half a second (docs/benchmarks.md)
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
                   "isolation_level": self.delivery.isolation_level, "fetch_max_wait_ms": _FETCH_WAIT_MS,
                   "session_timeout_ms": settings.session_timeout_ms,
