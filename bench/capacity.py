@@ -28,7 +28,9 @@ end-of-stream watermarks to every partition).
    counts nothing) as a new owner after a rebalance does. Events re-read per CPU-second.
 3. **A/B units.** A ``UnitLedger`` with the default metrics fed ``--units`` distinct units (one request each, the
    unit ids of ``simulate --unit user``'s form), released: bytes per unit by tracemalloc and by RSS (a fresh child
-   process each), and the compressed snapshot (``snapshot.take``) per unit.
+   process each, with the worker's malloc settings, ``tune_malloc``; RSS once the free heap pages are given back, as
+   the worker does every minute, ``release_free_heap``, and before), and the compressed snapshot
+   (``snapshot.take``) per unit.
 4. **Stage state.** The regroup records of the traffic, with ``--stage-window`` s of attribution window (so that
    requests are finalised while the traffic runs) and the default 30-minute session gap, fed to a fresh stage in a
    child process under tracemalloc up to, not including, the end-of-stream watermarks: bytes per request held on
@@ -353,7 +355,9 @@ def child_units(units: int, traced: bool) -> dict[str, Any]:
     from stream_eval.config import Config
     from stream_eval.engine import snapshot
     from stream_eval.engine.engine import Engine
+    from stream_eval.stream.app import release_free_heap, tune_malloc
 
+    tune_malloc()  # (as stream-eval worker runs)
     engine = Engine(Config())
     ledger = engine.ledger
     width = ledger.width - 1  # the per-request columns (GAUC is the last)
@@ -377,7 +381,10 @@ def child_units(units: int, traced: bool) -> dict[str, Any]:
     for lo in range(batch, units + batch, batch):
         add(lo, lo + batch)
     gc.collect()
-    out: dict[str, Any] = {"units": units, "width": ledger.width, "rss_per_unit": (rss() - before) / units}
+    untrimmed = rss()
+    release_free_heap()  # (the worker's every RELEASE_HEAP_EVERY seconds)
+    out: dict[str, Any] = {"units": units, "width": ledger.width, "rss_per_unit": (rss() - before) / units,
+                           "rss_per_unit_untrimmed": (untrimmed - before) / units}
     if traced:
         out["traced_per_unit"] = (tracemalloc.get_traced_memory()[0] - traced0) / units
         tracemalloc.stop()
@@ -528,7 +535,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
     out.append(f"### A/B units: {units['rss']['units']:,} units of one request each, {units['rss']['width']} "
                f"columns (the default metrics + GAUC)")
     out.append("")
-    out.append(f"RSS **{units['rss']['rss_per_unit']:,.0f} bytes per unit**, tracemalloc "
+    out.append(f"RSS **{units['rss']['rss_per_unit']:,.0f} bytes per unit** once the free heap pages are given back "
+               f"({units['rss'].get('rss_per_unit_untrimmed', math.nan):,.0f} before), tracemalloc "
                f"{units['traced']['traced_per_unit']:,.0f}; snapshot {units['rss']['snapshot_per_unit']:,.0f} bytes "
                f"per unit (compressed), taken at {1e6 * units['rss']['snapshot_seconds_per_unit']:.2f} µs per unit.")
     out.append("")

@@ -15,8 +15,8 @@ the worker decodes it (``decode_message_chunk``) and fed to a ``PartitionedEngin
 worker builds them (live windows, feedback delays, regroup sinks), each finalised request written as the worker's
 request-metrics record (``orjson``), the regroup records taken with their commit markers and fed to a regroup stage
 held through ``StagePartitions``, as a worker's stage is. The compiled loops are loaded first (``warm_up``) and the
-garbage collector is set as the worker sets it (``quiet_gc``). A log of ``bench/stream.py`` (``--out-dir``'s
-``stream-log.jsonl``) gives the events the throughput rows count.
+garbage collector and glibc's malloc are set as the worker sets them (``quiet_gc``, ``tune_malloc``). A log of
+``bench/stream.py`` (``--out-dir``'s ``stream-log.jsonl``) gives the events the throughput rows count.
 
 ``--config FILE`` evaluates with the worker's settings from that file (as ``stream-eval worker --config``; the
 ``STREAM_EVAL_*`` variables count too), else the defaults. ``--readout-events N`` also takes, between two rounds,
@@ -62,7 +62,7 @@ from stream_eval.engine.regroup import RegroupSink
 from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
-from stream_eval.stream.app import quiet_gc
+from stream_eval.stream.app import quiet_gc, tune_malloc
 from stream_eval.stream.produce import END_WATERMARK
 from stream_eval.stream.worker import warm_up
 
@@ -93,6 +93,7 @@ def simulate(path: Path, requests: int) -> None:
 def measure(log: Path, config: Config, rankings: int, feedback: int, readout_events: int,
             stage_count: int = 1) -> dict[str, Any]:
     """One run of the worker's path over ``log``: events, outputs, CPU seconds (in all and by phase), wall time."""
+    tune_malloc()
     warm_up(config)
     quiet_gc()
     labels = LabelBounds(config.max_label_values)

@@ -1,5 +1,6 @@
-"""The worker's C heap: glibc's mmap threshold held fixed (``stream/app.py``), so that large temporaries never
-settle in the heap (bench/soak.py measures the RSS it saves)."""
+"""The worker's C heap: glibc's mmap and trim thresholds set by the worker (``stream/app.py``, ``tune_malloc``), so
+that the blocks its batches free are reused from the heap instead of being mapped afresh each time (bench/stream.py
+measures the system time it saves, bench/soak.py the RSS)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 PROBE = """
 import ctypes, sys
-from stream_eval.stream.app import fix_mmap_threshold
+from stream_eval.stream.app import MMAP_THRESHOLD, tune_malloc
 
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -23,12 +24,17 @@ libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-if sys.argv[1] == "fixed":
-    assert fix_mmap_threshold()
-libc.free(libc.malloc(8 << 20))  # a mapped block freed: glibc raises its threshold to 8 MiB, unless it is fixed
-mapped = libc.mallinfo2().hblkhd
-block = libc.malloc(1 << 20)
-print(libc.mallinfo2().hblkhd - mapped)
+if sys.argv[1] == "tuned":
+    assert tune_malloc()
+
+def mapped(size):
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(size)
+    now = libc.mallinfo2().hblkhd - before
+    libc.free(block)
+    return now
+
+print(mapped(1 << 20), mapped(MMAP_THRESHOLD * 2))
 """
 
 
@@ -37,14 +43,33 @@ def _glibc() -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".")) if name == "glibc" and version else ()
 
 
+def _probe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60,
+                          env={**clean, **env})
+
+
 @pytest.mark.skipif(_glibc() < (2, 33), reason="glibc's malloc, with mallinfo2 (2.33)")
-@pytest.mark.parametrize("threshold", ["glibc-default", "fixed"])
-def test_a_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap(threshold: str) -> None:
-    """After a large block is freed, glibc serves a 1 MiB allocation from the heap (its threshold moved up); with
-    the worker's fixed threshold, from a mapping of its own, given back when it is freed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # glibc's tunables: its defaults
-    done = subprocess.run([sys.executable, "-c", PROBE, threshold], capture_output=True, text=True, timeout=60,
-                          env=env)
+@pytest.mark.parametrize("malloc", ["glibc-default", "tuned"])
+def test_the_worker_serves_megabyte_blocks_from_the_heap(malloc: str) -> None:
+    """glibc maps a fresh 1 MiB block from the OS (its threshold starts at 128 KiB); with the worker's settings it
+    comes from the heap, while a block over the worker's threshold is still mapped."""
+    done = _probe(malloc)
     assert done.returncode == 0, done.stderr
-    mapped = int(done.stdout)
-    assert (mapped >= 1 << 20) == (threshold == "fixed"), mapped
+    megabyte, large = (int(n) for n in done.stdout.split())
+    assert (megabyte >= 1 << 20) == (malloc == "glibc-default"), megabyte
+    assert large > 0
+
+
+@pytest.mark.skipif(_glibc() < (2, 33), reason="glibc's malloc, with mallinfo2 (2.33)")
+def test_glibc_tunables_in_the_environment_win() -> None:
+    """A deployment that sets glibc's malloc tunables itself keeps them: the worker sets nothing."""
+    done = _probe("glibc-default", MALLOC_MMAP_THRESHOLD_="131072")
+    assert done.returncode == 0, done.stderr
+    from stream_eval.stream import app
+
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "1"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", env)
+        assert app.tune_malloc() is False
+    assert int(done.stdout.split()[0]) >= 1 << 20  # (the environment's 128 KiB threshold: still mapped)

@@ -92,22 +92,30 @@ def log_options(log_format: str, loglevel: str, security: KafkaSecurity | None =
 
 
 
-#: glibc's ``mallopt`` parameter ``M_MMAP_THRESHOLD`` (malloc.h), and the value the worker sets: 128 KiB.
-_M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 128 << 10
+#: glibc's ``mallopt`` parameters ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD`` (malloc.h), and the bytes the
+#: worker sets them to (:func:`tune_malloc`).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+TRIM_THRESHOLD, MMAP_THRESHOLD = 64 << 20, 16 << 20
 
 
-def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Have glibc serve every allocation of ``threshold`` bytes or more with a mapping of its own, returned to the
-    OS when freed (``mallopt(M_MMAP_THRESHOLD)``); ``False`` (nothing done) where the C library has no ``mallopt``.
+def tune_malloc(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
+    """Have glibc serve allocations under ``mmap_threshold`` bytes from its heap, reusing freed blocks, and keep up to
+    ``trim_threshold`` bytes free at the heap's top (``mallopt``); ``False`` (nothing done) where the C library has no
+    ``mallopt``, or where the environment sets glibc's malloc tunables itself (``MALLOC_*_``, ``GLIBC_TUNABLES``:
+    they win).
 
-    glibc starts at 128 KiB but raises the threshold to the size of each mapped block freed, up to 32 MiB; a worker
-    frees such blocks all the time (fetched batches of up to megabytes, the A/B snapshot and windows shares), so
-    they soon come from the heap, between small long-lived objects, and the heap's pages stay with the process
-    long after the state has stopped growing. A fixed threshold turns that adjustment off.
+    A worker's batches allocate and free blocks of 128 KiB to a few MiB all the time (fetched records, decoded
+    columns, regroup records). Mapped from the OS one by one and unmapped when freed, each came back as fresh zeroed
+    pages: faulting them in was a quarter of the worker's CPU time (docs/benchmarks.md). From the heap they are
+    reused. glibc would raise its threshold by itself, to the size of each mapped block freed, but the thresholds set
+    here also stop that drifting; the free pages that the heap keeps go back to the OS every ``RELEASE_HEAP_EVERY``
+    seconds (:func:`release_free_heap`), which keeps RSS flat (bench/soak.py).
     """
+    if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
+        return False
     mallopt = _libc("mallopt")
-    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+    return (mallopt is not None and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+            and bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)))
 
 
 def _libc(name: str) -> Any:
@@ -242,7 +250,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     from stream_eval.export.prometheus import CountsCollector, EngineCollector, InfoCollector, serve_metrics
     from stream_eval.stream.produce import run_interruptible
 
-    fix_mmap_threshold()  # (before the worker allocates anything large)
+    tune_malloc()  # (before the worker allocates anything large)
     logging_options = log_options(log_format, loglevel, settings.security)
     if log_format == "json":  # from the first line on, before faust sets logging up with the same options
         logging.config.dictConfig(copy.deepcopy(logging_options["logging_config"]))  # dictConfig consumes it
