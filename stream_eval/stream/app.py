@@ -109,7 +109,7 @@ def tune_malloc(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM
     pages: faulting them in was a quarter of the worker's CPU time (docs/benchmarks.md). From the heap they are
     reused. glibc would raise its threshold by itself, to the size of each mapped block freed, but the thresholds set
     here also stop that drifting; the free pages that the heap keeps go back to the OS every ``RELEASE_HEAP_EVERY``
-    seconds (:func:`release_free_heap`), which keeps RSS flat (bench/soak.py).
+    seconds (:func:`release_free_heap`). What the heap keeps shows in RSS: bench/soak.py measures it.
     """
     if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
         return False
