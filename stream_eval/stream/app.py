@@ -98,11 +98,11 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 TRIM_THRESHOLD, MMAP_THRESHOLD = 64 << 20, 16 << 20
 
 
-def tune_malloc(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
-    """Have glibc serve allocations under ``mmap_threshold`` bytes from its heap, reusing freed blocks, and keep up to
-    ``trim_threshold`` bytes free at the heap's top (``mallopt``); ``False`` (nothing done) where the C library has no
-    ``mallopt``, or where the environment sets glibc's malloc tunables itself (``MALLOC_*_``, ``GLIBC_TUNABLES``:
-    they win).
+def tune_malloc() -> bool:
+    """Have glibc serve allocations under :data:`MMAP_THRESHOLD` bytes from its heap, reusing freed blocks, and keep up
+    to :data:`TRIM_THRESHOLD` bytes free at the heap's top (``mallopt``); ``False`` (nothing done) where the C library
+    has no ``mallopt``, or where the environment sets glibc's malloc tunables itself (``MALLOC_*_``,
+    ``GLIBC_TUNABLES``: they win).
 
     A worker's batches allocate and free blocks of 128 KiB to a few MiB all the time (fetched records, decoded
     columns, regroup records). Mapped from the OS one by one and unmapped when freed, each came back as fresh zeroed
@@ -114,8 +114,8 @@ def tune_malloc(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM
     if "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
         return False
     mallopt = _libc("mallopt")
-    return (mallopt is not None and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-            and bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)))
+    return (mallopt is not None and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)))
 
 
 def _libc(name: str) -> Any:
