@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import collections
 import gc
 import json
@@ -73,6 +74,16 @@ def _proc(pid: int) -> tuple[float, int, int]:
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
     return rss / 1024.0, len(os.listdir(f"/proc/{pid}/fd")), threads
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (NaN once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _live_tasks() -> int:
@@ -290,7 +301,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append({"t": round(tick - start, 1), "rss_mb": rss, "fds": fds, "threads": threads,
                              "tasks": probed.get("tasks", math.nan), "heap_mb": probed.get("heap_used_mb", math.nan),
                              "scrape_s": seconds, "scrape_bytes": len(text),
-                             "events": events, "requests": requests, "units": units})
+                             "events": events, "requests": requests, "units": units,
+                             "cpu_s": {"worker": _cpu_seconds(worker.pid), "simulate": _cpu_seconds(traffic.pid),
+                                       "broker": _cpu_seconds(broker.process.pid if broker.process else None)}})
                 time.sleep(max(0.0, args.scrape_every - (time.monotonic() - tick)))
         finally:
             stop_process(traffic)
@@ -301,6 +314,28 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 def _window(rows: list[dict[str, float]], start: float, end: float) -> list[dict[str, float]]:
     return [r for r in rows if start <= r["t"] < end]
+
+
+def _cpu_lines(rows: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """Cores used by the worker, the broker and the simulator, each minute after the warm-up, and the counted
+    events/s beside them: whether a minute that fell behind was the worker's or the broker's (rows of runs before
+    2026-12-03 have no CPU)."""
+    if not after or "cpu_s" not in after[0]:
+        return []
+    out = ["", "Each minute after the warm-up: events counted per second; cores used by the worker, the broker, the "
+           "simulator.", "", "| minute | events/s counted | worker | broker | simulator |", "|---|---|---|---|---|"]
+    times = [r["t"] for r in rows]
+    start = after[0]["t"]
+    while start + 60 <= rows[-1]["t"]:
+        a, b = rows[bisect.bisect_left(times, start)], rows[min(len(rows) - 1, bisect.bisect_left(times, start + 60))]
+        dt = b["t"] - a["t"]
+        if dt <= 0:
+            break
+        cores = [(b["cpu_s"][name] - a["cpu_s"][name]) / dt for name in ("worker", "broker", "simulate")]
+        out.append(f"| {a['t'] / 60:.0f} | {(b['events'] - a['events']) / dt:,.0f} | "
+                   + " | ".join(f"{c:.2f}" for c in cores) + " |")
+        start += 60
+    return out
 
 
 def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
@@ -350,6 +385,8 @@ def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
         "",
         f"Events counted after warm-up: {rate:,.0f}/s for {args['rate']:,.0f}/s produced; requests finalised: "
         f"{after[-1]['requests']:,.0f} in all.",
+        "",
+        *_cpu_lines(rows, after),
         "",
         f"Verdict: RSS {'flat' if growth <= TARGET_RSS_GROWTH else 'GREW'} ({100 * growth:+.1f} %); "
         f"file descriptors {flat('fds')}; threads {flat('threads')}; asyncio tasks {flat('tasks')} (grew: the last "
