@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from run import machine_info  # noqa: E402
-from stream import progress, scrape  # noqa: E402
+from stream import cpu_seconds, progress, scrape  # noqa: E402
 
 from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
 
@@ -74,16 +74,6 @@ def _proc(pid: int) -> tuple[float, int, int]:
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
     return rss / 1024.0, len(os.listdir(f"/proc/{pid}/fd")), threads
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of process ``pid`` so far (NaN once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (OSError, TypeError):
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _live_tasks() -> int:
@@ -302,8 +292,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                              "tasks": probed.get("tasks", math.nan), "heap_mb": probed.get("heap_used_mb", math.nan),
                              "scrape_s": seconds, "scrape_bytes": len(text),
                              "events": events, "requests": requests, "units": units,
-                             "cpu_s": {"worker": _cpu_seconds(worker.pid), "simulate": _cpu_seconds(traffic.pid),
-                                       "broker": _cpu_seconds(broker.process.pid if broker.process else None)}})
+                             "cpu_s": {"worker": cpu_seconds(worker.pid), "simulate": cpu_seconds(traffic.pid),
+                                       "broker": cpu_seconds(broker.process.pid) if broker.process else math.nan}})
                 time.sleep(max(0.0, args.scrape_every - (time.monotonic() - tick)))
         finally:
             stop_process(traffic)
@@ -322,7 +312,7 @@ def _cpu_lines(rows: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[
     2026-12-03 have no CPU)."""
     if not after or "cpu_s" not in after[0]:
         return []
-    out = ["", "Each minute after the warm-up: events counted per second; cores used by the worker, the broker, the "
+    out = ["Each minute after the warm-up: events counted per second; cores used by the worker, the broker, the "
            "simulator.", "", "| minute | events/s counted | worker | broker | simulator |", "|---|---|---|---|---|"]
     times = [r["t"] for r in rows]
     start = after[0]["t"]
@@ -335,7 +325,7 @@ def _cpu_lines(rows: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[
         out.append(f"| {a['t'] / 60:.0f} | {(b['events'] - a['events']) / dt:,.0f} | "
                    + " | ".join(f"{c:.2f}" for c in cores) + " |")
         start += 60
-    return out
+    return [*out, ""]
 
 
 def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
@@ -387,7 +377,6 @@ def render(result: dict[str, Any], machine: dict[str, Any], out: Path) -> str:
         f"{after[-1]['requests']:,.0f} in all.",
         "",
         *_cpu_lines(rows, after),
-        "",
         f"Verdict: RSS {'flat' if growth <= TARGET_RSS_GROWTH else 'GREW'} ({100 * growth:+.1f} %); "
         f"file descriptors {flat('fds')}; threads {flat('threads')}; asyncio tasks {flat('tasks')} (grew: the last "
         f"minutes' median above the largest value just after the warm-up).",
