@@ -519,14 +519,15 @@ class SessionStage:
             self._reported = mark
             self.reports.append(records.encode(records.LookProgress(stage=self.stage, time=time_to_json(mark))))
 
-    def take_reports(self) -> list[bytes]:
+    def take_reports(self, live: bool = True) -> list[bytes]:
         """The records for stage partition 0 since the last call (write them before this stage's checkpoint), with
-        the live looks of the shards changed since (for the rows partition 0 shows between boundaries)."""
+        the live looks of the shards changed since (for the rows partition 0 shows between boundaries; ``live``
+        False: the boundaries' looks and progress only)."""
         ledger = self.engine.ledger
-        if self.stage != 0 and not ledger.frozen:
-            live = ledger.live_looks(since_report=True)
-            if live:
-                self._report_looks(ledger.released, list(live), live=True)
+        if live and self.stage != 0 and not ledger.frozen:
+            changed = ledger.live_looks(since_report=True)
+            if changed:
+                self._report_looks(ledger.released, list(changed), live=True)
         taken, self.reports = self.reports, []
         return taken
 

@@ -64,11 +64,12 @@ class StagePartitions:
         """Whether a stage held here has records for stage partition 0 not taken yet (its looks and progress)."""
         return any(held.stage.reports for held in self.held.values())
 
-    def take_reports(self, partition: int | None = None) -> list[bytes]:
+    def take_reports(self, partition: int | None = None, live: bool = True) -> list[bytes]:
         """The records for stage partition 0 that the stages held here wrote since the last call (of
-        ``partition`` only, when given)."""
+        ``partition`` only, when given; ``live`` False: without the live looks, :meth:`SessionStage.take_reports`)."""
         chosen = self.held if partition is None else [partition]
-        return [report for q in sorted(chosen) if q in self.held for report in self.held[q].stage.take_reports()]
+        return [report for q in sorted(chosen) if q in self.held
+                for report in self.held[q].stage.take_reports(live)]
 
     def engines(self) -> list[Engine]:
         return [self.held[q].engine for q in sorted(self.held)]

@@ -334,6 +334,12 @@ class Delivery(abc.ABC):
         log.info("took stage partition %d", stage)
         return None if checkpoint is None else checkpoint.start
 
+    async def report_looks(self) -> None:
+        """Send the looks and progress at boundaries that the stage partitions held here report to partition 0, at
+        once, where their delivery allows it (:class:`FencedLog`; in a transaction they go with the stage's commit).
+        Reports are idempotent (docs/design.md, "A/B units across workers"), so they need no commit of their own."""
+        return None
+
     @abc.abstractmethod
     async def commit_stages(self, stages: list[int]) -> None:
         """Store the looks that stage partitions ``stages`` report, then (a snapshot when due and) their checkpoints
@@ -522,6 +528,10 @@ class FencedLog(Delivery):
             self.outbox = outbox.take(set(self.held))
         await self.send_outbox(self.sender, outbox)
         await self.send_routed(self.sender, self.partitioned.take_routed(), self.stages.take_reports())
+
+    async def report_looks(self) -> None:
+        assert self.sender is not None
+        await self.send_routed(self.sender, [], self.stages.take_reports(live=False))  # (flushed by the commit)
 
     async def _probe(self, partitions: list[int]) -> dict[int, int]:
         """Write a probe to each owned partition of ``partitions`` in the checkpoint topic (at once); their offsets."""
