@@ -610,7 +610,7 @@ def test_a_readout_soon_is_taken_after_a_quarter_of_refresh_every() -> None:
     engine = Engine(Config())
     registry = CollectorRegistry()
     collector = EngineCollector(engine, registry, lock=threading.Lock(), refresh_every=1.0, max_age=1.5,
-                                clock=lambda: now[0])
+                                clock=lambda: now[0], cpu_clock=lambda: 0.0)  # (a worker that was idle)
     watermark = ("stream_eval_watermark_seconds", ())
     assert collector.refresh_soon()  # none yet
     engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
@@ -628,6 +628,35 @@ def test_a_readout_soon_is_taken_after_a_quarter_of_refresh_every() -> None:
     assert not collector.refresh_soon()
     now[0] = 101.1
     assert collector.refresh_soon()
+
+
+def test_a_readout_soon_is_taken_at_once_after_busy_work() -> None:
+    """A worker that worked half of the last quarter of ``refresh_every`` (the end of a backlog) gets its readout
+    soon without waiting that long after the latest; still no sooner than the readouts' own share allows, and a
+    trickle of work waits."""
+    now, cpu = [100.0], [10.0]
+
+    def collector() -> EngineCollector:
+        return EngineCollector(Engine(Config()), CollectorRegistry(), lock=threading.Lock(), refresh_every=1.0,
+                               clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+
+    trickle = collector()
+    assert trickle.refresh_soon()  # none yet
+    for now[0], cpu[0], taken in [(100.1, 10.02, False), (100.2, 10.04, False), (100.25, 10.05, True)]:
+        assert trickle.refresh_soon() is taken  # 20 % busy: a quarter of refresh_every apart
+    now[0], cpu[0] = 100.0, 10.0
+    busy = collector()
+    assert busy.refresh_soon()
+    now[0], cpu[0] = 100.1, 10.06  # 60 % busy
+    assert busy.refresh_soon()
+    busy._read_seconds = 0.02  # readouts of 20 ms: at most a quarter of the time, 80 ms apart
+    now[0], cpu[0] = 100.15, 10.09
+    assert not busy.refresh_soon()
+    now[0], cpu[0] = 100.19, 10.14
+    assert busy.refresh_soon()
+    # a last small batch after a busy stretch: 100.19 to 100.28 was idle, the quarter second before it was not
+    now[0], cpu[0] = 100.28, 10.141
+    assert busy.refresh_soon()
 
 
 def test_a_readout_exports_what_a_scrape_of_the_engine_does(tmp_path: Path) -> None:

@@ -61,6 +61,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, cast
@@ -84,6 +85,10 @@ floatToGoString = cast(Callable[[float], str], _untyped_go_float)
 #: The share of ``refresh_every`` after which :meth:`EngineCollector.refresh_soon` takes a readout, and the share of
 #: the worker's time its readouts may take at most (a large state makes each readout long).
 _SOON = 0.25
+#: The share of the last :data:`_SOON` of ``refresh_every`` that the process worked (CPU time) from which
+#: :meth:`EngineCollector.refresh_soon` does not wait for that long after the latest readout: the end of a backlog
+#: worked through, not a trickle of records.
+_BUSY = 0.5
 
 
 class BrokerStatus(Protocol):
@@ -218,7 +223,7 @@ class EngineCollector(Collector):
         lock: threading.Lock | None = None,
         broker: BrokerStatus | None = None, shares: Callable[[], Shares] | None = None,
         refresh_every: float = 0.0, max_age: float = 0.0, max_wait: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
         self._engine = engine
         self.broker = broker
@@ -228,6 +233,8 @@ class EngineCollector(Collector):
         self.max_age = max_age
         self.max_wait = max_wait
         self.clock = clock
+        self.cpu_clock = cpu_clock
+        self._marks: deque[tuple[float, float]] = deque()  # (clock, CPU time) at refresh_soon's calls
         self._reader = Reader(clock)
         self._readout: Readout | None = None  # the latest readout (replaced whole, never changed)
         self._refresh_failed = False
@@ -262,10 +269,16 @@ class EngineCollector(Collector):
 
     def refresh_soon(self) -> bool:
         """Between the worker's batches, when it has just started counting or gone idle after new work: a readout
-        now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second), or than
-        the last readout's own time divided by :data:`_SOON` (these readouts take at most a quarter of the worker's
-        time). True when it took one."""
-        return self._refresh_after(max(self.refresh_every * _SOON, self._read_seconds / _SOON))
+        now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second; not
+        waited for when the process worked :data:`_BUSY` of that time until now: the end of a backlog shows at
+        once), or than the last readout's own time divided by :data:`_SOON` (these readouts take at most a quarter
+        of the worker's time). True when it took one."""
+        now, cpu, spacing, marks = self.clock(), self.cpu_clock(), self.refresh_every * _SOON, self._marks
+        while len(marks) > 1 and marks[1][0] <= now - spacing:  # the latest call at least ``spacing`` ago first
+            marks.popleft()
+        busy = bool(marks) and cpu - marks[0][1] >= _BUSY * (now - marks[0][0])
+        marks.append((now, cpu))
+        return self._refresh_after(max(0.0 if busy else spacing, self._read_seconds / _SOON))
 
     def _refresh_after(self, age: float) -> bool:
         readout = self._readout
