@@ -281,6 +281,37 @@ def _fenced_log(worker: StreamWorker) -> tuple[FencedLog, MemoryLogs, RecordingS
     return delivery, logs, sender
 
 
+def test_the_fenced_log_sends_a_stages_boundary_looks_before_its_commit() -> None:
+    """A stage partition other than 0 sends the looks and progress it reported at a boundary to regroup partition 0
+    as soon as the worker calls ``report_looks`` (under the fenced log: they are idempotent and made of committed
+    records), not its live looks; with transactions they wait for the stage's commit."""
+    from stream_eval.engine import records
+    from stream_eval.stream.delivery import Transactions
+
+    worker = StreamWorker(WorkerSettings(["localhost:9"], group="looks"), Config())
+    worker.stages.inputs, worker.stages.count = 1, 2
+    held = worker.stages.take(1)
+    delivery, _, sender = _fenced_log(worker)
+    regroup = worker.settings.regroup_topic
+    ledger = held.engine.ledger
+    assert ledger.on_progress is not None
+    every = worker.config.look_every
+    ledger.on_progress(every)  # the stage passed a boundary
+    asked: list[bool] = []
+    ledger.live_looks = lambda since_report=False: asked.append(since_report) or []  # type: ignore[method-assign]
+    assert worker.stages.reporting()
+    asyncio.run(delivery.report_looks())
+    assert sender.sent == [(regroup, 0, None)] and not worker.stages.reporting()
+    assert not asked  # (live looks go with the commit)
+    ledger.on_progress(2 * every)
+    transactional = Transactions(worker.settings, worker.partitioned, worker.stages, worker.lock, worker.health,
+                                 logs=MemoryLogs())  # type: ignore[arg-type]  # a fake of the same shape
+    asyncio.run(transactional.report_looks())
+    assert worker.stages.reporting()  # (in the stage's transaction, at its commit)
+    progress = [records.decode(report) for report in worker.stages.take_reports()]
+    assert [type(report) for report in progress] == [records.LookProgress] and asked == [True]
+
+
 class _FenceReader:
     """The fence reader (an aiokafka consumer) on a checkpoint topic's partition in memory (``checkpoints``, its
     (key, value) records); ``reads`` gets (from offset, records returned) of each read."""
