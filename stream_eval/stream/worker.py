@@ -723,7 +723,7 @@ class StreamWorker:
                     self._pace_feedback()
                     stage_records = await self._handle_stage()
                     stage_read += stage_records
-                    if stage_records and self.stages.reporting():  # partition 0 folds a boundary once all are in
+                    if stage_records:  # partition 0 folds a boundary once every stage partition's looks are in
                         await self.delivery.report_looks()
                     await self._claim_lost()
                     if self.between_batches is not None:
