@@ -294,7 +294,7 @@ class ScaleBench:
             seconds = polls[i].t - p0.t
             cpu = [polls[i].cpu[k] - p0.cpu[k] for k in range(n)]
             work = events - from_events
-            return {"seconds": seconds, "rate": work / seconds, "cpu": cpu,
+            return {"seconds": seconds, "rate": work / seconds if seconds > 0 else math.nan, "cpu": cpu,
                     "per_cpu": work / sum(cpu) if sum(cpu) > 0 else math.nan,
                     "share": [c / sum(cpu) if sum(cpu) > 0 else math.nan for c in cpu]}
 
