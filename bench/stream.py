@@ -497,7 +497,7 @@ class StreamBench:
         url = f"http://127.0.0.1:{port}/metrics"
         cmd = worker_cmd(self.bootstrap, prefix, group, port, *extra)
         if profile is not None:
-            cmd = ["py-spy", "record", "--format", "raw", "--rate", "200", *(["--native"] if native else []),
+            cmd = ["py-spy", "record", "--format", "raw", "--rate", os.environ.get("PYSPY_RATE", "200"), *(["--native"] if native else []),
                    "-o", str(profile), "--", *cmd]
         start = time.perf_counter()
         errors = tempfile.TemporaryFile()

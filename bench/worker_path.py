@@ -15,7 +15,8 @@ the worker decodes it (``decode_message_chunk``) and fed to a ``PartitionedEngin
 worker builds them (live windows, feedback delays, regroup sinks), each finalised request written as the worker's
 request-metrics record (``orjson``), the regroup records taken with their commit markers and fed to a regroup stage
 held through ``StagePartitions``, as a worker's stage is. The compiled loops are loaded first (``warm_up``) and the
-garbage collector and glibc's malloc are set as the worker sets them (``quiet_gc``, ``tune_malloc``). A log of
+garbage collector and glibc's malloc are set as the worker sets them (``quiet_gc``, ``tune_malloc``; the collector
+paused during each round, as during a worker's batch: ``collector_paused``). A log of
 ``bench/stream.py`` (``--out-dir``'s ``stream-log.jsonl``) gives the events the throughput rows count.
 
 ``--config FILE`` evaluates with the worker's settings from that file (as ``stream-eval worker --config``; the
@@ -64,7 +65,7 @@ from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.stream.app import quiet_gc, tune_malloc
 from stream_eval.stream.produce import END_WATERMARK
-from stream_eval.stream.worker import warm_up
+from stream_eval.stream.worker import collector_paused, warm_up
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import count_instructions  # noqa: E402  (bench/ is not a package)
@@ -138,38 +139,39 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
     start, wall = time.process_time(), time.perf_counter()
     more = True
     while more:
-        more = False
-        for (kind, partition), values in sorted(messages.items()):
-            a = read[kind, partition]
-            if a >= len(values):
-                continue
-            more = True
-            b = read[kind, partition] = min(a + size[kind], len(values))
+        with collector_paused():  # (as the worker handles a batch)
+            more = False
+            for (kind, partition), values in sorted(messages.items()):
+                a = read[kind, partition]
+                if a >= len(values):
+                    continue
+                more = True
+                b = read[kind, partition] = min(a + size[kind], len(values))
+                t0 = time.process_time()
+                chunk = decode_message_chunk(values[a:b], kind, config, [0.0] * (b - a), [""] * (b - a))
+                t1 = time.process_time()
+                partitioned.feed(kind, partition, list(range(a, b)), chunk)
+                cpu["decode"] += t1 - t0
+                cpu["feed"] += time.process_time() - t1
+                events += b - a
+            fed[0] = events
             t0 = time.process_time()
-            chunk = decode_message_chunk(values[a:b], kind, config, [0.0] * (b - a), [""] * (b - a))
+            partitioned.tick()
             t1 = time.process_time()
-            partitioned.feed(kind, partition, list(range(a, b)), chunk)
-            cpu["decode"] += t1 - t0
-            cpu["feed"] += time.process_time() - t1
-            events += b - a
-        fed[0] = events
-        t0 = time.process_time()
-        partitioned.tick()
-        t1 = time.process_time()
-        by_stage: dict[int, list[bytes]] = defaultdict(list)
-        for to, _, value in partitioned.take_routed(commit=True):
-            by_stage[to].append(value)
-        by_stage[0] += stages.take_reports()  # (the other stage partitions' looks, as a worker writes them)
-        for stage, routed in sorted(by_stage.items()):
-            offsets = range(len(regroup_log[stage]), len(regroup_log[stage]) + len(routed))
-            stages.feed(stage, offsets, routed)
-            regroup_log[stage] += routed
-        cpu["finalise"] += t1 - t0
-        t2 = time.process_time()
-        cpu["regroup records and stage"] += t2 - t1
-        if refresh is not None:
-            refresh()
-            cpu["readout"] += time.process_time() - t2
+            by_stage: dict[int, list[bytes]] = defaultdict(list)
+            for to, _, value in partitioned.take_routed(commit=True):
+                by_stage[to].append(value)
+            by_stage[0] += stages.take_reports()  # (the other stage partitions' looks, as a worker writes them)
+            for stage, routed in sorted(by_stage.items()):
+                offsets = range(len(regroup_log[stage]), len(regroup_log[stage]) + len(routed))
+                stages.feed(stage, offsets, routed)
+                regroup_log[stage] += routed
+            cpu["finalise"] += t1 - t0
+            t2 = time.process_time()
+            cpu["regroup records and stage"] += t2 - t1
+            if refresh is not None:
+                refresh()
+                cpu["readout"] += time.process_time() - t2
     total, seconds = time.process_time() - start, time.perf_counter() - wall
     return {"events": events, "outputs": len(outputs), "regroup": sum(map(len, regroup_log.values())), "cpu": total,
             "seconds": seconds, "phases": dict(cpu)}
