@@ -78,6 +78,7 @@ from stream_eval.stats import (
     difference,
     srm_test,
 )
+from stream_eval.stats.ratio import unit_terms
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -312,33 +313,36 @@ class _Experiment:
         if slots != self.slots.shape[0]:
             self.slots = unit_slots(self.unit_key, self.size, slots)
 
-    def arm_sums(self, arm: str) -> ArmSums:
-        code = self.arm_code.get(arm)
+    def terms(self) -> Floats:
+        """Each unit's :func:`~stream_eval.stats.ratio.unit_terms` (with the pre-period's when CUPED is on): what a
+        look sums per arm, and per segment group."""
         size = self.size
-        if code is None:
-            return ArmSums.zeros(self.width)
-        mine = self.unit_arm[:size] == code
-        if self.pre:
-            return ArmSums.of_units(self.y[:size][mine], self.n[:size][mine], self.x[:size][mine],
-                                    self.q[:size][mine])
-        return ArmSums.of_units(self.y[:size][mine], self.n[:size][mine])
+        pre = (self.x[:size], self.q[:size]) if self.pre else (None, None)
+        return unit_terms(self.y[:size], self.n[:size], *pre)
 
-    def look(self, name: str, shard: int) -> ShardLook:
-        """This shard's look (its arms in order of first unit)."""
-        counts = self.units_per_arm()
-        return ShardLook(name, shard, list(self.arms), [self.arm_sums(arm) for arm in self.arms],
-                         [counts[arm] for arm in self.arms], self.conflicts, self.overflow)
+    def look(self, name: str, shard: int, terms: Floats | None = None) -> ShardLook:
+        """This shard's look (its arms in order of first unit); ``terms``: :meth:`terms`, if at hand. Each arm's sums
+        are its units' terms summed in unit order: bit for bit :meth:`ArmSums.of_units` of its units."""
+        terms = self.terms() if terms is None else terms
+        unit_arm = self.unit_arm[: self.size]
+        counts = np.bincount(unit_arm, minlength=len(self.arms))
+        sums = [ArmSums.from_terms(terms[unit_arm == code].sum(axis=0)) for code in range(len(self.arms))]
+        return ShardLook(name, shard, list(self.arms), sums, counts[: len(self.arms)].tolist(), self.conflicts,
+                         self.overflow)
 
     def units_per_arm(self) -> dict[str, int]:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
         return {arm: int(counts[code]) for code, arm in enumerate(self.arms)}
 
-    def segment_looks(self, name: str, shard: int, rule: SegmentRule) -> list[SegmentLook]:
-        """This shard's looks per segment field (its arms in order of first unit)."""
+    def segment_looks(self, name: str, shard: int, rule: SegmentRule, terms: Floats | None = None
+                      ) -> list[SegmentLook]:
+        """This shard's looks per segment field (its arms in order of first unit); ``terms``: :meth:`terms`, if at
+        hand."""
         size = self.size
-        pre = (self.x[:size], self.q[:size]) if self.pre else ()
+        if not size:
+            return []
         return segment_looks(name, shard, rule, list(self.arms), self.unit_arm[:size], self.segment[:size],
-                             self.segment_codes, self.y[:size], self.n[:size], *pre)
+                             self.segment_codes, self.terms() if terms is None else terms)
 
 
 #: Seconds of a day: CUPED's pre-period is kept per unit in buckets of a day of event time (of contribution keys).
@@ -1092,11 +1096,15 @@ class UnitLedger:
     def _look(self, boundary: float) -> None:
         """The looks of the shards changed since the last one, at ``boundary``, to the merger."""
         self.open_look = None
-        looks: list[ShardLook | SegmentLook] = [self.experiments[name][shard].look(name, shard)
-                                                for name, shard in sorted(self._changed)]
-        if self.segments is not None:  # (at the boundaries only: never live, README "Segment A/B rows")
-            looks += [look for name, shard in sorted(self._changed)
-                      for look in self.experiments[name][shard].segment_looks(name, shard, self.segments)]
+        looks: list[ShardLook | SegmentLook] = []
+        segments: list[ShardLook | SegmentLook] = []  # (at the boundaries only, never live: README "Segment A/B rows")
+        for name, shard in sorted(self._changed):
+            experiment = self.experiments[name][shard]
+            terms = experiment.terms()
+            looks.append(experiment.look(name, shard, terms))
+            if self.segments is not None:
+                segments += experiment.segment_looks(name, shard, self.segments, terms)
+        looks += segments
         self._live_changed -= self._changed  # (looked at: no live look of them is needed)
         self._changed.clear()
         if self.on_shard_look is not None:

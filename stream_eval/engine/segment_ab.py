@@ -32,7 +32,7 @@ from stream_eval.config import Config
 from stream_eval.engine.labels import MISSING, OTHER, shown_segment_values
 from stream_eval.engine.times import array_from_json, array_to_json
 from stream_eval.stats import ArmSums, e_bh
-from stream_eval.stats.ratio import group_sums, unit_terms
+from stream_eval.stats.ratio import group_sums
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -130,13 +130,11 @@ class SegmentLook:
 
 
 def segment_looks(name: str, shard: int, rule: SegmentRule, arms: list[str], unit_arm: npt.NDArray[np.int16],
-                  codes: npt.NDArray[np.int16], tables: list[dict[str, int]], y: Floats, n: Floats,
-                  x: Floats | None = None, q: Floats | None = None) -> list[SegmentLook]:
-    """A shard's looks per field, from its units (their arm codes into ``arms``, value codes, sums and counts, and
-    with CUPED their pre-period sums and counts)."""
+                  codes: npt.NDArray[np.int16], tables: list[dict[str, int]], terms: Floats) -> list[SegmentLook]:
+    """A shard's looks per field, from its units (their arm codes into ``arms``, value codes, and
+    :func:`~stream_eval.stats.ratio.unit_terms`: of their sums and counts, and with CUPED their pre-period's)."""
     if not len(unit_arm):
         return []
-    terms = unit_terms(y, n, x, q)
     out = []
     n_arms = len(arms)
     for f, field in enumerate(rule.fields):
