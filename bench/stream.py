@@ -2,7 +2,8 @@
 
     python bench/stream.py            # 60k requests (~300k events), 3 runs each; ~5 min on 2 cores
     python bench/stream.py --quick    # 20k requests (~100k events), 50 latency probes; ~3 min
-    python bench/stream.py --profile  # adds a py-spy profile of one worker run
+    python bench/stream.py --profile  # adds a py-spy profile of one worker run (and of one with --all-on's file)
+    PYSPY_RATE=1000 python bench/stream.py --profile  # the same at 1,000 samples a second (default 200)
     python bench/stream.py --baseline ../old  # also the worker of another source tree (a git worktree), run by run
     python bench/stream.py --only throughput --all-on bench/all-on.toml  # A/B/n traffic; the worker with the file too
 
@@ -497,7 +498,8 @@ class StreamBench:
         url = f"http://127.0.0.1:{port}/metrics"
         cmd = worker_cmd(self.bootstrap, prefix, group, port, *extra)
         if profile is not None:
-            cmd = ["py-spy", "record", "--format", "raw", "--rate", os.environ.get("PYSPY_RATE", "200"), *(["--native"] if native else []),
+            rate = os.environ.get("PYSPY_RATE", "200")  # samples a second
+            cmd = ["py-spy", "record", "--format", "raw", "--rate", rate, *(["--native"] if native else []),
                    "-o", str(profile), "--", *cmd]
         start = time.perf_counter()
         errors = tempfile.TemporaryFile()
@@ -634,6 +636,11 @@ class StreamBench:
                             native=self.args.native)
             if raw.exists():
                 self.results["profile"] = summarise_collapsed(raw)
+            if self.args.all_on:  # the worker with the file too, profiled beside it
+                raw = Path(self.args.out_dir) / "stream-worker-all-on.pyspy.txt"
+                self.run_worker(prefix, "profiled-all-on", data["events"], data["requests"], profile=raw,
+                                native=self.args.native, extra=("--config", self.args.all_on),
+                                expected=self.expected_all_on)
 
     # -- 3. latency ---------------------------------------------------------------------------------
     def latency(self) -> None:

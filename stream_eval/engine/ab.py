@@ -65,7 +65,7 @@ from stream_eval.engine.segment_ab import (
     segment_groups,
     segment_looks,
 )
-from stream_eval.engine.times import time_to_json
+from stream_eval.engine.times import array_from_json, array_to_json, time_to_json
 from stream_eval.metrics.specs import lower_is_better
 from stream_eval.stats import (
     ArmSums,
@@ -643,21 +643,29 @@ class ShardLook:
     overflow: int
 
     def to_json(self) -> list[Any]:
-        """JSON-ready (floats as JSON numbers: read back bit for bit). An arm's sums are its six post-period
-        arrays, followed by the ten of its pre-period covariate when it has them (CUPED)."""
-        return [self.experiment, self.shard, self.arms,
-                [[v.tolist() for v in (*s._values(), *(() if s.pre is None else s.pre._values()))] for s in self.sums],
-                self.units, self.conflicts, self.overflow]
+        """JSON-ready, read back bit for bit: each arm's sums, its six post-period arrays followed by the ten of its
+        pre-period covariate when it has them (CUPED), as one array of arms × sums × metrics, its bytes in base64
+        (:func:`~stream_eval.engine.times.array_to_json`: no float is written or read as text)."""
+        rows = [[*s._values(), *(() if s.pre is None else s.pre._values())] for s in self.sums]
+        sums: Any = [[v.tolist() for v in row] for row in rows]  # (arms with sums of different kinds: as numbers)
+        if rows and len({len(row) for row in rows}) == 1:
+            sums = array_to_json(np.array(rows, dtype=np.float64))
+        return [self.experiment, self.shard, self.arms, sums, self.units, self.conflicts, self.overflow]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> ShardLook:
+        """A look as :meth:`to_json` writes it, or as it was written before 2026-12-04 (each arm's arrays as lists of
+        JSON numbers)."""
         experiment, shard, arms, sums, units, conflicts, overflow = data
 
-        def arm_sums(values: list[list[float]]) -> ArmSums:
-            arrays = [np.array(v, dtype=np.float64) for v in values]
-            return ArmSums.from_values(arrays[:6], PreSums(*arrays[6:]) if len(arrays) > 6 else None)
+        def arm_sums(values: Sequence[Floats]) -> ArmSums:
+            return ArmSums.from_values(list(values[:6]), PreSums(*values[6:]) if len(values) > 6 else None)
 
-        return cls(str(experiment), int(shard), [str(a) for a in arms], [arm_sums(arm) for arm in sums],
+        if isinstance(sums, dict):
+            arm_values: list[Sequence[Floats]] = list(array_from_json(sums))
+        else:
+            arm_values = [[np.array(v, dtype=np.float64) for v in arm] for arm in sums]
+        return cls(str(experiment), int(shard), [str(a) for a in arms], [arm_sums(arm) for arm in arm_values],
                    [int(u) for u in units], int(conflicts), int(overflow))
 
 
