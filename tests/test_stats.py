@@ -683,3 +683,28 @@ def test_cuped_confidence_sequence_false_alarms_and_variance_reduction() -> None
     rho2 = [np.corrcoef(e[k], f[k])[0, 1] ** 2 for k in range(experiments)]
     assert float(np.median(rho2)) > 0.2
     assert float(np.median(c.variance_reduction[:, -1])) == pytest.approx(float(np.median(rho2)), abs=0.02)
+
+
+@settings(max_examples=60, deadline=None)
+@given(count=st.integers(1, 200), width=st.integers(1, 12), with_pre=st.lists(st.booleans(), min_size=1, max_size=1),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_total_of_shards_sums_is_their_sum_in_order_bit_for_bit(count: int, width: int, with_pre: list[bool],
+                                                                   seed: int) -> None:
+    """``ArmSums.total`` (one numpy reduction per kind of sum) gives, bit for bit, ``parts[0] + parts[1] + ...``:
+    the sums of an arm's shards at a look, whichever shards hold a pre-period's sums."""
+    rng = np.random.default_rng(seed)
+
+    def part() -> ArmSums:
+        scale = 10.0 ** rng.integers(-8, 8, size=width)
+        pre = PreSums(*(rng.normal(size=width) * scale for _ in range(10))) if rng.random() < 0.5 else None
+        return ArmSums.from_values([rng.normal(size=width) * scale for _ in range(6)], pre if with_pre[0] else None)
+
+    parts = [part() for _ in range(count)]
+    expected = parts[0]
+    for other in parts[1:]:
+        expected = expected + other
+    total = ArmSums.total(parts)
+    assert [v.tobytes() for v in total._values()] == [v.tobytes() for v in expected._values()]
+    assert (total.pre is None) == (expected.pre is None)
+    if total.pre is not None and expected.pre is not None:
+        assert [v.tobytes() for v in total.pre._values()] == [v.tobytes() for v in expected.pre._values()]

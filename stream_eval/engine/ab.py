@@ -791,7 +791,7 @@ class LookMerger:
     def _merged(self, name: str, live: dict[int, ShardLook] | None = None) -> _Look | None:
         """The comparisons and SRM test of an experiment from its shards' latest looks (with ``live``: those
         instead, where given; None: no treatment)."""
-        sums: dict[str, ArmSums] = {}
+        parts: dict[str, list[ArmSums]] = {}  # each arm's sums of every shard, in shard order
         units: dict[str, int] = {}
         shards = self.latest.get(name, {})
         if live:
@@ -801,8 +801,9 @@ class LookMerger:
             look = shards[shard]
             conflicts += look.conflicts
             for arm, arm_sums, n in zip(look.arms, look.sums, look.units, strict=True):
-                sums[arm] = sums[arm] + arm_sums if arm in sums else arm_sums
+                parts.setdefault(arm, []).append(arm_sums)
                 units[arm] = units.get(arm, 0) + n
+        sums = {arm: ArmSums.total(listed) for arm, listed in parts.items()}
         arms = self.config.arms_for(name, set(sums))
         if arms is None:
             return None

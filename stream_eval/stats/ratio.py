@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +44,8 @@ class PreSums:
         return cls(*(np.zeros(k) for _ in range(10)))
 
     def _values(self) -> tuple[Floats, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        values: tuple[Floats, ...] = _PRE_VALUES(self)  # (the fields, in order)
+        return values
 
     def __add__(self, other: PreSums) -> PreSums:
         return PreSums(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
@@ -106,7 +108,19 @@ class ArmSums:
 
     def _values(self) -> tuple[Floats, ...]:
         """The six post-period sums (not :attr:`pre`)."""
-        return tuple(getattr(self, f.name) for f in fields(self) if f.name != "pre")
+        values: tuple[Floats, ...] = _ARM_VALUES(self)  # (the fields but pre, in order)
+        return values
+
+    @classmethod
+    def total(cls, parts: Sequence[ArmSums]) -> ArmSums:
+        """``parts[0] + parts[1] + ...`` (at least one), bit for bit, in one numpy reduction per kind of sum: the
+        sums of an arm's shards at a look (``engine/ab.py``)."""
+        if len(parts) == 1:
+            return parts[0]
+        pres = [part.pre._values() for part in parts if part.pre is not None]
+        pre = None if not pres else pres[0] if len(pres) == 1 else np.add.reduce(np.array(pres), axis=0)
+        values = np.add.reduce(np.array([part._values() for part in parts]), axis=0)
+        return cls.from_values(list(values), None if pre is None else PreSums(*pre))
 
     def pre_or_zeros(self) -> PreSums:
         """:attr:`pre`, or zeros when none is kept."""
@@ -208,3 +222,8 @@ def ratio_mean_variance(s: ArmSums) -> tuple[Floats, Floats]:
     safe_n = np.where(ok, s.n, 1.0)
     variance = np.where(ok, residual_sq * safe_units / ((safe_units - 1.0) * safe_n * safe_n), np.nan)
     return mean, variance
+
+
+#: The fields of each kind of sums, in order (``_values``).
+_PRE_VALUES = attrgetter(*(f.name for f in fields(PreSums)))
+_ARM_VALUES = attrgetter(*(f.name for f in fields(ArmSums) if f.name != "pre"))
