@@ -16,7 +16,7 @@ worker builds them (live windows, feedback delays, regroup sinks), each finalise
 request-metrics record (``orjson``), the regroup records taken with their commit markers and fed to a regroup stage
 held through ``StagePartitions``, as a worker's stage is. The compiled loops are loaded first (``warm_up``) and the
 garbage collector and glibc's malloc are set as the worker sets them (``quiet_gc``, ``tune_malloc``; the collector
-paused during each round, as during a worker's batch: ``collector_paused``). A log of
+paused where the worker pauses it: ``collector_paused``). A log of
 ``bench/stream.py`` (``--out-dir``'s ``stream-log.jsonl``) gives the events the throughput rows count.
 
 ``--config FILE`` evaluates with the worker's settings from that file (as ``stream-eval worker --config``; the
@@ -139,8 +139,8 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
     start, wall = time.process_time(), time.perf_counter()
     more = True
     while more:
-        with collector_paused():  # (as the worker handles a batch)
-            more = False
+        more = False
+        with collector_paused():  # (as in the worker's handling of a fetch: its batches fed, then finalised)
             for (kind, partition), values in sorted(messages.items()):
                 a = read[kind, partition]
                 if a >= len(values):
@@ -158,20 +158,22 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
             t0 = time.process_time()
             partitioned.tick()
             t1 = time.process_time()
-            by_stage: dict[int, list[bytes]] = defaultdict(list)
-            for to, _, value in partitioned.take_routed(commit=True):
-                by_stage[to].append(value)
-            by_stage[0] += stages.take_reports()  # (the other stage partitions' looks, as a worker writes them)
+        by_stage: dict[int, list[bytes]] = defaultdict(list)
+        for to, _, value in partitioned.take_routed(commit=True):
+            by_stage[to].append(value)
+        by_stage[0] += stages.take_reports()  # (the other stage partitions' looks, as a worker writes them)
+        with collector_paused():  # (as in the worker's stage: the regroup records fetched, applied)
             for stage, routed in sorted(by_stage.items()):
                 offsets = range(len(regroup_log[stage]), len(regroup_log[stage]) + len(routed))
                 stages.feed(stage, offsets, routed)
                 regroup_log[stage] += routed
-            cpu["finalise"] += t1 - t0
-            t2 = time.process_time()
-            cpu["regroup records and stage"] += t2 - t1
-            if refresh is not None:
+        cpu["finalise"] += t1 - t0
+        t2 = time.process_time()
+        cpu["regroup records and stage"] += t2 - t1
+        if refresh is not None:
+            with collector_paused():  # (as around the worker's readout)
                 refresh()
-                cpu["readout"] += time.process_time() - t2
+            cpu["readout"] += time.process_time() - t2
     total, seconds = time.process_time() - start, time.perf_counter() - wall
     return {"events": events, "outputs": len(outputs), "regroup": sum(map(len, regroup_log.values())), "cpu": total,
             "seconds": seconds, "phases": dict(cpu)}

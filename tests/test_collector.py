@@ -37,7 +37,7 @@ def test_a_cycle_made_in_a_batch_is_collected_by_the_first_allocation_after_it()
             node.me = node  # a cycle: only the collector frees it
             freed = weakref.ref(node)
             del node
-            held: list[list[int]] = [[] for _ in range(2 * gc.get_threshold()[0])]  # enough to call for a young collection
+            held: list[list[int]] = [[] for _ in range(2 * gc.get_threshold()[0])]  # (calls for a young collection)
             assert gc.get_count()[0] > gc.get_threshold()[0]
             assert freed() is not None  # (none ran)
         after = [held]  # the first container made after the batch

@@ -82,7 +82,8 @@ def collector_paused() -> Iterator[None]:
     containers live until it is done (reference counting frees them), and each collection in its middle walked
     them and moved them on to an older generation, to be walked again there. Enabled again after the batch, the
     collector runs on the next allocation if the batch made enough to call for it, so cycles are still collected
-    (docs/benchmarks.md, "The collector paused during a batch")."""
+    (docs/benchmarks.md, "The collector paused during a batch"). Only around work that does not wait: never
+    across an ``await`` (a broker outage's backoff would keep it off for as long)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -581,7 +582,7 @@ class StreamWorker:
         # rankings first: feedback whose ranking came in the same batch then joins at once, not through the pending
         # table (each source keeps its own event time, so the order of a batch's topics changes no result)
         fetched = sorted(batch.items(), key=lambda item: _FEED_ORDER[type_of(item[0].topic)])
-        with self.lock:
+        with self.lock, collector_paused():
             for tp, records in fetched:
                 if not records or tp.partition not in self.partitioned.tasks:
                     continue
@@ -658,7 +659,7 @@ class StreamWorker:
             return 0
         batch = await self._fetch(self._stage_consumer, 0)
         fetched = 0
-        with self.lock:
+        with self.lock, collector_paused():
             for tp, records in batch.items():
                 fetched += len(records)
                 if records and tp.partition in self.stages.held:
@@ -734,37 +735,37 @@ class StreamWorker:
                     waited = 100
                 batch = await self._fetch(self._consumer, waited)
                 async with self._busy:
-                    with collector_paused():
-                        await self._handle(batch)
-                        if self.out_of_range:
-                            await self._count_lost_input()
-                        self._pace_feedback()
-                        stage_records = await self._handle_stage()
-                        stage_read += stage_records
-                        if stage_records:  # partition 0 folds a boundary once every stage partition's looks are in
-                            await self.delivery.report_looks()
-                        await self._claim_lost()
-                        if self.between_batches is not None:
+                    await self._handle(batch)
+                    if self.out_of_range:
+                        await self._count_lost_input()
+                    self._pace_feedback()
+                    stage_records = await self._handle_stage()
+                    stage_read += stage_records
+                    if stage_records:  # partition 0 folds a boundary once every stage partition's looks are in
+                        await self.delivery.report_looks()
+                    await self._claim_lost()
+                    if self.between_batches is not None:
+                        with collector_paused():
                             self.between_batches()
-                        # a readout at once when the first events are counted, and when the worker goes idle after new
-                        # work (the end of a backlog, a quiet stream): /metrics then shows the state within a poll
-                        idle = not batch and not stage_records
-                        read = (self.events_seen, stage_read)
-                        if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle) and (
-                                self.readout_soon()):
-                            shown = read
-                        # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
-                        # worker that has read all there is commits what it read at once (its outputs, the regroup
-                        # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
-                        # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval; not while the broker
-                        # holds input it has not handed out (a backlog: the next fetch is on its way)
-                        since = time.monotonic() - last_checkpoint
-                        caught_up = idle and (self.events_seen != committed or self.stages.reporting()) and (
-                            not _lagging(self._consumer))
-                        if since >= settings.checkpoint_interval or (
-                                caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
-                            await self.checkpoint()
-                            last_checkpoint, committed = time.monotonic(), self.events_seen
+                    # a readout at once when the first events are counted, and when the worker goes idle after new
+                    # work (the end of a backlog, a quiet stream): /metrics then shows the state within a poll
+                    idle = not batch and not stage_records
+                    read = (self.events_seen, stage_read)
+                    if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle) and (
+                            self.readout_soon()):
+                        shown = read
+                    # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
+                    # worker that has read all there is commits what it read at once (its outputs, the regroup
+                    # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
+                    # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval; not while the broker
+                    # holds input it has not handed out (a backlog: the next fetch is on its way)
+                    since = time.monotonic() - last_checkpoint
+                    caught_up = idle and (self.events_seen != committed or self.stages.reporting()) and (
+                        not _lagging(self._consumer))
+                    if since >= settings.checkpoint_interval or (
+                            caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
+                        await self.checkpoint()
+                        last_checkpoint, committed = time.monotonic(), self.events_seen
         finally:
             fetcher_log.seen.remove(self.out_of_range)
             fetcher_log.healths.remove(self.health)
