@@ -28,6 +28,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -452,6 +453,8 @@ def test_sigterm_checkpoints_and_a_second_worker_counts_nothing_twice(broker: st
         signalled_ms = time.time() * 1000
         code = stop_process(a, grace=60)
     assert code == 0, log_a.read_text()[-3000:]
+    # faust's data directory, made for the process, goes with it (each run left one in the temporary directory)
+    assert not Path(tempfile.gettempdir(), f"stream-eval-{group}-{a.pid}").exists()
     messages = [json.loads(line)["message"] for line in log_a.read_text().splitlines() if line.strip()]
     assert any(m.startswith("stream-eval worker: stopped: final checkpoint done") for m in messages), messages[-20:]
     # every partition's state stored on the way out: a checkpoint of each, written after the signal

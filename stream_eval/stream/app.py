@@ -18,6 +18,7 @@ import json
 import logging
 import logging.config
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -306,6 +307,7 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
         code = int(done.code or 0)
     finally:
         server.stop()
+        shutil.rmtree(app.conf.datadir, ignore_errors=True)  # faust's, made for this process
     if worker.fatal is not None:  # (a ConfigError: its message, exit code 2; anything else exit code 1)
         raise worker.fatal
     return code
