@@ -6,6 +6,7 @@ and feed ``stream_eval.stats.compare`` (which is itself checked against GrowthBo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -135,6 +136,44 @@ def test_a_unit_in_two_arms_is_a_conflict_kept_in_its_first_arm(tmp_path: Path) 
     assert mrr["delta"] == pytest.approx(-0.5)
 
 
+def test_the_requests_of_a_trace_line_are_those_of_its_look(tmp_path: Path) -> None:
+    """An ``ab`` row's ``n_control``/``n_treatment`` in a trace line count the requests with a value that its look
+    holds (finalised by its time: served + the horizon at or before it), conflicts' requests included as the
+    ``groups`` count them; they were the requests counted when the line was written (the whole log for looks
+    taken at its end)."""
+    rng = np.random.default_rng(11)
+    config = Config(look_every=60.0, attribution_window=30.0, allowed_lateness=10.0)
+    horizon = config.attribution_window + config.allowed_lateness
+    events: list[dict[str, Any]] = []
+    served: dict[str, tuple[str, float]] = {}  # request -> its arm and serve time (RR has a value for each)
+    for k in range(400):
+        user = f"u{rng.integers(60)}"
+        arm = "A" if int(user[1:]) % 2 else "B"
+        if k % 97 == 5:  # now and then a unit's request in the other arm: a conflict
+            arm = "B" if arm == "A" else "A"
+        ts = T0 + 3.0 * k
+        served[f"r{k}"] = (arm, ts)
+        events.append({"type": "ranking", "request_id": f"r{k}", "ts": ts, "items": ["a", "b", "c"],
+                       "unit_id": user, "experiment": "e", "arm": arm})
+        if rng.random() < 0.7:
+            events.append({"type": "feedback", "request_id": f"r{k}", "item": "b", "ts": ts + 5})
+    events.sort(key=lambda e: e["ts"])
+    trace: list[dict[str, Any]] = []
+    engine, _ = _replay(_write(tmp_path / "log.jsonl", events), config, trace)
+    assert engine.ledger.conflicts()["e"] > 0
+    assert len(trace) > 10
+    for line in trace[:-1]:
+        row = next(r for r in line["ab"] if r["metric"] == "MRR")
+        expected = [sum(1 for a, ts in served.values() if a == arm and ts + horizon <= line["ts"])
+                    for arm in ("A", "B")]
+        assert [row["n_control"], row["n_treatment"]] == expected, line["ts"]
+    assert 0 < trace[0]["ab"][0]["n_control"] < trace[-2]["ab"][0]["n_control"]
+    final = next(r for r in engine.ab() if r["metric"] == "MRR")
+    groups = {g["arm"]: g["requests"] for g in engine.report()["groups"]}
+    assert (final["n_control"], final["n_treatment"]) == (groups["A"], groups["B"])
+    assert final == next(r for r in trace[-1]["ab"] if r["metric"] == "MRR")
+
+
 def test_trace_has_a_line_per_look_and_ends_with_the_report(tmp_path: Path) -> None:
     sim = SimulationConfig(requests=3000, seed=3, rate=1.0, judgments=True)  # 50 min of event time
     path = tmp_path / "log.jsonl"
@@ -233,3 +272,50 @@ def test_add_rows_gives_the_floats_of_numpy_s_add_at(rows: list[tuple[int, float
     got = np.full((5, 2), 0.1)
     add_rows(got, at, values, picked)
     assert got.tobytes() == expected.tobytes()
+
+
+def test_the_requests_counted_go_through_a_snapshot_and_one_without_them_is_read_as_unknown() -> None:
+    """A stage partition's snapshot keeps each shard's requests per arm: restored, its looks count on exactly as the
+    ledger that was not interrupted (arms met in another order after the restore included). A snapshot written before
+    2026-12-04 has none: its shards' looks say so (None), and the rows' n_* then come from the groups, as before."""
+    import zlib
+
+    from stream_eval.engine import snapshot
+    from stream_eval.engine.engine import Engine
+
+    config = Config(look_every=10.0)
+    values = np.random.default_rng(2).random((200, 1))
+    values[::7] = np.nan  # (no value: not counted)
+
+    def feed(engine: Engine, lo: int, hi: int, arms: tuple[str, ...]) -> None:
+        picked = list(range(lo, hi))
+        engine.ledger.add_requests(np.array([float(k) for k in picked]), [f"r{k}" for k in picked],
+                                   ["e"] * len(picked), [arms[k % len(arms)] for k in picked],
+                                   [f"u{k % 37}" for k in picked], values[picked])
+        engine.ledger.release(float(hi))
+
+    def looks(engine: Engine) -> dict[int, dict[str, list[float]] | None]:
+        shards = engine.ledger.experiments["e"]
+        return {shard: None if (look := shards[shard].look("e", shard)).requests is None else
+                {arm: counted.tolist() for arm, counted in sorted(look.requests.items())} for shard in shards}
+
+    engine = Engine(dataclasses.replace(config, metrics=("RR",), gsb_metric="RR"))
+    feed(engine, 0, 100, ("A", "B"))
+    data = snapshot.take(engine)
+    state = orjson.loads(zlib.decompress(data))
+    for shards in state["ledger"]["experiments"].values():
+        for fields in shards.values():
+            for name in ("requests", "request_arms", "counts_requests"):
+                del fields[name]
+    old = zlib.compress(orjson.dumps(state))
+    restored, from_old = Engine(engine.config), Engine(engine.config)
+    snapshot.restore(restored, data)
+    snapshot.restore(from_old, old)
+    assert looks(restored) == looks(engine) and all(v is None for v in looks(from_old).values())
+    for each in (engine, restored, from_old):
+        feed(each, 100, 200, ("C", "B", "A"))
+    assert looks(restored) == looks(engine)
+    total = {arm: sum(v[arm][0] for v in looks(engine).values() if v and arm in v) for arm in "ABC"}
+    assert total == {arm: float(sum(1 for k in range(200) if not np.isnan(values[k, 0]) and
+                                    (("A", "B")[k % 2] if k < 100 else ("C", "B", "A")[k % 3]) == arm))
+                     for arm in "ABC"}

@@ -199,7 +199,8 @@ def test_records_are_cut_where_a_row_by_row_count_cuts_them(rows: list[tuple[int
 @given(arms=st.integers(0, 4), width=st.integers(1, 5), pre=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_a_shard_s_look_reads_back_bit_for_bit_in_either_form(arms: int, width: int, pre: bool, seed: int) -> None:
     """A look reported to stage partition 0 (``LookReport``) reads back bit for bit: written now (each arm's sums as
-    one array's bytes), and as logs written before 2026-12-04 hold it (each sum a list of JSON numbers)."""
+    one array's bytes, and each arm's requests per column), and as logs written before 2026-12-04 hold it (each sum
+    a list of JSON numbers, no requests: read as not known)."""
     from stream_eval.engine.ab import ShardLook, look_from_json
     from stream_eval.stats import ArmSums
 
@@ -209,8 +210,9 @@ def test_a_shard_s_look_reads_back_bit_for_bit_in_either_form(arms: int, width: 
         values = rng.normal(size=(16 if pre else 6, width)) * 10.0 ** rng.integers(-300, 300, size=(1, width))
         return ArmSums.from_terms(values)
 
+    requests = {f"arm{k}": rng.integers(0, 10**9, size=width).astype(np.float64) for k in range(arms + 1)}
     look = ShardLook("exp", 7, [f"arm{k}" for k in range(arms)], [random_arm() for _ in range(arms)],
-                     list(map(int, rng.integers(0, 10**6, size=arms))), 2, 3)
+                     list(map(int, rng.integers(0, 10**6, size=arms))), 2, 3, requests)
 
     def arrays(read: ShardLook) -> list[bytes]:
         return [np.asarray(v, dtype=np.float64).tobytes() for s in read.sums
@@ -220,7 +222,10 @@ def test_a_shard_s_look_reads_back_bit_for_bit_in_either_form(arms: int, width: 
     now = look_from_json(written.looks[0])  # type: ignore[union-attr]  # a LookReport
     earlier = look_from_json(orjson.loads(orjson.dumps(
         [*look.to_json()[:3], [[v.tolist() for v in (*s._values(), *(() if s.pre is None else s.pre._values()))]
-                               for s in look.sums], *look.to_json()[4:]])))
+                               for s in look.sums], *look.to_json()[4:7]])))
+    assert isinstance(now, ShardLook) and now.requests is not None and earlier.requests is None
+    assert list(now.requests) == list(requests)
+    assert all(np.array_equal(now.requests[arm], counted) for arm, counted in requests.items())
     for read in (now, earlier):
         assert isinstance(read, ShardLook)
         assert (read.experiment, read.shard, read.arms, read.units, read.conflicts, read.overflow) == (

@@ -158,6 +158,10 @@ async def _same_totals_and_records(expected: Engine, records: Records, workers: 
     assert report.get("experiments") == want.get("experiments")  # the recommendations
     assert report.get("segment_ab") == want.get("segment_ab")
     assert [r["p_value"] for r in report["gsb"]] == [r["p_value"] for r in want["gsb"]]
+    # the worker of stage partition 0 reports the group's A/B rows on its own, n_control and n_treatment included
+    # (they counted that worker's requests only)
+    [own] = [worker.report() for worker in workers if 0 in worker.stages.held]
+    assert own["ab"] == want["ab"]
     found = await read_topic(broker, topics(prefix).request_metrics, len(records.by_id))
     by_id = {r.key.decode(): orjson.loads(r.value) for r in found}
     assert len(found) == len(by_id) == len(records.by_id)

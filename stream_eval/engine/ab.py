@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Arms, Config, ConfigError
-from stream_eval.engine.compiled import add_rows, unit_history, unit_rows, unit_slots
+from stream_eval.engine.compiled import add_rows, count_rows, unit_history, unit_rows, unit_slots
 from stream_eval.engine.segment_ab import (
     SegmentGroup,
     SegmentLook,
@@ -211,6 +211,8 @@ class _Look:
     arms: Arms
     comparisons: list[Comparison]
     srm: SrmRow
+    requests: dict[str, Floats] | None = None  # per arm, its requests with a value of each metric column (None: a
+    # shard's look written before 2026-12-04, without them)
 
 
 @dataclass
@@ -242,8 +244,15 @@ class _Experiment:
     fields: int = 0
     segment: npt.NDArray[np.int16] = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int16))
     segment_codes: list[dict[str, int]] = field(default_factory=list)
+    # per arm (``request_arms``, the ledger's arms of the experiment, shared by its shards), the contributions
+    # with a value of each column, those of conflicts and of units beyond ``limit`` included: the requests of an
+    # A/B row (sessions for GAUC), as the ``groups`` count them, as of a look
+    request_arms: list[str] = field(default_factory=list)
+    requests: Floats = field(default_factory=lambda: np.zeros((0, 0)))
+    counts_requests: bool = True  # False: restored from a snapshot written before 2026-12-04, which had no counts
 
     def __post_init__(self) -> None:
+        self.requests = np.zeros((0, self.width))
         self.y = np.zeros((0, self.width))
         self.n = np.zeros((0, self.width))
         self.x = np.zeros((0, self.width))
@@ -327,8 +336,18 @@ class _Experiment:
         unit_arm = self.unit_arm[: self.size]
         counts = np.bincount(unit_arm, minlength=len(self.arms))
         sums = [ArmSums.from_terms(terms[unit_arm == code].sum(axis=0)) for code in range(len(self.arms))]
+        requests = self.requests
         return ShardLook(name, shard, list(self.arms), sums, counts[: len(self.arms)].tolist(), self.conflicts,
-                         self.overflow)
+                         self.overflow, {arm: requests[k].copy() for k, arm in enumerate(self.request_arms)
+                                         if k < requests.shape[0]} if self.counts_requests else None)
+
+    def count_requests(self, arms: Ints, values: Floats, picked: Ints) -> None:
+        """Count contributions ``values[picked]`` (their ``n``) for arms ``arms`` (rows of ``request_arms``)."""
+        if self.requests.shape[0] < len(self.request_arms):
+            grown = np.zeros((len(self.request_arms), self.width))
+            grown[: self.requests.shape[0]] = self.requests
+            self.requests = grown
+        count_rows(self.requests, arms, values, picked)
 
     def units_per_arm(self) -> dict[str, int]:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
@@ -585,6 +604,9 @@ class AbRow:
     theta: float = math.nan
     pre_delta: float = math.nan  # treatment - control of the pre-period means
     pre_p_value: float = math.nan  # always-valid p-value of pre_delta == 0 (running minimum): the imbalance check
+    # the requests with a value (GAUC: sessions) of each arm as of the look (None: not known from the looks)
+    requests_control: int | None = None
+    requests_treatment: int | None = None
 
 
 @dataclass(frozen=True)
@@ -641,6 +663,9 @@ class ShardLook:
     units: list[int]
     conflicts: int
     overflow: int
+    # per arm its requests with a value of each column (:attr:`_Experiment.requests`); None: a look written
+    # before 2026-12-04
+    requests: dict[str, Floats] | None = None
 
     def to_json(self) -> list[Any]:
         """JSON-ready, read back bit for bit: each arm's sums, its six post-period arrays followed by the ten of its
@@ -650,13 +675,22 @@ class ShardLook:
         sums: Any = [[v.tolist() for v in row] for row in rows]  # (arms with sums of different kinds: as numbers)
         if rows and len({len(row) for row in rows}) == 1:
             sums = array_to_json(np.array(rows, dtype=np.float64))
-        return [self.experiment, self.shard, self.arms, sums, self.units, self.conflicts, self.overflow]
+        out = [self.experiment, self.shard, self.arms, sums, self.units, self.conflicts, self.overflow]
+        if self.requests is not None:
+            counted = list(self.requests)
+            out.append([counted, array_to_json(np.array([self.requests[arm] for arm in counted], dtype=np.float64)
+                                               .reshape(len(counted), -1))])
+        return out
 
     @classmethod
     def from_json(cls, data: list[Any]) -> ShardLook:
         """A look as :meth:`to_json` writes it, or as it was written before 2026-12-04 (each arm's arrays as lists of
-        JSON numbers)."""
-        experiment, shard, arms, sums, units, conflicts, overflow = data
+        JSON numbers, and without the requests per arm)."""
+        experiment, shard, arms, sums, units, conflicts, overflow = data[:7]
+        requests = None
+        if len(data) > 7:
+            counted, counts = data[7]
+            requests = dict(zip(map(str, counted), array_from_json(counts), strict=True))
 
         def arm_sums(values: Sequence[Floats]) -> ArmSums:
             return ArmSums.from_values(list(values[:6]), PreSums(*values[6:]) if len(values) > 6 else None)
@@ -666,7 +700,7 @@ class ShardLook:
         else:
             arm_values = [[np.array(v, dtype=np.float64) for v in arm] for arm in sums]
         return cls(str(experiment), int(shard), [str(a) for a in arms], [arm_sums(arm) for arm in arm_values],
-                   [int(u) for u in units], int(conflicts), int(overflow))
+                   [int(u) for u in units], int(conflicts), int(overflow), requests)
 
 
 #: Called with a look's boundary and the looks of the shards that changed since the previous one.
@@ -797,9 +831,15 @@ class LookMerger:
         if live:
             shards = {**shards, **live}
         conflicts = 0
+        requests: dict[str, Floats] | None = {}
         for shard in sorted(shards):
             look = shards[shard]
             conflicts += look.conflicts
+            if look.requests is None:
+                requests = None
+            elif requests is not None:
+                for arm, counted in look.requests.items():
+                    requests[arm] = requests[arm] + counted if arm in requests else counted
             for arm, arm_sums, n in zip(look.arms, look.sums, look.units, strict=True):
                 parts.setdefault(arm, []).append(arm_sums)
                 units[arm] = units.get(arm, 0) + n
@@ -821,7 +861,7 @@ class LookMerger:
         srm = SrmRow(name, {**{arm: units.get(arm, 0) for arm in expected}, **strays},
                      {**expected, **dict.fromkeys(strays, 0.0)}, test.chi2, test.p_value, test.sequential_p_value,
                      False, unit_conflicts=conflicts)
-        return _Look(arms, comparisons, srm)
+        return _Look(arms, comparisons, srm, requests)
 
     def _folded(self, name: str, now: _Look) -> _RunningExperiment:
         """The running state of an experiment with one more look folded in: per treatment (from scratch when its
@@ -867,7 +907,8 @@ class LookMerger:
             rows: list[AbRow] = []
             log_e: list[float] = []
             for pair, comparison in zip(now.arms.pairs(), now.comparisons, strict=True):
-                rows.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns, cuped))
+                rows.extend(_rows(name, pair, comparison, running.pairs[pair.treatment], columns, cuped,
+                                  now.requests))
                 log_e.extend(float(comparison.log_e_value[j]) for j, _ in columns)
             ab.extend(_decided(rows, log_e, self.config))
             srm = now.srm
@@ -996,6 +1037,9 @@ class UnitLedger:
         self.names = [*names, gauc_name]
         self.width = len(self.names)
         self.experiments: dict[str, dict[int, _Experiment]] = {}  # experiment -> shard -> its units
+        # experiment -> the arms its shards count requests of (:attr:`_Experiment.requests`), in row order (the
+        # list its shards share), and each one's row
+        self._request_arms: dict[str, tuple[list[str], dict[str, int]]] = {}
         self._pending: list[_Pending] = []
         self.merger = LookMerger(config, self.names)
         self.on_shard_look: ShardLookListener | None = None
@@ -1139,6 +1183,15 @@ class UnitLedger:
         group = group[order]
         arm_names, arm_of = _distinct(ready.arms[start:end])
         bounds = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), count]
+        # per experiment, its arms' rows of requests counted (the arms that come with it here added)
+        request_rows = np.zeros((len(ordered), len(arm_names)), dtype=np.int64)
+        for pair in np.unique(group // SHARDS * len(arm_names) + arm_of[order]).tolist():
+            listed, row_of = self._request_arms.setdefault(ordered[pair // len(arm_names)], ([], {}))
+            arm = arm_names[pair % len(arm_names)]
+            if arm not in row_of:
+                row_of[arm] = len(listed)
+                listed.append(arm)
+            request_rows[pair // len(arm_names), pair % len(arm_names)] = row_of[arm]
         for first, stop in itertools.pairwise(bounds):
             name, shard = ordered[int(group[first]) // SHARDS], int(group[first]) % SHARDS
             local = order[first:stop]  # (ascending: the sort is stable)
@@ -1147,9 +1200,12 @@ class UnitLedger:
             if experiment is None:
                 experiment = self.experiments[name][shard] = _Experiment(
                     self.width, limit=_shard_limit(self.config), pre=name in self.cuped,
-                    fields=0 if self.segments is None else len(self.segments.fields))
+                    fields=0 if self.segments is None else len(self.segments.fields),
+                    request_arms=self._request_arms[name][0])
             before = experiment.size
             rows, used = experiment.rows_of(hashes[local], arm_of[local], arm_names)
+            experiment.count_requests(request_rows[int(group[first]) // SHARDS][arm_of[local]], ready.n,
+                                      local + start)
             if self.segments is not None:
                 self.segments.assign(experiment.segment, experiment.segment_codes, rows, ready.segments_of(picked))
             if experiment.pre or self.buckets > 0:
@@ -1226,7 +1282,25 @@ class UnitLedger:
             self.merger = LookMerger(self.config, self.names)
             self.merger.active = False
         self._changed |= other._changed  # (their live looks: the shards are those taken above)
+        self.share_request_arms()
         self.released, self.last_key = max(self.released, other.released), max(self.last_key, other.last_key)
+
+    def share_request_arms(self) -> None:
+        """One list of arms per experiment for its shards' requests counted, after shards came from elsewhere (a
+        snapshot, another ledger): each shard's rows put in that list's order."""
+        for name, shards in self.experiments.items():
+            listed, row_of = self._request_arms.setdefault(name, ([], {}))
+            for experiment in shards.values():
+                if experiment.request_arms is listed:
+                    continue
+                for arm in experiment.request_arms:
+                    if arm not in row_of:
+                        row_of[arm] = len(listed)
+                        listed.append(arm)
+                requests = np.zeros((len(listed), self.width))
+                for k, arm in enumerate(experiment.request_arms[: experiment.requests.shape[0]]):
+                    requests[row_of[arm]] = experiment.requests[k]
+                experiment.requests, experiment.request_arms = requests, listed
 
     # -- results ------------------------------------------------------------------------------------------
     def look(self, ts: float) -> None:
@@ -1299,12 +1373,15 @@ def _fold_pair(was: _Running | None, pair: ArmPair, comparison: Comparison, cupe
 
 
 def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
-          columns: list[tuple[int, str]], cuped: bool = False) -> list[AbRow]:
+          columns: list[tuple[int, str]], cuped: bool = False, requests: dict[str, Floats] | None = None
+          ) -> list[AbRow]:
     """The rows of one treatment against the control, for the metric ``columns`` (index, name); ``cuped``: with
-    CUPED's fields."""
+    CUPED's fields; ``requests``: each arm's requests per column, as of the look."""
     rows = []
     for j, metric in columns:
         lower, upper = _bound(running.cs_lower[j]), _bound(running.cs_upper[j])
+        counted = [None if requests is None else int(requests[arm][j]) if arm in requests else 0
+                   for arm in (pair.control, pair.treatment)]
         row = AbRow(
             name, pair.control, pair.treatment, metric, float(comparison.delta[j]),
             float(comparison.ci_lower[j]), float(comparison.ci_upper[j]), lower, upper,
@@ -1313,6 +1390,7 @@ def _rows(name: str, pair: ArmPair, comparison: Comparison, running: _Running,
             float(comparison.lift[j]), float(comparison.lift_ci_lower[j]), float(comparison.lift_ci_upper[j]),
             _bound(running.lift_cs_lower[j]) if running.lift_cs_lower is not None else math.nan,
             _bound(running.lift_cs_upper[j]) if running.lift_cs_upper is not None else math.nan,
+            requests_control=counted[0], requests_treatment=counted[1],
         )
         if cuped:
             pre_p = float(comparison.pre_p_value[j])

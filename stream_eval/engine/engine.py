@@ -942,9 +942,12 @@ class Engine:
                 return int(stats.gauc.count[0])
             return int(stats.moments.count[columns[metric]])
 
-        # (streaming: the regroup stage's worker holds the units; n_* count that worker's requests)
-        return [self._ab_row(row, (count(by_key.get((row.experiment, row.control), empty), row.metric),
-                                   count(by_key.get((row.experiment, row.treatment), empty), row.metric)))
+        # n_*: the requests (GAUC: sessions) of the look, of every worker's stage partitions; this engine's own
+        # only from looks written before 2026-12-04, which did not count them
+        return [self._ab_row(row, (row.requests_control, row.requests_treatment)
+                             if row.requests_control is not None and row.requests_treatment is not None else
+                             (count(by_key.get((row.experiment, row.control), empty), row.metric),
+                              count(by_key.get((row.experiment, row.treatment), empty), row.metric)))
                 for row in rows]
 
     def segment_ab(self) -> list[dict[str, Any]]:
