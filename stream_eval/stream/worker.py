@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import math
@@ -298,12 +299,21 @@ class RepeatFilter(logging.Filter):
 
 
 def warm_up(config: Config) -> None:
-    """Run a few simulated requests through the path a batch takes (decode, join, finalise, the regroup stage), so
+    """Run simulated requests through the path a batch takes (decode, join, finalise, the regroup stage), so
     that numba loads its compiled loops from the cache now, before the worker joins its group, not while a first
     batch keeps the group waiting (a few seconds)."""
     from stream_eval.simulate import SimulationConfig, simulate_lines
 
-    lines = [line.rstrip(b"\n") for line in simulate_lines(SimulationConfig(requests=40, seed=1, judgments=False))]
+    # each compiled loop with each kind of array a worker's batches give it: enough requests for the join's tables to
+    # grow; feedback after its rankings, then before them with late, orphan, duplicate and invalid lines among it;
+    # rankings with attributes (read by msgspec a chunk at a time)
+    plain = SimulationConfig(requests=750, seed=1, judgments=False)
+    rough = dataclasses.replace(plain, seed=2, id_prefix="w", start_ts=plain.start_ts + 86400.0, late_fraction=0.05,
+                                orphan_fraction=0.02, duplicate_fraction=0.02, invalid_fraction=0.02)
+    attributed = dataclasses.replace(plain, requests=100, seed=3, id_prefix="a", start_ts=rough.start_ts + 86400.0,
+                                     segments=(("platform", ("ios", "web")),))
+    orders = (("ranking", "feedback"), ("feedback", "ranking"), ("ranking", "feedback"))
+    parts = [[line.rstrip(b"\n") for line in simulate_lines(sim)] for sim in (plain, rough, attributed)]
     engine = Engine(config)
     engine.labels = LabelBounds(config.max_label_values)
     RollingWindows(engine)
@@ -314,13 +324,17 @@ def warm_up(config: Config) -> None:
 
     partitioned = PartitionedEngine(engine, on_finalised=finalised)  # (runs the regroup stage itself)
     partitioned.assign(0)
-    for kind in ("ranking", "feedback"):
-        values = [line for line in lines if f'"type": "{kind}"'.encode() in line or f'"type":"{kind}"'.encode() in line]
-        if values:
-            chunk = decode_message_chunk(values, kind, config, [0.0] * len(values), [""] * len(values))
-            partitioned.feed(kind, 0, list(range(len(values))), chunk)
-    partitioned.feed("ranking", 0, [len(lines)], [Watermark(end=True)])
-    partitioned.feed("feedback", 0, [len(lines)], [Watermark(end=True)])
+    read = {"ranking": 0, "feedback": 0}
+    for part, kinds in zip(parts, orders, strict=True):
+        for kind in kinds:
+            marks = (f'"type": "{kind}"'.encode(), f'"type":"{kind}"'.encode())
+            values = [line for line in part if marks[0] in line or marks[1] in line]
+            if values:
+                chunk = decode_message_chunk(values, kind, config, [0.0] * len(values), [""] * len(values))
+                partitioned.feed(kind, 0, list(range(read[kind], read[kind] + len(values))), chunk)
+                read[kind] += len(values)
+    partitioned.feed("ranking", 0, [read["ranking"]], [Watermark(end=True)])
+    partitioned.feed("feedback", 0, [read["feedback"]], [Watermark(end=True)])
     partitioned.tick()
 
 
