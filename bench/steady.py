@@ -1,0 +1,141 @@
+"""The worker's CPU per event under steady live traffic, with features on and off: the cost of the A/B units (and of a
+config file's features) where no backlog ends, so no end-of-backlog tail is counted.
+
+    python bench/steady.py                                  # 3 rounds: A/B units on, off; 10,000 events/s, 40 s each
+    python bench/steady.py --config bench/all-on.toml       # also the worker with that file (A/B/n traffic)
+    python bench/steady.py --rate 30000 --seconds 60 --repeat 5
+
+``bench/stream.py`` times a backlog to its end: its A/B-units cost includes the last looks' way to stage partition 0
+(two or three checkpoints after the input ends) and the readouts meanwhile, a fixed cost a longer backlog shares out
+over more events. Here a Tansu broker on a free port, and per run a fresh topic prefix with ``stream-eval simulate
+--broker --requests 0 --rate N`` (live traffic, event time = wall clock; with ``--config``, three treatments and a
+``platform`` attribute, users as units) and one ``stream-eval worker`` of a fresh group on it; the variants of a
+round run one after the other, the rounds alternate. Each run is measured after ``--warmup`` s of counting: the
+worker's CPU seconds (``/proc``) and the events it counted (``stream_eval_events_total``) over the next
+``--seconds`` s; reported: events per CPU-second and the share of a core, median (min-max), and the cost of each
+feature, 1 - its events per CPU-second / the baseline's, run by run. Written to ``bench/out/steady.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from run import machine_info  # noqa: E402
+from stream import cpu_seconds, progress, scrape  # noqa: E402
+
+from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
+
+COMMAND = [sys.executable, "-m", "stream_eval.cli"]
+
+
+def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: argparse.Namespace,
+        traffic_args: list[str]) -> dict[str, float]:
+    """One run of the worker (``extra``: more of its arguments) on fresh live traffic; its CPU and events."""
+    prefix = f"steady-{name}-{time.monotonic_ns()}."
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    traffic = subprocess.Popen([*COMMAND, "simulate", "--broker", broker.url, "--requests", "0", "--rate",
+                                str(args.rate), "--topic-prefix", prefix, *traffic_args], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*COMMAND, "worker", "--broker", broker.url, "--metrics-port", str(port),
+                               "--topic-prefix", prefix, "--group", prefix.rstrip("."), *extra], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # counting
+            if time.monotonic() > deadline or worker.poll() is not None or traffic.poll() is not None:
+                raise RuntimeError(f"{name}: the worker did not start counting")
+            try:
+                if progress(scrape(url))[0] > 0:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        time.sleep(args.warmup)
+        events0, cpu0, t0 = progress(scrape(url))[0], cpu_seconds(worker.pid), time.monotonic()
+        time.sleep(args.seconds)
+        events1, cpu1, t1 = progress(scrape(url))[0], cpu_seconds(worker.pid), time.monotonic()
+    finally:
+        stop_process(traffic)
+        stop_process(worker)
+    events, cpu = events1 - events0, cpu1 - cpu0
+    return {"events": events, "cpu_s": cpu, "per_cpu": events / cpu, "cores": cpu / (t1 - t0),
+            "events_per_s": events / (t1 - t0)}
+
+
+def summary(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=10000.0, help="events/s of the live traffic (10,000)")
+    parser.add_argument("--seconds", type=float, default=40.0, help="seconds measured per run (40)")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of counting before (15)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (3)")
+    parser.add_argument("--config", help="also the worker with --config FILE (and A/B/n traffic for every run)")
+    parser.add_argument("--out-dir", default=str(HERE / "out"))
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}
+    traffic_args = ["--unit", "user"]
+    if args.config:
+        traffic_args += ["--arms", "control:0.55,better:0.7,worse:0.4,same:0.55", "--segment",
+                         "platform=ios,android,web"]
+    variants: list[tuple[str, dict[str, str], list[str]]] = [
+        ("A/B units on", {**env, "STREAM_EVAL_AB": "true"}, []),
+        ("A/B units off", {**env, "STREAM_EVAL_AB": "false"}, []),
+    ]
+    if args.config:
+        variants.append((f"--config {args.config}", {**env, "STREAM_EVAL_AB": "true"}, ["--config", args.config]))
+    started, machine = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine_info()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in variants}
+    with Broker(free_port()) as broker:
+        for i in range(args.repeat):
+            for name, variant_env, extra in (variants if i % 2 == 0 else variants[::-1]):
+                slug = "".join(c if c.isalnum() else "-" for c in name.lower())
+                runs[name].append(run(broker, slug, variant_env, extra, args, traffic_args))
+                r = runs[name][-1]
+                print(f"round {i + 1}: {name}: {r['events_per_s']:,.0f} events/s, {r['per_cpu']:,.0f} per "
+                      f"CPU-second, {r['cores']:.2f} cores", flush=True)
+    lines = [f"## The worker under steady live traffic: {started}", "",
+             f"Machine: {machine['cpu']}, {machine['cores']} cores; {machine['python']}; stream_eval at "
+             f"{machine['commit']}. Command: `python3 bench/steady.py {' '.join(sys.argv[1:])}`.", "",
+             f"Live traffic asked at {args.rate:,.0f} events/s ({' '.join(traffic_args)}), {args.seconds:.0f} s "
+             f"measured after {args.warmup:.0f} s of counting, {args.repeat} rounds; median (min-max).", "",
+             "| worker | events/s counted | events per CPU-second | cores |", "|---|---|---|---|"]
+    for name, rows in runs.items():
+        cells = [summary([r[key] for r in rows]) for key in ("events_per_s", "per_cpu", "cores")]
+        shown = [f"{m:,.0f} ({lo:,.0f}-{hi:,.0f})" for m, lo, hi in cells[:2]]
+        m, lo, hi = cells[2]
+        lines.append(f"| {name} | {shown[0]} | {shown[1]} | {m:.2f} ({lo:.2f}-{hi:.2f}) |")
+    base = runs["A/B units off"]
+    lines.append("")
+    for name, rows in runs.items():
+        if name == "A/B units off":
+            continue
+        against = base if name == "A/B units on" else runs["A/B units on"]
+        costs = [1.0 - r["per_cpu"] / b["per_cpu"] for r, b in zip(rows, against, strict=True)]
+        what = "the A/B units" if name == "A/B units on" else f"`{name}` (against the A/B units on)"
+        med, lo, hi = summary(costs)
+        lines.append(f"Cost of {what}, events per CPU-second, run by run: {100 * med:.1f} % "
+                     f"({100 * lo:.1f} %-{100 * hi:.1f} %).")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "steady.md").write_text(text)
+    (out / "steady.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
