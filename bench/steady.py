@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import machine_info  # noqa: E402
+from run import fmt_range, machine_info, summary  # noqa: E402
 from stream import cpu_seconds, progress, scrape  # noqa: E402
 
 from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
@@ -73,10 +72,6 @@ def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: 
             "events_per_s": events / (t1 - t0)}
 
 
-def summary(values: list[float]) -> tuple[float, float, float]:
-    return statistics.median(values), min(values), max(values)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=10000.0, help="events/s of the live traffic (10,000)")
@@ -114,10 +109,9 @@ def main() -> None:
              f"measured after {args.warmup:.0f} s of counting, {args.repeat} rounds; median (min-max).", "",
              "| worker | events/s counted | events per CPU-second | cores |", "|---|---|---|---|"]
     for name, rows in runs.items():
-        cells = [summary([r[key] for r in rows]) for key in ("events_per_s", "per_cpu", "cores")]
-        shown = [f"{m:,.0f} ({lo:,.0f}-{hi:,.0f})" for m, lo, hi in cells[:2]]
-        m, lo, hi = cells[2]
-        lines.append(f"| {name} | {shown[0]} | {shown[1]} | {m:.2f} ({lo:.2f}-{hi:.2f}) |")
+        cells = [fmt_range(summary([r[key] for r in rows]), f) for key, f in (
+            ("events_per_s", "{:,.0f}".format), ("per_cpu", "{:,.0f}".format), ("cores", "{:.2f}".format))]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     base = runs["A/B units off"]
     lines.append("")
     for name, rows in runs.items():
@@ -126,9 +120,8 @@ def main() -> None:
         against = base if name == "A/B units on" else runs["A/B units on"]
         costs = [1.0 - r["per_cpu"] / b["per_cpu"] for r, b in zip(rows, against, strict=True)]
         what = "the A/B units" if name == "A/B units on" else f"`{name}` (against the A/B units on)"
-        med, lo, hi = summary(costs)
-        lines.append(f"Cost of {what}, events per CPU-second, run by run: {100 * med:.1f} % "
-                     f"({100 * lo:.1f} %-{100 * hi:.1f} %).")
+        lines.append(f"Cost of {what}, events per CPU-second, run by run: "
+                     f"{fmt_range(summary(costs), lambda x: f'{100 * x:.1f} %')}.")
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out_dir)

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Arms, Config, ConfigError
-from stream_eval.engine.compiled import add_rows, count_rows, unit_history, unit_rows, unit_slots
+from stream_eval.engine.compiled import add_rows, unit_history, unit_rows, unit_slots
 from stream_eval.engine.segment_ab import (
     SegmentGroup,
     SegmentLook,
@@ -244,9 +244,9 @@ class _Experiment:
     fields: int = 0
     segment: npt.NDArray[np.int16] = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int16))
     segment_codes: list[dict[str, int]] = field(default_factory=list)
-    # per arm (``request_arms``, the ledger's arms of the experiment, shared by its shards), the contributions
-    # with a value of each column, those of conflicts and of units beyond ``limit`` included: the requests of an
-    # A/B row (sessions for GAUC), as the ``groups`` count them, as of a look
+    # per arm (``request_arms``, in the order met), the contributions with a value of each column, those of
+    # conflicts and of units beyond ``limit`` included: the requests of an A/B row (sessions for GAUC), as the
+    # ``groups`` count them, as of a look
     request_arms: list[str] = field(default_factory=list)
     requests: Floats = field(default_factory=lambda: np.zeros((0, 0)))
     counts_requests: bool = True  # False: restored from a snapshot written before 2026-12-04, which had no counts
@@ -336,18 +336,25 @@ class _Experiment:
         unit_arm = self.unit_arm[: self.size]
         counts = np.bincount(unit_arm, minlength=len(self.arms))
         sums = [ArmSums.from_terms(terms[unit_arm == code].sum(axis=0)) for code in range(len(self.arms))]
-        requests = self.requests
         return ShardLook(name, shard, list(self.arms), sums, counts[: len(self.arms)].tolist(), self.conflicts,
-                         self.overflow, {arm: requests[k].copy() for k, arm in enumerate(self.request_arms)
-                                         if k < requests.shape[0]} if self.counts_requests else None)
+                         self.overflow, dict(zip(self.request_arms, self.requests.copy(), strict=True))
+                         if self.counts_requests else None)
 
-    def count_requests(self, arms: Ints, values: Floats, picked: Ints) -> None:
-        """Count contributions ``values[picked]`` (their ``n``) for arms ``arms`` (rows of ``request_arms``)."""
-        if self.requests.shape[0] < len(self.request_arms):
-            grown = np.zeros((len(self.request_arms), self.width))
+    def count_requests(self, arm_names: Sequence[str], codes: Sequence[int], arm_of: Ints, positive: Floats,
+                       picked: Ints) -> None:
+        """Count contributions ``picked`` of arms ``arm_names[arm_of]``, among ``arm_names[codes]`` (``positive``: 1
+        in each column where a contribution has a value, else 0)."""
+        listed = self.request_arms
+        rows = np.zeros(len(arm_names), dtype=np.int64)
+        for code in codes:
+            if arm_names[code] not in listed:
+                listed.append(arm_names[code])
+            rows[code] = listed.index(arm_names[code])
+        if self.requests.shape[0] < len(listed):
+            grown = np.zeros((len(listed), self.width))
             grown[: self.requests.shape[0]] = self.requests
             self.requests = grown
-        count_rows(self.requests, arms, values, picked)
+        add_rows(self.requests, rows[arm_of], positive, picked)
 
     def units_per_arm(self) -> dict[str, int]:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
@@ -677,9 +684,7 @@ class ShardLook:
             sums = array_to_json(np.array(rows, dtype=np.float64))
         out = [self.experiment, self.shard, self.arms, sums, self.units, self.conflicts, self.overflow]
         if self.requests is not None:
-            counted = list(self.requests)
-            out.append([counted, array_to_json(np.array([self.requests[arm] for arm in counted], dtype=np.float64)
-                                               .reshape(len(counted), -1))])
+            out.append([list(self.requests), array_to_json(np.array(list(self.requests.values())))])
         return out
 
     @classmethod
@@ -1037,9 +1042,6 @@ class UnitLedger:
         self.names = [*names, gauc_name]
         self.width = len(self.names)
         self.experiments: dict[str, dict[int, _Experiment]] = {}  # experiment -> shard -> its units
-        # experiment -> the arms its shards count requests of (:attr:`_Experiment.requests`), in row order (the
-        # list its shards share), and each one's row
-        self._request_arms: dict[str, tuple[list[str], dict[str, int]]] = {}
         self._pending: list[_Pending] = []
         self.merger = LookMerger(config, self.names)
         self.on_shard_look: ShardLookListener | None = None
@@ -1183,15 +1185,10 @@ class UnitLedger:
         group = group[order]
         arm_names, arm_of = _distinct(ready.arms[start:end])
         bounds = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), count]
-        # per experiment, its arms' rows of requests counted (the arms that come with it here added)
-        request_rows = np.zeros((len(ordered), len(arm_names)), dtype=np.int64)
+        positive = (ready.n[start:end] > 0).astype(np.float64)  # (the requests with a value, per column)
+        arms_with: dict[int, list[int]] = {}  # each experiment's arms here (codes into arm_names)
         for pair in np.unique(group // SHARDS * len(arm_names) + arm_of[order]).tolist():
-            listed, row_of = self._request_arms.setdefault(ordered[pair // len(arm_names)], ([], {}))
-            arm = arm_names[pair % len(arm_names)]
-            if arm not in row_of:
-                row_of[arm] = len(listed)
-                listed.append(arm)
-            request_rows[pair // len(arm_names), pair % len(arm_names)] = row_of[arm]
+            arms_with.setdefault(pair // len(arm_names), []).append(pair % len(arm_names))
         for first, stop in itertools.pairwise(bounds):
             name, shard = ordered[int(group[first]) // SHARDS], int(group[first]) % SHARDS
             local = order[first:stop]  # (ascending: the sort is stable)
@@ -1200,12 +1197,10 @@ class UnitLedger:
             if experiment is None:
                 experiment = self.experiments[name][shard] = _Experiment(
                     self.width, limit=_shard_limit(self.config), pre=name in self.cuped,
-                    fields=0 if self.segments is None else len(self.segments.fields),
-                    request_arms=self._request_arms[name][0])
+                    fields=0 if self.segments is None else len(self.segments.fields))
             before = experiment.size
             rows, used = experiment.rows_of(hashes[local], arm_of[local], arm_names)
-            experiment.count_requests(request_rows[int(group[first]) // SHARDS][arm_of[local]], ready.n,
-                                      local + start)
+            experiment.count_requests(arm_names, arms_with[int(group[first]) // SHARDS], arm_of[local], positive, local)
             if self.segments is not None:
                 self.segments.assign(experiment.segment, experiment.segment_codes, rows, ready.segments_of(picked))
             if experiment.pre or self.buckets > 0:
@@ -1282,25 +1277,7 @@ class UnitLedger:
             self.merger = LookMerger(self.config, self.names)
             self.merger.active = False
         self._changed |= other._changed  # (their live looks: the shards are those taken above)
-        self.share_request_arms()
         self.released, self.last_key = max(self.released, other.released), max(self.last_key, other.last_key)
-
-    def share_request_arms(self) -> None:
-        """One list of arms per experiment for its shards' requests counted, after shards came from elsewhere (a
-        snapshot, another ledger): each shard's rows put in that list's order."""
-        for name, shards in self.experiments.items():
-            listed, row_of = self._request_arms.setdefault(name, ([], {}))
-            for experiment in shards.values():
-                if experiment.request_arms is listed:
-                    continue
-                for arm in experiment.request_arms:
-                    if arm not in row_of:
-                        row_of[arm] = len(listed)
-                        listed.append(arm)
-                requests = np.zeros((len(listed), self.width))
-                for k, arm in enumerate(experiment.request_arms[: experiment.requests.shape[0]]):
-                    requests[row_of[arm]] = experiment.requests[k]
-                experiment.requests, experiment.request_arms = requests, listed
 
     # -- results ------------------------------------------------------------------------------------------
     def look(self, ts: float) -> None:

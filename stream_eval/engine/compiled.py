@@ -236,24 +236,6 @@ def add_rows(target: Floats, rows: Ints, values: Floats, picked: Ints) -> None:
 
 
 @nb.njit(cache=True, nogil=True)
-def count_rows(target: Floats, rows: Ints, values: Floats, picked: Ints) -> None:
-    """``target[rows[k], j] += 1`` for every ``k`` and column ``j`` with ``values[picked[k], j] > 0``: per arm, the
-    contributions with a value of each metric column (the requests of an A/B row, ``engine/ab.py``).
-
-    >>> target = np.zeros((2, 2))
-    >>> count_rows(target, np.array([1, 0, 1]), np.array([[1.0, 0.0], [9.0, 9.0], [0.5, 2.0]]), np.array([0, 1, 2]))
-    >>> target.tolist()
-    [[1.0, 1.0], [2.0, 1.0]]
-    """
-    for k in range(rows.shape[0]):
-        r = rows[k]
-        i = picked[k]
-        for j in range(target.shape[1]):
-            if values[i, j] > 0.0:
-                target[r, j] += 1.0
-
-
-@nb.njit(cache=True, nogil=True)
 def cell_sums(cell: Ints, values: Floats, cells: int) -> tuple[Ints, Floats, Floats]:
     """Per cell of the live windows (``engine/windows.py``; ``cell``: each row's, ``0 .. cells - 1``) the count, sum
     and sum of squares of each column's values, a NaN (no value) left out. Rows are added in order, so the sums are

@@ -129,7 +129,6 @@ def restore(engine: Engine, data: bytes) -> None:
     ledger.merger.restore_json(saved["merger"])
     ledger.on_shard_look, ledger.on_progress = engine.ledger.on_shard_look, engine.ledger.on_progress
     ledger._changed = {(str(name), int(shard)) for name, shard in saved["changed"]}
-    ledger.share_request_arms()
     open_look, released, last_key = saved["times"]
     ledger.open_look = None if open_look is None else float(open_look)
     ledger.released, ledger.last_key = float(released), float(last_key)
