@@ -1,7 +1,7 @@
 """Scale-out benchmark (issue 24): one and two ``stream-eval worker`` processes of one consumer group on one backlog.
 
     python bench/scale.py             # 60k requests (~300k events), 3 runs each of 1 and 2 workers; ~4 min on 2 cores
-    python bench/scale.py --quick     # 20k requests (~100k events), 2 runs each
+    python bench/scale.py --quick     # 2 rounds instead of 3 (a smaller backlog is counted before the second poll)
     python bench/scale.py --event-rate 10   # the same requests over 100 minutes of event time (finalised as read)
     python bench/scale.py --worker-args "--attribution-window 60s --session-gap 60s" --tag window60
     python bench/scale.py --baseline ../old   # also another source tree's workers, in the same rounds
@@ -276,7 +276,7 @@ class ScaleBench:
                 log(f"worker {k}'s log ends:\n" + err.read().decode(errors="replace")[-2000:])
             raise RuntimeError(f"{n} worker(s) did not finish in {args.timeout} s: events {sum(last.events)}, "
                                f"requests {sum(last.requests)}, A/B {'complete' if done is not None else 'not yet'}")
-        if done <= first:
+        if done <= first or sum(polls[first].events) >= events:
             raise RuntimeError("everything was counted before the second poll: produce more (--requests)")
         result = self.measure(polls, first, counted_at, done, events, start)
         result["settled_after_done"] = polls[settled].t - polls[done].t  # > 0: the stage changed after A/B-complete
@@ -525,8 +525,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="scale-out benchmark of stream-eval worker (see docs/benchmarks.md)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 20k requests, 2 rounds")
-    p.add_argument("--requests", type=int, help="requests of the backlog (60,000 = ~300k events; --quick: 20,000)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds")
+    p.add_argument("--requests", type=int, help="requests of the backlog (60,000 = ~300k events)")
     p.add_argument("--repeat", type=int, help="rounds of runs (default 3; 2 with --quick)")
     p.add_argument("--workers", default="1,2", help="worker counts run in each round, in order (default 1,2)")
     p.add_argument("--worker-cmd", help="worker command line, a template with {python} {broker} {bootstrap} "
@@ -554,7 +554,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=str(HERE / "out"))
     args = p.parse_args(argv)
     args.baseline, args.baseline_commit = source_tree(args.baseline)
-    args.requests = args.requests or (20_000 if args.quick else 60_000)
+    args.requests = args.requests or 60_000
     args.repeat = args.repeat or (2 if args.quick else 3)
     args.workers = [int(n) for n in args.workers.split(",")]
     return args
