@@ -24,12 +24,15 @@ of its own). The workers of a run are started together; every ``--poll`` s this 
   regroup stage's series (``stage_state`` of ``bench/stream.py``) have not changed for ``--settle`` s; the report
   says if they changed after A/B-complete (they should not).
 
-events/s to a point = events counted after the first event's poll ÷ time from that poll. Events per worker
+events/s to a point = events counted after the start of the work ÷ time from it: the last poll, up to the first
+event's, before which no worker's CPU had risen by ``IDLE_CORES`` (0.2) of a core since the poll before (the
+workers' readouts lag their work; until 2026-12-04 the first event's poll, which could come when most of a backlog
+had been read). Events per worker
 CPU-second = the same events ÷ the CPU seconds of all the run's workers over the same interval. A worker is *busy*
 in a poll interval when its CPU rate over the last ``--window`` s is at least ``--busy`` of a core; its *work end*
 is the end of the last busy interval before A/B-complete. The *tail* of a two-worker run is how long the last worker
 keeps working after the first one's work end (each worker's own tail: its work end less the other's, if later),
-as a share of the run (first event to A/B-complete). The worker holding the regroup stage is the one that exports
+as a share of the run (start of the work to A/B-complete). The worker holding the regroup stage is the one that exports
 series labelled ``partition="regroup"``. A run in which a partition or the stage changed owner (two ``generation``
 labels of one ``partition``: the group rebalanced, e.g. because one worker joined after the other had started
 reading) is run again, up to ``--retries`` times; the report counts those.
@@ -38,8 +41,8 @@ Speed-up = events/s of the 2-worker run ÷ that of the 1-worker run next to it, 
 With ``--baseline DIR`` the workers of another source tree (a git worktree of another commit) run in the same
 rounds, their 1 and 2 workers before or after this tree's in turn, so that the two trees' speed-ups are measured
 side by side (on a shared machine, runs an hour apart differ by more than most changes).
-Where the machine's cores went over each run (first event to A/B-complete) is reported too: the workers, the broker,
-this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle.
+Where the machine's cores went over each run (start of the work to A/B-complete) is reported too: the workers, the
+broker, this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle.
 The Markdown report is printed and written to ``bench/out/scale.md`` (``scale-quick.md``, ``scale-<tag>.md``), the
 raw numbers (every poll of every run) to the ``.json`` beside it.
 """
@@ -68,6 +71,7 @@ sys.path.insert(0, str(HERE))
 from run import code_hash, fmt_range, machine_info, summary  # noqa: E402
 from stream import (  # noqa: E402
     EVENT_RATE,
+    IDLE_CORES,
     PARTITIONS,
     StreamBench,
     ab_complete,
@@ -276,9 +280,15 @@ class ScaleBench:
                 log(f"worker {k}'s log ends:\n" + err.read().decode(errors="replace")[-2000:])
             raise RuntimeError(f"{n} worker(s) did not finish in {args.timeout} s: events {sum(last.events)}, "
                                f"requests {sum(last.requests)}, A/B {'complete' if done is not None else 'not yet'}")
-        if done <= first or sum(polls[first].events) >= events:
+        # the work begins at the last poll, up to the first that showed events, before which no worker was busy: the
+        # workers' readouts lag their work (a first readout could show most of a backlog), their CPU does not
+        begin = first
+        while begin > 0 and any(polls[begin].cpu[k] - polls[begin - 1].cpu[k]
+                                >= IDLE_CORES * (polls[begin].t - polls[begin - 1].t) for k in range(n)):
+            begin -= 1
+        if done <= begin or sum(polls[begin].events) >= events:
             raise RuntimeError("everything was counted before the second poll: produce more (--requests)")
-        result = self.measure(polls, first, counted_at, done, events, start)
+        result = self.measure(polls, begin, counted_at, done, events, start)
         result["settled_after_done"] = polls[settled].t - polls[done].t  # > 0: the stage changed after A/B-complete
         return result
 
@@ -298,7 +308,7 @@ class ScaleBench:
                     "per_cpu": work / sum(cpu) if sum(cpu) > 0 else math.nan,
                     "share": [c / sum(cpu) if sum(cpu) > 0 else math.nan for c in cpu]}
 
-        # each worker's CPU rate over the last --window s, at every poll from the first event to A/B-complete
+        # each worker's CPU rate over the last --window s, at every poll from the start of the work to A/B-complete
         busy_until = [p0.t] * n
         curve: list[list[float]] = []
         j = first
@@ -469,7 +479,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             parts.append(f"{n} worker(s): " + ", ".join(
                 f"{name} {statistics.median(r['cores'][name] for r in rs):.2f}"
                 for name in ("workers", "broker", "poller", "others", "idle")))
-        out.append("Cores in use from the first event to A/B-complete (median over the runs; /proc/stat and "
+        out.append("Cores in use from the start of the work to A/B-complete (median over the runs; /proc/stat and "
                    "/proc/<pid>/stat; \"others\": every other process on the machine): " + "; ".join(parts) + ".")
         out.append("")
     late = [r["settled_after_done"] for r in every if r["settled_after_done"] > 0]
