@@ -171,8 +171,13 @@ def test_the_compiled_loops_cache_where_the_package_and_home_cannot_be_written(t
     assert (Path(cache).stat().st_mode & 0o077) == 0  # this user's alone (numba unpickles what it finds there)
 
 
-def test_the_numba_cache_is_numbas_own_choice_where_it_can_write(tmp_path: Path) -> None:
+def test_the_numba_cache_is_numbas_own_choice_where_it_can_write(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
     from stream_eval import numba_cache_dir, private_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # (the directories it makes: not left in /tmp)
 
     def choose(writable: Callable[[str], bool], given: str = "", private: bool = True) -> str | None:
         return numba_cache_dir("/pkg", "/home/u/.cache/numba", given, writable, lambda path: private)
@@ -184,7 +189,7 @@ def test_the_numba_cache_is_numbas_own_choice_where_it_can_write(tmp_path: Path)
     assert chosen is not None and "stream-eval-numba" in chosen
     # a shared name that is not this user's private directory (made by someone else, or open to others): not used
     other = choose(lambda path: False, private=False)
-    assert other is not None and other != chosen and Path(other).is_dir()
+    assert other is not None and other != chosen and Path(other).is_dir() and other.startswith(str(tmp_path))
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)

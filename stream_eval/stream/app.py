@@ -231,6 +231,7 @@ def create_app(settings: WorkerSettings, config: Config, registry: Any = None,
             log.error("stream-eval worker: stopped without a final checkpoint: the broker is unreachable (the next "
                       "owner of its partitions resumes from the last checkpoint stored)")
             logging.shutdown()
+            shutil.rmtree(datadir, ignore_errors=True)  # (run_worker's own removal is skipped by the exit below)
             os._exit(0)
 
     if registry is not None:
