@@ -17,7 +17,7 @@ end-of-stream watermarks to every partition).
    worker stores them), and the stage's (its checkpoint + ``shares.take``). At the end, a snapshot of the stage's
    A/B state (``snapshot.take``). CPU time (``time.process_time``) is charged to the innermost of these sections:
    *decode* (``decode_messages``), *join* (``feed``), *finalise* (``tick`` less what is inside it below),
-   *outputs* (the worker's ``_finalised``: a request-metrics record per request), *A/B records* (the partitions'
+   *outputs* (the delivery's ``finalised``: a request-metrics record per request), *A/B records* (the partitions'
    ``RegroupSink.unit_requests`` / ``unit_sessions``), *stage* (``SessionStage.feed`` less the A/B units),
    *A/B units* (``SessionStage._add_units`` and ``UnitLedger.release``), *checkpoints*, *stage checkpoints*.
    What the worker does besides (aiokafka fetching and unpacking records, producing, fencing probes, /metrics
@@ -210,6 +210,9 @@ def new_worker(config: Any) -> Any:
     from stream_eval.stream.worker import StreamWorker
 
     worker = StreamWorker(WorkerSettings(brokers=["127.0.0.1:9"], partitions=PARTITIONS), config)
+    # as if its broker had answered: a worker's sources are silent, and its partitions announce their finalisation
+    # watermarks to the stage (every ANNOUNCE_EVERY s), only by a clock that runs while the broker is up
+    worker.health.answered()
     return worker
 
 
@@ -234,7 +237,7 @@ def child_stages(requests: int, fetch_size: int, checkpoint_every: int) -> dict[
     from stream_eval.engine.ab import UnitLedger
     from stream_eval.engine.regroup import RegroupSink, SessionStage
     from stream_eval.events.messages import decode_messages
-    from stream_eval.stream.worker import StreamWorker
+    from stream_eval.stream.delivery import FencedLog
 
     warm = Traffic(2_000, fetch_size)  # numba's compiled loops loaded (or compiled) and every path run once
     warm_worker = new_worker(Config())
@@ -250,7 +253,7 @@ def child_stages(requests: int, fetch_size: int, checkpoint_every: int) -> dict[
     fetches = list(source.fetches())
     marks, counts = source.end(), source.counts
     clock = Clock()
-    undo = [clock.wrap(StreamWorker, "_finalised", "outputs"),
+    undo = [clock.wrap(FencedLog, "finalised", "outputs"),
             clock.wrap(RegroupSink, "unit_requests", "A/B records"),
             clock.wrap(RegroupSink, "unit_sessions", "A/B records"),
             clock.wrap(SessionStage, "_add_units", "A/B units"),
@@ -547,8 +550,10 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                f"{st['records']:,} regroup records ({st['record_bytes'] / max(1, st['finalised']):,.0f} bytes per "
                f"finalised request); on the stage: {st['open_sessions']:,} open sessions, {st['waiting']:,} session "
                f"parts waiting. Held: {st['held_bytes'] / MIB:.1f} MB = **{st['held_bytes'] / st['finalised']:,.0f} "
-               f"bytes per finalised request**, {st['held_bytes'] / max(1, st['open_sessions']):,.0f} per open "
-               f"session; A/B units on the stage: {st['units']:,}.")
+               f"bytes per finalised request**, "
+               + (f"{st['held_bytes'] / st['open_sessions']:,.0f} per open session" if st['open_sessions'] else
+                  "no open session to divide by")
+               + f"; A/B units on the stage: {st['units']:,}.")
     out.append("")
     out.append(f"### Steady state: {args.steady_rate:g} requests/s of event time for {args.steady_hours:g} h, the "
                f"default settings: MB held (tracemalloc, growth since the worker was built) and the process's RSS, "
