@@ -32,7 +32,10 @@ CPU-second = the same events ÷ the CPU seconds of all the run's workers over th
 in a poll interval when its CPU rate over the last ``--window`` s is at least ``--busy`` of a core; its *work end*
 is the end of the last busy interval before A/B-complete. The *tail* of a two-worker run is how long the last worker
 keeps working after the first one's work end (each worker's own tail: its work end less the other's, if later),
-as a share of the run (start of the work to A/B-complete). The worker holding the regroup stage is the one that exports
+as a share of the run (start of the work to A/B-complete). A worker's *work start* is the end of the first poll
+interval in which its CPU rose by ``IDLE_CORES`` of a core; the *stagger*, the last worker's start less the first's
+(on Tansu, which answers each member's JoinGroup 3 s after that member's own request, the worker whose process
+started first begins first). The worker holding the regroup stage is the one that exports
 series labelled ``partition="regroup"``. A run in which a partition or the stage changed owner (two ``generation``
 labels of one ``partition``: the group rebalanced, e.g. because one worker joined after the other had started
 reading) is run again, up to ``--retries`` times; the report counts those.
@@ -323,6 +326,11 @@ class ScaleBench:
                     busy_until[k] = polls[i].t
         run_seconds = polls[done].t - p0.t
         ends = [b - p0.t for b in busy_until]
+        # each worker's start of work: the end of the first poll interval, from the run's start, in which its CPU rose
+        # by IDLE_CORES of a core (the rule that begins the run); the stagger, the last worker's start less the first's
+        starts = [next((polls[i].t - p0.t for i in range(first + 1, done + 1)
+                        if polls[i].cpu[k] - polls[i - 1].cpu[k] >= IDLE_CORES * (polls[i].t - polls[i - 1].t)),
+                       run_seconds) for k in range(n)]
         tails = [max(0.0, ends[k] - min(ends[v] for v in range(n) if v != k)) for k in range(n)] if n > 1 else [0.0]
         # ownerships seen (partition/generation): more than one of a partition = it moved (a rebalance) in the run
         owners: dict[str, set[str]] = {}
@@ -346,6 +354,8 @@ class ScaleBench:
             "requests_point": at(counted_at),
             "ab_point": at(done),
             "work_end": ends,
+            "work_start": starts,
+            "stagger": max(starts) - min(starts),
             "tail": max(tails),
             "tails": tails,
             "tail_share": max(tails) / run_seconds,
@@ -387,6 +397,7 @@ class ScaleBench:
                 log(f"run {i + 1}, {tree}{n} worker(s): {ab['rate']:,.0f} events/s to A/B-complete "
                     f"({ab['seconds']:.1f} s; {result['requests_point']['rate']:,.0f}/s to every request), "
                     f"{ab['per_cpu']:,.0f} per CPU-s, CPU shares {[round(s, 2) for s in ab['share']]}, "
+                    f"work starts {[round(e, 2) for e in result['work_start']]} s, "
                     f"work ends {[round(e, 1) for e in result['work_end']]} s, stage on {result['stage_worker']}, "
                     f"partitions {result['partitions']}{', MOVED ' + str(result['moved']) if result['moved'] else ''}, "
                     f"poll gaps max {result['poll_gap_max']:.1f} s")
@@ -455,8 +466,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
     out.append("")
     out.append("| Workers | events/s to every request finalised | events/s to A/B-complete | time to A/B-complete, s "
                "| events per worker CPU-second | CPU share of each worker (stage's first) "
-               "| work end of each worker, s (stage's first) | tail, s (share of the run) | start-up + join, s |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+               "| work end of each worker, s (stage's first) | tail, s (share of the run) "
+               "| stagger of the workers' starts, s | start-up + join, s |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.workers:
         rs = runs[str(n)]
         shares = [stage_first(r, r["ab_point"]["share"]) for r in rs]
@@ -470,6 +482,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"| **{fmt_range(summary([r['ab_point']['rate'] for r in rs]))}** "
             f"| {fmt_range(summary([r['ab_point']['seconds'] for r in rs]), f1)} "
             f"| {fmt_range(summary([r['ab_point']['per_cpu'] for r in rs]))} | {share_text} | {end_text} | {tail} "
+            f"| {fmt_range(summary([r.get('stagger', math.nan) for r in rs]), f2) if n > 1 else '–'} "
             f"| {fmt_range(summary([r['startup'] for r in rs]), f1)} |")
     out.append("")
     if all("cores" in r for r in every):
