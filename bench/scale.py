@@ -169,6 +169,12 @@ class Poll:
         return out
 
 
+def working(polls: list[Poll], i: int, k: int) -> bool:
+    """Whether worker ``k``'s CPU rose by at least ``IDLE_CORES`` of a core over the poll interval ending at poll
+    ``i``: the rule that begins a run, and each worker's work."""
+    return polls[i].cpu[k] - polls[i - 1].cpu[k] >= IDLE_CORES * (polls[i].t - polls[i - 1].t)
+
+
 def machine_cpu(broker_pid: int | None) -> tuple[float, float, float, float]:
     """CPU seconds so far of the whole machine (busy: all but idle and iowait, from ``/proc/stat``), of the broker,
     of this process (the poller), and the machine's idle seconds: where the cores went during a run."""
@@ -286,8 +292,7 @@ class ScaleBench:
         # the work begins at the last poll, up to the first that showed events, before which no worker was busy: the
         # workers' readouts lag their work (a first readout could show most of a backlog), their CPU does not
         begin = first
-        while begin > 0 and any(polls[begin].cpu[k] - polls[begin - 1].cpu[k]
-                                >= IDLE_CORES * (polls[begin].t - polls[begin - 1].t) for k in range(n)):
+        while begin > 0 and any(working(polls, begin, k) for k in range(n)):
             begin -= 1
         if done <= begin or sum(polls[begin].events) >= events:
             raise RuntimeError("everything was counted before the second poll: produce more (--requests)")
@@ -328,9 +333,8 @@ class ScaleBench:
         ends = [b - p0.t for b in busy_until]
         # each worker's start of work: the end of the first poll interval, from the run's start, in which its CPU rose
         # by IDLE_CORES of a core (the rule that begins the run); the stagger, the last worker's start less the first's
-        starts = [next((polls[i].t - p0.t for i in range(first + 1, done + 1)
-                        if polls[i].cpu[k] - polls[i - 1].cpu[k] >= IDLE_CORES * (polls[i].t - polls[i - 1].t)),
-                       run_seconds) for k in range(n)]
+        starts = [next((polls[i].t - p0.t for i in range(first + 1, done + 1) if working(polls, i, k)), run_seconds)
+                  for k in range(n)]
         tails = [max(0.0, ends[k] - min(ends[v] for v in range(n) if v != k)) for k in range(n)] if n > 1 else [0.0]
         # ownerships seen (partition/generation): more than one of a partition = it moved (a rebalance) in the run
         owners: dict[str, set[str]] = {}
@@ -482,7 +486,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"| **{fmt_range(summary([r['ab_point']['rate'] for r in rs]))}** "
             f"| {fmt_range(summary([r['ab_point']['seconds'] for r in rs]), f1)} "
             f"| {fmt_range(summary([r['ab_point']['per_cpu'] for r in rs]))} | {share_text} | {end_text} | {tail} "
-            f"| {fmt_range(summary([r.get('stagger', math.nan) for r in rs]), f2) if n > 1 else '–'} "
+            f"| {fmt_range(summary([r['stagger'] for r in rs]), f2) if n > 1 else '–'} "
             f"| {fmt_range(summary([r['startup'] for r in rs]), f1)} |")
     out.append("")
     if all("cores" in r for r in every):
