@@ -177,7 +177,8 @@ def test_stage_partitions_on_a_group_whose_regroup_log_exists_are_said_to_change
     assert asyncio.run(prepare_topics(settings, 30)) == (2, 2)
     with caplog.at_level("WARNING", logger="stream_eval.worker"):
         asyncio.run(prepare_topics(settings, 30))
-    assert not caplog.records  # (the same count: nothing to say)
+    # (the same count: nothing to say; a client another test left to the garbage collector may log here)
+    assert not [record for record in caplog.records if record.name.startswith("stream_eval")]
     more = WorkerSettings([broker], prefix="topics-stages.", group="g", partitions=2, stage_partitions=4)
     with caplog.at_level("WARNING", logger="stream_eval.worker"):
         assert asyncio.run(prepare_topics(more, 30)) == (2, 2)
