@@ -623,12 +623,26 @@ def test_input_partitions_added_while_running_stop_the_worker(broker: str, broke
 
 
 @pytest.mark.parametrize("change", ["attribution_window", "metrics", "session_gap", "segments"])
-def test_a_restart_under_settings_its_checkpoints_cannot_be_restored_under_stops(broker: str, change: str) -> None:
+def test_a_restart_under_settings_its_checkpoints_cannot_be_restored_under_stops(
+        broker: str, change: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker restarted with another attribution window counted requests twice (longer) or never (shorter); with
     another session gap, sessions; with the measures changed (even reordered), it failed in aiokafka's listener
     and hung, looking healthy. Each checkpoint now says what it was counted under: such a restart stops with
-    the settings that changed (exit code 2 from the command); the same settings go on."""
+    the settings that changed (exit code 2 from the command); the same settings go on. The stopped worker closes
+    every producer it started (with transactions, the claim's producer was left open: "Unclosed
+    AIOKafkaProducer" when collected, seen in CI on 2026-12-04)."""
+    from aiokafka import AIOKafkaProducer
+
     from stream_eval.stream.delivery import SettingsChanged
+
+    producers: list[AIOKafkaProducer] = []
+    made = AIOKafkaProducer.__init__
+
+    def init(self: AIOKafkaProducer, *args: Any, **kwargs: Any) -> None:
+        producers.append(self)
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(AIOKafkaProducer, "__init__", init)
 
     prefix = f"changed-{change.replace('_', '-')}."
     settings = WorkerSettings([broker], prefix=prefix, group=prefix.rstrip("."), partitions=2)
@@ -650,10 +664,12 @@ def test_a_restart_under_settings_its_checkpoints_cannot_be_restored_under_stops
         await _stop(running)
         assert same.fatal is None
         changed = StreamWorker(settings, after)
+        del producers[:]
         task, _ = await _running(changed)
         await asyncio.wait_for(task, 60)  # (it ends by itself)
         assert isinstance(changed.fatal, SettingsChanged), changed.fatal
         assert change in str(changed.fatal) and "Start a new --group" in str(changed.fatal)
+        assert producers and all(producer._closed for producer in producers)
 
     _run(main)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -726,8 +727,13 @@ class Transactions(Delivery):
                                     transaction_timeout_ms=min(settings.produce_timeout_ms, 900_000),
                                     max_batch_size=BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
                                     **client_options(settings.security))
-        await self.health.call("startup", producer.start)
-        await producer.begin_transaction()
+        try:
+            await self.health.call("startup", producer.start)
+            await producer.begin_transaction()
+        except BaseException:  # (its connections closed: the claim failed)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 30.0)
+            raise
         return Sender(producer, self.health, settings.produce_timeout_ms)
 
     async def start(self, consumer: Any, stage_consumer: Any) -> None:
@@ -788,7 +794,11 @@ class Transactions(Delivery):
     async def claim(self, partition: int) -> dict[str, int]:
         await self._close()
         sender = await self._open(self._transactional_id("input", partition))
-        _, _, starts = await self._restore(partition, None, os.urandom(4).hex())
+        try:
+            _, _, starts = await self._restore(partition, None, os.urandom(4).hex())
+        except BaseException:
+            self._closing.append(sender)  # (stopped by the next claim or stop)
+            raise
         self.senders[partition] = sender
         log.info("partition %d: claimed (transactional id %s)", partition, self._transactional_id("input", partition))
         return starts
@@ -855,7 +865,11 @@ class Transactions(Delivery):
 
     async def claim_stage(self, stage: int) -> int | None:
         self.stage_senders[stage] = await self._open(self._transactional_id("stage", stage))
-        return await super().claim_stage(stage)
+        try:
+            return await super().claim_stage(stage)
+        except BaseException:
+            self._closing.append(self.stage_senders.pop(stage))  # (stopped by the next claim or stop)
+            raise
 
     async def commit_stages(self, stages: list[int]) -> None:
         await asyncio.gather(*(self._commit_stage(q) for q in sorted(stages) if q in self.stage_senders))
