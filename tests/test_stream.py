@@ -664,7 +664,7 @@ def test_a_restart_under_settings_its_checkpoints_cannot_be_restored_under_stops
         await _stop(running)
         assert same.fatal is None
         changed = StreamWorker(settings, after)
-        del producers[:]
+        producers.clear()
         task, _ = await _running(changed)
         await asyncio.wait_for(task, 60)  # (it ends by itself)
         assert isinstance(changed.fatal, SettingsChanged), changed.fatal

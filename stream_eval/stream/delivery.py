@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -727,14 +727,21 @@ class Transactions(Delivery):
                                     transaction_timeout_ms=min(settings.produce_timeout_ms, 900_000),
                                     max_batch_size=BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
                                     **client_options(settings.security))
-        try:
+        sender = Sender(producer, self.health, settings.produce_timeout_ms)
+        with self._closed_if_it_fails(sender):
             await self.health.call("startup", producer.start)
             await producer.begin_transaction()
-        except BaseException:  # (its connections closed: the claim failed)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), 30.0)
+        return sender
+
+    @contextlib.contextmanager
+    def _closed_if_it_fails(self, sender: Sender) -> Iterator[None]:
+        """A claim under way with ``sender``'s producer: if it fails, the producer goes with those to stop (at the
+        next claim, or at :meth:`stop`)."""
+        try:
+            yield
+        except BaseException:
+            self._closing.append(sender)
             raise
-        return Sender(producer, self.health, settings.produce_timeout_ms)
 
     async def start(self, consumer: Any, stage_consumer: Any) -> None:
         self.consumer, self.stage_consumer = consumer, stage_consumer
@@ -794,11 +801,8 @@ class Transactions(Delivery):
     async def claim(self, partition: int) -> dict[str, int]:
         await self._close()
         sender = await self._open(self._transactional_id("input", partition))
-        try:
+        with self._closed_if_it_fails(sender):
             _, _, starts = await self._restore(partition, None, os.urandom(4).hex())
-        except BaseException:
-            self._closing.append(sender)  # (stopped by the next claim or stop)
-            raise
         self.senders[partition] = sender
         log.info("partition %d: claimed (transactional id %s)", partition, self._transactional_id("input", partition))
         return starts
@@ -864,12 +868,11 @@ class Transactions(Delivery):
             self._closing.append(sender)
 
     async def claim_stage(self, stage: int) -> int | None:
-        self.stage_senders[stage] = await self._open(self._transactional_id("stage", stage))
-        try:
-            return await super().claim_stage(stage)
-        except BaseException:
-            self._closing.append(self.stage_senders.pop(stage))  # (stopped by the next claim or stop)
-            raise
+        sender = await self._open(self._transactional_id("stage", stage))
+        with self._closed_if_it_fails(sender):
+            start = await super().claim_stage(stage)
+        self.stage_senders[stage] = sender
+        return start
 
     async def commit_stages(self, stages: list[int]) -> None:
         await asyncio.gather(*(self._commit_stage(q) for q in sorted(stages) if q in self.stage_senders))
