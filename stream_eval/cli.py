@@ -48,7 +48,8 @@ SHARED_OPTIONS: list[tuple[str, dict[str, object]]] = [
     ("--gsb-window", {"help": "serve-time bucket in which a query's arms are compared for GSB (default 1h)"}),
     ("--confidence", {"help": "level of A/B intervals and confidence sequences (default 0.95)"}),
     ("--sequential-n", {"help": "units the confidence sequence is tuned for, N* (default 10000)"}),
-    ("--look-every", {"help": "event time between A/B looks, for --ab-trace and p-values (default 1h)"}),
+    ("--look-every", {"help": "event time between A/B looks, over which the p-values and confidence sequences "
+                              "fold (default 1h)"}),
     ("--srm-alpha", {"help": "sample-ratio mismatch flagged below this sequential p-value (default 0.001)"}),
     ("--config", {"metavar": "FILE", "help": "TOML file with settings (see README)"}),
 ]

@@ -243,6 +243,25 @@ def test_ship_and_rollback_are_announced_once_when_they_arrive() -> None:
                                                             "recommendation: ship treatment vs control"]
 
 
+def test_without_the_view_the_demo_prints_where_it_runs_and_each_announcement_once() -> None:
+    """``demo --no-view``: the header (broker, /metrics, how it stops) once, then one line per decision or
+    recommendation as it arrives, and nothing else."""
+    out = io.StringIO()
+    view = View(HEADER, started=100.0, truth=TRUTH3)
+    with Display(view, out, interactive=False, quiet=True) as display:
+        display.show(view.update(_three_arms({"treatment": "keep running", "clickbait": "keep running"}), now=120.0))
+        display.show(view.update(_three_arms({"treatment": "keep running", "clickbait": "rollback"}), now=142.0))
+        display.show(view.update(_three_arms(), now=170.0))
+        display.show(view.update(_three_arms(), now=171.0))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == HEADER
+    recommendations = [line for line in lines if line.startswith("recommendation:")]
+    assert [line.split(" after ")[0] for line in recommendations] == [
+        "recommendation: rollback clickbait vs control", "recommendation: ship treatment vs control"]
+    assert len(lines) == len(set(lines))  # each line once: no text blocks of the view
+    assert not any(line.startswith(("A/B", "rolling")) for line in lines)
+
+
 def test_recommendations_are_checked_against_the_truth() -> None:
     """A rollback is wrong when the breached guardrail is truly within tolerance; a ship is wrong when a guardrail
     is truly breached; unknown without the truth."""

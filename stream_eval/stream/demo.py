@@ -868,15 +868,20 @@ class View:
 
 @dataclass
 class Display:
-    """Where the view goes: a live rich display on a terminal, else plain text blocks and announcement lines."""
+    """Where the view goes: a live rich display on a terminal, else plain text blocks and announcement lines;
+    ``quiet`` (``demo --no-view``): the header once, then the announcement lines only."""
 
     view: View
     out: TextIO
     interactive: bool
+    quiet: bool = False
     live: Live | None = field(default=None, init=False)
 
     def __enter__(self) -> Display:
-        if self.interactive:
+        if self.quiet:
+            self.out.write(self.view.header + "\n")
+            self.out.flush()
+        elif self.interactive:
             self.live = Live(console=Console(file=self.out), get_renderable=self.view.rich, refresh_per_second=4)
             self.live.start()
         return self
@@ -891,7 +896,8 @@ class Display:
         if self.live is not None:
             self.live.refresh()
             return
-        self.out.write(self.view.text() + "\n\n")
+        if not self.quiet:
+            self.out.write(self.view.text() + "\n\n")
         for announcement in new:
             self.out.write(announcement.text(self.view.several) + "\n")
         self.out.flush()
@@ -966,7 +972,7 @@ async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[by
     view = View(header, started, options.duration)
     truth_pending = True
     traffic = asyncio.create_task(_traffic(broker.bootstrap, options.prefix, options.rate, options.seed))
-    with Display(view, out, interactive=options.view and out.isatty()) as display:
+    with Display(view, out, interactive=options.view and out.isatty(), quiet=not options.view) as display:
         try:
             while options.duration is None or clock() - started < options.duration:
                 await asyncio.sleep(1.0)
@@ -983,9 +989,7 @@ async def _run(options: DemoOptions, broker: Broker, worker: subprocess.Popen[by
                     samples = await asyncio.to_thread(scrape, url)
                 except OSError:
                     continue  # the worker is still starting
-                new = view.update(samples, clock())
-                if options.view:
-                    display.show(new)
+                display.show(view.update(samples, clock()))
         finally:
             traffic.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # a dead broker: don't wait for delivery
