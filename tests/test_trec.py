@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import ir_measures
 import pytest
 import pytrec_eval
+from ci import in_ci
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -371,7 +371,7 @@ def _trec_eval() -> str:
     fetched = Path(__file__).resolve().parent.parent / ".cache" / "trec_eval" / "trec_eval"
     found = str(fetched) if fetched.exists() else shutil.which("trec_eval")
     if found is None:
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail("no trec_eval: scripts/trec_eval/fetch puts one in .cache/trec_eval", pytrace=False)
         pytest.skip("no trec_eval program (scripts/trec_eval/fetch fetches one)")
     return found
@@ -385,6 +385,32 @@ def test_output_is_trec_eval_byte_for_byte(data: tuple[Qrels, RunScores], option
     paths = [str(p) for p in write_files(*data, tmp_path, extra=2)]
     expected = subprocess.run([_trec_eval(), *options, *paths], capture_output=True, text=True, timeout=60)
     assert run_cli("trec", *options, *paths).stdout == expected.stdout
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trec"
+
+
+def _readme_sample() -> list[str]:
+    """The lines of the README's sample output of ``stream-eval trec`` (the block that starts with ``runid``), less
+    the lines that stand for several (``...``)."""
+    readme = (EXAMPLE.parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```\nrunid", 1)[1].split("```", 1)[0]
+    return [line for line in ("runid" + block).splitlines() if line and not line.startswith("...")]
+
+
+def test_the_readme_sample_is_what_the_example_files_give() -> None:
+    sample = _readme_sample()
+    printed = run_cli("trec", str(EXAMPLE / "qrels.txt"), str(EXAMPLE / "run.txt")).stdout.splitlines()
+    assert len(sample) >= 10 and [line for line in printed if line in sample] == sample
+
+
+@pytest.mark.slow
+def test_the_example_files_give_trec_eval_byte_for_byte() -> None:
+    paths = [str(EXAMPLE / "qrels.txt"), str(EXAMPLE / "run.txt")]
+    for options in ([], ["-q", "-m", "all_trec"]):
+        expected = subprocess.run([_trec_eval(), *options, *paths], capture_output=True, text=True, timeout=60)
+        assert expected.returncode == 0 and expected.stdout
+        assert run_cli("trec", *options, *paths).stdout == expected.stdout
 
 
 def test_trec_config_keeps_every_document() -> None:
