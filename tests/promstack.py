@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -34,6 +33,7 @@ from typing import IO, Any, Self, TypeVar
 
 import pytest
 import yaml
+from ci import in_ci
 
 from stream_eval.stream.broker import die_with_parent, free_port, stop_process
 
@@ -42,11 +42,6 @@ STOP_GRACE = 10.0
 """Seconds between SIGTERM and SIGKILL in :meth:`Server.stop`."""
 
 _T = TypeVar("_T")
-
-
-def in_ci() -> bool:
-    """Whether the tests run in CI, where a missing tool is a failure, never a skip."""
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def require_binary(*names: str, package: str) -> str:

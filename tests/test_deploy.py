@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ci import in_ci
 
 from stream_eval.cli import build_parser
 from stream_eval.stream.kafka import parse_brokers, topics
@@ -430,14 +431,14 @@ def test_a_b_gauges_are_taken_with_max_and_units_summed() -> None:
 def _promtool() -> str:
     promtool = shutil.which("promtool")
     if promtool is None:
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail("promtool is not on PATH (scripts/test installs it)")
         pytest.skip("promtool is not on PATH")
     return promtool
 
 
 def _build_module() -> ModuleType:
-    if os.environ.get("CI") != "true":
+    if not in_ci():
         pytest.importorskip("grafana_foundation_sdk")  # in the test extra; CI always has it
     spec = importlib.util.spec_from_file_location("stream_eval_grafana_build", GRAFANA / "build.py")
     assert spec is not None and spec.loader is not None
