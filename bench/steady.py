@@ -4,6 +4,7 @@ config file's features) where no backlog ends, so no end-of-backlog tail is coun
     python bench/steady.py                                  # 3 rounds: A/B units on, off; 10,000 events/s, 40 s each
     python bench/steady.py --config bench/all-on.toml       # also the worker with that file (A/B/n traffic)
     python bench/steady.py --rate 30000 --seconds 60 --repeat 5
+    python bench/steady.py --baseline ../old                # also another commit's worker (a git worktree)
 
 ``bench/stream.py`` times a backlog to its end: its A/B-units cost includes the last looks' way to stage partition 0
 (two or three checkpoints after the input ends) and the readouts meanwhile, a fixed cost a longer backlog shares out
@@ -30,16 +31,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from run import fmt_range, machine_info, summary  # noqa: E402
-from stream import cpu_seconds, progress, scrape  # noqa: E402
+from stream import cpu_seconds, progress, scrape, source_tree  # noqa: E402
 
 from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
 
 COMMAND = [sys.executable, "-m", "stream_eval.cli"]
+#: The name of ``--baseline``'s worker among the variants.
+BASELINE = "baseline tree, A/B units on"
 
 
 def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: argparse.Namespace,
-        traffic_args: list[str]) -> dict[str, float]:
-    """One run of the worker (``extra``: more of its arguments) on fresh live traffic; its CPU and events."""
+        traffic_args: list[str], source: str | None = None) -> dict[str, float]:
+    """One run of the worker (``extra``: more of its arguments; ``source``: the source tree it runs from, first on
+    its path, else this one) on fresh live traffic; its CPU and events."""
     prefix = f"steady-{name}-{time.monotonic_ns()}."
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
@@ -47,7 +51,8 @@ def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: 
                                 str(args.rate), "--topic-prefix", prefix, *traffic_args], env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([*COMMAND, "worker", "--broker", broker.url, "--metrics-port", str(port),
-                               "--topic-prefix", prefix, "--group", prefix.rstrip("."), *extra], env=env,
+                               "--topic-prefix", prefix, "--group", prefix.rstrip("."), *extra],
+                              env=env if source is None else {**env, "PYTHONPATH": source}, cwd=source,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -79,6 +84,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of counting before (15)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (3)")
     parser.add_argument("--config", help="also the worker with --config FILE (and A/B/n traffic for every run)")
+    parser.add_argument("--baseline", metavar="DIR", help="a source tree of another commit (e.g. a git worktree): "
+                        "its worker runs too, A/B units on, in the same rounds (its events per CPU-second against "
+                        "this tree's, run by run)")
     parser.add_argument("--out-dir", default=str(HERE / "out"))
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EVAL_")}
@@ -92,13 +100,17 @@ def main() -> None:
     ]
     if args.config:
         variants.append((f"--config {args.config}", {**env, "STREAM_EVAL_AB": "true"}, ["--config", args.config]))
+    baseline, baseline_commit = source_tree(args.baseline)
+    if baseline is not None:
+        variants.append((BASELINE, {**env, "STREAM_EVAL_AB": "true"}, []))
     started, machine = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine_info()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in variants}
     with Broker(free_port()) as broker:
         for i in range(args.repeat):
             for name, variant_env, extra in (variants if i % 2 == 0 else variants[::-1]):
                 slug = "".join(c if c.isalnum() else "-" for c in name.lower())
-                runs[name].append(run(broker, slug, variant_env, extra, args, traffic_args))
+                runs[name].append(run(broker, slug, variant_env, extra, args, traffic_args,
+                                      baseline if name == BASELINE else None))
                 r = runs[name][-1]
                 print(f"round {i + 1}: {name}: {r['events_per_s']:,.0f} events/s, {r['per_cpu']:,.0f} per "
                       f"CPU-second, {r['cores']:.2f} cores", flush=True)
@@ -115,13 +127,17 @@ def main() -> None:
     base = runs["A/B units off"]
     lines.append("")
     for name, rows in runs.items():
-        if name == "A/B units off":
+        if name in ("A/B units off", BASELINE):
             continue
         against = base if name == "A/B units on" else runs["A/B units on"]
         costs = [1.0 - r["per_cpu"] / b["per_cpu"] for r, b in zip(rows, against, strict=True)]
         what = "the A/B units" if name == "A/B units on" else f"`{name}` (against the A/B units on)"
         lines.append(f"Cost of {what}, events per CPU-second, run by run: "
                      f"{fmt_range(summary(costs), lambda x: f'{100 * x:.1f} %')}.")
+    if baseline is not None:
+        ratios = [r["per_cpu"] / b["per_cpu"] for r, b in zip(runs["A/B units on"], runs[BASELINE], strict=True)]
+        lines.append(f"This tree ÷ the baseline's (`--baseline`, at {baseline_commit}), A/B units on, events per "
+                     f"CPU-second, run by run: {fmt_range(summary(ratios), lambda x: f'{x:.2f}×')}.")
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out_dir)
