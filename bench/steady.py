@@ -94,23 +94,24 @@ def main() -> None:
     if args.config:
         traffic_args += ["--arms", "control:0.55,better:0.7,worse:0.4,same:0.55", "--segment",
                          "platform=ios,android,web"]
-    variants: list[tuple[str, dict[str, str], list[str]]] = [
-        ("A/B units on", {**env, "STREAM_EVAL_AB": "true"}, []),
-        ("A/B units off", {**env, "STREAM_EVAL_AB": "false"}, []),
+    # (name, environment, more worker arguments, the source tree it runs from: None for this one)
+    variants: list[tuple[str, dict[str, str], list[str], str | None]] = [
+        ("A/B units on", {**env, "STREAM_EVAL_AB": "true"}, [], None),
+        ("A/B units off", {**env, "STREAM_EVAL_AB": "false"}, [], None),
     ]
     if args.config:
-        variants.append((f"--config {args.config}", {**env, "STREAM_EVAL_AB": "true"}, ["--config", args.config]))
+        variants.append((f"--config {args.config}", {**env, "STREAM_EVAL_AB": "true"}, ["--config", args.config],
+                         None))
     baseline, baseline_commit = source_tree(args.baseline)
     if baseline is not None:
-        variants.append((BASELINE, {**env, "STREAM_EVAL_AB": "true"}, []))
+        variants.append((BASELINE, {**env, "STREAM_EVAL_AB": "true"}, [], baseline))
     started, machine = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine_info()
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in variants}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in variants}
     with Broker(free_port()) as broker:
         for i in range(args.repeat):
-            for name, variant_env, extra in (variants if i % 2 == 0 else variants[::-1]):
+            for name, variant_env, extra, source in (variants if i % 2 == 0 else variants[::-1]):
                 slug = "".join(c if c.isalnum() else "-" for c in name.lower())
-                runs[name].append(run(broker, slug, variant_env, extra, args, traffic_args,
-                                      baseline if name == BASELINE else None))
+                runs[name].append(run(broker, slug, variant_env, extra, args, traffic_args, source))
                 r = runs[name][-1]
                 print(f"round {i + 1}: {name}: {r['events_per_s']:,.0f} events/s, {r['per_cpu']:,.0f} per "
                       f"CPU-second, {r['cores']:.2f} cores", flush=True)

@@ -382,9 +382,15 @@ def _trec_eval() -> str:
                                                       ["-M", "3", "-q", "-m", "all_trec"]]))
 @pytest.mark.slow
 def test_output_is_trec_eval_byte_for_byte(data: tuple[Qrels, RunScores], options: list[str], tmp_path: Path) -> None:
-    paths = [str(p) for p in write_files(*data, tmp_path, extra=2)]
+    _agrees_with_trec_eval(options, [str(p) for p in write_files(*data, tmp_path, extra=2)])
+
+
+def _agrees_with_trec_eval(options: list[str], paths: list[str]) -> subprocess.CompletedProcess[str]:
+    """``stream-eval trec`` prints what trec_eval prints, byte for byte, with ``options`` on ``paths``; trec_eval's
+    run."""
     expected = subprocess.run([_trec_eval(), *options, *paths], capture_output=True, text=True, timeout=60)
     assert run_cli("trec", *options, *paths).stdout == expected.stdout
+    return expected
 
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trec"
@@ -406,11 +412,9 @@ def test_the_readme_sample_is_what_the_example_files_give() -> None:
 
 @pytest.mark.slow
 def test_the_example_files_give_trec_eval_byte_for_byte() -> None:
-    paths = [str(EXAMPLE / "qrels.txt"), str(EXAMPLE / "run.txt")]
     for options in ([], ["-q", "-m", "all_trec"]):
-        expected = subprocess.run([_trec_eval(), *options, *paths], capture_output=True, text=True, timeout=60)
+        expected = _agrees_with_trec_eval(options, [str(EXAMPLE / "qrels.txt"), str(EXAMPLE / "run.txt")])
         assert expected.returncode == 0 and expected.stdout
-        assert run_cli("trec", *options, *paths).stdout == expected.stdout
 
 
 def test_trec_config_keeps_every_document() -> None:

@@ -778,21 +778,21 @@ class StreamWorker:
                     # (the end of a backlog, a quiet stream), and after new work under live traffic (not behind the
                     # broker for _BACKLOG_AFTER): /metrics then shows the state within a poll
                     idle = not batch and not stage_records
-                    now = time.monotonic()
-                    behind_since = min(behind_since, now) if _lagging(self._consumer) else math.inf
+                    now, behind = time.monotonic(), _lagging(self._consumer)
+                    behind_since = min(behind_since, now) if behind else math.inf
                     live = now - behind_since < _BACKLOG_AFTER
                     read = (self.events_seen, stage_read)
-                    read_pending = self.readout_soon is not None and read != shown and (shown[0] == 0 or idle or live)
-                    if read_pending and self.readout_soon():  # type: ignore[misc]  # (not None: read_pending)
-                        shown, read_pending = read, False
+                    read_pending = False
+                    if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle or live):
+                        read_pending = not self.readout_soon()
+                        shown = shown if read_pending else read
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
                     # worker that has read all there is commits what it read at once (its outputs, the regroup
                     # records other workers' stage partitions wait for, and its stage partitions' looks, which stage
                     # partition 0 waits for), at most every _CAUGHT_UP_COMMITS of the interval; not while the broker
                     # holds input it has not handed out (a backlog: the next fetch is on its way)
                     since = time.monotonic() - last_checkpoint
-                    caught_up = idle and (self.events_seen != committed or self.stages.reporting()) and (
-                        not _lagging(self._consumer))
+                    caught_up = idle and not behind and (self.events_seen != committed or self.stages.reporting())
                     if since >= settings.checkpoint_interval or (
                             caught_up and since >= settings.checkpoint_interval * _CAUGHT_UP_COMMITS):
                         await self.checkpoint()
