@@ -31,6 +31,11 @@ uninterrupted worker's windows are exactly those is checked by the ``uninterrupt
 ready (``/readyz`` 200) and one holding the regroup stage; a group that never gets there (a worker stuck in a
 rebalance) fails after 120 s with the last values seen. On a failure the timeline of starts and kills (where each
 kill landed) and the tail of every worker's log are printed.
+
+``STREAM_EVAL_CRASH_SEED=N`` (default 0) shifts every seed here, the log's and each scenario's kill moments, so that
+a campaign of runs meets other moments than CI's (docs/reliability.md, "Stress campaigns")::
+
+    for n in 1 2 3; do STREAM_EVAL_CRASH_SEED=$n python3 -m pytest tests/test_crash.py -k kill || break; done
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ from stream_eval.stream.kafka import topics
 #: The short horizons of ``test_stream.SHORT``, as the workers' and replay's ``--config`` file.
 SHORT_TOML = 'attribution_window = "20s"\nallowed_lateness = "5s"\nsession_gap = "20s"\ngsb_window = "30s"\n'
 REQUESTS = 3000
-SEED = 41
+#: Added to every seed of this module (the log's, the kill moments'): 0 in CI.
+SHIFT = int(os.environ.get("STREAM_EVAL_CRASH_SEED", "0"))
+SEED = 41 + SHIFT
 #: ``stream-eval produce --speed``: the log's ~75 s of event time in ~37 s.
 SPEED = 2.0
 #: Labels of the series in docs/contract.md §5: everything else a worker adds is summed over.
@@ -585,7 +592,7 @@ def test_kill_the_only_worker_at_random_moments(cluster: Cluster, kills: int) ->
     A restart takes ~15 s before the new worker holds partitions (the dead member's 6 s session runs out; the
     development broker holds each JoinGroup 3 s, faust's control group first): the log goes out slower with kills,
     so that most of them land while it is still being produced."""
-    rng = random.Random(7 + kills)
+    rng = random.Random(7 + kills + SHIFT)
     with cluster:
         cluster.produce(speed=1.0 if kills else SPEED)
         worker = cluster.start("w0")
@@ -610,7 +617,7 @@ def test_kill_during_a_rebalance_and_the_stage_owner(cluster: Cluster) -> None:
     """A reads alone; B joins, and A is killed while the partitions move (a random 0.5-3.5 s after B's consumer
     exists: A revokes, checkpoints and rejoins within ~4 s of that) and started again (A2: a second rebalance,
     after A's session has run out); then whichever worker holds the regroup stage is killed and started again."""
-    rng = random.Random(11)
+    rng = random.Random(11 + SHIFT)
     with cluster:
         cluster.produce(speed=1.5)  # ~50 s: both kills land while the log is produced
         a = cluster.start("a")
@@ -643,7 +650,7 @@ def test_kill_during_a_rebalance_and_the_stage_owner(cluster: Cluster) -> None:
 def test_kill_the_regroup_stage_owner(cluster: Cluster, kill: bool) -> None:
     """Two workers read from the start; at a random moment (2-12 s after both have partitions) the one holding
     the regroup stage is killed and started again. ``no-kill``: the two-worker baseline."""
-    rng = random.Random(13)
+    rng = random.Random(13 + SHIFT)
     with cluster:
         cluster.produce()
         a, b = cluster.start("a"), cluster.start("b")
@@ -659,6 +666,29 @@ def test_kill_the_regroup_stage_owner(cluster: Cluster, kill: bool) -> None:
         cluster.check()
 
 
+def test_kill_two_of_three_workers(cluster: Cluster) -> None:
+    """Three workers read from the start (four input and four stage partitions: two of each on one worker, one on
+    each other). At random moments the one holding stage partition 0 (which merges the other stage partitions'
+    looks) is killed, and then one of the others, each started again: the merge of looks from partitions held
+    by three processes, through two hand-overs."""
+    rng = random.Random(19 + SHIFT)
+    with cluster:
+        cluster.produce(speed=1.5)
+        workers = [cluster.start(name) for name in ("a", "b", "c")]
+        for worker in workers:
+            cluster.wait_joined(worker)
+        time.sleep(rng.uniform(1.0, 6.0))
+        holder = cluster.stage_holder(timeout=10)
+        cluster.kill(holder)
+        cluster.start(f"{holder.name}-again")
+        time.sleep(rng.uniform(8.0, 14.0))  # past the dead member's session: the group has settled again
+        other = rng.choice([w for w in cluster.live if not w.holds_stage()])
+        cluster.kill(other)
+        cluster.start(f"{other.name}-again")
+        cluster.wait_produced()
+        cluster.check()
+
+
 @pytest.mark.parametrize("broker_kind", ["kafka"], indirect=True)  # transactions: only Apache Kafka runs them
 def test_a_worker_frozen_past_its_session_writes_nothing_twice(cluster: Cluster) -> None:
     """The zombie: of two workers, one is frozen (SIGSTOP) 2-6 s after both have partitions, for 20 s — past its
@@ -667,7 +697,7 @@ def test_a_worker_frozen_past_its_session_writes_nothing_twice(cluster: Cluster)
     producers fenced by the new owner's): /metrics, every request-metrics record and every dead letter exactly
     once, as replay. (The fenced log, on brokers without transactions, can write records twice here: its known
     gap.)"""
-    rng = random.Random(17)
+    rng = random.Random(17 + SHIFT)
     with cluster:
         cluster.produce(speed=1.0)
         a, b = cluster.start("a"), cluster.start("b")
