@@ -6,6 +6,7 @@
     PYSPY_RATE=1000 python bench/stream.py --profile  # the same at 1,000 samples a second (default 200)
     python bench/stream.py --baseline ../old  # also the worker of another source tree (a git worktree), run by run
     python bench/stream.py --only throughput --all-on bench/all-on.toml  # A/B/n traffic; the worker with the file too
+    python bench/stream.py --only throughput --workers-only --repeat 5  # no faust nor raw aiokafka: a quarter the time
 
 A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
 items per ranking, ~4 feedback events per request) is produced once, with end-of-stream watermarks, to the
@@ -145,18 +146,21 @@ def progress(text: str) -> tuple[float, float]:
     return events, requests
 
 
-def ab_cost(results: dict[str, Any]) -> dict[str, float]:
-    """1 - events/s with the A/B units on ÷ off, run by run (the runs alternate)."""
+def cost(results: dict[str, Any], on: str, off: str, key: str = "rate") -> dict[str, float]:
+    """1 - ``key`` (``rate``: events/s, or ``per_cpu``) of the runs ``on`` ÷ those of the runs ``off``, run by run
+    (the runs alternate)."""
     runs = results["throughput"]
-    return summary([1.0 - on["rate"] / off["rate"] for on, off in zip(runs["worker"], runs["worker-ab-off"],
-                                                                       strict=True)])
+    return summary([1.0 - a[key] / b[key] for a, b in zip(runs[on], runs[off], strict=True)])
+
+
+def ab_cost(results: dict[str, Any], key: str = "rate") -> dict[str, float]:
+    """The cost of the A/B units: the worker with them ÷ without."""
+    return cost(results, "worker", "worker-ab-off", key)
 
 
 def all_on_cost(results: dict[str, Any], key: str) -> dict[str, float]:
-    """1 - ``key`` (``rate`` or ``per_cpu``) of the worker with ``--all-on``'s file ÷ the default worker's, run by
-    run."""
-    runs = results["throughput"]
-    return summary([1.0 - on[key] / off[key] for on, off in zip(runs["worker-all-on"], runs["worker"], strict=True)])
+    """The cost of ``--all-on``'s file: the worker with it ÷ the default worker."""
+    return cost(results, "worker-all-on", "worker", key)
 
 
 def stage_state(text: str) -> tuple[float, ...]:
@@ -619,12 +623,15 @@ class StreamBench:
                     extra=("--config", self.args.all_on), expected=self.expected_all_on))
                 log(f"run {i + 1}: worker --config {self.args.all_on} {runs['worker-all-on'][-1]['rate']:,.0f} "
                     f"events/s, {runs['worker-all-on'][-1]['per_cpu']:,.0f} per CPU-second")
+            if self.args.workers_only:
+                continue
             runs["faust"].append(self.run_child("faust", prefix, f"faust{i}", messages))
             log(f"run {i + 1}: naive faust {runs['faust'][-1]['rate']:,.0f} events/s")
             runs["raw"].append(self.run_child("raw", prefix, f"raw{i}", messages))
             log(f"run {i + 1}: raw aiokafka {runs['raw'][-1]['rate']:,.0f} events/s")
         self.results["throughput"] = runs
-        self.results["ratio"] = [w["rate"] / f["rate"] for w, f in zip(runs["worker"], runs["faust"], strict=True)]
+        self.results["ratio"] = [w["rate"] / f["rate"] for w, f in zip(runs["worker"], runs["faust"], strict=True)] \
+            if runs["faust"] else []
         self.results["cpu_ratio"] = [w["per_cpu"] / r["per_cpu"] for w, r in zip(runs["worker"], runs["replay"],
                                                                                   strict=True)]
         if self.args.profile:
@@ -815,7 +822,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"{data['feedback']:,} feedback; {data['bytes'] / data['events']:.0f} bytes per event on average) + "
             f"{data['watermarks']} end-of-stream watermarks, {PARTITIONS} partitions per topic, produced once "
             f"({data['events'] / data['produce_seconds']:,.0f} events/s). Each row: median (min–max) of "
-            f"{len(runs['worker'])} runs, interleaved worker, faust, aiokafka, with a fresh consumer group each."
+            f"{len(runs['worker'])} runs, interleaved "
+            f"{'workers only (`--workers-only`)' if args.workers_only else 'worker, faust, aiokafka'}, with a fresh "
+            f"consumer group each."
         )
         out.append("")
         out.append("| Consumer (one process) | events/s | time, s (from the start of its work) "
@@ -844,10 +853,11 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                        f"| {per_cpu} |")
         out.append("")
         rate = summary([r["rate"] for r in runs["worker"]])
-        ratio = summary(results["ratio"])
-        raw = statistics.median(r["rate"] for r in runs["raw"])
-        out.append(f"Worker ÷ naive faust, run by run: {fmt_range(ratio, lambda x: f'{x:.2f}×')}; worker ÷ raw "
-                   f"aiokafka: {rate['median'] / raw:.2f}×.")
+        ratio = summary(results["ratio"]) if results["ratio"] else None
+        if ratio is not None:
+            raw = statistics.median(r["rate"] for r in runs["raw"])
+            out.append(f"Worker ÷ naive faust, run by run: {fmt_range(ratio, lambda x: f'{x:.2f}×')}; worker ÷ raw "
+                       f"aiokafka: {rate['median'] / raw:.2f}×.")
         if results.get("cpu_ratio"):
             out.append(f"Worker's events per CPU-second ÷ replay's, run by run: "
                        f"{fmt_range(summary(results['cpu_ratio']), lambda x: f'{x:.2f}×')}.")
@@ -857,9 +867,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                        f"{fmt_range(summary([w['rate'] / b['rate'] for w, b in zip(runs['worker'], runs['baseline'], strict=True)]), lambda x: f'{x:.2f}×')}"  # noqa: E501
                        f", events per CPU-second {fmt_range(summary(per_cpu), lambda x: f'{x:.2f}×')}.")
         if runs.get("worker-ab-off"):
-            cost = ab_cost(results)
-            out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): "
-                       f"{fmt_range(cost, lambda x: f'{100 * x:.1f} %')}.")
+            out.append(f"Cost of the A/B units (1 - on ÷ off, run by run): events/s "
+                       f"{fmt_range(ab_cost(results), lambda x: f'{100 * x:.1f} %')}, events per CPU-second "
+                       f"{fmt_range(ab_cost(results, 'per_cpu'), lambda x: f'{100 * x:.1f} %')}.")
         if runs.get("worker-all-on"):
             cost_cpu, cost_rate = all_on_cost(results, "per_cpu"), all_on_cost(results, "rate")
             out.append(f"Cost of `{args.all_on}` (1 - with ÷ without, run by run): events per CPU-second "
@@ -868,7 +878,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         out.append("")
         rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", rate["median"]
                      >= TARGET_EVENTS_PER_S))
-        rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", ratio["median"] >= TARGET_RATIO))
+        if ratio is not None:
+            rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", ratio["median"] >= TARGET_RATIO))
         if results.get("cpu_ratio"):
             rows.append(("worker's events per CPU-second ÷ replay's", f"≥ {TARGET_CPU_RATIO}×",
                          summary(results["cpu_ratio"])["median"] >= TARGET_CPU_RATIO))
@@ -921,8 +932,9 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         out.append("|---|---|---|---|")
         measured = []
         if "throughput" in results:
-            measured += [fmt_range(summary([r["rate"] for r in results["throughput"]["worker"]])) + " events/s",
-                         fmt_range(summary(results["ratio"]), lambda x: f"{x:.2f}×")]
+            measured.append(fmt_range(summary([r["rate"] for r in results["throughput"]["worker"]])) + " events/s")
+            if results["ratio"]:
+                measured.append(fmt_range(summary(results["ratio"]), lambda x: f"{x:.2f}×"))
             if results.get("cpu_ratio"):
                 measured.append(fmt_range(summary(results["cpu_ratio"]), lambda x: f"{x:.2f}×"))
             if results["throughput"].get("worker-ab-off"):
@@ -975,6 +987,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--poll", type=float, default=0.25, help="seconds between /metrics polls (throughput)")
     p.add_argument("--memory-requests", type=int, help="open requests (default 100,000; 30,000 with --quick)")
     p.add_argument("--only", help="comma-separated subset of: throughput,latency,memory")
+    p.add_argument("--workers-only", action="store_true",
+                   help="throughput without the naive faust agent and raw aiokafka (most of a run's time): the "
+                        "workers, A/B units on and off, and replay's pass")
     p.add_argument("--profile", action="store_true", help="also one worker run under py-spy")
     p.add_argument("--native", action="store_true", help="the py-spy profile with native frames (C, numba)")
     p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its worker runs too, "
