@@ -812,7 +812,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         f"Broker: {machine.get('broker', 'Tansu')}."
     )
     out.append("")
-    rows: list[tuple[str, str, bool | None]] = []
+    rows: list[tuple[str, str, str, bool]] = []  # target, required, measured, met
     if "throughput" in results:
         data, runs = results["data"], results["throughput"]
         out.append(
@@ -876,18 +876,23 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                        f"{fmt_range(cost_cpu, lambda x: f'{100 * x:.1f} %')}, events/s "
                        f"{fmt_range(cost_rate, lambda x: f'{100 * x:.1f} %')}.")
         out.append("")
-        rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", rate["median"]
-                     >= TARGET_EVENTS_PER_S))
+        times, percent = (lambda x: f"{x:.2f}×"), (lambda x: f"{100 * x:.1f} %")
+        rows.append(("events/s of one worker process", f"≥ {TARGET_EVENTS_PER_S:,}", fmt_range(rate) + " events/s",
+                     rate["median"] >= TARGET_EVENTS_PER_S))
         if ratio is not None:
-            rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", ratio["median"] >= TARGET_RATIO))
+            rows.append(("worker ÷ naive faust agent", f"≥ {TARGET_RATIO}×", fmt_range(ratio, times),
+                         ratio["median"] >= TARGET_RATIO))
         if results.get("cpu_ratio"):
+            cpu_ratio = summary(results["cpu_ratio"])
             rows.append(("worker's events per CPU-second ÷ replay's", f"≥ {TARGET_CPU_RATIO}×",
-                         summary(results["cpu_ratio"])["median"] >= TARGET_CPU_RATIO))
+                         fmt_range(cpu_ratio, times), cpu_ratio["median"] >= TARGET_CPU_RATIO))
         if runs.get("worker-ab-off"):
-            rows.append(("cost of the A/B units (events/s)", "≤ 10 %", ab_cost(results)["median"] <= 0.10))
+            ab = ab_cost(results)
+            rows.append(("cost of the A/B units (events/s)", "≤ 10 %", fmt_range(ab, percent), ab["median"] <= 0.10))
         if runs.get("worker-all-on"):
-            rows.append((f"cost of `{args.all_on}` (events per CPU-second)", "≤ 10 %",
-                         all_on_cost(results, "per_cpu")["median"] <= 0.10))
+            all_on = all_on_cost(results, "per_cpu")
+            rows.append((f"cost of `{args.all_on}` (events per CPU-second)", "≤ 10 %", fmt_range(all_on, percent),
+                         all_on["median"] <= 0.10))
     if "latency" in results:
         lat = results["latency"]
         out.append(
@@ -904,7 +909,7 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         )
         out.append("")
         rows.append((f"p99 latency at {lat['rate_target']:,.0f} events/s", f"< {TARGET_P99_S:g} s",
-                     lat["p99"] < TARGET_P99_S and not lat["missed"]))
+                     f"{lat['p99'] * 1000:.0f} ms", lat["p99"] < TARGET_P99_S and not lat["missed"]))
     if "memory" in results:
         mem = results["memory"]
         rss, traced = mem["rss"], mem["tracemalloc"]
@@ -926,27 +931,12 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             )
         out.append("")
         rows.append(("memory per open request (20 items)", f"≤ {TARGET_BYTES_PER_REQUEST:,} bytes",
-                     rss["rss_per_request"] <= TARGET_BYTES_PER_REQUEST))
+                     f"{rss['rss_per_request']:,.0f} bytes (RSS)", rss["rss_per_request"] <= TARGET_BYTES_PER_REQUEST))
     if rows:
         out.append("| Target | Required | Measured | Verdict |")
         out.append("|---|---|---|---|")
-        measured = []
-        if "throughput" in results:
-            measured.append(fmt_range(summary([r["rate"] for r in results["throughput"]["worker"]])) + " events/s")
-            if results["ratio"]:
-                measured.append(fmt_range(summary(results["ratio"]), lambda x: f"{x:.2f}×"))
-            if results.get("cpu_ratio"):
-                measured.append(fmt_range(summary(results["cpu_ratio"]), lambda x: f"{x:.2f}×"))
-            if results["throughput"].get("worker-ab-off"):
-                measured.append(fmt_range(ab_cost(results), lambda x: f"{100 * x:.1f} %"))
-            if results["throughput"].get("worker-all-on"):
-                measured.append(fmt_range(all_on_cost(results, "per_cpu"), lambda x: f"{100 * x:.1f} %"))
-        if "latency" in results:
-            measured.append(f"{results['latency']['p99'] * 1000:.0f} ms")
-        if "memory" in results:
-            measured.append(f"{results['memory']['rss']['rss_per_request']:,.0f} bytes (RSS)")
-        for (name, required, ok), value in zip(rows, measured, strict=True):
-            out.append(f"| {name} | {required} | {value} | {verdict(bool(ok))} |")
+        for name, required, value, ok in rows:
+            out.append(f"| {name} | {required} | {value} | {verdict(ok)} |")
         out.append("")
     if "profile" in results:
         pr = results["profile"]
