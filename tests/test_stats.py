@@ -9,6 +9,8 @@ quantile of Binomial(experiments, alpha), so that a valid test fails this check 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -18,14 +20,25 @@ import numpy.typing as npt
 import pytest
 import scipy.integrate
 import scipy.stats
-from gbstats.frequentist.tests import SequentialConfig, SequentialTwoSidedTTest, TwoSidedTTest
-from gbstats.models.statistics import (
-    RatioStatistic,
-    RegressionAdjustedStatistic,
-    SampleMeanStatistic,
-    TestStatistic,
-    compute_theta,
-)
+
+try:
+    from gbstats.frequentist.tests import SequentialConfig, SequentialTwoSidedTTest, TwoSidedTTest
+    from gbstats.models.statistics import (
+        RatioStatistic,
+        RegressionAdjustedStatistic,
+        SampleMeanStatistic,
+        TestStatistic,
+        compute_theta,
+    )
+except ImportError:
+    # gbstats 0.8 needs pandas < 2 and numpy < 2: the test extra installs it on Python 3.11 only (pandas 1 has no
+    # wheels for 3.12+), and scripts/test's second pass, on numpy 2, leaves it out (STREAM_EVAL_WITHOUT_GBSTATS=1).
+    # There the oracle tests are skipped, saying why; elsewhere a missing gbstats is an error.
+    if not os.environ.get("STREAM_EVAL_WITHOUT_GBSTATS") and (os.environ.get("CI") or sys.version_info < (3, 12)):
+        raise
+    GBSTATS = False
+else:
+    GBSTATS = True
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -92,6 +105,11 @@ def cumulative_arm(units: Units, step: int) -> ArmSums:
     )
 
 
+#: The tests whose oracle is gbstats (skipped where it is not installed, see the imports).
+needs_gbstats = pytest.mark.skipif(not GBSTATS, reason="gbstats (the oracle) is not installed: it needs numpy < 2 "
+                                   "and pandas < 2, which has no wheels for Python 3.12+")
+
+
 def ever(flags: npt.NDArray[np.bool_]) -> int:
     """How many experiments (rows) have a True at any look (column)."""
     return int(np.any(flags, axis=1).sum())
@@ -123,6 +141,7 @@ def assert_close(ours: float, theirs: float, rel: float = 1e-9) -> None:
     assert ours == pytest.approx(theirs, rel=rel, abs=0.0), (ours, theirs)
 
 
+@needs_gbstats
 @pytest.mark.parametrize("seed", range(6))
 def test_ratio_comparison_matches_gbstats(seed: int) -> None:
     """Delta, fixed interval, confidence sequence and always-valid p-value against gbstats' sequential and
@@ -170,6 +189,7 @@ def _against_gbstats(kind: str, control: Callable[[], TestStatistic], treatment:
     return sequential
 
 
+@needs_gbstats
 @pytest.mark.parametrize("seed", range(6))
 def test_relative_lift_matches_gbstats(seed: int) -> None:
     """Lift (treatment / control - 1), its fixed interval and its confidence sequence against gbstats' relative
@@ -191,6 +211,7 @@ def test_relative_lift_matches_gbstats(seed: int) -> None:
     assert math.isnan(float(zero.lift[0])) and math.isnan(float(zero.lift_cs_lower[0]))
 
 
+@needs_gbstats
 def test_mean_metric_with_one_request_per_unit_matches_gbstats_sample_mean() -> None:
     """With n_i = 1 the ratio is a plain mean and its variance the sample variance of the mean."""
     rng = np.random.default_rng(11)
@@ -211,6 +232,7 @@ def test_mean_metric_with_one_request_per_unit_matches_gbstats_sample_mean() -> 
     assert_close(float(variance[0]), float(y_c.var(ddof=1) / 300))
 
 
+@needs_gbstats
 def test_ratio_variance_matches_gbstats_ratio_statistic_per_metric() -> None:
     """Several metrics at once, with units that have no request for some metric (they do not count)."""
     rng = np.random.default_rng(5)
@@ -538,6 +560,7 @@ def one_per_unit(post: Floats, pre: Floats) -> ArmSums:
     return ArmSums.of_units(post[:, None], ones, pre[:, None], ones)
 
 
+@needs_gbstats
 @pytest.mark.parametrize(("seed", "kind"), [(s, k) for s in range(4) for k in ("absolute", "relative")])
 def test_cuped_matches_gbstats_regression_adjusted_statistic(seed: int, kind: str) -> None:
     """With one request per unit in both periods the ratio metric is a mean and our CUPED is gbstats': theta

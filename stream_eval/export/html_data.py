@@ -44,7 +44,7 @@ class KeyedSums(Generic[K]):
 
     >>> sums = KeyedSums[str](2)
     >>> sums.add(["a", "b", "a"], np.array([[1.0, np.nan], [2.0, 4.0], [3.0, 5.0]]))
-    >>> sums.means("a").tolist(), sums.requests[sums.index["a"]]
+    >>> sums.means("a").tolist(), float(sums.requests[sums.index["a"]])
     ([2.0, 5.0], 2.0)
     """
 
