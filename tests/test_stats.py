@@ -20,6 +20,10 @@ import numpy.typing as npt
 import pytest
 import scipy.integrate
 import scipy.stats
+from ci import in_ci
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 try:
     from gbstats.frequentist.tests import SequentialConfig, SequentialTwoSidedTTest, TwoSidedTTest
@@ -34,14 +38,11 @@ except ImportError:
     # gbstats 0.8 needs pandas < 2 and numpy < 2: the test extra installs it on Python 3.11 only (pandas 1 has no
     # wheels for 3.12+), and scripts/test's second pass, on numpy 2, leaves it out (STREAM_EVAL_WITHOUT_GBSTATS=1).
     # There the oracle tests are skipped, saying why; elsewhere a missing gbstats is an error.
-    if not os.environ.get("STREAM_EVAL_WITHOUT_GBSTATS") and (os.environ.get("CI") or sys.version_info < (3, 12)):
+    if not os.environ.get("STREAM_EVAL_WITHOUT_GBSTATS") and (in_ci() or sys.version_info < (3, 12)):
         raise
     GBSTATS = False
 else:
     GBSTATS = True
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
 
 from stream_eval.stats import (
     ArmSums,
