@@ -48,6 +48,8 @@ SEEDS: list[dict[str, Any]] = [
     {"type": "feedback", "request_id": "r2", "item": "dé", "kind": "purchase", "ts": T0 + 2, "page": "home"},
     {"type": "ranking", "request_id": "r1", "ts": T0, "items": ["d1", "d2", "d3"], "scores": [0.5, 0.25, 0.125],
      "query_id": "q", "session_id": "s", "experiment": "e", "arm": "a"},
+    {"type": "ranking", "request_id": "r3", "ts": T0 + 3, "items": ["d1", "d2"], "unit_id": "u",
+     "attributes": {"platform": "ios", "locale": "en-GB"}},
     {"type": "ranking", "request_id": "r2", "ts": T0, "items": ["d1", "dé"], "teams": ["a", "b"],
      "subtopics": [["x"], []], "unit_id": "u", "extra": {"k": [1, 2]}},
     {"type": "judgment", "experiment": "e", "query_id": "q", "verdict": "good", "ts": "2026-01-01T00:05:00Z"},
@@ -73,6 +75,8 @@ HOSTILE = {
     "large": [MEGABYTE, b"[" * 3000 + b"]" * 3000, b'{"x":' * 2000 + b"1" + b"}" * 2000, b"[" * 100 + b"]" * 100,
               b'{"a":1,"a":2}', b'["a","a"]', b"[" + b",".join([b'"i"'] * 2000) + b"]"],
     "not_utf8": [b'"a' + bad + b'"' for bad in NOT_UTF8],
+    "objects": [b'{"a":"b"}', b'{"a":"b","a":"c"}', b'{"a":"\xc3\xa9"}', b'{ "a" : "b" }', b'{"a":"b",}',
+                b'{"a":"\\u0062"}', b'{"":""}', b'{"a":"b","c":null}', b'{"a":"b"}}'],
 }
 #: Numbers a time or a grade may be.
 NUMBERS = [b"1767225601", b"1767225601.25", b"1767225601.0000000000001", b"1.7672256e9", b"3", b"0", b"0.5", b"-0.0"]

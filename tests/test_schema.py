@@ -867,12 +867,41 @@ RANKING_EDGE = [  # rankings the compiled reader must make compact exactly as ms
     b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"],"dwell":5}',
     b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"],"dwell":[5]}',
 ]
+ATTRIBUTES_EDGE = [  # a ranking's attributes: a flat object of ASCII strings, each key once, up to 16, is read by
+    # the compiled reader (the first seven lines and the one of 16 keys), anything else is left to msgspec
+    b"{" + RK + b',"attributes":{"platform":"ios"}}',
+    b"{" + RK + b',"attributes":{"platform":"ios","locale":"en-GB"},"unit_id":"u1"}',
+    b"{" + RK + b',"attributes":{ "platform" : "ios" , "locale":"" }}',
+    b"{" + RK + b',"attributes":{"":""}}',
+    b"{" + RK + b',"attributes":{}}',
+    b"{" + RK + b',"attributes":{ }}',
+    b"{" + RK + b',"attributes":null}',
+    b"{" + RK + b',"attributes":{"platform":"ios","platform":"web"}}',
+    b"{" + RK + b',"attributes":{"platform":"ios","locale":"en","platform":"web"}}',
+    b"{" + RK + b',"attributes":{"platform":5}}',
+    b"{" + RK + b',"attributes":{"platform":null}}',
+    b"{" + RK + b',"attributes":{"platform":["ios"]}}',
+    b"{" + RK + b',"attributes":{"platform":{"os":"ios"}}}',
+    b"{" + RK + b',"attributes":{"platform":"ios",}}',
+    b"{" + RK + b',"attributes":{"platform" "ios"}}',
+    b"{" + RK + b',"attributes":{"platform":"ios"',
+    b"{" + RK + b',"attributes":{"platform":"i\\u006fs"}}',
+    b"{" + RK + b',"attributes":{"pl\\u0061tform":"ios"}}',
+    b"{" + RK + b',"attributes":{"platform":"\xc3\xa9"}}',
+    b"{" + RK + b',"attributes":{"platform":"\xff"}}',
+    b"{" + RK + b',"attributes":{' + b",".join(b'"k%d":"v"' % k for k in range(17)) + b"}}",
+    b"{" + RK + b',"attributes":{' + b",".join(b'"k%d":"v"' % k for k in range(16)) + b"}}",
+    b"{" + RK + b',"attributes":"ios"}',
+    b"{" + RK + b',"attributes":{"platform":"ios"},"attributes":{"platform":"web"}}',
+    b"{" + RK + b',"other":{"platform":"ios"}}',
+    b'{"type":"feedback","request_id":"r9","item":"a","ts":5,"attributes":{"platform":"ios"}}',
+]
 KINDS_CONFIG = Config(kinds=(("purchase", 3.0),))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + MALFORMED + COMPACT_GOOD + COMPACT_EDGE
-                                + NOT_ONE_EVENT + FEEDBACK_EDGE + RANKING_EDGE), max_size=25),
+                                + NOT_ONE_EVENT + FEEDBACK_EDGE + RANKING_EDGE + ATTRIBUTES_EDGE), max_size=25),
        st.booleans(), st.sampled_from([CONFIG, KINDS_CONFIG]))
 def test_lines_read_by_compiled_code_equal_msgspec(lines: list[bytes], last_newline: bool, config: Config) -> None:
     """Every line decodes to the same event, in the same order, with the same line number in its reason,
@@ -889,6 +918,44 @@ def comparable(events: list[Any]) -> list[Any]:
             if type(e) is CompactRanking else e for e in events]
 
 
+@pytest.mark.parametrize("line", ATTRIBUTES_EDGE, ids=lambda line: line[len(RK) + 2:].decode("latin-1"))
+def test_a_ranking_s_attributes_read_the_same_compiled_and_by_msgspec(line: bytes) -> None:
+    """Each line alone, and twice in one chunk (the second time its attributes are known), decodes to the same event
+    or reason by either reader; a flat object of strings becomes the ranking's attributes, an empty one none."""
+    for chunk in (line, line + b"\n" + line):
+        columns = decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()
+        assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 3, "f"))
+    if type(columns[0]) is CompactRanking:
+        given = msgspec.json.decode(line).get("attributes")
+        assert columns[0].attributes == (given or None) == columns[1].attributes
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=20), min_size=1, max_size=6),
+       st.booleans(), st.sampled_from([(",", ":"), (", ", ": ")]))
+def test_any_attributes_read_the_same_compiled_and_by_msgspec(objects: list[dict[str, str]], ascii_only: bool,
+                                                               separators: tuple[str, str]) -> None:
+    """Rankings with any ``attributes`` of strings (escaped or not, any characters, up to 20 keys) decode the same
+    by either reader."""
+    lines = [RK + b',"attributes":' + json.dumps(value, ensure_ascii=ascii_only, separators=separators).encode()
+             for value in objects]
+    chunk = b"\n".join(b"{" + line + b"}" for line in lines)
+    columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
+    assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    assert [e.attributes for e in columns] == [value or None for value in objects]
+
+
+def test_attributes_beyond_the_shared_table_are_decoded_all_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the table of shared attributes is full, new ones are still decoded (each chunk's once), not kept."""
+    monkeypatch.setattr(schema, "_MAX_ATTRIBUTE_SETS", len(schema.ATTRIBUTE_SETS) + 1)
+    values = [{"platform": f"p{k % 3}", "table": "full"} for k in range(7)]
+    chunk = b"\n".join(b"{" + RK + b',"attributes":' + json.dumps(value).encode() + b"}" for value in values)
+    before = dict(schema.ATTRIBUTE_SETS)
+    decoded = decode_chunk_columns(chunk, CONFIG).as_list()
+    assert [e.attributes for e in decoded] == values and schema.ATTRIBUTE_SETS == before
+    assert decoded[0].attributes is decoded[3].attributes  # (one decoding a chunk)
+
+
 def test_plain_feedback_is_read_into_columns() -> None:
     """The forms a log usually has do not go through msgspec (they are in the columns, not the objects)."""
     dwell = FEEDBACK_EDGE[-15:]  # with a dwell: numbers in the plain form, a long decimal, null
@@ -902,7 +969,7 @@ def test_plain_feedback_is_read_into_columns() -> None:
 
 def test_plain_rankings_do_not_go_through_msgspec(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forms a log usually has are made compact by the compiled reader; the others still decode."""
-    plain = [RANKING_EDGE[k] for k in (0, 1, 2, 3, 4, 8, 15, 23, 36, 37)]
+    plain = [*(RANKING_EDGE[k] for k in (0, 1, 2, 3, 4, 8, 15, 23, 36, 37)), *ATTRIBUTES_EDGE[:7], ATTRIBUTES_EDGE[21]]
     expected = decode_chunk_compact(b"\n".join(plain), CONFIG)
     monkeypatch.setattr(schema, "decode_chunk_compact", None)  # any line left to msgspec would fail here
     decoded = decode_chunk_columns(b"\n".join(plain), CONFIG)

@@ -16,7 +16,8 @@ are not UTF-8 in values it skips, a key twice) :func:`screen_lines` finds in the
 * Feedback: ``"type": "feedback"``, a non-empty request id, an item, a kind of the config (``click`` when
   absent) with a grade, or one that has a default grade.
 * Rankings: ``"type": "ranking"``, ASCII request id, labels and items; ``items`` an array of strings; ``scores``
-  an array of numbers or null; ``teams`` and ``subtopics`` absent or null (anything else goes to msgspec).
+  an array of numbers or null; ``teams`` and ``subtopics`` absent or null; ``attributes`` absent, null or a flat
+  object of ASCII strings, each key once (anything else goes to msgspec).
 
 Numbers are read here only in the form where one division is correctly rounded (at most 15 digits, no
 exponent: both the digits and the power of ten are exact doubles). Longer decimal fractions (a time in
@@ -68,15 +69,18 @@ _RANKING = np.frombuffer(b"ranking", dtype=np.uint8)
 #: What a line is, as :func:`scan_lines` tells.
 FEEDBACK, RANKING = 1, 2
 #: Types of values.
-_ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY = range(6)
+_ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY, _OBJECT = range(7)
 #: The columns of :func:`scan_lines`'s ``fields``: start and end of each key's value (a string's inside its
-#: quotes; an array with its brackets; -1 for a ranking's optional value that is absent or null), then the index
-#: of the kind, and whether the time, the grade and the dwell were read exactly (else parse their text).
+#: quotes; an array with its brackets, an object with its braces; -1 for a ranking's optional value that is absent
+#: or null), then the index of the kind, and whether the time, the grade and the dwell were read exactly (else parse
+#: their text).
 COLUMNS = {key.decode(): (2 * k, 2 * k + 1) for k, key in enumerate(_KEYS)}
 KIND_INDEX, TS_EXACT, GRADE_EXACT, DWELL_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2, 2 * _N_KEYS + 3
 _WIDTH = 2 * _N_KEYS + 4
 #: A line with more keys that are not read here goes to msgspec.
 _MAX_OTHER_KEYS = 16
+#: A ranking whose ``attributes`` has more keys goes to msgspec.
+_MAX_ATTRIBUTES = 16
 
 
 @nb.njit(cache=True, inline="always")
@@ -219,6 +223,44 @@ def _number(b: Bytes, i: int, e: int) -> tuple[int, float, bool]:  # pragma: no 
     return i, -value if negative and (decimals or mantissa) else value, True
 
 
+@nb.njit(cache=True)
+def _attributes_end(b: Bytes, i: int, e: int, keys: Ints) -> int:  # pragma: no cover  # compiled
+    """``b[i]`` opens an object: the index after it if it is flat, of ASCII string keys and values without escapes,
+    each key once and at most :data:`_MAX_ATTRIBUTES` of them (what ``dict[str, str]`` decodes to the same
+    mapping); else -1. ``keys`` is scratch space (the bounds of the keys read)."""
+    i = _skip(b, i + 1, e)
+    if i < e and b[i] == 125:
+        return i + 1
+    n = 0
+    while True:
+        if i >= e or b[i] != 34 or n == _MAX_ATTRIBUTES:
+            return -1
+        close, ascii = _string_end(b, i, e)
+        if close < 0 or not ascii:
+            return -1
+        for k in range(n):
+            if equal_bytes(b, keys[2 * k], keys[2 * k + 1], b, i + 1, close):
+                return -1  # a key twice: msgspec keeps the last value
+        keys[2 * n], keys[2 * n + 1] = i + 1, close
+        n += 1
+        i = _skip(b, close + 1, e)
+        if i >= e or b[i] != 58:
+            return -1
+        i = _skip(b, i + 1, e)
+        if i >= e or b[i] != 34:
+            return -1
+        close, ascii = _string_end(b, i, e)
+        if close < 0 or not ascii:
+            return -1
+        i = _skip(b, close + 1, e)
+        if i < e and b[i] == 44:
+            i = _skip(b, i + 1, e)
+            continue
+        if i < e and b[i] == 125:
+            return i + 1
+        return -1
+
+
 @nb.njit(cache=True, inline="always")
 def _literal(b: Bytes, i: int, e: int) -> tuple[int, int]:  # pragma: no cover  # compiled
     """``null``/``true``/``false`` at ``b[i]``: (the index after it, 0/1/2), or (-1, -1)."""
@@ -233,13 +275,14 @@ def _literal(b: Bytes, i: int, e: int) -> tuple[int, int]:  # pragma: no cover  
 
 @nb.njit(cache=True)
 def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats, click: int,
-          out: Ints, values: Floats, what: Ints, ascii: Bools, others: Ints) -> int:  # pragma: no cover  # compiled
+          out: Ints, values: Floats, what: Ints, ascii: Bools, others: Ints,
+          attributes: Ints) -> int:  # pragma: no cover  # compiled
     """Read the line ``b[s:e]`` if it is a feedback or a ranking in the plain form: returns FEEDBACK or RANKING
     (0: neither). ``out`` gets the bounds of each key's value (see :data:`COLUMNS`), the kind's index and
     whether the time, the grade and the dwell are exact; ``values`` the grade, the time and the dwell (NaN: none).
-    ``what``, ``ascii`` and ``others`` are scratch space: the type of each key's value (_ABSENT...), whether a string
-    value is ASCII, and the bounds of the other keys (a key repeated, known or not, leaves the line to msgspec and
-    its check)."""
+    ``what``, ``ascii``, ``others`` and ``attributes`` are scratch space: the type of each key's value (_ABSENT...),
+    whether a string value is ASCII, the bounds of the other keys (a key repeated, known or not, leaves the line to
+    msgspec and its check) and those of the keys of ``attributes``."""
     what[:] = _ABSENT
     ascii[:] = True
     n_others = 0
@@ -302,6 +345,14 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
             elif key == _TS:
                 ts, ts_exact = value, exact
             end = i
+        elif c == 123:
+            if key != _ATTRIBUTES:
+                return 0  # an object of another key: msgspec
+            i = _attributes_end(b, i, e, attributes)
+            if i < 0:
+                return 0
+            what[key] = _OBJECT
+            end = i
         elif c == 91:
             i, plain = _array_end(b, i, e, key != _SCORES)
             if i < 0 or not (key == _ITEMS or key == _SCORES or key == 0):
@@ -338,6 +389,8 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
             return 0
         if what[_DWELL] == _STRING or what[_DWELL] == _BOOL or what[_DWELL] == _ARRAY:
             return 0  # not a number: msgspec gives the reason
+        if what[_ATTRIBUTES] == _OBJECT:
+            return 0  # (no field of feedback: msgspec skips it)
         kind = click
         if what[_KIND] != _ABSENT:
             if what[_KIND] != _STRING:
@@ -360,8 +413,8 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
         return 0
     if what[_ITEMS] != _ARRAY or not (ascii[_REQUEST_ID] and ascii[_ITEMS]):
         return 0
-    if what[_ATTRIBUTES] != _ABSENT and what[_ATTRIBUTES] != _NULL:
-        return 0  # an object (segments are read from it) or not one (bad_attributes): msgspec
+    if not (what[_ATTRIBUTES] == _ABSENT or what[_ATTRIBUTES] == _NULL or what[_ATTRIBUTES] == _OBJECT):
+        return 0  # not an object (bad_attributes): msgspec gives the reason
     if not (what[_SCORES] == _ARRAY or what[_SCORES] == _NULL or what[_SCORES] == _ABSENT):
         return 0
     for key in (_QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _UNIT_ID):
@@ -371,8 +424,8 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
     if not ((what[_TEAMS] == _ABSENT or what[_TEAMS] == _NULL) and (what[_SUBTOPICS] == _ABSENT
                                                                     or what[_SUBTOPICS] == _NULL)):
         return 0
-    for key in (_SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _UNIT_ID):
-        if what[key] != _STRING and what[key] != _ARRAY:
+    for key in (_SCORES, _QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _UNIT_ID, _ATTRIBUTES):
+        if what[key] != _STRING and what[key] != _ARRAY and what[key] != _OBJECT:
             out[2 * key - 2] = out[2 * key - 1] = -1  # none (absent or null)
     return RANKING
 
@@ -429,9 +482,10 @@ def _scan(b: Bytes, lines: Ints, kinds: Bytes, kind_starts: Ints, kind_ends: Int
     what = np.zeros(_N_KEYS + 1, np.int64)
     ascii = np.ones(_N_KEYS + 1, np.bool_)
     others = np.empty(2 * _MAX_OTHER_KEYS, np.int64)
+    attributes = np.empty(2 * _MAX_ATTRIBUTES, np.int64)
     for k in range(rows):
         fast[k] = _line(b, lines[k, 0], lines[k, 1], kinds, kind_starts, kind_ends, grades, click, fields[k],
-                        values[k], what, ascii, others)
+                        values[k], what, ascii, others, attributes)
     return lines, fast, fields, values
 
 

@@ -14,7 +14,8 @@ import functools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import repeat
 from operator import attrgetter
@@ -970,8 +971,42 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     times = ts.tolist()  # parsed by _check_numbers
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
-                    labels("arm", "default"), repeat(None), repeat(None), strings("unit_id")))
+                    labels("arm", "default"), repeat(None), repeat(None), strings("unit_id"),
+                    _attributes(chunk, *(columns[k] for k in scan.COLUMNS["attributes"]))))
     return PlainRankings(made, raw, text, columns), plain
+
+
+_ATTRIBUTES_DECODER = msgspec.json.Decoder(list[dict[str, str]])
+#: The ``attributes`` of rankings read by the compiled reader, by their JSON text: few distinct ones (a segment's
+#: values), which open requests share (first come, first kept, a bounded table; never changed once made).
+ATTRIBUTE_SETS: dict[bytes, dict[str, str] | None] = {}
+_MAX_ATTRIBUTE_SETS = 4_096
+
+
+def _attributes(chunk: bytes, starts: Ints, ends: Ints) -> Iterable[dict[str, str] | None]:
+    """The ``attributes`` of rankings read by :func:`scan.scan_lines` (flat objects of strings at
+    ``chunk[starts[k]:ends[k]]``; -1: none), each text decoded once (:data:`ATTRIBUTE_SETS`); an empty one is none,
+    as :func:`_named` has it."""
+    given = np.flatnonzero(starts >= 0)
+    if not given.shape[0]:
+        return repeat(None)
+    texts = [chunk[a:b] for a, b in zip(starts[given].tolist(), ends[given].tolist(), strict=True)]
+    known: Mapping[bytes, dict[str, str] | None] = ATTRIBUTE_SETS
+    fresh = list(dict.fromkeys(text for text in texts if text not in known))
+    if fresh:
+        decoded = dict(zip(fresh, [value or None for value in _ATTRIBUTES_DECODER.decode(b"[" + b",".join(fresh)
+                                                                                        + b"]")], strict=True))
+        if len(ATTRIBUTE_SETS) + len(decoded) <= _MAX_ATTRIBUTE_SETS:
+            ATTRIBUTE_SETS.update(decoded)
+        else:
+            known = ChainMap(decoded, ATTRIBUTE_SETS)
+    found = list(map(known.__getitem__, texts))
+    if given.shape[0] == starts.shape[0]:
+        return found
+    out: list[dict[str, str] | None] = [None] * starts.shape[0]
+    for k, attributes in zip(given.tolist(), found, strict=True):
+        out[k] = attributes
+    return out
 
 
 #: Experiment, arm and query names repeat across requests: open requests share one copy of each (first come, first
