@@ -103,7 +103,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     pairs = list(draw(st.sampled_from(SEED_PAIRS)))
     for _ in range(draw(st.integers(1, 3))):
         how = draw(st.sampled_from(["value", "value", "number", "number", "new", "benign", "benign", "swap", "twice",
-                                    "twice_escaped", "drop", "not_utf8"]))
+                                    "twice_escaped", "drop", "not_utf8", "attributes"]))
         at = draw(st.integers(0, len(pairs) - 1)) if pairs else 0
         if how == "value" and pairs:  # the wrong type, or a hostile value, in a known field
             pairs[at] = (pairs[at][0], draw(hostile()))
@@ -125,6 +125,10 @@ def mutated(draw: st.DrawFn) -> bytes:
             pairs.insert(at, (escaped(key) if how == "twice_escaped" else key, value))
         elif how == "drop" and pairs:
             del pairs[at]
+        elif how == "attributes":  # a ranking's attributes (which the compiled reader reads) of every shape
+            pairs = [pair for pair in pairs if pair[0] != b"attributes"]
+            pairs.insert(min(at, len(pairs)), (b"attributes", draw(st.sampled_from(HOSTILE["objects"]
+                                                                                    + HOSTILE["types"]))))
         elif how == "not_utf8" and pairs:  # bytes that are not UTF-8 in a key, or inside a string value
             bad = draw(st.sampled_from(NOT_UTF8))
             key, value = pairs[at]

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import sys
 import tracemalloc
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
 
 from stream_eval.config import MAX_GRADE
-from stream_eval.events import schema
+from stream_eval.events import scan, schema
 from stream_eval.events.join import EventCounts, Join
 from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import (
@@ -930,30 +933,83 @@ def test_a_ranking_s_attributes_read_the_same_compiled_and_by_msgspec(line: byte
         assert columns[0].attributes == (given or None) == columns[1].attributes
 
 
+def compiled_flags(chunk: bytes) -> list[int]:
+    """What the compiled reader makes of each non-blank line of ``chunk`` (scan.RANKING, scan.FEEDBACK, 0: msgspec)."""
+    kinds, starts, ends, grades, click, _ = schema.validator(CONFIG).scan_kinds
+    return scan.scan_lines(np.frombuffer(chunk, dtype=np.uint8), kinds, starts, ends, grades, click)[1].tolist()
+
+
+def test_which_attributes_the_compiled_reader_takes() -> None:
+    """A flat object of at most 16 ASCII strings without escapes, each key once, is read compiled; every other
+    shape (a key twice among them: msgspec keeps the last value) is left to msgspec."""
+    taken = {0, 1, 2, 3, 4, 5, 6, 21}
+    assert [compiled_flags(line)[0] for line in ATTRIBUTES_EDGE] == [
+        scan.RANKING if k in taken else 0 for k in range(len(ATTRIBUTES_EDGE))]
+
+
+def _objects(draw: st.DrawFn) -> tuple[bytes, dict[str, str], bool]:
+    """An ``attributes`` object as JSON text (a key perhaps twice, any white space, escaped or not), what msgspec
+    decodes it to, and whether the compiled reader takes it."""
+    pairs = draw(st.lists(st.tuples(st.text(max_size=6), st.text(max_size=6)), max_size=20))
+    if pairs and draw(st.booleans()):  # a key twice
+        pairs.append((draw(st.sampled_from(pairs))[0], draw(st.text(max_size=6))))
+    ascii_only = draw(st.booleans())
+    comma, colon = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", "\r: ")]))
+    text = "{" + comma.join(json.dumps(k, ensure_ascii=ascii_only) + colon + json.dumps(v, ensure_ascii=ascii_only)
+                            for k, v in pairs) + "}"
+    plain = all(32 <= ord(c) < 127 and c not in '"\\' for pair in pairs for part in pair for c in part)
+    keys = [k for k, _ in pairs]
+    return text.encode(), dict(pairs), plain and len(set(keys)) == len(keys) <= 16
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=20), min_size=1, max_size=6),
-       st.booleans(), st.sampled_from([(",", ":"), (", ", ": ")]))
-def test_any_attributes_read_the_same_compiled_and_by_msgspec(objects: list[dict[str, str]], ascii_only: bool,
-                                                               separators: tuple[str, str]) -> None:
-    """Rankings with any ``attributes`` of strings (escaped or not, any characters, up to 20 keys) decode the same
-    by either reader."""
-    lines = [RK + b',"attributes":' + json.dumps(value, ensure_ascii=ascii_only, separators=separators).encode()
-             for value in objects]
-    chunk = b"\n".join(b"{" + line + b"}" for line in lines)
+@given(st.data())
+def test_any_attributes_read_the_same_compiled_and_by_msgspec(data: st.DataObject) -> None:
+    """Rankings with any ``attributes`` of strings (escaped or not, any characters, keys twice, up to 21 keys) decode
+    the same by either reader, and the compiled reader takes those it should."""
+    objects = [data.draw(st.composite(_objects)()) for _ in range(data.draw(st.integers(1, 6)))]
+    chunk = b"\n".join(b"{" + RK + b',"attributes":' + text + b"}" for text, _, _ in objects)
     columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
     assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
-    assert [e.attributes for e in columns] == [value or None for value in objects]
+    assert [e.attributes for e in columns] == [value or None for _, value, _ in objects]
+    assert compiled_flags(chunk) == [scan.RANKING if taken else 0 for _, _, taken in objects]
 
 
-def test_attributes_beyond_the_shared_table_are_decoded_all_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once the table of shared attributes is full, new ones are still decoded (each chunk's once), not kept."""
-    monkeypatch.setattr(schema, "_MAX_ATTRIBUTE_SETS", len(schema.ATTRIBUTE_SETS) + 1)
-    values = [{"platform": f"p{k % 3}", "table": "full"} for k in range(7)]
+def test_rankings_share_their_attributes_read_only() -> None:
+    """One object for every ranking with the same attributes text, in one chunk and the next; it cannot be changed
+    (every ranking holding it would change); a copy or a pickle of it is a plain dict. A long text is decoded for
+    its chunk and not kept."""
+    def attributes(text: bytes, count: int = 2) -> list[Any]:
+        chunk = b"\n".join(b"{" + RK + b',"attributes":' + text + b"}" for _ in range(count))
+        return [e.attributes for e in decode_chunk_columns(chunk, CONFIG).as_list()]
+
+    first, second = attributes(b'{"platform":"share-test"}')
+    assert first is second is attributes(b'{"platform":"share-test"}')[0]
+    assert schema.ATTRIBUTE_SETS[b'{"platform":"share-test"}'] is first
+    with pytest.raises(TypeError, match="shared"):
+        first["platform"] = "web"
+    with pytest.raises(TypeError, match="shared"):
+        first.update(locale="en")
+    assert first == {"platform": "share-test"}
+    assert type(pickle.loads(pickle.dumps(first))) is dict and copy.deepcopy(first) == first
+    long = b'{"note":"' + b"x" * schema._SHARED_TEXT + b'"}'
+    one, other = attributes(long)
+    assert one is other and long not in schema.ATTRIBUTE_SETS and attributes(long)[0] is not one
+
+
+def test_attributes_msgspec_refuses_send_their_ranking_to_msgspec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the compiled reader pass an object msgspec refuses (it passes none), that ranking is decoded by msgspec,
+    which says why, and the others of its chunk are not: here a decoder allowing values of 3 characters at most."""
+    short = dict[str, Annotated[str, msgspec.Meta(max_length=3)]]
+    monkeypatch.setattr(schema, "_ATTRIBUTES_DECODER", msgspec.json.Decoder(list[short]))  # type: ignore[valid-type]
+    monkeypatch.setattr(schema, "_ATTRIBUTE_DECODER", msgspec.json.Decoder(short))  # type: ignore[valid-type]
+    values = [{"platform": "ios"}, {"platform": "android-refused"}, {"platform": "web"}, {}]
     chunk = b"\n".join(b"{" + RK + b',"attributes":' + json.dumps(value).encode() + b"}" for value in values)
-    before = dict(schema.ATTRIBUTE_SETS)
-    decoded = decode_chunk_columns(chunk, CONFIG).as_list()
-    assert [e.attributes for e in decoded] == values and schema.ATTRIBUTE_SETS == before
-    assert decoded[0].attributes is decoded[3].attributes  # (one decoding a chunk)
+    decoded = decode_chunk_columns(chunk, CONFIG, 1, "f")
+    assert decoded.as_list() == decode_chunk_compact(chunk, CONFIG, 1, "f")
+    assert [e.attributes for e in decoded.as_list()] == [{"platform": "ios"}, {"platform": "android-refused"},
+                                                         {"platform": "web"}, None]
+    assert decoded.plain is not None and len(decoded.plain.rankings) == 3  # the refused one went to msgspec
 
 
 def test_plain_feedback_is_read_into_columns() -> None:

@@ -14,12 +14,11 @@ import functools
 import json
 import math
 import re
-from collections import ChainMap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from itertools import repeat
 from operator import attrgetter
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, NoReturn, cast
 
 import msgspec
 import numpy as np
@@ -954,6 +953,12 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     counts = compiled.simple_rankings(raw, i0, i1, raw, np.maximum(s0, 0), np.maximum(s1, 0), max_items)
     plain = counts >= 0
     columns, ts, counts = columns[:, plain], ts[plain], counts[plain]
+    attributes, refused = _attributes(chunk, *(columns[k] for k in scan.COLUMNS["attributes"]))
+    if refused is not None:  # (none: the scanner passes no object msgspec refuses; if it did, msgspec says why)
+        plain[np.flatnonzero(plain)[refused]] = False
+        kept = ~refused
+        columns, ts, counts = columns[:, kept], ts[kept], counts[kept]
+        attributes = [value for value, keep in zip(attributes, kept.tolist(), strict=True) if keep]
     text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
 
     def strings(key: str, source: str | bytes = text) -> list[Any]:  # (an empty one, b == a, is none)
@@ -971,42 +976,76 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
     times = ts.tolist()  # parsed by _check_numbers
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
                     labels("query_id", None), strings("session_id"), labels("experiment", "default"),
-                    labels("arm", "default"), repeat(None), repeat(None), strings("unit_id"),
-                    _attributes(chunk, *(columns[k] for k in scan.COLUMNS["attributes"]))))
+                    labels("arm", "default"), repeat(None), repeat(None), strings("unit_id"), attributes))
     return PlainRankings(made, raw, text, columns), plain
 
 
+class SharedAttributes(dict[str, str]):
+    """The ``attributes`` of rankings read by the compiled reader: one object for every ranking with the same JSON
+    text (:data:`ATTRIBUTE_SETS`), so read-only; copied and pickled as a plain ``dict``."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("a ranking's attributes are shared with other rankings: read them, do not change them")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only
+
+    def __reduce__(self) -> tuple[type[dict[str, str]], tuple[dict[str, str]]]:
+        return dict, (dict(self),)
+
+
 _ATTRIBUTES_DECODER = msgspec.json.Decoder(list[dict[str, str]])
+_ATTRIBUTE_DECODER = msgspec.json.Decoder(dict[str, str])
 #: The ``attributes`` of rankings read by the compiled reader, by their JSON text: few distinct ones (a segment's
-#: values), which open requests share (first come, first kept, a bounded table; never changed once made).
-ATTRIBUTE_SETS: dict[bytes, dict[str, str] | None] = {}
+#: values), which open requests share. First come, first kept: at most :data:`_MAX_ATTRIBUTE_SETS` texts of at most
+#: :data:`_SHARED_TEXT` bytes (a longer one is decoded once per chunk).
+ATTRIBUTE_SETS: dict[bytes, SharedAttributes | None] = {}
 _MAX_ATTRIBUTE_SETS = 4_096
+_SHARED_TEXT = 512
+_REFUSED = SharedAttributes()  # a text msgspec does not decode as ``dict[str, str]``
 
 
-def _attributes(chunk: bytes, starts: Ints, ends: Ints) -> Iterable[dict[str, str] | None]:
+def _attributes(chunk: bytes, starts: Ints, ends: Ints) -> tuple[list[SharedAttributes | None], Bools | None]:
     """The ``attributes`` of rankings read by :func:`scan.scan_lines` (flat objects of strings at
     ``chunk[starts[k]:ends[k]]``; -1: none), each text decoded once (:data:`ATTRIBUTE_SETS`); an empty one is none,
-    as :func:`_named` has it."""
+    as :func:`_named` has it. Also the rankings whose attributes msgspec refused (``None``: none was)."""
+    out: list[SharedAttributes | None] = [None] * starts.shape[0]
     given = np.flatnonzero(starts >= 0)
     if not given.shape[0]:
-        return repeat(None)
+        return out, None
     texts = [chunk[a:b] for a, b in zip(starts[given].tolist(), ends[given].tolist(), strict=True)]
-    known: Mapping[bytes, dict[str, str] | None] = ATTRIBUTE_SETS
+    known = ATTRIBUTE_SETS
     fresh = list(dict.fromkeys(text for text in texts if text not in known))
     if fresh:
-        decoded = dict(zip(fresh, [value or None for value in _ATTRIBUTES_DECODER.decode(b"[" + b",".join(fresh)
-                                                                                        + b"]")], strict=True))
-        if len(ATTRIBUTE_SETS) + len(decoded) <= _MAX_ATTRIBUTE_SETS:
-            ATTRIBUTE_SETS.update(decoded)
-        else:
-            known = ChainMap(decoded, ATTRIBUTE_SETS)
-    found = list(map(known.__getitem__, texts))
-    if given.shape[0] == starts.shape[0]:
-        return found
-    out: list[dict[str, str] | None] = [None] * starts.shape[0]
-    for k, attributes in zip(given.tolist(), found, strict=True):
-        out[k] = attributes
-    return out
+        decoded = _decode_attributes(fresh)
+        kept = {text: value for text, value in decoded.items() if len(text) <= _SHARED_TEXT and value is not _REFUSED}
+        if len(known) + len(kept) <= _MAX_ATTRIBUTE_SETS:
+            known.update(kept)
+        found = [decoded[text] if text in decoded else known[text] for text in texts]
+    else:
+        found = list(map(known.__getitem__, texts))
+    for k, value in zip(given.tolist(), found, strict=True):
+        out[k] = value
+    if not fresh or _REFUSED not in decoded.values():
+        return out, None
+    return out, np.array([value is _REFUSED for value in out], dtype=np.bool_)
+
+
+def _decode_attributes(texts: list[bytes]) -> dict[bytes, SharedAttributes | None]:
+    """Each JSON text as :class:`SharedAttributes` (none for an empty object; :data:`_REFUSED` where msgspec refuses
+    it), in one call where it can."""
+    try:
+        values: list[Any] = _ATTRIBUTES_DECODER.decode(b"[" + b",".join(texts) + b"]")
+    except DECODE_ERRORS:
+        values = []
+        for text in texts:
+            try:
+                values.append(_ATTRIBUTE_DECODER.decode(text))
+            except DECODE_ERRORS:
+                values.append(_REFUSED)
+    return {text: value if value is _REFUSED else SharedAttributes(value) if value else None
+            for text, value in zip(texts, values, strict=True)}
 
 
 #: Experiment, arm and query names repeat across requests: open requests share one copy of each (first come, first
