@@ -50,6 +50,8 @@ SEEDS: list[dict[str, Any]] = [
      "query_id": "q", "session_id": "s", "experiment": "e", "arm": "a"},
     {"type": "ranking", "request_id": "r3", "ts": T0 + 3, "items": ["d1", "d2"], "unit_id": "u",
      "attributes": {"platform": "ios", "locale": "en-GB"}},
+    {"type": "ranking", "request_id": "r4", "ts": T0 + 4, "items": ["d1", "d2"], "query_id": "查询", "session_id": "sé",
+     "arm": "bête", "attributes": {"langue": "français"}},
     {"type": "ranking", "request_id": "r2", "ts": T0, "items": ["d1", "dé"], "teams": ["a", "b"],
      "subtopics": [["x"], []], "unit_id": "u", "extra": {"k": [1, 2]}},
     {"type": "judgment", "experiment": "e", "query_id": "q", "verdict": "good", "ts": "2026-01-01T00:05:00Z"},
@@ -103,7 +105,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     pairs = list(draw(st.sampled_from(SEED_PAIRS)))
     for _ in range(draw(st.integers(1, 3))):
         how = draw(st.sampled_from(["value", "value", "number", "number", "new", "benign", "benign", "swap", "twice",
-                                    "twice_escaped", "drop", "not_utf8", "attributes"]))
+                                    "twice_escaped", "drop", "not_utf8", "attributes", "scores"]))
         at = draw(st.integers(0, len(pairs) - 1)) if pairs else 0
         if how == "value" and pairs:  # the wrong type, or a hostile value, in a known field
             pairs[at] = (pairs[at][0], draw(hostile()))
@@ -125,6 +127,11 @@ def mutated(draw: st.DrawFn) -> bytes:
             pairs.insert(at, (escaped(key) if how == "twice_escaped" else key, value))
         elif how == "drop" and pairs:
             del pairs[at]
+        elif how == "scores":  # a ranking's scores in every form of JSON number, and a few that are not
+            pairs = [pair for pair in pairs if pair[0] != b"scores"]
+            numbers = draw(st.lists(st.sampled_from(HOSTILE["numbers"] + NUMBERS + [b"1.5e-05", b"0.9387000008474338"]),
+                                    min_size=0, max_size=4))
+            pairs.insert(min(at, len(pairs)), (b"scores", b"[" + b",".join(numbers) + b"]"))
         elif how == "attributes":  # a ranking's attributes (which the compiled reader reads) of every shape
             pairs = [pair for pair in pairs if pair[0] != b"attributes"]
             pairs.insert(min(at, len(pairs)), (b"attributes", draw(st.sampled_from(HOSTILE["objects"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import pickle
 import sys
 import tracemalloc
@@ -12,14 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
 
 from stream_eval.config import MAX_GRADE
-from stream_eval.events import scan, schema
+from stream_eval.events import schema
 from stream_eval.events.join import EventCounts, Join
 from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import (
@@ -870,8 +870,9 @@ RANKING_EDGE = [  # rankings the compiled reader must make compact exactly as ms
     b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"],"dwell":5}',
     b'{"type":"ranking","request_id":"r9","ts":5,"items":["a"],"dwell":[5]}',
 ]
-ATTRIBUTES_EDGE = [  # a ranking's attributes: a flat object of ASCII strings, each key once, up to 16, is read by
-    # the compiled reader (the first seven lines and the one of 16 keys), anything else is left to msgspec
+ATTRIBUTES_EDGE = [  # a ranking's attributes: a flat object of UTF-8 strings without escapes, each key once, up to
+    # 16, is read by the compiled reader (the first seven lines, the one of "é" and the one of 16 keys), anything else
+    # is left to msgspec
     b"{" + RK + b',"attributes":{"platform":"ios"}}',
     b"{" + RK + b',"attributes":{"platform":"ios","locale":"en-GB"},"unit_id":"u1"}',
     b"{" + RK + b',"attributes":{ "platform" : "ios" , "locale":"" }}',
@@ -899,12 +900,59 @@ ATTRIBUTES_EDGE = [  # a ranking's attributes: a flat object of ASCII strings, e
     b"{" + RK + b',"other":{"platform":"ios"}}',
     b'{"type":"feedback","request_id":"r9","item":"a","ts":5,"attributes":{"platform":"ios"}}',
 ]
+WIDE_EDGE = [  # labels that are not ASCII (valid UTF-8, without escapes) are read by the compiled reader (the first
+    # six lines); request ids and items that are not ASCII, and bytes that are not UTF-8, are left to msgspec
+    b"{" + RK + b',"query_id":"\xe6\x9f\xa5\xe8\xaf\xa2","session_id":"s\xc3\xa9",'
+    b'"unit_id":"\xe7\x94\xa8\xe6\x88\xb7"}',
+    b"{" + RK + b',"experiment":"exp\xc3\xa9","arm":"\xf0\x9f\x8d\x8e"}',
+    b"{" + RK + b',"query_id":"\xe6\x9f\xa5\xe8\xaf\xa2","arm":"b"}',
+    b"{" + RK + b',"session_id":"\xc3\xa9","attributes":{"langue":"fran\xc3\xa7ais"}}',
+    b"{" + RK + b',"query_id":"q","session_id":"s","experiment":"e","arm":"a","unit_id":"u"}',
+    b"{" + RK + b',"query_id":"\x7f\xc2\x80"}',
+    b"{" + RK + b',"query_id":"\xff"}',
+    b"{" + RK + b',"session_id":"\xc3\xa9\\u00e9"}',
+    b"{" + RK + b',"query_id":"\xe6\x9f"}',
+    b'{"type":"ranking","request_id":"r\xc3\xa9","ts":5,"items":["a","b"]}',
+    b'{"type":"ranking","request_id":"r9","ts":5,"items":["\xc3\xa9","b"]}',
+]
+RK3 = b'"type":"ranking","request_id":"r9","ts":5,"items":["a","b","c"],"scores":'
+SCORES_EDGE = [  # scores of any JSON form are read by the compiled reader (the first eight lines) when each one's text
+    # bounds its value below a double's largest (300 characters; 24 with an exponent of at most two digits)
+    b"{" + RK3 + b"[0.9387000008474338,0.9122000002550691,8.47e-06]}",
+    b"{" + RK3 + b"[1E5,-0e5,1e+05]}",
+    b"{" + RK3 + b"[1.5e-99,-2.5E99,3]}",
+    b"{" + RK3 + b"[12345678901234567890123,0,-0]}",
+    b"{" + RK3 + b"[" + b"9" * 298 + b".5,1,2]}",
+    b"{" + RK3 + b"[1.2345678901234567e-10,1,2]}",
+    b"{" + RK3 + b"[0." + b"1" * 297 + b",1,2]}",
+    b"{" + RK3 + b"[1.23456789012345678901e5,1,2]}",
+    b"{" + RK3 + b"[ 1 , 2e-5 , 3 ]}",
+    b"{" + RK3 + b"[" + b"9" * 300 + b".5,1,2]}",
+    b"{" + RK3 + b"[" + b"1" * 400 + b",1,2]}",
+    b"{" + RK3 + b"[1e400,1,2]}",
+    b"{" + RK3 + b"[1e-400,1,2]}",
+    b"{" + RK3 + b"[1e100,1,2]}",
+    b"{" + RK3 + b"[1.234567890123456789012e5,1,2]}",
+    b"{" + RK3 + b"[1e,1,2]}",
+    b"{" + RK3 + b"[1e+,1,2]}",
+    b"{" + RK3 + b"[01,1,2]}",
+    b"{" + RK3 + b"[1.e5,1,2]}",
+    b"{" + RK3 + b"[.5,1,2]}",
+    b"{" + RK3 + b"[+1,1,2]}",
+    b"{" + RK3 + b"[1e5e5,1,2]}",
+    b"{" + RK3 + b"[1-2,1,2]}",
+    b"{" + RK3 + b"[1e5,1]}",
+    b"{" + RK3 + b"[NaN,1,2]}",
+    b"{" + RK3 + b"[Infinity,1,2]}",
+    b"{" + RK3 + b"[1,2,3,]}",
+]
 KINDS_CONFIG = Config(kinds=(("purchase", 3.0),))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(GOOD + BAD_VALID_JSON + BAD_SCHEMA + MALFORMED + COMPACT_GOOD + COMPACT_EDGE
-                                + NOT_ONE_EVENT + FEEDBACK_EDGE + RANKING_EDGE + ATTRIBUTES_EDGE), max_size=25),
+                                + NOT_ONE_EVENT + FEEDBACK_EDGE + RANKING_EDGE + ATTRIBUTES_EDGE
+                                + WIDE_EDGE + SCORES_EDGE), max_size=25),
        st.booleans(), st.sampled_from([CONFIG, KINDS_CONFIG]))
 def test_lines_read_by_compiled_code_equal_msgspec(lines: list[bytes], last_newline: bool, config: Config) -> None:
     """Every line decodes to the same event, in the same order, with the same line number in its reason,
@@ -933,18 +981,60 @@ def test_a_ranking_s_attributes_read_the_same_compiled_and_by_msgspec(line: byte
         assert columns[0].attributes == (given or None) == columns[1].attributes
 
 
-def compiled_flags(chunk: bytes) -> list[int]:
-    """What the compiled reader makes of each non-blank line of ``chunk`` (scan.RANKING, scan.FEEDBACK, 0: msgspec)."""
-    kinds, starts, ends, grades, click, _ = schema.validator(CONFIG).scan_kinds
-    return scan.scan_lines(np.frombuffer(chunk, dtype=np.uint8), kinds, starts, ends, grades, click)[1].tolist()
+def read_compiled(chunk: bytes) -> list[bool]:
+    """Whether the compiled reader made each line of ``chunk`` (rankings only) into its ranking, not msgspec."""
+    return [bool(decoded.plain is not None and len(decoded.plain.rankings))
+            for decoded in (decode_chunk_columns(line, CONFIG) for line in chunk.split(b"\n"))]
 
 
 def test_which_attributes_the_compiled_reader_takes() -> None:
-    """A flat object of at most 16 ASCII strings without escapes, each key once, is read compiled; every other
+    """A flat object of at most 16 UTF-8 strings without escapes, each key once, is read compiled; every other
     shape (a key twice among them: msgspec keeps the last value) is left to msgspec."""
-    taken = {0, 1, 2, 3, 4, 5, 6, 21}
-    assert [compiled_flags(line)[0] for line in ATTRIBUTES_EDGE] == [
-        scan.RANKING if k in taken else 0 for k in range(len(ATTRIBUTES_EDGE))]
+    taken = {0, 1, 2, 3, 4, 5, 6, 18, 21}
+    assert [read_compiled(line)[0] for line in ATTRIBUTES_EDGE] == [k in taken for k in range(len(ATTRIBUTES_EDGE))]
+
+
+@pytest.mark.parametrize("line", WIDE_EDGE, ids=lambda line: line[len(RK) - 20:].decode("utf-8", "replace"))
+def test_labels_that_are_not_ascii_read_the_same_compiled_and_by_msgspec(line: bytes) -> None:
+    """A ranking whose query, session, experiment, arm or unit is not ASCII: the same event (or reason) by either
+    reader, alone, after an ASCII ranking and among others (the first six lines by the compiled reader)."""
+    ascii_line = b"{" + RK + b',"query_id":"q","session_id":"s"}'
+    for chunk in (line, ascii_line + b"\n" + line + b"\n" + ascii_line):
+        assert comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()) == comparable(
+            decode_chunk_compact(chunk, CONFIG, 3, "f"))
+    assert read_compiled(line) == [WIDE_EDGE.index(line) < 6]
+
+
+@pytest.mark.parametrize("line", SCORES_EDGE, ids=lambda line: line[len(RK3) + 1:60].decode())
+def test_scores_of_any_json_form_read_the_same_compiled_and_by_msgspec(line: bytes) -> None:
+    """Scores with exponents, many digits or long arrays: the same event (or reason) by either reader, alone and
+    among others; the compiled reader takes those whose text bounds their value."""
+    plain = b"{" + RK3 + b"[1,2,3]}"
+    for chunk in (line, plain + b"\n" + line + b"\n" + plain):
+        assert comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()) == comparable(
+            decode_chunk_compact(chunk, CONFIG, 3, "f"))
+    assert read_compiled(line) == [SCORES_EDGE.index(line) < 8]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=3, max_size=3), min_size=1,
+                max_size=5), st.sampled_from(["{!r}", "{:.17g}", "{:e}", "{:.3E}", "{:.20f}"]))
+def test_scores_as_programs_write_them_read_the_same_compiled_and_by_msgspec(rows: list[list[float]],
+                                                                             form: str) -> None:
+    """Scores as Python, C and Java write doubles (shortest repr, 17 digits, exponents, fixed point): both readers
+    give the same values; the compiled reader takes every line whose numbers are within its bounds."""
+    texts = [[form.format(x) for x in row] for row in rows]
+    chunk = b"\n".join(b"{" + RK3 + ("[" + ",".join(row) + "]").encode() + b"}" for row in texts)
+    columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
+    assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    values = [[float(text) for text in row] for row in texts]  # (a number that rounds beyond a double is refused)
+    assert [score_list(e.scores) if type(e) is CompactRanking else None for e in columns] == [
+        row if all(map(math.isfinite, row)) else None for row in values]
+
+    def bounded(text: str) -> bool:
+        mantissa, _, exponent = text.lower().partition("e")
+        return len(text) <= 300 if not exponent else len(text) <= 24 and len(exponent.lstrip("+-")) <= 2
+    assert read_compiled(chunk) == [all(map(bounded, row)) for row in texts]
 
 
 def _objects(draw: st.DrawFn) -> tuple[bytes, dict[str, str], bool]:
@@ -957,7 +1047,8 @@ def _objects(draw: st.DrawFn) -> tuple[bytes, dict[str, str], bool]:
     comma, colon = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", "\r: ")]))
     text = "{" + comma.join(json.dumps(k, ensure_ascii=ascii_only) + colon + json.dumps(v, ensure_ascii=ascii_only)
                             for k, v in pairs) + "}"
-    plain = all(32 <= ord(c) < 127 and c not in '"\\' for pair in pairs for part in pair for c in part)
+    plain = all(ord(c) >= 32 and c not in '"\\' and (ord(c) < 128 or not ascii_only)
+                for pair in pairs for part in pair for c in part)
     keys = [k for k, _ in pairs]
     return text.encode(), dict(pairs), plain and len(set(keys)) == len(keys) <= 16
 
@@ -972,7 +1063,7 @@ def test_any_attributes_read_the_same_compiled_and_by_msgspec(data: st.DataObjec
     columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
     assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
     assert [e.attributes for e in columns] == [value or None for _, value, _ in objects]
-    assert compiled_flags(chunk) == [scan.RANKING if taken else 0 for _, _, taken in objects]
+    assert read_compiled(chunk) == [taken for _, _, taken in objects]
 
 
 def test_rankings_share_their_attributes_read_only() -> None:

@@ -380,6 +380,13 @@ def behave(first_click: npt.NDArray[np.float64], satisfied: npt.NDArray[np.bool_
     return changed
 
 
+#: The longest score (a JSON number) that :func:`simple_rankings` takes: without an exponent, at most 299 digits
+#: before the point, less than 10**299; with one of at most two digits, :data:`SCORE_EXPONENT_CHARS` in all (less
+#: than 10**21 times 10**99). Longer ones go through msgspec, which says whether they are in range.
+SCORE_CHARS = 300
+SCORE_EXPONENT_CHARS = 24
+
+
 @nb.njit(cache=True, nogil=True)
 def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s_starts: Ints, s_ends: Ints,
                     max_items: int) -> Ints:  # pragma: no cover  # compiled
@@ -389,7 +396,9 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
 
     Plainest form: ``items`` is ``["a","b",...]`` with ASCII items without quotes or backslashes (so the
     compact text is exact), at most ``max_items`` and all different; ``scores`` is ``null`` (or empty: none) or a
-    flat array of at most 300 bytes of digits, ``.``, ``-`` and commas, with one number per item."""
+    flat array of JSON numbers (checked before: by the line reader, or msgspec) without white space, one per item,
+    each of at most :data:`SCORE_CHARS` characters, or :data:`SCORE_EXPONENT_CHARS` with an exponent of at most two
+    digits: no such number is beyond a double's range (it is less than 10**300), so msgspec would take each one."""
     out = np.full(i_starts.shape[0], -1, np.int64)
     size = 64
     while size < 2 * max_items:
@@ -445,14 +454,27 @@ def simple_rankings(items: Bytes, i_starts: Ints, i_ends: Ints, scores: Bytes, s
         if b - a == 4 and scores[a] == 110 and scores[a + 1] == 117 and scores[a + 2] == 108 and scores[a + 3] == 108:
             out[k] = n  # null
             continue
-        if b - a < 2 or b - a > 300 or scores[a] != 91 or scores[b - 1] != 93:
+        if b - a < 2 or scores[a] != 91 or scores[b - 1] != 93:
             continue
         commas = 0
+        size = 0  # characters of the number so far
+        exponent = -1  # digits of its exponent so far (-1: none)
         for i in range(a + 1, b - 1):
             c = scores[i]
             if c == 44:
                 commas += 1
-            elif not (48 <= c <= 57 or c == 46 or c == 45):  # digits, '.', '-'
+                size, exponent = 0, -1
+                continue
+            size += 1
+            if c == 101 or c == 69:  # 'e', 'E'
+                exponent = 0
+            elif 48 <= c <= 57:
+                if exponent >= 0:
+                    exponent += 1
+            elif not (c == 46 or c == 45 or c == 43):  # '.', '-', '+'
+                plain = False
+                break
+            if size > SCORE_CHARS or (exponent >= 0 and (size > SCORE_EXPONENT_CHARS or exponent > 2)):
                 plain = False
                 break
         if plain and (0 if b - a == 2 else commas + 1) == n:

@@ -15,9 +15,11 @@ are not UTF-8 in values it skips, a key twice) :func:`screen_lines` finds in the
 
 * Feedback: ``"type": "feedback"``, a non-empty request id, an item, a kind of the config (``click`` when
   absent) with a grade, or one that has a default grade.
-* Rankings: ``"type": "ranking"``, ASCII request id, labels and items; ``items`` an array of strings; ``scores``
-  an array of numbers or null; ``teams`` and ``subtopics`` absent or null; ``attributes`` absent, null or a flat
-  object of ASCII strings, each key once (anything else goes to msgspec).
+* Rankings: ``"type": "ranking"``, ASCII request id and items; ``items`` an array of strings; ``scores`` an array
+  of JSON numbers (kept as text: ``compiled.simple_rankings`` checks their range) or null; ``teams`` and
+  ``subtopics`` absent or null; ``attributes`` absent, null or a flat object of strings, each key once (anything
+  else goes to msgspec). The labels (query, session, experiment, arm, unit) may be any UTF-8: :data:`WIDE` says
+  which rankings have one that is not ASCII.
 
 Numbers are read here only in the form where one division is correctly rounded (at most 15 digits, no
 exponent: both the digits and the power of ten are exact doubles). Longer decimal fractions (a time in
@@ -27,6 +29,7 @@ the line to msgspec.
 
 from __future__ import annotations
 
+import msgspec
 import numba as nb
 import numpy as np
 import numpy.typing as npt
@@ -72,11 +75,11 @@ FEEDBACK, RANKING = 1, 2
 _ABSENT, _STRING, _NUMBER, _NULL, _BOOL, _ARRAY, _OBJECT = range(7)
 #: The columns of :func:`scan_lines`'s ``fields``: start and end of each key's value (a string's inside its
 #: quotes; an array with its brackets, an object with its braces; -1 for a ranking's optional value that is absent
-#: or null), then the index of the kind, and whether the time, the grade and the dwell were read exactly (else parse
-#: their text).
+#: or null), then the index of the kind, whether the time, the grade and the dwell were read exactly (else parse
+#: their text), and whether a ranking has a label that is not ASCII (``WIDE``).
 COLUMNS = {key.decode(): (2 * k, 2 * k + 1) for k, key in enumerate(_KEYS)}
-KIND_INDEX, TS_EXACT, GRADE_EXACT, DWELL_EXACT = 2 * _N_KEYS, 2 * _N_KEYS + 1, 2 * _N_KEYS + 2, 2 * _N_KEYS + 3
-_WIDTH = 2 * _N_KEYS + 4
+KIND_INDEX, TS_EXACT, GRADE_EXACT, DWELL_EXACT, WIDE = (2 * _N_KEYS + k for k in range(5))
+_WIDTH = 2 * _N_KEYS + 5
 #: A line with more keys that are not read here goes to msgspec.
 _MAX_OTHER_KEYS = 16
 #: A ranking whose ``attributes`` has more keys goes to msgspec.
@@ -151,8 +154,9 @@ def _utf8_size(b: Bytes, i: int, e: int) -> int:  # pragma: no cover  # compiled
 
 @nb.njit(cache=True, inline="always")
 def _array_end(b: Bytes, i: int, e: int, strings: bool) -> tuple[int, bool]:  # pragma: no cover  # compiled
-    """``b[i]`` opens an array of strings (``strings``) or of numbers in a form read here: (the index after its
-    ``]``, whether its strings are ASCII), or (-1, False)."""
+    """``b[i]`` opens an array of strings (``strings``) or of JSON numbers (kept as text, their range checked by
+    :func:`~stream_eval.events.compiled.simple_rankings`): (the index after its ``]``, whether its strings are
+    ASCII), or (-1, False)."""
     i = _skip(b, i + 1, e)
     ascii = True
     if i < e and b[i] == 93:
@@ -167,7 +171,7 @@ def _array_end(b: Bytes, i: int, e: int, strings: bool) -> tuple[int, bool]:  # 
             ascii = ascii and plain
             i = close + 1
         else:
-            i, _, _ = _number(b, i, e)
+            i = _json_number_end(b, i, e)
             if i < 0:
                 return -1, False
         i = _skip(b, i, e)
@@ -178,6 +182,38 @@ def _array_end(b: Bytes, i: int, e: int, strings: bool) -> tuple[int, bool]:  # 
             return i + 1, ascii
         return -1, False
     return -1, False
+
+
+@nb.njit(cache=True, inline="always")
+def _json_number_end(b: Bytes, i: int, e: int) -> int:  # pragma: no cover  # compiled
+    """A JSON number at ``b[i]`` (RFC 8259: ``-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?``): the index after
+    it, or -1."""
+    if i < e and b[i] == 45:
+        i += 1
+    if i >= e:
+        return -1
+    if b[i] == 48:
+        i += 1
+    elif 49 <= b[i] <= 57:
+        while i < e and 48 <= b[i] <= 57:
+            i += 1
+    else:
+        return -1
+    if i < e and b[i] == 46:
+        i += 1
+        if i >= e or not 48 <= b[i] <= 57:
+            return -1
+        while i < e and 48 <= b[i] <= 57:
+            i += 1
+    if i < e and (b[i] == 101 or b[i] == 69):
+        i += 1
+        if i < e and (b[i] == 43 or b[i] == 45):
+            i += 1
+        if i >= e or not 48 <= b[i] <= 57:
+            return -1
+        while i < e and 48 <= b[i] <= 57:
+            i += 1
+    return i
 
 
 @nb.njit(cache=True, inline="always")
@@ -225,9 +261,10 @@ def _number(b: Bytes, i: int, e: int) -> tuple[int, float, bool]:  # pragma: no 
 
 @nb.njit(cache=True)
 def _attributes_end(b: Bytes, i: int, e: int, keys: Ints) -> int:  # pragma: no cover  # compiled
-    """``b[i]`` opens an object: the index after it if it is flat, of ASCII string keys and values without escapes,
-    each key once and at most :data:`_MAX_ATTRIBUTES` of them (what ``dict[str, str]`` decodes to the same
-    mapping); else -1. ``keys`` is scratch space (the bounds of the keys read)."""
+    """``b[i]`` opens an object: the index after it if it is flat, of string keys and values without escapes (valid
+    UTF-8, in which two keys are the same string only if they are the same bytes), each key once and at most
+    :data:`_MAX_ATTRIBUTES` of them (what ``dict[str, str]`` decodes to the same mapping); else -1. ``keys`` is
+    scratch space (the bounds of the keys read)."""
     i = _skip(b, i + 1, e)
     if i < e and b[i] == 125:
         return i + 1
@@ -235,8 +272,8 @@ def _attributes_end(b: Bytes, i: int, e: int, keys: Ints) -> int:  # pragma: no 
     while True:
         if i >= e or b[i] != 34 or n == _MAX_ATTRIBUTES:
             return -1
-        close, ascii = _string_end(b, i, e)
-        if close < 0 or not ascii:
+        close, _ = _string_end(b, i, e)
+        if close < 0:
             return -1
         for k in range(n):
             if equal_bytes(b, keys[2 * k], keys[2 * k + 1], b, i + 1, close):
@@ -249,8 +286,8 @@ def _attributes_end(b: Bytes, i: int, e: int, keys: Ints) -> int:  # pragma: no 
         i = _skip(b, i + 1, e)
         if i >= e or b[i] != 34:
             return -1
-        close, ascii = _string_end(b, i, e)
-        if close < 0 or not ascii:
+        close, _ = _string_end(b, i, e)
+        if close < 0:
             return -1
         i = _skip(b, close + 1, e)
         if i < e and b[i] == 44:
@@ -417,10 +454,14 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
         return 0  # not an object (bad_attributes): msgspec gives the reason
     if not (what[_SCORES] == _ARRAY or what[_SCORES] == _NULL or what[_SCORES] == _ABSENT):
         return 0
+    wide = 0
     for key in (_QUERY_ID, _SESSION_ID, _EXPERIMENT, _ARM, _UNIT_ID):
         optional = key == _QUERY_ID or key == _SESSION_ID or key == _UNIT_ID
-        if not ((what[key] == _STRING and ascii[key]) or what[key] == _ABSENT or (optional and what[key] == _NULL)):
+        if not (what[key] == _STRING or what[key] == _ABSENT or (optional and what[key] == _NULL)):
             return 0
+        if what[key] == _STRING and not ascii[key]:
+            wide = 1
+    out[WIDE] = wide
     if not ((what[_TEAMS] == _ABSENT or what[_TEAMS] == _NULL) and (what[_SUBTOPICS] == _ABSENT
                                                                     or what[_SUBTOPICS] == _NULL)):
         return 0
@@ -634,17 +675,28 @@ def json_numbers(text: bytes, count: int) -> Floats | None:
     keep their scores once msgspec has checked them), or ``None`` if ``text`` holds anything else.
 
     Numbers in the exact form are read by compiled code; the others (exponents, long digits) by ``float``,
-    correctly rounded like msgspec's parser."""
+    correctly rounded like msgspec's parser, or, when they are more than one in :data:`_FEW_INEXACT` (scores
+    written with every digit of a double), all of them by msgspec at once (a tenth of the time)."""
     values, spans, found = _numbers(np.frombuffer(text, dtype=np.uint8), count)
     if found != count:
         return None
     parse = np.flatnonzero(spans[:, 0] >= 0)
+    if parse.shape[0] * _FEW_INEXACT > count:
+        try:
+            return np.array(_FLOATS.decode(text.replace(b"][", b",")), dtype=np.float64)
+        except msgspec.MsgspecError:
+            pass
     if parse.shape[0]:
         try:
             values[parse] = [float(text[a:b]) for a, b in spans[parse].tolist()]
         except ValueError:
             return None
     return values
+
+
+_FLOATS = msgspec.json.Decoder(list[float])
+#: :func:`json_numbers` reads every number by msgspec when more than one in this many is not in the exact form.
+_FEW_INEXACT = 8
 
 
 @nb.njit(cache=True, nogil=True)

@@ -959,24 +959,35 @@ def _plain_rankings(chunk: bytes, raw: npt.NDArray[np.uint8], columns: Ints, ts:
         kept = ~refused
         columns, ts, counts = columns[:, kept], ts[kept], counts[kept]
         attributes = [value for value, keep in zip(attributes, kept.tolist(), strict=True) if keep]
-    text = chunk.decode("latin-1")  # one character per byte: offsets hold (these rankings are ASCII)
+    text = chunk.decode("latin-1")  # one character per byte: offsets hold (ids and items are ASCII)
+    wide = np.flatnonzero(columns[scan.WIDE]).tolist()  # the rankings with a label that is not ASCII
 
     def strings(key: str, source: str | bytes = text) -> list[Any]:  # (an empty one, b == a, is none)
         starts, ends = (columns[k].tolist() for k in scan.COLUMNS[key])
         return [source[a:b] if b > a else None for a, b in zip(starts, ends, strict=True)]
 
+    def utf8_strings(key: str) -> list[str | None]:  # :func:`strings` of a label, UTF-8 where it is not ASCII
+        found = strings(key)
+        if wide:
+            starts, ends = (columns[k] for k in scan.COLUMNS[key])
+            for k in wide:
+                if found[k] is not None:
+                    found[k] = chunk[starts[k]:ends[k]].decode()
+        return found
+
     def labels(key: str, absent: str | None) -> list[str | None]:
         # few distinct names: each is read once, as the label kept (see label()); an empty one is one not given
         starts, ends = (columns[k] for k in scan.COLUMNS[key])
         codes, firsts = compiled.distinct_spans(raw, starts, ends)
-        names = labels_of([text[a:b] for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(), strict=True)])
+        names = labels_of([chunk[a:b].decode() for a, b in zip(starts[firsts].tolist(), ends[firsts].tolist(),
+                                                                 strict=True)])
         return np.array([*(name or absent for name in names), absent],  # type: ignore[no-any-return]  # code -1: absent
                         dtype=object)[codes].tolist()
 
     times = ts.tolist()  # parsed by _check_numbers
     made = list(map(CompactRanking, strings("request_id"), repeat(""), counts.tolist(), times, strings("scores", chunk),
-                    labels("query_id", None), strings("session_id"), labels("experiment", "default"),
-                    labels("arm", "default"), repeat(None), repeat(None), strings("unit_id"), attributes))
+                    labels("query_id", None), utf8_strings("session_id"), labels("experiment", "default"),
+                    labels("arm", "default"), repeat(None), repeat(None), utf8_strings("unit_id"), attributes))
     return PlainRankings(made, raw, text, columns), plain
 
 

@@ -315,12 +315,12 @@ def warm_up(config: Config) -> None:
 
     # each compiled loop with each kind of array a worker's batches give it: enough requests for the join's tables to
     # grow; feedback after its rankings, then before them with late, orphan, duplicate and invalid lines among it;
-    # rankings with attributes (read by msgspec a chunk at a time)
+    # rankings with attributes, and interleaved ones (their teams read by msgspec a chunk at a time)
     plain = SimulationConfig(requests=750, seed=1, judgments=False)
     rough = dataclasses.replace(plain, seed=2, id_prefix="w", start_ts=plain.start_ts + 86400.0, late_fraction=0.05,
                                 orphan_fraction=0.02, duplicate_fraction=0.02, invalid_fraction=0.02)
     attributed = dataclasses.replace(plain, requests=100, seed=3, id_prefix="a", start_ts=rough.start_ts + 86400.0,
-                                     segments=(("platform", ("ios", "web")),))
+                                     segments=(("platform", ("ios", "web")),), interleaving=True)
     orders = (("ranking", "feedback"), ("feedback", "ranking"), ("ranking", "feedback"))
     parts = [[line.rstrip(b"\n") for line in simulate_lines(sim)] for sim in (plain, rough, attributed)]
     engine = Engine(config)
