@@ -9,6 +9,7 @@ import pickle
 import sys
 import tracemalloc
 import warnings
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -946,6 +947,19 @@ SCORES_EDGE = [  # scores of any JSON form are read by the compiled reader (the 
     b"{" + RK3 + b"[Infinity,1,2]}",
     b"{" + RK3 + b"[1,2,3,]}",
 ]
+#: ISO-8601 times: the compiled reader takes the first ten (``YYYY-MM-DDTHH:MM:SS``, a fraction of 1 to 6 digits,
+#: ``Z`` or ``+HH:MM``), msgspec and parse_time the others, valid or not
+ISO_EDGE = ["2026-01-01T00:00:00Z", "2026-01-01T00:00:00.123Z", "2026-03-31T23:59:59.999999+05:30",
+            "2024-02-29T12:00:00.5-08:00", "2026-01-01T00:00:00-00:00", "2026-06-30T00:00:00.12345+23:59",
+            "1970-01-01T00:00:00Z", "2000-02-29T00:00:00Z", "2255-06-05T00:00:00Z", "1686-01-01T00:00:00Z",
+            "2026-02-29T00:00:00Z", "2100-02-29T00:00:00Z", "2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z",
+            "2026-00-01T00:00:00Z", "2026-01-00T00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T00:60:00Z",
+            "2026-01-01T00:00:60Z", "0000-01-01T00:00:00Z", "2026-01-01T00:00:00z", "2026-01-01 00:00:00Z",
+            "2026-01-01T00:00:00.1234567Z", "2026-01-01T00:00:00.Z", "2026-01-01T00:00:00,5Z", "2026-01-01T00:00Z",
+            "2026-01-01T00:00:00+0530", "2026-01-01T00:00:00+24:00", "2026-01-01T00:00:00+05:60",
+            "2026-01-01T00:00:00", "2026-01-01", "2026-01-01T00:00:00ZZ", "2026-01-01T00:00:00+05:30:00",
+            "20260101T000000Z", "2026-01-01T00:00:00\u005a", "+2026-01-01T00:00:00Z", "2026-1-01T00:00:00Z",
+            "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z", "2026-01-01T0a:00:00Z", ""]
 KINDS_CONFIG = Config(kinds=(("purchase", 3.0),))
 
 
@@ -1035,6 +1049,39 @@ def test_scores_as_programs_write_them_read_the_same_compiled_and_by_msgspec(row
         mantissa, _, exponent = text.lower().partition("e")
         return len(text) <= 300 if not exponent else len(text) <= 24 and len(exponent.lstrip("+-")) <= 2
     assert read_compiled(chunk) == [all(map(bounded, row)) for row in texts]
+
+
+@pytest.mark.parametrize("ts", ISO_EDGE)
+def test_iso_times_read_the_same_compiled_and_by_msgspec(ts: str) -> None:
+    """A ranking and its feedback with an ISO-8601 ``ts``: the same events (or reasons) by either reader; the
+    compiled reader takes the usual forms (the feedback in columns), with parse_time's value to the bit."""
+    config = Config(min_ts=-6.2e10, max_ts=2.5e11)  # (years 5 to 9891)
+    chunk = (b'{"type":"ranking","request_id":"r1","ts":"%b","items":["a","b"]}\n'
+             b'{"type":"feedback","request_id":"r1","item":"a","ts":"%b"}' % (ts.encode(), ts.encode()))
+    decoded = decode_chunk_columns(chunk, config, 1, "f")
+    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(chunk, config, 1, "f"))
+    taken = ISO_EDGE.index(ts) < 10
+    assert (decoded.plain is not None, len(decoded.feedback)) == (taken, int(taken))
+    if taken:
+        assert str(decoded.events[0].ts) == str(decoded.feedback.ts[0]) == str(parse_time(ts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(min_value=datetime(1690, 1, 2), max_value=datetime(2250, 12, 30)),
+       st.integers(-23 * 60 - 59, 23 * 60 + 59), st.sampled_from(["seconds", "milliseconds", "microseconds", "auto"]),
+       st.booleans())
+def test_any_iso_time_reads_as_parse_time_reads_it(moment: datetime, minutes: int, timespec: str, zulu: bool) -> None:
+    """Times as ``datetime.isoformat`` writes them, at any offset (``Z`` for UTC when asked): the compiled reader
+    gives parse_time's seconds to the bit, and msgspec's path the same events."""
+    zone = timezone(timedelta(minutes=0 if zulu else minutes))
+    text = moment.replace(tzinfo=zone).isoformat(timespec=timespec)
+    if zulu:
+        text = text.replace("+00:00", "Z")
+    config = Config(min_ts=-6.2e10, max_ts=2.5e11)
+    line = b'{"type":"feedback","request_id":"r1","item":"a","ts":"%b"}' % text.encode()
+    decoded = decode_chunk_columns(line, config, 1, "f")
+    assert len(decoded.feedback) == 1 and str(decoded.feedback.ts[0]) == str(parse_time(text))
+    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(line, config, 1, "f"))
 
 
 def _objects(draw: st.DrawFn) -> tuple[bytes, dict[str, str], bool]:

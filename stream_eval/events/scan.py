@@ -21,6 +21,10 @@ are not UTF-8 in values it skips, a key twice) :func:`screen_lines` finds in the
   else goes to msgspec). The labels (query, session, experiment, arm, unit) may be any UTF-8: :data:`WIDE` says
   which rankings have one that is not ASCII.
 
+A ``ts`` may also be an ISO-8601 time of the form ``2026-01-01T00:00:00.123Z`` (a fraction of 1 to 6 digits, or
+none; ``Z`` or an offset ``+HH:MM``), read as ``datetime.fromisoformat(ts).timestamp()`` reads it; any other string
+goes to msgspec and ``parse_time``.
+
 Numbers are read here only in the form where one division is correctly rounded (at most 15 digits, no
 exponent: both the digits and the power of ten are exact doubles). Longer decimal fractions (a time in
 microseconds) are left to Python's ``float``, correctly rounded as msgspec's parser is; any other number sends
@@ -43,6 +47,8 @@ Bools = npt.NDArray[np.bool_]
 
 _POWERS = np.array([10.0**k for k in range(16)])  # exact: 10**15 < 2**53
 _MAX_DIGITS = 15
+_MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+_EXACT_MICROS = 2**53  # microseconds since the epoch below this are exact doubles (years 1685 to 2255)
 #: The keys read, numbered from 1 (0: any other key, whose scalar value is skipped).
 _KEYS = (b"type", b"request_id", b"item", b"kind", b"grade", b"ts", b"items", b"scores", b"query_id", b"session_id",
          b"experiment", b"arm", b"teams", b"subtopics", b"unit_id", b"dwell", b"attributes")
@@ -299,6 +305,72 @@ def _attributes_end(b: Bytes, i: int, e: int, keys: Ints) -> int:  # pragma: no 
 
 
 @nb.njit(cache=True, inline="always")
+def _digits(b: Bytes, i: int, count: int) -> int:  # pragma: no cover  # compiled
+    """The number written by the ``count`` decimal digits at ``b[i]``, or -1 if they are not all digits."""
+    value = 0
+    for k in range(i, i + count):
+        c = b[k]
+        if not 48 <= c <= 57:
+            return -1
+        value = value * 10 + int(c) - 48
+    return value
+
+
+@nb.njit(cache=True)
+def _iso_time(b: Bytes, a: int, z: int) -> tuple[bool, float]:  # pragma: no cover  # compiled
+    """Epoch seconds of the text ``b[a:z]`` in the form ``YYYY-MM-DDTHH:MM:SS[.f]`` (1 to 6 digits of a second)
+    then ``Z`` or ``+HH:MM`` / ``-HH:MM``, as ``datetime.fromisoformat(text).timestamp()`` gives them (the
+    microseconds since the epoch, an integer, divided by 10**6 once: correctly rounded when below 2**53); (False, 0)
+    for any other text, and for a date or time that does not exist (``parse_time`` and its reason decide)."""
+    if z - a < 20 or b[a + 4] != 45 or b[a + 7] != 45 or b[a + 10] != 84 or b[a + 13] != 58 or b[a + 16] != 58:
+        return False, 0.0
+    year, month, day = _digits(b, a, 4), _digits(b, a + 5, 2), _digits(b, a + 8, 2)
+    hour, minute, second = _digits(b, a + 11, 2), _digits(b, a + 14, 2), _digits(b, a + 17, 2)
+    if year < 1 or not 1 <= month <= 12 or day < 1 or hour < 0 or hour > 23 or minute < 0 or minute > 59:
+        return False, 0.0
+    if second < 0 or second > 59:
+        return False, 0.0
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if day > _MONTH_DAYS[month - 1] + (1 if month == 2 and leap else 0):
+        return False, 0.0
+    i = a + 19
+    micro = 0
+    if b[i] == 46:  # '.': 1 to 6 digits
+        i += 1
+        places = 0
+        while i < z and 48 <= b[i] <= 57:
+            if places == 6:
+                return False, 0.0
+            micro = micro * 10 + int(b[i]) - 48
+            places += 1
+            i += 1
+        if places == 0:
+            return False, 0.0
+        for _ in range(places, 6):
+            micro *= 10
+    offset = 0
+    if i + 1 == z and b[i] == 90:  # 'Z'
+        offset = 0
+    elif i + 6 == z and (b[i] == 43 or b[i] == 45) and b[i + 3] == 58:
+        hours, minutes = _digits(b, i + 1, 2), _digits(b, i + 4, 2)
+        if hours < 0 or hours > 23 or minutes < 0 or minutes > 59:
+            return False, 0.0
+        offset = (hours * 3600 + minutes * 60) * (1 if b[i] == 43 else -1)
+    else:
+        return False, 0.0
+    # days since 1970-01-01 of the proleptic Gregorian date (H. Hinnant's days_from_civil)
+    y = year - 1 if month <= 2 else year
+    era = y // 400
+    of_era = y - era * 400
+    of_year = (153 * (month - 3 if month > 2 else month + 9) + 2) // 5 + day - 1
+    days = era * 146097 + of_era * 365 + of_era // 4 - of_era // 100 + of_year - 719468
+    micros = ((days * 86400 + hour * 3600 + minute * 60 + second - offset) * 1_000_000) + micro
+    if micros >= _EXACT_MICROS or micros <= -_EXACT_MICROS:
+        return False, 0.0
+    return True, micros / 1e6
+
+
+@nb.njit(cache=True, inline="always")
 def _literal(b: Bytes, i: int, e: int) -> tuple[int, int]:  # pragma: no cover  # compiled
     """``null``/``true``/``false`` at ``b[i]``: (the index after it, 0/1/2), or (-1, -1)."""
     if i + 4 <= e and b[i] == 110 and b[i + 1] == 117 and b[i + 2] == 108 and b[i + 3] == 108:
@@ -366,6 +438,10 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
                 return 0
             what[key], ascii[key] = _STRING, plain
             start, end, i = i + 1, close, close + 1
+            if key == _TS:  # an ISO-8601 time in the usual form: read here (anything else: msgspec, parse_time)
+                read, value = _iso_time(b, start, end)
+                if read:
+                    what[key], ts, ts_exact = _NUMBER, value, True
         elif c == 45 or 48 <= c <= 57:
             i, value, exact = _number(b, i, e)
             if i < 0:
