@@ -33,6 +33,8 @@ MIN_TS = 946_684_800.0
 MAX_TS = 4_102_444_800.0
 #: The latest ``max_ts`` allowed: year 9999, whose milliseconds still fit a Kafka record timestamp (int64).
 _LATEST_TS = 253_402_300_799.0
+#: The earliest ``min_ts`` allowed: 0001-01-01T00:00:00Z, the first moment a date (a reason's bounds) can name.
+_EARLIEST_TS = -62_135_596_800.0
 
 
 class ConfigError(ValueError):
@@ -250,8 +252,8 @@ class Config:
         if gsb_metric not in specs or gsb_metric.needs_subtopics or gsb_metric.per_session:
             raise ConfigError(f"gsb_metric: {self.gsb_metric!r} is not a computed per-request measure (one of "
                               f"{', '.join(s.name for s in specs if not (s.needs_subtopics or s.per_session))})")
-        if not -_LATEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
-            raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within year 9999, got {self.min_ts}, "
+        if not _EARLIEST_TS <= self.min_ts < self.max_ts <= _LATEST_TS:
+            raise ConfigError(f"min_ts, max_ts: need min_ts < max_ts, both within years 1 to 9999, got {self.min_ts}, "
                               f"{self.max_ts}")
         if not 1 <= self.max_segment_values <= 8000:  # (a unit's value of a field is a 2-byte code: segment_ab.py)
             raise ConfigError(f"max_segment_values: must be from 1 to 8,000, got {self.max_segment_values}")

@@ -117,6 +117,9 @@ def test_time_bounds_are_settings() -> None:
     assert type(schema.decode_line(OLD_TS, config)) is schema.Feedback
     with pytest.raises(ConfigError, match="min_ts"):
         Config(min_ts=10.0, max_ts=5.0)
+    with pytest.raises(ConfigError, match="years 1 to 9999"):  # (the reasons name the bounds as dates)
+        load_config(overrides={"min_ts": -1e11}, environ={})
+    assert load_config(overrides={"min_ts": "0001-01-01T00:00:00Z"}, environ={}).min_ts == -62_135_596_800.0
     with pytest.raises(ConfigError, match="UTC offset"):
         load_config(overrides={"max_ts": "2030-01-01T00:00:00"}, environ={})
 
