@@ -9,18 +9,19 @@ import pickle
 import sys
 import tracemalloc
 import warnings
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import AbstractTimeConfig as Config
 
 from stream_eval.config import MAX_GRADE
-from stream_eval.events import schema
+from stream_eval.events import scan, schema
 from stream_eval.events.join import EventCounts, Join
 from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import (
@@ -976,6 +977,11 @@ def test_lines_read_by_compiled_code_equal_msgspec(lines: list[bytes], last_newl
         decode_chunk_compact(chunk, config, 7, "f"))
 
 
+def as_compact(events: list[Any]) -> list[Any]:
+    """Events as :func:`decode_chunk` gives them, each ranking in compact form."""
+    return [CompactRanking.of(e) if type(e) is Ranking else e for e in events]
+
+
 def comparable(events: list[Any]) -> list[Any]:
     """Events with each compact ranking's items and scores as lists (the JSON text of the same scores can be
     written two ways: as read, or encoded again after a line was decoded alone)."""
@@ -1013,7 +1019,8 @@ def test_labels_that_are_not_ascii_read_the_same_compiled_and_by_msgspec(line: b
     """A ranking whose query, session, experiment, arm or unit is not ASCII: the same event (or reason) by either
     reader, alone, after an ASCII ranking and among others (the first six lines by the compiled reader)."""
     ascii_line = b"{" + RK + b',"query_id":"q","session_id":"s"}'
-    for chunk in (line, ascii_line + b"\n" + line + b"\n" + ascii_line):
+    repeated = b'{"type":"ranking","request_id":"r8","ts":5,"items":["a","a"],"query_id":"\xc3\xa9"}'  # (msgspec)
+    for chunk in (line, ascii_line + b"\n" + line + b"\n" + ascii_line, repeated + b"\n" + line + b"\n" + repeated):
         assert comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()) == comparable(
             decode_chunk_compact(chunk, CONFIG, 3, "f"))
     assert read_compiled(line) == [WIDE_EDGE.index(line) < 6]
@@ -1025,8 +1032,9 @@ def test_scores_of_any_json_form_read_the_same_compiled_and_by_msgspec(line: byt
     among others; the compiled reader takes those whose text bounds their value."""
     plain = b"{" + RK3 + b"[1,2,3]}"
     for chunk in (line, plain + b"\n" + line + b"\n" + plain):
-        assert comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()) == comparable(
-            decode_chunk_compact(chunk, CONFIG, 3, "f"))
+        columns = comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list())
+        assert columns == comparable(decode_chunk_compact(chunk, CONFIG, 3, "f"))
+        assert columns == comparable(as_compact(decode_chunk(chunk, CONFIG, 3, "f")))  # (msgspec alone)
     assert read_compiled(line) == [SCORES_EDGE.index(line) < 8]
 
 
@@ -1042,8 +1050,9 @@ def test_scores_as_programs_write_them_read_the_same_compiled_and_by_msgspec(row
     columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
     assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
     values = [[float(text) for text in row] for row in texts]  # (a number that rounds beyond a double is refused)
-    assert [score_list(e.scores) if type(e) is CompactRanking else None for e in columns] == [
-        row if all(map(math.isfinite, row)) else None for row in values]
+    assert [list(map(str, score_list(e.scores))) if type(e) is CompactRanking else None for e in columns] == [
+        list(map(str, row)) if all(map(math.isfinite, row)) else None for row in values]  # (to the bit: -0.0)
+    assert comparable(columns) == comparable(as_compact(decode_chunk(chunk, CONFIG, 1, "f")))
 
     def bounded(text: str) -> bool:
         mantissa, _, exponent = text.lower().partition("e")
@@ -1067,7 +1076,8 @@ def test_iso_times_read_the_same_compiled_and_by_msgspec(ts: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.datetimes(min_value=datetime(1690, 1, 2), max_value=datetime(2250, 12, 30)),
+@given(st.one_of(st.datetimes(min_value=datetime(1690, 1, 2), max_value=datetime(2250, 12, 30)),
+                 st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30))),
        st.integers(-23 * 60 - 59, 23 * 60 + 59), st.sampled_from(["seconds", "milliseconds", "microseconds", "auto"]),
        st.booleans())
 def test_any_iso_time_reads_as_parse_time_reads_it(moment: datetime, minutes: int, timespec: str, zulu: bool) -> None:
@@ -1080,8 +1090,79 @@ def test_any_iso_time_reads_as_parse_time_reads_it(moment: datetime, minutes: in
     config = Config(min_ts=-6.2e10, max_ts=2.5e11)
     line = b'{"type":"feedback","request_id":"r1","item":"a","ts":"%b"}' % text.encode()
     decoded = decode_chunk_columns(line, config, 1, "f")
-    assert len(decoded.feedback) == 1 and str(decoded.feedback.ts[0]) == str(parse_time(text))
+    micros = (moment.replace(tzinfo=zone) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    assert len(decoded.feedback) == (abs(micros) < 2**53)  # (beyond, parse_time reads it: years 1685 to 2255)
+    if len(decoded.feedback):
+        assert str(decoded.feedback.ts[0]) == str(parse_time(text))
     assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(line, config, 1, "f"))
+
+
+def _spaced(line: bytes) -> bytes | None:
+    """``line`` as ``json.dumps`` writes it by default (``", "`` and ``": "``), ``None`` when it is not JSON."""
+    try:
+        return json.dumps(json.loads(line), ensure_ascii=False).encode()
+    except (ValueError, RecursionError):
+        return None
+
+
+EVERY_EDGE = [*GOOD, *BAD_VALID_JSON, *BAD_SCHEMA, *MALFORMED, *COMPACT_EDGE, *NOT_ONE_EVENT, *FEEDBACK_EDGE,
+              *RANKING_EDGE, *ATTRIBUTES_EDGE, *WIDE_EDGE, *SCORES_EDGE]
+
+
+@pytest.mark.parametrize("line", [line for line in EVERY_EDGE if _spaced(line) not in (None, line)])
+def test_lines_written_with_spaces_read_as_the_compact_ones(line: bytes) -> None:
+    """A line as ``json.dumps`` writes it by default (in a chunk that starts so: read minified) gives the same
+    event or reason as msgspec gives it, and the compiled reader takes it when it takes the compact line."""
+    spaced = _spaced(line)
+    assert spaced is not None
+    compact = json.dumps(json.loads(line), ensure_ascii=False, separators=(",", ":")).encode()
+    chunk = b'{"type": "watermark", "ts": 5}\n' + spaced
+    decoded = decode_chunk_columns(chunk, CONFIG, 1, "f")
+    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    assert (read_compiled(spaced), len(decoded.feedback)) == (read_compiled(compact),
+                                                             len(decode_chunk_columns(compact, CONFIG).feedback))
+    for event in decoded.as_list():
+        if type(event) is Invalid:
+            assert event.raw in (b'{"type": "watermark", "ts": 5}', spaced)  # dead-lettered as written
+
+
+@st.composite
+def _loosened(draw: st.DrawFn) -> bytes:
+    """A line of the edge cases with JSON white space put anywhere outside its strings (perhaps inside a number,
+    where it is no longer JSON), or bytes of any kind put in."""
+    line = draw(st.sampled_from(EVERY_EDGE))
+    out, inside, escaped = bytearray(), False, False
+    for byte in line:
+        if not inside and draw(st.integers(0, 5)) == 0:
+            out += draw(st.sampled_from([b" ", b"\t", b"\r", b"  ", b" \t "]))
+        out.append(byte)
+        if inside:
+            inside = escaped or byte != 34
+            escaped = not escaped and byte == 92
+        elif byte == 34:
+            inside = True
+    return bytes(out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_loosened(), min_size=1, max_size=8))
+def test_any_white_space_reads_as_msgspec_reads_it(lines: list[bytes]) -> None:
+    """Lines with white space anywhere outside their strings, read minified (the chunk starts with a spaced line),
+    give msgspec's events and reasons, each bad line dead-lettered as written; the minified lines are JSON exactly
+    when the lines were, with the same values."""
+    chunk = b'{"type": "watermark", "ts": 5}\n' + b"\n".join(lines)
+    decoded = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
+    assert comparable(decoded) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    minified = scan.minified(np.frombuffer(chunk, dtype=np.uint8)).tobytes().split(b"\n")
+    assert len(minified) == chunk.count(b"\n") + 1
+    for written, compact in zip(chunk.split(b"\n"), minified, strict=True):
+        try:
+            expected = json.loads(written)
+        except (ValueError, RecursionError):
+            with pytest.raises((ValueError, RecursionError)):
+                json.loads(compact)
+        else:
+            assert json.loads(compact) == expected
 
 
 def _objects(draw: st.DrawFn) -> tuple[bytes, dict[str, str], bool]:

@@ -547,6 +547,71 @@ def _line(b: Bytes, s: int, e: int, kinds: Bytes, kind_starts: Ints, kind_ends: 
     return RANKING
 
 
+def line_bounds(b: Bytes) -> Ints:
+    """(start, end, line number from 0) of each non-blank line of ``b`` (blank as ``bytes.strip`` has it)."""
+    return _lines(b, np.flatnonzero(b == 10))
+
+
+def minified(b: Bytes) -> Bytes:
+    """``b`` without the JSON white space (space, tab, CR) that stands next to a structural character (``{}[],:``)
+    or at either end of a line, outside strings: the lines as a compact writer would have written them, so that
+    the compiled reader takes lines written with ``json.dumps``' default separators (``", "`` and ``": "``).
+
+    White space between two other tokens stays (``17 67`` is not ``1767``): a line that is not JSON stays one that
+    is not, and a valid line keeps its meaning. Line breaks stay, so line numbers hold; a string runs to its
+    closing quote (escapes skipped) or to the end of its line.
+
+    >>> minified(np.frombuffer(b'{"a": [1, "x y"] ,\\t"b" : true }\\n  \\n{"c": 1 2}', np.uint8)).tobytes()
+    b'{"a":[1,"x y"],"b":true}\\n\\n{"c":1 2}'
+    """
+    return _minified(b)
+
+
+@nb.njit(cache=True, inline="always")
+def _structural(c: np.uint8) -> bool:  # pragma: no cover  # compiled
+    return bool(c == 123 or c == 125 or c == 91 or c == 93 or c == 44 or c == 58)
+
+
+@nb.njit(cache=True, nogil=True)
+def _minified(b: Bytes) -> Bytes:  # pragma: no cover  # compiled
+    n = b.shape[0]
+    out = np.empty(n, np.uint8)
+    k = 0
+    i = 0
+    before = np.uint8(10)  # the last byte written outside white space (a line break at the start of a line)
+    while i < n:
+        c = b[i]
+        if c == 32 or c == 9 or c == 13:
+            j = i
+            while j < n and (b[j] == 32 or b[j] == 9 or b[j] == 13):
+                j += 1
+            after = b[j] if j < n else np.uint8(10)
+            if not (before == 10 or after == 10 or _structural(before) or _structural(after)):
+                out[k : k + j - i] = b[i:j]
+                k += j - i
+            i = j
+            continue
+        out[k] = c
+        k += 1
+        i += 1
+        if c == 34:  # a string: copied as it is, to its closing quote or the end of its line
+            while i < n:
+                c = b[i]
+                if c == 10:
+                    break
+                out[k] = c
+                k += 1
+                i += 1
+                if c == 92 and i < n and b[i] != 10:
+                    out[k] = b[i]
+                    k += 1
+                    i += 1
+                elif c == 34:
+                    break
+        before = c
+    return out[:k]
+
+
 def scan_lines(b: Bytes, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grades: Floats,
                click: int) -> tuple[Ints, Ints, Ints, Floats]:
     """The non-blank lines of ``b`` (blank as ``bytes.strip`` has it), and the feedback and rankings among them
@@ -557,7 +622,7 @@ def scan_lines(b: Bytes, kinds: Bytes, kind_starts: Ints, kind_ends: Ints, grade
     ``values`` (grade, ts, dwell). ``click`` is the index of the default kind (-1: none). A ranking read here still
     needs its items and scores checked (:func:`~stream_eval.events.compiled.simple_rankings`).
     """
-    return _scan(b, _lines(b, np.flatnonzero(b == 10)), kinds, kind_starts, kind_ends, grades, click)
+    return _scan(b, line_bounds(b), kinds, kind_starts, kind_ends, grades, click)
 
 
 @nb.njit(cache=True, inline="always")

@@ -868,11 +868,19 @@ class Chunk:
 def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, source: str = "") -> Chunk:
     """:func:`decode_chunk_compact` with the feedback in the plainest form read into columns, and the rankings in
     the plainest form made compact, by compiled code (:mod:`stream_eval.events.scan`); every other line goes
-    through :func:`decode_chunk_compact`. The events are the same, in the same order (:meth:`Chunk.as_list`)."""
+    through :func:`decode_chunk_compact`. The events are the same, in the same order (:meth:`Chunk.as_list`).
+
+    Lines written with white space after their commas and colons (``json.dumps``' default) are read from a
+    :func:`scan.minified` copy; a line left to msgspec is still decoded, and dead-lettered, as it was written."""
     checker = validator(config)
     kinds, kind_starts, kind_ends, grades, click, codes = checker.scan_kinds
+    written = chunk
+    if _SPACED in chunk[:_SPACED_PROBE]:
+        chunk = scan.minified(np.frombuffer(chunk, dtype=np.uint8)).tobytes()
     raw = np.frombuffer(chunk, dtype=np.uint8)
     lines, fast, fields, values = scan.scan_lines(raw, kinds, kind_starts, kind_ends, grades, click)
+    if chunk is not written:  # each line as written (the same lines, in the same order: blank ones stay blank)
+        lines = scan.line_bounds(np.frombuffer(written, dtype=np.uint8))
     fast[lines[:, 1] - lines[:, 0] > scan.MAX_EVENT_BYTES] = 0  # too large: screened (and rejected) below
     columns = fields.T  # a view: each key's bounds are rows
     _check_numbers(chunk, fast, columns, values, checker)
@@ -888,7 +896,7 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
     events: list[Any] = rankings
     if other.any():
         bounds = lines[objects_at[other]]
-        rest = b"\n".join([chunk[a:b] for a, b in zip(bounds[:, 0].tolist(), bounds[:, 1].tolist(), strict=True)])
+        rest = b"\n".join([written[a:b] for a, b in zip(bounds[:, 0].tolist(), bounds[:, 1].tolist(), strict=True)])
         decoded = decode_chunk_compact(rest, config, first_line, source, (bounds[:, 2] + first_line).tolist())
         if not rankings:
             events = decoded
@@ -899,6 +907,10 @@ def decode_chunk_columns(chunk: bytes, config: Config, first_line: int = 1, sour
     read = np.flatnonzero(fast == scan.FEEDBACK)
     return Chunk(events, objects_at, _feedback_columns(raw, columns[:, read], values[read], codes), read,
                  read_rankings if rankings else None)
+
+
+#: A chunk whose first bytes hold a colon and a space after a quote (``"type": "ranking"``) is read minified.
+_SPACED, _SPACED_PROBE = b'": ', 4096
 
 
 def _check_numbers(chunk: bytes, fast: Ints, columns: Ints, values: Floats, checker: Validator) -> None:
