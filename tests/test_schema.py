@@ -25,6 +25,7 @@ from stream_eval.events import scan, schema
 from stream_eval.events.join import EventCounts, Join
 from stream_eval.events.scan import json_numbers
 from stream_eval.events.schema import (
+    Chunk,
     CompactRanking,
     EventError,
     Feedback,
@@ -989,13 +990,19 @@ def comparable(events: list[Any]) -> list[Any]:
             if type(e) is CompactRanking else e for e in events]
 
 
+def read_alike(chunk: bytes, config: Config = CONFIG, first_line: int = 1) -> Chunk:
+    """``chunk`` by the compiled reader, once it is checked to give msgspec's events and reasons (file ``f``)."""
+    decoded = decode_chunk_columns(chunk, config, first_line, "f")
+    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(chunk, config, first_line, "f"))
+    return decoded
+
+
 @pytest.mark.parametrize("line", ATTRIBUTES_EDGE, ids=lambda line: line[len(RK) + 2:].decode("latin-1"))
 def test_a_ranking_s_attributes_read_the_same_compiled_and_by_msgspec(line: bytes) -> None:
     """Each line alone, and twice in one chunk (the second time its attributes are known), decodes to the same event
     or reason by either reader; a flat object of strings becomes the ranking's attributes, an empty one none."""
     for chunk in (line, line + b"\n" + line):
-        columns = decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()
-        assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 3, "f"))
+        columns = read_alike(chunk, first_line=3).as_list()
     if type(columns[0]) is CompactRanking:
         given = msgspec.json.decode(line).get("attributes")
         assert columns[0].attributes == (given or None) == columns[1].attributes
@@ -1021,8 +1028,7 @@ def test_labels_that_are_not_ascii_read_the_same_compiled_and_by_msgspec(line: b
     ascii_line = b"{" + RK + b',"query_id":"q","session_id":"s"}'
     repeated = b'{"type":"ranking","request_id":"r8","ts":5,"items":["a","a"],"query_id":"\xc3\xa9"}'  # (msgspec)
     for chunk in (line, ascii_line + b"\n" + line + b"\n" + ascii_line, repeated + b"\n" + line + b"\n" + repeated):
-        assert comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list()) == comparable(
-            decode_chunk_compact(chunk, CONFIG, 3, "f"))
+        read_alike(chunk, first_line=3)
     assert read_compiled(line) == [WIDE_EDGE.index(line) < 6]
 
 
@@ -1032,8 +1038,7 @@ def test_scores_of_any_json_form_read_the_same_compiled_and_by_msgspec(line: byt
     among others; the compiled reader takes those whose text bounds their value."""
     plain = b"{" + RK3 + b"[1,2,3]}"
     for chunk in (line, plain + b"\n" + line + b"\n" + plain):
-        columns = comparable(decode_chunk_columns(chunk, CONFIG, 3, "f").as_list())
-        assert columns == comparable(decode_chunk_compact(chunk, CONFIG, 3, "f"))
+        columns = comparable(read_alike(chunk, first_line=3).as_list())
         assert columns == comparable(as_compact(decode_chunk(chunk, CONFIG, 3, "f")))  # (msgspec alone)
     assert read_compiled(line) == [SCORES_EDGE.index(line) < 8]
 
@@ -1047,8 +1052,7 @@ def test_scores_as_programs_write_them_read_the_same_compiled_and_by_msgspec(row
     give the same values; the compiled reader takes every line whose numbers are within its bounds."""
     texts = [[form.format(x) for x in row] for row in rows]
     chunk = b"\n".join(b"{" + RK3 + ("[" + ",".join(row) + "]").encode() + b"}" for row in texts)
-    columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
-    assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    columns = read_alike(chunk).as_list()
     values = [[float(text) for text in row] for row in texts]  # (a number that rounds beyond a double is refused)
     assert [list(map(str, score_list(e.scores))) if type(e) is CompactRanking else None for e in columns] == [
         list(map(str, row)) if all(map(math.isfinite, row)) else None for row in values]  # (to the bit: -0.0)
@@ -1067,8 +1071,7 @@ def test_iso_times_read_the_same_compiled_and_by_msgspec(ts: str) -> None:
     config = Config(min_ts=-6.2e10, max_ts=2.5e11)  # (years 5 to 9891)
     chunk = (b'{"type":"ranking","request_id":"r1","ts":"%b","items":["a","b"]}\n'
              b'{"type":"feedback","request_id":"r1","item":"a","ts":"%b"}' % (ts.encode(), ts.encode()))
-    decoded = decode_chunk_columns(chunk, config, 1, "f")
-    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(chunk, config, 1, "f"))
+    decoded = read_alike(chunk, config)
     taken = ISO_EDGE.index(ts) < 10
     assert (decoded.plain is not None, len(decoded.feedback)) == (taken, int(taken))
     if taken:
@@ -1089,12 +1092,11 @@ def test_any_iso_time_reads_as_parse_time_reads_it(moment: datetime, minutes: in
         text = text.replace("+00:00", "Z")
     config = Config(min_ts=-6.2e10, max_ts=2.5e11)
     line = b'{"type":"feedback","request_id":"r1","item":"a","ts":"%b"}' % text.encode()
-    decoded = decode_chunk_columns(line, config, 1, "f")
+    decoded = read_alike(line, config)
     micros = (moment.replace(tzinfo=zone) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
     assert len(decoded.feedback) == (abs(micros) < 2**53)  # (beyond, parse_time reads it: years 1685 to 2255)
     if len(decoded.feedback):
         assert str(decoded.feedback.ts[0]) == str(parse_time(text))
-    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(line, config, 1, "f"))
 
 
 def _spaced(line: bytes) -> bytes | None:
@@ -1117,8 +1119,7 @@ def test_lines_written_with_spaces_read_as_the_compact_ones(line: bytes) -> None
     assert spaced is not None
     compact = json.dumps(json.loads(line), ensure_ascii=False, separators=(",", ":")).encode()
     chunk = b'{"type": "watermark", "ts": 5}\n' + spaced
-    decoded = decode_chunk_columns(chunk, CONFIG, 1, "f")
-    assert comparable(decoded.as_list()) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    decoded = read_alike(chunk)
     assert (read_compiled(spaced), len(decoded.feedback)) == (read_compiled(compact),
                                                              len(decode_chunk_columns(compact, CONFIG).feedback))
     for event in decoded.as_list():
@@ -1151,8 +1152,7 @@ def test_any_white_space_reads_as_msgspec_reads_it(lines: list[bytes]) -> None:
     give msgspec's events and reasons, each bad line dead-lettered as written; the minified lines are JSON exactly
     when the lines were, with the same values."""
     chunk = b'{"type": "watermark", "ts": 5}\n' + b"\n".join(lines)
-    decoded = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
-    assert comparable(decoded) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    read_alike(chunk)
     minified = scan.minified(np.frombuffer(chunk, dtype=np.uint8)).tobytes().split(b"\n")
     assert len(minified) == chunk.count(b"\n") + 1
     for written, compact in zip(chunk.split(b"\n"), minified, strict=True):
@@ -1188,8 +1188,7 @@ def test_any_attributes_read_the_same_compiled_and_by_msgspec(data: st.DataObjec
     the same by either reader, and the compiled reader takes those it should."""
     objects = [data.draw(st.composite(_objects)()) for _ in range(data.draw(st.integers(1, 6)))]
     chunk = b"\n".join(b"{" + RK + b',"attributes":' + text + b"}" for text, _, _ in objects)
-    columns = decode_chunk_columns(chunk, CONFIG, 1, "f").as_list()
-    assert comparable(columns) == comparable(decode_chunk_compact(chunk, CONFIG, 1, "f"))
+    columns = read_alike(chunk).as_list()
     assert [e.attributes for e in columns] == [value or None for _, value, _ in objects]
     assert read_compiled(chunk) == [taken for _, _, taken in objects]
 

@@ -1050,7 +1050,7 @@ def _attributes(chunk: bytes, starts: Ints, ends: Ints) -> tuple[list[SharedAttr
         found = list(map(known.__getitem__, texts))
     for k, value in zip(given.tolist(), found, strict=True):
         out[k] = value
-    if not fresh or _REFUSED not in decoded.values():
+    if not (fresh and any(value is _REFUSED for value in decoded.values())):  # (by identity: _REFUSED == {})
         return out, None
     return out, np.array([value is _REFUSED for value in out], dtype=np.bool_)
 
