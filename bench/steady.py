@@ -14,16 +14,20 @@ over more events. Here a Tansu broker on a free port, and per run a fresh topic 
 round run one after the other, the rounds alternate. Each run is measured after ``--warmup`` s of counting: the
 worker's CPU seconds (``/proc``) and the events it counted (``stream_eval_events_total``) over the next
 ``--seconds`` s; reported: events per CPU-second and the share of a core, median (min-max), and the cost of each
-feature, 1 - its events per CPU-second / the baseline's, run by run. Written to ``bench/out/steady.md``.
+feature, 1 - its events per CPU-second / the baseline's, run by run. Written to ``bench/out/steady.md``. Meanwhile
+/metrics is scraped every ``--scrape-every`` s (15, a common Prometheus interval: a worker scraped less often than
+every 5 s takes its readouts at the scrapes; 1: a live view's, and the worker takes them every second).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,10 +69,14 @@ def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: 
             except OSError:
                 pass
             time.sleep(0.5)
+        stop = threading.Event()
+        scraper = threading.Thread(target=scrape_every, args=(url, args.scrape_every, stop), daemon=True)
+        scraper.start()  # (as Prometheus scrapes the worker)
         time.sleep(args.warmup)
         events0, cpu0, t0 = progress(scrape(url))[0], cpu_seconds(worker.pid), time.monotonic()
         time.sleep(args.seconds)
         events1, cpu1, t1 = progress(scrape(url))[0], cpu_seconds(worker.pid), time.monotonic()
+        stop.set()
     finally:
         stop_process(traffic)
         stop_process(worker)
@@ -77,12 +85,22 @@ def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: 
             "events_per_s": events / (t1 - t0)}
 
 
+def scrape_every(url: str, seconds: float, stop: threading.Event) -> None:
+    """Scrape ``url`` every ``seconds`` until ``stop`` (not at all when ``seconds`` is 0)."""
+    while seconds > 0 and not stop.wait(seconds):
+        with contextlib.suppress(OSError):
+            scrape(url)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=10000.0, help="events/s of the live traffic (10,000)")
     parser.add_argument("--seconds", type=float, default=40.0, help="seconds measured per run (40)")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of counting before (15)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (3)")
+    parser.add_argument("--scrape-every", type=float, default=15.0, help="seconds between two scrapes of the "
+                        "worker's /metrics while it counts, as Prometheus scrapes it (15; 0: only the measurement's "
+                        "two, at its start and end)")
     parser.add_argument("--config", help="also the worker with --config FILE (and A/B/n traffic for every run)")
     parser.add_argument("--baseline", metavar="DIR", help="a source tree of another commit (e.g. a git worktree): "
                         "its worker runs too, A/B units on, in the same rounds (its events per CPU-second against "
@@ -119,7 +137,9 @@ def main() -> None:
              f"Machine: {machine['cpu']}, {machine['cores']} cores; {machine['python']}; stream_eval at "
              f"{machine['commit']}. Command: `python3 bench/steady.py {' '.join(sys.argv[1:])}`.", "",
              f"Live traffic asked at {args.rate:,.0f} events/s ({' '.join(traffic_args)}), {args.seconds:.0f} s "
-             f"measured after {args.warmup:.0f} s of counting, {args.repeat} rounds; median (min-max).", "",
+             f"measured after {args.warmup:.0f} s of counting, {args.repeat} rounds, /metrics scraped "
+             + (f"every {args.scrape_every:g} s" if args.scrape_every > 0 else "only at the start and end") +
+             "; median (min-max).", "",
              "| worker | events/s counted | events per CPU-second | cores |", "|---|---|---|---|"]
     for name, rows in runs.items():
         cells = [fmt_range(summary([r[key] for r in rows]), f) for key, f in (

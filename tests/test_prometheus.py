@@ -603,6 +603,93 @@ def test_a_scrape_waits_at_most_max_wait_for_the_lock_then_shows_the_older_reado
     assert out and out[0][watermark] == 6.0
 
 
+def _counting_reads(collector: EngineCollector, monkeypatch: Any) -> list[float]:
+    """The clock of each readout ``collector`` takes from now on."""
+    reads: list[float] = []
+    original = collector._reader.read
+
+    def read(*args: Any) -> Any:
+        reads.append(collector.clock())
+        return original(*args)
+
+    monkeypatch.setattr(collector._reader, "read", read)
+    return reads
+
+
+def test_readouts_between_batches_only_while_scraped_within_watched_for(monkeypatch: Any) -> None:
+    """A worker nobody scrapes, or scraped less often than every ``watched_for`` (Prometheus every 15 s), takes no
+    readouts between its batches: a scrape reads the engine itself when the latest readout is older than ``max_age``.
+    Scraped more often (a live view), it takes them, until ``watched_for`` after the last scrape."""
+    now = [100.0]
+    engine = Engine(Config())
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=threading.Lock(), refresh_every=1.0, max_age=1.5,
+                                max_wait=0.05, watched_for=5.0, clock=lambda: now[0], cpu_clock=lambda: 0.0)
+    reads = _counting_reads(collector, monkeypatch)
+    watermark = ("stream_eval_watermark_seconds", ())
+    assert collector.take() and reads == [100.0]  # the worker's first, scraped or not
+    engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    for now[0] in (101.0, 102.0, 103.0):
+        collector.refresh()
+        assert collector.refresh_soon()  # (none wanted: not "due later", which would have the worker poll faster)
+    assert reads == [100.0]
+    now[0] = 110.0
+    assert _scrape_in_thread(registry)[watermark] == 5.0  # 10 s old: read now, under the lock
+    assert reads == [100.0, 110.0]
+    now[0] = 112.0
+    collector.refresh()
+    assert collector.refresh_soon() and reads == [100.0, 110.0]  # one scrape: not watched
+    now[0] = 125.0
+    _scrape_in_thread(registry)  # 15 s after the last: read at the scrape, and still not watched
+    now[0] = 127.0
+    collector.refresh()
+    assert reads == [100.0, 110.0, 125.0]
+    engine.process(_events([Ranking("r2", ["a"], ts=6.0)], engine.config))
+    now[0] = 128.0
+    assert _scrape_in_thread(registry)[watermark] == 6.0  # read (3 s old); and 3 s after the last: watched
+    now[0] = 129.0
+    collector.refresh()
+    assert reads[-1] == 129.0  # the periodic readouts again
+    now[0] = 129.5
+    assert _scrape_in_thread(registry)[watermark] == 6.0  # (without the lock: 0.5 s old)
+    now[0] = 134.0  # 4.5 s after it
+    collector.refresh()
+    assert reads[-1] == 134.0
+    now[0] = 135.5  # 6 s after it
+    count = len(reads)
+    collector.refresh()
+    assert collector.refresh_soon() and len(reads) == count
+
+
+def test_a_scrape_that_cannot_have_the_lock_asks_the_worker_for_a_readout(monkeypatch: Any) -> None:
+    """Unwatched, the worker takes readouts only when asked: a scrape of an old readout that cannot have the lock
+    within ``max_wait`` (the worker in a long batch) shows it, and the worker's next refresh takes one at once, which
+    the next scrape shows."""
+    now = [100.0]
+    lock = threading.Lock()
+    engine = Engine(Config())
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=lock, refresh_every=1.0, max_age=1.5, max_wait=0.05,
+                                watched_for=5.0, clock=lambda: now[0])
+    reads = _counting_reads(collector, monkeypatch)
+    watermark = ("stream_eval_watermark_seconds", ())
+    engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    collector.take()
+    engine.process(_events([Ranking("r2", ["a"], ts=6.0)], engine.config))
+    now[0] = 130.0
+    with lock:  # the worker in a batch
+        assert _scrape_in_thread(registry)[watermark] == 5.0
+    now[0] = 140.0  # 10 s after that scrape: not watched, but asked
+    collector.refresh()
+    assert reads == [100.0, 140.0]
+    now[0] = 140.5
+    with lock:
+        assert _scrape_in_thread(registry)[watermark] == 6.0
+    now[0] = 150.0
+    collector.refresh()  # asked once only
+    assert reads == [100.0, 140.0]
+
+
 def test_a_readout_soon_is_taken_after_a_quarter_of_refresh_every() -> None:
     """The worker asks for a readout sooner when it starts counting or goes idle after new work: taken once the
     latest is a quarter of ``refresh_every`` old, not before."""

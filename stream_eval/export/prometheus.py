@@ -209,6 +209,11 @@ class EngineCollector(Collector):
             than ``max_age`` (a busy worker takes the lock back batch after batch, and a waiting scrape could
             otherwise wait for seconds); None (default): it waits until it has the lock. Without any readout yet
             it always waits.
+        watched_for: :meth:`refresh` and :meth:`refresh_soon` take readouts while the last two scrapes came at most
+            this many seconds apart and the latest at most this long ago (inf, default: always). Otherwise nobody
+            looks closely (no scrape, or Prometheus every 15 s): the worker takes none between its batches, and a
+            scrape reads the engine itself (``max_age``), or, when it cannot have the lock within ``max_wait``, asks
+            for one that the next :meth:`refresh` takes.
 
     >>> from prometheus_client import CollectorRegistry
     >>> from stream_eval.config import Config
@@ -224,6 +229,7 @@ class EngineCollector(Collector):
         broker: BrokerStatus | None = None, shares: Callable[[], Shares] | None = None,
         refresh_every: float = 0.0, max_age: float = 0.0, max_wait: float | None = None,
         clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.process_time,
+        watched_for: float = math.inf,
     ) -> None:
         self._engine = engine
         self.broker = broker
@@ -232,6 +238,9 @@ class EngineCollector(Collector):
         self.refresh_every = refresh_every
         self.max_age = max_age
         self.max_wait = max_wait
+        self.watched_for = watched_for
+        self._scraped = self._scraped_before = -math.inf  # (clock) when the last two scrapes asked for a readout
+        self._wanted = False  # a scrape found the latest readout too old and could not read the engine itself
         self.clock = clock
         self.cpu_clock = cpu_clock
         self._marks: deque[tuple[float, float]] = deque()  # (clock, CPU time) at refresh_soon's calls
@@ -258,21 +267,38 @@ class EngineCollector(Collector):
         """A readout of the engine now (the caller holds the lock); kept as the latest."""
         started = time.perf_counter()
         readout = self._reader.read(self.engine, None if self.shares is None else self.shares())
-        self._readout = readout
+        self._readout, self._wanted = readout, False
         self._read_seconds = time.perf_counter() - started
         return readout
 
+    def take(self) -> bool:
+        """A readout now (under the lock), scraped or not: the worker's first, so that a scrape never waits for the
+        first batches to end. True when it took one."""
+        return self._refresh_after(0.0, always=True)
+
     def refresh(self) -> None:
         """Between the worker's batches: read the engine (under the lock) when the latest readout is
-        ``refresh_every`` old (nothing to do when ``refresh_every`` is 0)."""
-        self._refresh_after(self.refresh_every)
+        ``refresh_every`` old and a scrape came within ``watched_for``, or at once when a scrape asked for one
+        (nothing to do when ``refresh_every`` is 0)."""
+        self._refresh_after(0.0 if self._wanted else self.refresh_every)
+
+    @property
+    def watched(self) -> bool:
+        """Whether the last two scrapes came within ``watched_for`` of each other and of now (readouts are taken
+        between batches), or one asked for a readout."""
+        within = self.watched_for
+        return within == math.inf or self._wanted or (self._scraped - self._scraped_before <= within
+                                                      and self.clock() - self._scraped <= within)
 
     def refresh_soon(self) -> bool:
         """Between the worker's batches, when it has just started counting or gone idle after new work: a readout
         now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second; not
         waited for when the process worked :data:`_BUSY` of that time until now: the end of a backlog shows at
         once), or than the last readout's own time divided by :data:`_SOON` (these readouts take at most a quarter
-        of the worker's time). True when it took one."""
+        of the worker's time). True when it took one, or when none is wanted (no scrape within ``watched_for``); False
+        when it is due later."""
+        if not self.watched:
+            return True
         now, cpu, spacing, marks = self.clock(), self.cpu_clock(), self.refresh_every * _SOON, self._marks
         while len(marks) > 1 and marks[1][0] <= now - spacing:  # the latest call at least ``spacing`` ago first
             marks.popleft()
@@ -280,9 +306,10 @@ class EngineCollector(Collector):
         marks.append((now, cpu))
         return self._refresh_after(max(0.0 if busy else spacing, self._read_seconds / _SOON))
 
-    def _refresh_after(self, age: float) -> bool:
+    def _refresh_after(self, age: float, always: bool = False) -> bool:
         readout = self._readout
-        if self.refresh_every <= 0 or (readout is not None and self.clock() - readout.taken < age):
+        if not always and (self.refresh_every <= 0 or not self.watched
+                           or (readout is not None and self.clock() - readout.taken < age)):
             return False
         try:
             with self._locked():
@@ -296,15 +323,19 @@ class EngineCollector(Collector):
 
     def readout(self) -> Readout:
         """What a scrape shows: the latest readout if at most ``max_age`` old, else one read now under the lock (or,
-        when the lock is not free within ``max_wait``, the latest after all)."""
+        when the lock is not free within ``max_wait``, the latest after all, having asked the worker for one)."""
         readout = self._readout
-        if readout is None or self.clock() - readout.taken > self.max_age:
+        now = self.clock()
+        self._scraped_before, self._scraped = self._scraped, now
+        if readout is None or now - readout.taken > self.max_age:
             lock = self.lock
             if lock is None:
                 return self._read()
+            self._wanted = True  # (taken by the worker's next refresh when this scrape cannot have the lock)
             if not lock.acquire(timeout=-1 if readout is None or self.max_wait is None else self.max_wait):
-                assert readout is not None  # (without one, it waited for the lock)
-                return readout
+                latest = self._readout  # (the worker may have taken one meanwhile)
+                assert latest is not None  # (without one, it waited for the lock)
+                return latest
             try:
                 readout = self._read()
             finally:

@@ -45,6 +45,10 @@ RELEASE_HEAP_EVERY = 60.0
 #: a scrape shows may be, and how long a scrape of an older one waits for the batch in progress before it shows it
 #: after all (``EngineCollector``'s ``refresh_every``, ``max_age`` and ``max_wait``; README, "Prometheus").
 METRICS_REFRESH_EVERY, METRICS_MAX_AGE, METRICS_MAX_WAIT = 1.0, 1.5, 1.0
+#: Seconds after a scrape during which the worker takes those readouts (``EngineCollector``'s ``watched_for``): a
+#: live view or a test scraping every second or two gets them; Prometheus scraping every 15 s gets a readout made
+#: at its scrape, and a worker nobody scrapes takes none (docs/benchmarks.md, "Readouts when scraped").
+METRICS_WATCHED_FOR = 5.0
 #: The garbage collector's thresholds in a worker (:func:`quiet_gc`; Python's default is 700, 10, 10).
 GC_THRESHOLDS = (20_000, 20, 10)
 
@@ -265,14 +269,14 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     app, worker = create_app(settings, config, registry, lock)
     collector = EngineCollector(worker.stage_view, lock=lock, registry=registry, broker=worker.health,
                                 shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE,
-                                max_wait=METRICS_MAX_WAIT)
+                                max_wait=METRICS_MAX_WAIT, watched_for=METRICS_WATCHED_FOR)
     InfoCollector("stream_eval_delivery_info", "1 for how the worker makes its results exactly-once: transactions "
                   "or fenced-log.", "mode", lambda: worker.delivery_mode, registry)
     CountsCollector("stream_eval_input_lost", "Input messages the broker deleted before the worker read them "
                     "(retention shorter than an outage, a topic deleted and made again), by topic and partition.",
                     ["topic", "partition"],
                     lambda: {(topic, str(p)): float(n) for (topic, p), n in list(worker.input_lost.items())}, registry)
-    collector.refresh()  # a readout from the start: a scrape never has to wait for the first batches to end
+    collector.take()  # a readout from the start: a scrape never has to wait for the first batches to end
     worker.between_batches, worker.readout_soon = collector.refresh, collector.refresh_soon
     server = serve_metrics(registry, metrics_port, metrics_host, readiness=worker.readiness, report=worker.report)
     log.warning("stream-eval worker: /metrics, /healthz, /readyz, /report on %s:%d, brokers %s (%s), topics %s*",

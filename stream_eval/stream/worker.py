@@ -389,7 +389,8 @@ class StreamWorker:
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
         #: Called between batches when the worker has just started counting events or has gone idle with changes
-        #: since: ``EngineCollector.refresh_soon`` (a readout sooner than the periodic one; True if it took one).
+        #: since: ``EngineCollector.refresh_soon`` (a readout sooner than the periodic one; True if it took one or none
+        #: is wanted, False if it is due later).
         self.readout_soon: Callable[[], bool] | None = None
         #: The claims, commits and releases of the partitions this worker owns (stream/delivery.py).
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
