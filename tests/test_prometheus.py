@@ -767,29 +767,25 @@ def test_ab_rows_are_computed_again_only_when_the_ledger_changes(tmp_path: Path,
     engine.process(decode_chunk(b"".join(lines[: len(lines) // 2]), config))
     calls: list[str] = []
 
-    def counted(name: str) -> Any:
-        original = getattr(engine, name)
-        return lambda: (calls.append(name), original())[1]
-
-    for name in ("ab", "srm"):
-        monkeypatch.setattr(engine, name, counted(name))
+    original = engine.ab_results
+    monkeypatch.setattr(engine, "ab_results", lambda: (calls.append("ab_results"), original())[1])
     registry = CollectorRegistry()
     EngineCollector(engine, registry)
     first = _samples(registry)
-    assert any(name == "stream_eval_ab_delta" for name, _ in first) and calls == ["ab", "srm"]
+    assert any(name == "stream_eval_ab_delta" for name, _ in first) and calls == ["ab_results"]  # once
     engine.process(decode_chunk(b"", config))  # nothing new: the ledger as it was
-    assert _samples(registry) == pytest.approx(first, nan_ok=True) and calls == ["ab", "srm"]
+    assert _samples(registry) == pytest.approx(first, nan_ok=True) and calls == ["ab_results"]
     engine.process(decode_chunk(b"".join(lines[len(lines) // 2 :]), config))
     engine.flush()
     second = _samples(registry)
-    assert calls == ["ab", "srm"] * 2
+    assert calls == ["ab_results"] * 2
     fresh = CollectorRegistry()
     EngineCollector(engine, fresh)
     assert _samples(fresh) == pytest.approx(second, nan_ok=True)
-    assert _samples(registry) == pytest.approx(second, nan_ok=True) and len(calls) == 6  # (2 of them: fresh's)
+    assert _samples(registry) == pytest.approx(second, nan_ok=True) and len(calls) == 3  # (1 of them: fresh's)
     engine.ledger.look(engine.watermark)  # a look alone changes the running p-values and sequences
     _samples(registry)
-    assert len(calls) == 8
+    assert len(calls) == 4
 
 
 def test_a_failing_readout_does_not_stop_the_worker(monkeypatch: Any) -> None:

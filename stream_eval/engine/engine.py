@@ -21,7 +21,7 @@ import numpy.typing as npt
 import orjson
 
 from stream_eval.config import Arms, Config
-from stream_eval.engine.ab import AbRow, UnitLedger, recommend
+from stream_eval.engine.ab import AbRow, SrmRow, UnitLedger, recommend
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import MISSING, OTHER, LabelBounds, shown_segment_values
 from stream_eval.engine.plugins import Plugin, RegroupHooks
@@ -836,6 +836,7 @@ class Engine:
         for (experiment, arm), stats in sorted(zip(self.group_keys, self.groups, strict=True), key=lambda g: g[0]):
             groups.append({"experiment": experiment, "arm": arm, **self._section(stats)})
         gsb = self.gsb_rows()
+        results = self.ab_results()
         return {
             "config": self.config.to_json(),
             "events": self.counts.summary(),
@@ -845,10 +846,10 @@ class Engine:
                 "segment_overflow": self.segment_overflow()}
                if self.segment_fields else {}),
             "gsb": gsb,
-            "ab": self.ab(),
+            "ab": self.ab(results),
             **({"segment_ab": self.segment_ab()} if self.segment_fields else {}),
-            "srm": self.srm(),
-            "experiments": self.experiments(),
+            "srm": self.srm(results),
+            "experiments": self.experiments(results),
             "overflow": self.overflow(),
         }
 
@@ -930,11 +931,18 @@ class Engine:
                          "cs_upper": upper, "decision": decision})
         return rows
 
-    def ab(self) -> list[dict[str, Any]]:
-        """Treatment - control per experiment and metric, over randomisation units (engine/ab.py)."""
+    def ab_results(self) -> tuple[list[AbRow], list[SrmRow]]:
+        """The ledger's A/B and SRM rows, which :meth:`ab`, :meth:`srm` and :meth:`experiments` read: computed once
+        and given to each of them when more than one is wanted (between two looks, each computation takes the looks
+        of every shard changed since the last: O(units))."""
+        return self.ledger.results(self._ab_names())
+
+    def ab(self, results: tuple[list[AbRow], list[SrmRow]] | None = None) -> list[dict[str, Any]]:
+        """Treatment - control per experiment and metric, over randomisation units (engine/ab.py); ``results``: those
+        of :meth:`ab_results`, when taken already."""
         by_key = dict(zip(self.group_keys, self.groups, strict=True))
         columns = {name: j for j, name in self._metric_names()}
-        rows, _ = self.ledger.results(self._ab_names())
+        rows, _ = self.ab_results() if results is None else results
         empty = GroupStats(len(self.specs))
 
         def count(stats: GroupStats, metric: str) -> int:
@@ -988,20 +996,21 @@ class Engine:
             **(last or {}),
         }
 
-    def experiments(self) -> list[dict[str, Any]]:
+    def experiments(self, results: tuple[list[AbRow], list[SrmRow]] | None = None) -> list[dict[str, Any]]:
         """Per experiment and treatment, the recommendation (``ship``, ``rollback``, ``keep running``) with the goal
-        metrics decided better, the guardrails breached and those not shown non-inferior yet."""
-        rows, srm = self.ledger.results(self._ab_names())
+        metrics decided better, the guardrails breached and those not shown non-inferior yet (``results``: as
+        :meth:`ab`'s)."""
+        rows, srm = self.ab_results() if results is None else results
         mismatched = {r.experiment for r in srm if r.mismatch}
         return [{"experiment": r.experiment, "control": r.control, "treatment": r.treatment,
                  "recommendation": r.recommendation, "better": r.better, "breached": r.breached,
                  "unproven": r.unproven, "srm_mismatch": r.srm_mismatch}
                 for r in recommend(rows, self.config, mismatched)]
 
-    def srm(self) -> list[dict[str, Any]]:
+    def srm(self, results: tuple[list[AbRow], list[SrmRow]] | None = None) -> list[dict[str, Any]]:
         """Sample-ratio checks: units per arm against the expected split, per experiment (with CUPED, the metrics
-        whose pre-period means differ between the arms)."""
-        _, rows = self.ledger.results(self._ab_names())
+        whose pre-period means differ between the arms; ``results``: as :meth:`ab`'s)."""
+        _, rows = self.ab_results() if results is None else results
         return [{"experiment": r.experiment, "units": r.units, "expected": r.expected, "chi2": _number(r.chi2),
                  "p_value": _number(r.p_value), "sequential_p_value": _number(r.sequential_p_value),
                  "mismatch": r.mismatch, "unit_conflicts": r.unit_conflicts,

@@ -230,7 +230,8 @@ class Reader:
         cached = self._ab
         if cached is not None and cached[0] is engine and cached[1] is ledger and cached[2] == key:
             return cached[3]
-        rows = engine.ab()
+        results = engine.ab_results()  # (once for the rows, the recommendations and the SRM checks)
+        rows = engine.ab(results)
         ab: dict[Labels, tuple[float, ...]] = {
             (row["experiment"], row["metric"], row["treatment"]): tuple(_number(row[k]) for k in AB_FIELDS)
             for row in rows}
@@ -242,13 +243,13 @@ class Reader:
                     row["margin"], _number(row[bounds[0]]), _number(row[bounds[1]]), float(row["breached"]),
                     float(row["non_inferior"]), float(row["margin_relative"]))
         recommendations: dict[Labels, float] = {
-            (r["experiment"], r["treatment"], r["recommendation"]): 1.0 for r in engine.experiments()}
+            (r["experiment"], r["treatment"], r["recommendation"]): 1.0 for r in engine.experiments(results)}
         compared = engine.config.compares  # (the traffic outside any experiment is tracked for CUPED, not shown)
         units: dict[Labels, float] = {(experiment, arm): float(n) for experiment, arms in ledger.units().items()
                                       if compared(experiment) for arm, n in arms.items()}
         conflicts: dict[Labels, float] = {(experiment,): float(n) for experiment, n in ledger.conflicts().items()
                                           if compared(experiment)}
-        srm_rows = engine.srm()
+        srm_rows = engine.srm(results)
         srm: dict[Labels, tuple[float, float]] = {
             (row["experiment"],): (_number(row["sequential_p_value"]), float(row["mismatch"])) for row in srm_rows}
         cuped: dict[Labels, tuple[float, float]] = {

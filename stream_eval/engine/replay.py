@@ -226,7 +226,8 @@ class _Tracer:
 
 def _look_sections(engine: Engine, ts: float | None) -> dict[str, Any]:
     """One line of ``--ab-trace``: the A/B sections at event time ``ts`` (with segments, their A/B rows too)."""
-    return {"ts": ts, "ab": engine.ab(), "srm": engine.srm(), "gsb": engine.gsb_rows(),
+    results = engine.ab_results()
+    return {"ts": ts, "ab": engine.ab(results), "srm": engine.srm(results), "gsb": engine.gsb_rows(),
             **({"segment_ab": engine.segment_ab()} if engine.segment_fields else {})}
 
 
