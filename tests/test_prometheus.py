@@ -573,15 +573,22 @@ def test_a_readout_younger_than_max_age_is_shown_without_the_lock() -> None:
         assert _scrape_in_thread(registry)[watermark] == 7.0  # and keeps what it read, as fresh
 
 
-def test_a_scrape_waits_at_most_max_wait_for_the_lock_then_shows_the_older_readout() -> None:
-    """A busy worker takes its lock back batch after batch; a scrape of a readout older than ``max_age`` waits for
-    it ``max_wait`` at most, then shows the latest readout after all (and, without any readout, waits)."""
+def _clocked(**options: Any) -> tuple[list[float], threading.Lock, Engine, CollectorRegistry, EngineCollector]:
+    """A collector of a new engine, as a worker's (a lock, ``refresh_every`` 1 s, ``max_age`` 1.5 s, and
+    ``options``), on a clock at 100 s that the test moves (``now[0]``)."""
     now = [100.0]
     lock = threading.Lock()
     engine = Engine(Config())
     registry = CollectorRegistry()
-    collector = EngineCollector(engine, registry, lock=lock, refresh_every=1.0, max_age=1.5, max_wait=0.05,
-                                clock=lambda: now[0])
+    collector = EngineCollector(engine, registry, lock=lock, clock=lambda: now[0],
+                                **{"refresh_every": 1.0, "max_age": 1.5, **options})
+    return now, lock, engine, registry, collector
+
+
+def test_a_scrape_waits_at_most_max_wait_for_the_lock_then_shows_the_older_readout() -> None:
+    """A busy worker takes its lock back batch after batch; a scrape of a readout older than ``max_age`` waits for
+    it ``max_wait`` at most, then shows the latest readout after all (and, without any readout, waits)."""
+    now, lock, engine, registry, collector = _clocked(max_wait=0.05)
     watermark = ("stream_eval_watermark_seconds", ())
     engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
     collector.refresh()
@@ -665,12 +672,7 @@ def test_a_scrape_that_cannot_have_the_lock_asks_the_worker_for_a_readout(monkey
     """Unwatched, the worker takes readouts only when asked: a scrape of an old readout that cannot have the lock
     within ``max_wait`` (the worker in a long batch) shows it, and the worker's next refresh takes one at once, which
     the next scrape shows."""
-    now = [100.0]
-    lock = threading.Lock()
-    engine = Engine(Config())
-    registry = CollectorRegistry()
-    collector = EngineCollector(engine, registry, lock=lock, refresh_every=1.0, max_age=1.5, max_wait=0.05,
-                                watched_for=5.0, clock=lambda: now[0])
+    now, lock, engine, registry, collector = _clocked(max_wait=0.05, watched_for=5.0)
     reads = _counting_reads(collector, monkeypatch)
     watermark = ("stream_eval_watermark_seconds", ())
     engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
@@ -715,6 +717,30 @@ def test_a_readout_soon_is_taken_after_a_quarter_of_refresh_every() -> None:
     assert not collector.refresh_soon()
     now[0] = 101.1
     assert collector.refresh_soon()
+
+
+def test_long_readouts_are_taken_and_shown_further_apart(monkeypatch: Any) -> None:
+    """Readouts that take long (A/B units by the million) are taken at most a quarter of the time: the periodic ones
+    their own time divided by a quarter apart, and a scrape shows one that old without reading the engine."""
+    now, lock, engine, registry, collector = _clocked(max_wait=0.05)
+    reads = _counting_reads(collector, monkeypatch)
+    watermark = ("stream_eval_watermark_seconds", ())
+    collector.take()
+    collector._read_seconds = 0.5  # (as the readouts of a large state take)
+    engine.process(_events([Ranking("r1", ["a"], ts=5.0)], engine.config))
+    now[0] = 101.5
+    collector.refresh()
+    assert reads == [100.0] and collector.spacing == 2.0
+    now[0] = 101.9
+    with lock:  # older than max_age, younger than four times a readout: shown without the lock
+        assert math.isnan(_scrape_in_thread(registry)[watermark])
+    now[0] = 102.0
+    collector.refresh()
+    assert reads == [100.0, 102.0]
+    collector._read_seconds = 0.01
+    now[0] = 103.0
+    collector.refresh()
+    assert reads == [100.0, 102.0, 103.0] and collector.spacing == 1.0
 
 
 def test_a_readout_soon_is_taken_at_once_after_busy_work() -> None:

@@ -278,9 +278,16 @@ class EngineCollector(Collector):
 
     def refresh(self) -> None:
         """Between the worker's batches: read the engine (under the lock) when the latest readout is
-        ``refresh_every`` old and a scrape came within ``watched_for``, or at once when a scrape asked for one
-        (nothing to do when ``refresh_every`` is 0)."""
-        self._refresh_after(0.0 if self._wanted else self.refresh_every)
+        :attr:`spacing` old and the worker is :attr:`watched`, or at once when a scrape asked for one (nothing to do
+        when ``refresh_every`` is 0)."""
+        self._refresh_after(0.0 if self._wanted else self.spacing)
+
+    @property
+    def spacing(self) -> float:
+        """Seconds between two periodic readouts: ``refresh_every``, or the last readout's own time divided by
+        :data:`_SOON` when that is longer (a large state, A/B units by the million: readouts then take at most a
+        quarter of the worker's time)."""
+        return max(self.refresh_every, self._read_seconds / _SOON)
 
     @property
     def watched(self) -> bool:
@@ -322,12 +329,14 @@ class EngineCollector(Collector):
         return True
 
     def readout(self) -> Readout:
-        """What a scrape shows: the latest readout if at most ``max_age`` old, else one read now under the lock (or,
-        when the lock is not free within ``max_wait``, the latest after all, having asked the worker for one)."""
+        """What a scrape shows: the latest readout if at most ``max_age`` old (or, when readouts take long, the last
+        one's own time divided by :data:`_SOON`; ``max_age`` 0: never), else one read now under the lock (or, when the
+        lock is not free within ``max_wait``, the latest after all, having asked the worker for one)."""
         readout = self._readout
         now = self.clock()
         self._scraped_before, self._scraped = self._scraped, now
-        if readout is None or now - readout.taken > self.max_age:
+        max_age = self.max_age and max(self.max_age, self._read_seconds / _SOON)  # (0: every scrape reads)
+        if readout is None or now - readout.taken > max_age:
             lock = self.lock
             if lock is None:
                 return self._read()
