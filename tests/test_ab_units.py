@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 
 from stream_eval.config import Config
 from stream_eval.engine.ab import UnitLedger, key_id_order
-from stream_eval.engine.compiled import add_rows
+from stream_eval.engine.compiled import add_rows, arm_sums
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.replay import replay
 from stream_eval.simulate import SimulationConfig, simulate_lines
 from stream_eval.stats import ArmSums, compare
+from stream_eval.stats.ratio import unit_terms
 
 T0 = 1_767_225_600.0
 
@@ -272,6 +273,34 @@ def test_add_rows_gives_the_floats_of_numpy_s_add_at(rows: list[tuple[int, float
     got = np.full((5, 2), 0.1)
     add_rows(got, at, values, picked)
     assert got.tobytes() == expected.tobytes()
+
+
+_MAGNITUDES = st.sampled_from([0.0, -0.0, 1.0, 3.0, 1e-12, 1e12, 0.1, -7.5, 2.0**60, math.nan])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 4), st.integers(1, 3), st.booleans(), st.randoms(use_true_random=False),
+       st.lists(_MAGNITUDES, min_size=8, max_size=8))
+def test_arm_sums_are_the_floats_of_numpy_s_sums_of_the_unit_terms(units: int, width: int, arms: int, pre: bool,
+                                                                  random: Any, magnitudes: list[float]) -> None:
+    """A look's sums per arm, summed as the terms are made (compiled), are bit for bit numpy's sums of
+    ``unit_terms`` per arm in unit order: units without a value (``n`` 0, their ``y`` anything, NaN included),
+    without pre-period data (``q`` 0), zeros of either sign, magnitudes far apart."""
+    def column() -> np.ndarray:
+        return np.array([[random.choice(magnitudes) * random.uniform(0.5, 2.0) for _ in range(width)]
+                         for _ in range(units)], dtype=np.float64).reshape(units, width)
+
+    y, x = column(), column()
+    n = np.array([[random.choice([0.0, 0.0, 1.0, 2.0, 5.0]) for _ in range(width)] for _ in range(units)],
+                 dtype=np.float64).reshape(units, width)
+    q = np.array([[random.choice([0.0, 1.0, 3.0]) for _ in range(width)] for _ in range(units)],
+                 dtype=np.float64).reshape(units, width)
+    unit_arm = np.array([random.randrange(arms) for _ in range(units)], dtype=np.int16)
+    terms = unit_terms(y, n, x, q) if pre else unit_terms(y, n)
+    expected = np.stack([terms[unit_arm == a].sum(axis=0) for a in range(arms)])
+    empty = np.zeros((0, width))
+    got = arm_sums(y, n, x, q, unit_arm, arms, True) if pre else arm_sums(y, n, empty, empty, unit_arm, arms, False)
+    assert got.shape == expected.shape and got.tobytes() == expected.tobytes()
 
 
 def test_the_requests_counted_go_through_a_snapshot_and_one_without_them_is_read_as_unknown() -> None:

@@ -55,6 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import ArmPair, Arms, Config, ConfigError
+from stream_eval.engine import compiled
 from stream_eval.engine.compiled import add_rows, unit_history, unit_rows, unit_slots
 from stream_eval.engine.segment_ab import (
     SegmentGroup,
@@ -332,10 +333,16 @@ class _Experiment:
     def look(self, name: str, shard: int, terms: Floats | None = None) -> ShardLook:
         """This shard's look (its arms in order of first unit); ``terms``: :meth:`terms`, if at hand. Each arm's sums
         are its units' terms summed in unit order: bit for bit :meth:`ArmSums.of_units` of its units."""
-        terms = self.terms() if terms is None else terms
-        unit_arm = self.unit_arm[: self.size]
+        size = self.size
+        unit_arm = self.unit_arm[:size]
         counts = np.bincount(unit_arm, minlength=len(self.arms))
-        sums = [ArmSums.from_terms(terms[unit_arm == code].sum(axis=0)) for code in range(len(self.arms))]
+        if terms is None:  # (summed as they are made: compiled.arm_sums)
+            empty = np.zeros((0, self.width))
+            pre = (self.x[:size], self.q[:size]) if self.pre else (empty, empty)
+            by_arm = compiled.arm_sums(self.y[:size], self.n[:size], *pre, unit_arm, len(self.arms), self.pre)
+            sums = [ArmSums.from_terms(by_arm[code]) for code in range(len(self.arms))]
+        else:
+            sums = [ArmSums.from_terms(terms[unit_arm == code].sum(axis=0)) for code in range(len(self.arms))]
         return ShardLook(name, shard, list(self.arms), sums, counts[: len(self.arms)].tolist(), self.conflicts,
                          self.overflow, dict(zip(self.request_arms, self.requests.copy(), strict=True))
                          if self.counts_requests else None)

@@ -8,8 +8,9 @@ docs/benchmarks.md). A session where both classes are many is sorted instead, so
 costs quadratic time. Both count in half-units (ties 1/2) in integers: the AUC is one division of exact
 numbers, the same float as the numpy version's. Scores are finite (the event schema rejects others).
 
-Also compiled here: the A/B units' tables (``engine/ab.py``) and the sums of the live windows' cells
-(:func:`cell_sums`, ``engine/windows.py``), each a loop per row that numpy could only run as a slower scatter.
+Also compiled here: the A/B units' tables and their looks' sums per arm (``engine/ab.py``, :func:`arm_sums`) and the
+sums of the live windows' cells (:func:`cell_sums`, ``engine/windows.py``), each a loop per row that numpy could only
+run as a slower scatter, or through temporaries.
 """
 
 from __future__ import annotations
@@ -258,3 +259,50 @@ def cell_sums(cell: Ints, values: Floats, cells: int) -> tuple[Ints, Floats, Flo
                 total[c, j] += v
                 total_sq[c, j] += v * v
     return count, total, total_sq
+
+
+@nb.njit(cache=True, nogil=True)
+def arm_sums(y: Floats, n: Floats, x: Floats, q: Floats, unit_arm: npt.NDArray[np.int16], arms: int,
+             pre: bool) -> Floats:
+    """Per arm, the sums over its units, in unit order, of the terms of ``stats.ratio.unit_terms(y, n)`` (shape
+    (arms, 6, K)), or ``unit_terms(y, n, x, q)`` with ``pre`` (shape (arms, 16, K)): the floats of
+    ``unit_terms(...)[unit_arm == a].sum(axis=0)`` (numpy adds the rows of an outer axis to zeros one after the
+    other), without making the terms (the A/B units' looks, ``engine/ab.py``). ``unit_arm``: each unit's arm,
+    ``0 .. arms - 1``.
+
+    >>> arm_sums(np.array([[2.0], [1.0]]), np.array([[3.0], [1.0]]), np.zeros((0, 1)), np.zeros((0, 1)),
+    ...          np.array([1, 1], dtype=np.int16), 2, False)[:, :, 0].tolist()
+    [[0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [2.0, 3.0, 4.0, 5.0, 10.0, 7.0]]
+    """
+    width = y.shape[1]
+    count = 16 if pre else 6
+    out = np.zeros((arms, count, width))
+    term = np.zeros(count)
+    for u in range(unit_arm.shape[0]):
+        a = unit_arm[u]
+        for k in range(width):
+            present = n[u, k] > 0.0
+            yv = y[u, k] if present else 0.0
+            nv = n[u, k] if present else 0.0
+            term[0] = 1.0 if present else 0.0
+            term[1] = yv
+            term[2] = nv
+            term[3] = yv * yv
+            term[4] = nv * nv
+            term[5] = yv * nv
+            if pre:
+                qv = q[u, k] if present else 0.0
+                xv = x[u, k] if present and qv > 0.0 else 0.0
+                term[6] = 1.0 if qv > 0.0 else 0.0
+                term[7] = xv
+                term[8] = qv
+                term[9] = xv * xv
+                term[10] = qv * qv
+                term[11] = xv * qv
+                term[12] = yv * xv
+                term[13] = yv * qv
+                term[14] = nv * xv
+                term[15] = nv * qv
+            for t in range(count):
+                out[a, t, k] += term[t]
+    return out
