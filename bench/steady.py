@@ -16,7 +16,7 @@ worker's CPU seconds (``/proc``) and the events it counted (``stream_eval_events
 ``--seconds`` s; reported: events per CPU-second and the share of a core, median (min-max), and the cost of each
 feature, 1 - its events per CPU-second / the baseline's, run by run. Written to ``bench/out/steady.md``. Meanwhile
 /metrics is scraped every ``--scrape-every`` s (15, a common Prometheus interval: a worker scraped less often than
-every 5 s takes its readouts at the scrapes; 1: a live view's, and the worker takes them every second).
+every 3 s takes its readouts at the scrapes; 1: a live view's, and the worker takes them every second).
 """
 
 from __future__ import annotations

@@ -45,10 +45,11 @@ RELEASE_HEAP_EVERY = 60.0
 #: a scrape shows may be, and how long a scrape of an older one waits for the batch in progress before it shows it
 #: after all (``EngineCollector``'s ``refresh_every``, ``max_age`` and ``max_wait``; README, "Prometheus").
 METRICS_REFRESH_EVERY, METRICS_MAX_AGE, METRICS_MAX_WAIT = 1.0, 1.5, 1.0
-#: Seconds after a scrape during which the worker takes those readouts (``EngineCollector``'s ``watched_for``): a
-#: live view or a test scraping every second or two gets them; Prometheus scraping every 15 s gets a readout made
-#: at its scrape, and a worker nobody scrapes takes none (docs/benchmarks.md, "Readouts when scraped").
-METRICS_WATCHED_FOR = 5.0
+#: The worker takes those readouts while the last two scrapes came within this many seconds of each other and of now
+#: (``EngineCollector``'s ``watched_for``): a live view or a test scraping every second or two gets them; Prometheus
+#: scraping every 5 s (deploy/prometheus) or 15 s gets a readout made at its scrape, and a worker nobody scrapes
+#: takes none (docs/benchmarks.md, "Readouts when scraped").
+METRICS_WATCHED_FOR = 3.0
 #: The garbage collector's thresholds in a worker (:func:`quiet_gc`; Python's default is 700, 10, 10).
 GC_THRESHOLDS = (20_000, 20, 10)
 
