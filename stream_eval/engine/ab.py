@@ -330,19 +330,16 @@ class _Experiment:
         pre = (self.x[:size], self.q[:size]) if self.pre else (None, None)
         return unit_terms(self.y[:size], self.n[:size], *pre)
 
-    def look(self, name: str, shard: int, terms: Floats | None = None) -> ShardLook:
-        """This shard's look (its arms in order of first unit); ``terms``: :meth:`terms`, if at hand. Each arm's sums
-        are its units' terms summed in unit order: bit for bit :meth:`ArmSums.of_units` of its units."""
+    def look(self, name: str, shard: int) -> ShardLook:
+        """This shard's look (its arms in order of first unit). Each arm's sums are its units' terms summed in unit
+        order as they are made (``compiled.arm_sums``): bit for bit :meth:`ArmSums.of_units` of its units."""
         size = self.size
         unit_arm = self.unit_arm[:size]
         counts = np.bincount(unit_arm, minlength=len(self.arms))
-        if terms is None:  # (summed as they are made: compiled.arm_sums)
-            empty = np.zeros((0, self.width))
-            pre = (self.x[:size], self.q[:size]) if self.pre else (empty, empty)
-            by_arm = compiled.arm_sums(self.y[:size], self.n[:size], *pre, unit_arm, len(self.arms), self.pre)
-            sums = [ArmSums.from_terms(by_arm[code]) for code in range(len(self.arms))]
-        else:
-            sums = [ArmSums.from_terms(terms[unit_arm == code].sum(axis=0)) for code in range(len(self.arms))]
+        empty = np.zeros((0, self.width))
+        pre = (self.x[:size], self.q[:size]) if self.pre else (empty, empty)
+        by_arm = compiled.arm_sums(self.y[:size], self.n[:size], *pre, unit_arm, len(self.arms), self.pre)
+        sums = [ArmSums.from_terms(by_arm[code]) for code in range(len(self.arms))]
         return ShardLook(name, shard, list(self.arms), sums, counts[: len(self.arms)].tolist(), self.conflicts,
                          self.overflow, dict(zip(self.request_arms, self.requests.copy(), strict=True))
                          if self.counts_requests else None)
@@ -367,15 +364,13 @@ class _Experiment:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
         return {arm: int(counts[code]) for code, arm in enumerate(self.arms)}
 
-    def segment_looks(self, name: str, shard: int, rule: SegmentRule, terms: Floats | None = None
-                      ) -> list[SegmentLook]:
-        """This shard's looks per segment field (its arms in order of first unit); ``terms``: :meth:`terms`, if at
-        hand."""
+    def segment_looks(self, name: str, shard: int, rule: SegmentRule) -> list[SegmentLook]:
+        """This shard's looks per segment field (its arms in order of first unit)."""
         size = self.size
         if not size:
             return []
         return segment_looks(name, shard, rule, list(self.arms), self.unit_arm[:size], self.segment[:size],
-                             self.segment_codes, self.terms() if terms is None else terms)
+                             self.segment_codes, self.terms())
 
 
 #: Seconds of a day: CUPED's pre-period is kept per unit in buckets of a day of event time (of contribution keys).
@@ -1162,10 +1157,9 @@ class UnitLedger:
         segments: list[ShardLook | SegmentLook] = []  # (at the boundaries only, never live: README "Segment A/B rows")
         for name, shard in sorted(self._changed):
             experiment = self.experiments[name][shard]
-            terms = experiment.terms()
-            looks.append(experiment.look(name, shard, terms))
+            looks.append(experiment.look(name, shard))
             if self.segments is not None:
-                segments += experiment.segment_looks(name, shard, self.segments, terms)
+                segments += experiment.segment_looks(name, shard, self.segments)
         looks += segments
         self._live_changed -= self._changed  # (looked at: no live look of them is needed)
         self._changed.clear()

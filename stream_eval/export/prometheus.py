@@ -284,10 +284,14 @@ class EngineCollector(Collector):
 
     @property
     def spacing(self) -> float:
-        """Seconds between two periodic readouts: ``refresh_every``, or the last readout's own time divided by
-        :data:`_SOON` when that is longer (a large state, A/B units by the million: readouts then take at most a
-        quarter of the worker's time)."""
-        return max(self.refresh_every, self._read_seconds / _SOON)
+        """Seconds between two periodic readouts: ``refresh_every``, or :attr:`paced` when that is longer."""
+        return max(self.refresh_every, self.paced)
+
+    @property
+    def paced(self) -> float:
+        """The last readout's own time divided by :data:`_SOON`: readouts no closer together than this take at most a
+        quarter of the worker's time (a large state, A/B units by the million)."""
+        return self._read_seconds / _SOON
 
     @property
     def watched(self) -> bool:
@@ -311,7 +315,7 @@ class EngineCollector(Collector):
             marks.popleft()
         busy = bool(marks) and cpu - marks[0][1] >= _BUSY * (now - marks[0][0])
         marks.append((now, cpu))
-        return self._refresh_after(max(0.0 if busy else spacing, self._read_seconds / _SOON))
+        return self._refresh_after(max(0.0 if busy else spacing, self.paced))
 
     def _refresh_after(self, age: float, always: bool = False) -> bool:
         readout = self._readout
@@ -335,7 +339,7 @@ class EngineCollector(Collector):
         readout = self._readout
         now = self.clock()
         self._scraped_before, self._scraped = self._scraped, now
-        max_age = self.max_age and max(self.max_age, self._read_seconds / _SOON)  # (0: every scrape reads)
+        max_age = self.max_age and max(self.max_age, self.paced)  # (0: every scrape reads)
         if readout is None or now - readout.taken > max_age:
             lock = self.lock
             if lock is None:
