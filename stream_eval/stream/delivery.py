@@ -405,12 +405,12 @@ class FencedLog(Delivery):
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
         from stream_eval.stream.kafka import client_options
-        from stream_eval.stream.logs import BATCH_BYTES
+        from stream_eval.stream.logs import BATCH_BYTES, LINGER_MS
 
         settings = self.settings
         security = client_options(settings.security)
         self.consumer, self.stage_consumer = consumer, stage_consumer
-        producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5, acks="all",
+        producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=LINGER_MS, acks="all",
                                     max_batch_size=BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
                                     enable_idempotence=self.idempotent, **security)
         self.sender = Sender(producer, self.health, settings.produce_timeout_ms)
@@ -717,12 +717,12 @@ class Transactions(Delivery):
         from aiokafka import AIOKafkaProducer
 
         from stream_eval.stream.kafka import client_options
-        from stream_eval.stream.logs import BATCH_BYTES
+        from stream_eval.stream.logs import BATCH_BYTES, LINGER_MS
 
         settings = self.settings
         # a transaction outlives the producer's resends (a broker away for minutes aborts nothing; a new owner's
         # producer ends a dead owner's transaction at once anyway)
-        producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=5, acks="all",
+        producer = AIOKafkaProducer(bootstrap_servers=settings.brokers, linger_ms=LINGER_MS, acks="all",
                                     enable_idempotence=True, transactional_id=transactional_id,
                                     transaction_timeout_ms=min(settings.produce_timeout_ms, 900_000),
                                     max_batch_size=BATCH_BYTES, request_timeout_ms=settings.produce_timeout_ms,
