@@ -4,9 +4,10 @@ stage need not re-read the regroup log from its start.
 The A/B units (``engine/ab.py``: every experiment's units, sums, pending contributions and running looks), the
 verdicts kept for the sign tests (``GsbTracker.complete`` and the interleaving credits) and the teams seen are
 cumulative: without a snapshot a new owner rebuilds them from the log's first record. :func:`take` writes them
-as compressed JSON (arrays as their raw bytes, so every float comes back bit for bit); :func:`restore` puts them
-into a fresh engine. The stage records with the snapshot the log offset it covers (every record before it is in
-the snapshot), and on a rebuild leaves the snapshot's state alone for the records before that offset
+as JSON followed by the raw bytes of its arrays (every float comes back bit for bit), compressed; :func:`restore`
+puts them into a fresh engine, and still reads the snapshots written before 2026-12-05 (compressed JSON alone, the
+arrays' bytes in base64 within it). The stage records with the snapshot the log offset it covers (every record
+before it is in the snapshot), and on a rebuild leaves the snapshot's state alone for the records before that offset
 (``engine/regroup.py``).
 """
 
@@ -23,9 +24,7 @@ import orjson
 from stream_eval.engine.ab import UnitHistory, UnitLedger, _Experiment, _Pending, _shard_limit
 from stream_eval.engine.gsb import Credit, GsbKey, gsb_key
 from stream_eval.engine.segment_ab import fit_codes
-from stream_eval.engine.times import array_from_json as _unarray
-from stream_eval.engine.times import array_to_json as _array
-from stream_eval.engine.times import time_to_json
+from stream_eval.engine.times import array_from_json, time_to_json
 from stream_eval.metrics.gsb import GsbCounts
 
 if TYPE_CHECKING:
@@ -33,17 +32,70 @@ if TYPE_CHECKING:
 
 #: Bytes of a snapshot per Kafka record (below the 1 MB default message size).
 CHUNK_BYTES = 900_000
+#: The first bytes of a snapshot of this format: then, compressed, the length of its JSON (8 bytes, little-endian),
+#: the JSON, and the bytes of the arrays it refers to (``{"dtype", "shape", "at"}``: their offset after the JSON).
+MAGIC = b"stream-eval snapshot 2\n"
+#: zlib's run-length strategy at level 1: the units' counts and the tables' empty slots shrink, the sums' mantissas
+#: are not searched for matches (docs/benchmarks.md, "Snapshots in binary").
+_LEVEL, _STRATEGY = 1, zlib.Z_RLE
 
 
-def _fields(obj: Any) -> dict[str, Any]:
+class _Arrays:
+    """The arrays of a snapshot being written: each one's bytes, after those before it."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def ref(self, value: np.ndarray[Any, Any]) -> dict[str, Any]:
+        data = np.ascontiguousarray(value)
+        ref = {"dtype": data.dtype.str, "shape": list(data.shape), "at": self.size}
+        raw = data.tobytes()
+        self.parts.append(raw)
+        self.size += len(raw)
+        return ref
+
+
+def _fields(obj: Any, arrays: _Arrays) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if isinstance(value, np.ndarray):
-            out[f.name] = _array(value)
-        else:
-            out[f.name] = value
+        out[f.name] = arrays.ref(value) if isinstance(value, np.ndarray) else value
     return out
+
+
+def load(data: bytes) -> dict[str, Any]:
+    """The state a snapshot holds, as :func:`take` put it (its arrays' references replaced by the arrays, writable);
+    a snapshot written before 2026-12-05 gives its arrays as :func:`~stream_eval.engine.times.array_to_json` wrote
+    them, which :func:`restore` reads as well."""
+    if not data.startswith(MAGIC):
+        return orjson.loads(zlib.decompress(data))  # type: ignore[no-any-return]  # (a JSON object)
+    body = zlib.decompress(memoryview(data)[len(MAGIC) :])
+    length = int.from_bytes(body[:8], "little")
+    state: dict[str, Any] = orjson.loads(body[8 : 8 + length])
+    start = 8 + length
+
+    def arrays(value: Any) -> Any:
+        if isinstance(value, dict):
+            if "at" in value and "dtype" in value:
+                dtype, shape = np.dtype(value["dtype"]), tuple(value["shape"])
+                count = int(np.prod(shape, dtype=np.int64))
+                return np.frombuffer(body, dtype, count, start + int(value["at"])).reshape(shape).copy()
+            return {key: arrays(v) for key, v in value.items()}
+        if isinstance(value, list):
+            return [arrays(v) for v in value]
+        return value
+
+    return arrays(state)  # type: ignore[no-any-return]  # (a dict, as given)
+
+
+def _unarray(value: Any) -> np.ndarray[Any, Any]:
+    """An array of :func:`load`'s state (one of a snapshot before 2026-12-05: from its JSON form)."""
+    return value if isinstance(value, np.ndarray) else array_from_json(value)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or isinstance(value, dict) and "dtype" in value
 
 
 def _experiment(data: dict[str, Any]) -> _Experiment:
@@ -52,7 +104,7 @@ def _experiment(data: dict[str, Any]) -> _Experiment:
     for name, value in data.items():
         if name not in kinds:
             continue
-        if isinstance(value, dict) and "dtype" in value:
+        if _is_array(value):
             value = _unarray(value)
         setattr(experiment, name, value)
     experiment.counts_requests = "requests" in data and bool(data.get("counts_requests", True))
@@ -62,23 +114,24 @@ def _experiment(data: dict[str, Any]) -> _Experiment:
 def _history(data: dict[str, Any]) -> UnitHistory:
     history = UnitHistory(data["width"], data["buckets"])
     for name, value in data.items():
-        setattr(history, name, _unarray(value) if isinstance(value, dict) and "dtype" in value else value)
+        setattr(history, name, _unarray(value) if _is_array(value) else value)
     return history
 
 
 def take(engine: Engine) -> bytes:
     """The stage-held state of ``engine``, compressed."""
     ledger, gsb = engine.ledger, engine.gsb
+    arrays = _Arrays()
     state = {
         "ledger": {
-            "experiments": {name: {str(shard): _fields(e) for shard, e in shards.items()}
+            "experiments": {name: {str(shard): _fields(e, arrays) for shard, e in shards.items()}
                             for name, shards in ledger.experiments.items()},
-            "pending": [{"keys": _array(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
-                         "units": p.units, "y": _array(p.y), "n": _array(p.n), "segments": p.segments}
+            "pending": [{"keys": arrays.ref(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
+                         "units": p.units, "y": arrays.ref(p.y), "n": arrays.ref(p.n), "segments": p.segments}
                         for p in ledger._pending],
             "segment_fields": list(engine.config.segments),
             "merger": ledger.merger.state_to_json(),
-            "history": {str(shard): _fields(h) for shard, h in ledger.history.items()},
+            "history": {str(shard): _fields(h, arrays) for shard, h in ledger.history.items()},
             "changed": sorted(ledger._changed),
             "times": [None if ledger.open_look is None else time_to_json(ledger.open_look),
                       time_to_json(ledger.released), time_to_json(ledger.last_key)],
@@ -87,12 +140,16 @@ def take(engine: Engine) -> bytes:
         "interleaving_credits": tallies_to_json(gsb._interleaving_complete),
         "teams": {e: sorted(t) for e, t in engine.teams_seen.items()},
     }
-    return zlib.compress(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY), 1)
+    text = orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY)
+    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, 15, 9, _STRATEGY)
+    packed = [packer.compress(len(text).to_bytes(8, "little")), packer.compress(text)]
+    packed += [packer.compress(part) for part in arrays.parts]
+    return b"".join([MAGIC, *packed, packer.flush()])
 
 
 def restore(engine: Engine, data: bytes) -> None:
     """Put a :func:`take` snapshot into ``engine`` (its ledger, complete GSB tallies and teams are replaced)."""
-    state = orjson.loads(zlib.decompress(data))
+    state = load(data)
     saved = state["ledger"]
     ledger = UnitLedger(engine.config, engine.ledger.names[:-1], engine.ledger.names[-1])
     if any("width" in shards for shards in saved["experiments"].values()):
