@@ -391,3 +391,26 @@ def test_a_snapshot_in_json_as_written_before_restores_the_same_state() -> None:
     snapshot.restore(restored[0], data)
     snapshot.restore(restored[1], _json_snapshot(snapshot.load(data)))
     assert [snapshot.take(each) for each in restored] == [data, data]
+
+
+def test_a_snapshot_keeps_names_that_look_like_its_own_keys() -> None:
+    """Arms and segment values are users' strings: an arm called "dtype" and segment values "at", "dtype" and "shape"
+    (the keys an array's reference has in a snapshot) come back as names, in either format."""
+    from stream_eval.engine import snapshot
+    from stream_eval.engine.engine import Engine
+
+    engine = Engine(Config(segments=("platform",)))
+    ledger = engine.ledger
+    names = ["at", "dtype", "shape"]
+    ledger.add_requests(np.arange(6, dtype=np.float64), [f"r{k}" for k in range(6)], ["e"] * 6,
+                        ["dtype", "shape"] * 3, [f"u{k}" for k in range(6)], np.full((6, ledger.width - 1), 0.5),
+                        [(names[k % 3],) for k in range(6)])
+    ledger.release(10.0)
+    data = snapshot.take(engine)
+    for form in (data, _json_snapshot(snapshot.load(data))):
+        restored = Engine(engine.config)
+        snapshot.restore(restored, form)
+        assert snapshot.take(restored) == data
+        shards = restored.ledger.experiments["e"].values()
+        assert {arm for shard in shards for arm in shard.arm_code} == {"dtype", "shape"}
+        assert {value for shard in shards for codes in shard.segment_codes for value in codes} == set(names)

@@ -41,18 +41,18 @@ _LEVEL, _STRATEGY = 1, zlib.Z_RLE
 
 
 class _Arrays:
-    """The arrays of a snapshot being written: each one's bytes, after those before it."""
+    """The arrays of a snapshot being written (C-contiguous, compressed from their memory): each one's bytes come
+    after those before it."""
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[np.ndarray[Any, Any]] = []
         self.size = 0
 
     def ref(self, value: np.ndarray[Any, Any]) -> dict[str, Any]:
         data = np.ascontiguousarray(value)
+        self.parts.append(data)
         ref = {"dtype": data.dtype.str, "shape": list(data.shape), "at": self.size}
-        raw = data.tobytes()
-        self.parts.append(raw)
-        self.size += len(raw)
+        self.size += data.nbytes
         return ref
 
 
@@ -65,28 +65,33 @@ def _fields(obj: Any, arrays: _Arrays) -> dict[str, Any]:
 
 
 def load(data: bytes) -> dict[str, Any]:
-    """The state a snapshot holds, as :func:`take` put it (its arrays' references replaced by the arrays, writable);
-    a snapshot written before 2026-12-05 gives its arrays as :func:`~stream_eval.engine.times.array_to_json` wrote
-    them, which :func:`restore` reads as well."""
+    """The state a snapshot holds, as :func:`take` put it, its arrays (the fields of the units' shards and CUPED
+    histories, the pending contributions' columns) as arrays, writable; a snapshot written before 2026-12-05 gives
+    them as :func:`~stream_eval.engine.times.array_to_json` wrote them, which :func:`restore` reads as well."""
     if not data.startswith(MAGIC):
         return orjson.loads(zlib.decompress(data))  # type: ignore[no-any-return]  # (a JSON object)
     body = zlib.decompress(memoryview(data)[len(MAGIC) :])
     length = int.from_bytes(body[:8], "little")
-    state: dict[str, Any] = orjson.loads(body[8 : 8 + length])
+    state: dict[str, Any] = orjson.loads(memoryview(body)[8 : 8 + length])
     start = 8 + length
 
-    def arrays(value: Any) -> Any:
-        if isinstance(value, dict):
-            if "at" in value and "dtype" in value:
-                dtype, shape = np.dtype(value["dtype"]), tuple(value["shape"])
-                count = int(np.prod(shape, dtype=np.int64))
-                return np.frombuffer(body, dtype, count, start + int(value["at"])).reshape(shape).copy()
-            return {key: arrays(v) for key, v in value.items()}
-        if isinstance(value, list):
-            return [arrays(v) for v in value]
-        return value
+    def array(ref: dict[str, Any]) -> np.ndarray[Any, Any]:
+        dtype, shape = np.dtype(ref["dtype"]), tuple(ref["shape"])
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(body, dtype, count, start + int(ref["at"])).reshape(shape).copy()
 
-    return arrays(state)  # type: ignore[no-any-return]  # (a dict, as given)
+    def arrays_of(fields: dict[str, Any]) -> None:  # (only where take put arrays: other keys are users' values)
+        for name, value in fields.items():
+            if isinstance(value, dict) and "at" in value and "dtype" in value and "shape" in value:
+                fields[name] = array(value)
+
+    saved = state["ledger"]
+    for shards in (*saved["experiments"].values(), saved["history"]):
+        for fields in shards.values():
+            arrays_of(fields)
+    for pending in saved["pending"]:
+        arrays_of(pending)
+    return state
 
 
 def _unarray(value: Any) -> np.ndarray[Any, Any]:
@@ -94,28 +99,26 @@ def _unarray(value: Any) -> np.ndarray[Any, Any]:
     return value if isinstance(value, np.ndarray) else array_from_json(value)
 
 
-def _is_array(value: Any) -> bool:
-    return isinstance(value, np.ndarray) or isinstance(value, dict) and "dtype" in value
-
-
 def _experiment(data: dict[str, Any]) -> _Experiment:
-    kinds = {f.name: f for f in dataclasses.fields(_Experiment)}
     experiment = _Experiment(data["width"])
-    for name, value in data.items():
-        if name not in kinds:
-            continue
-        if _is_array(value):
-            value = _unarray(value)
-        setattr(experiment, name, value)
+    _set_fields(experiment, data)
     experiment.counts_requests = "requests" in data and bool(data.get("counts_requests", True))
     return experiment
 
 
 def _history(data: dict[str, Any]) -> UnitHistory:
     history = UnitHistory(data["width"], data["buckets"])
-    for name, value in data.items():
-        setattr(history, name, _unarray(value) if _is_array(value) else value)
+    _set_fields(history, data)
     return history
+
+
+def _set_fields(obj: Any, data: dict[str, Any]) -> None:
+    """Set the dataclass ``obj``'s fields found in ``data``: an array where the field holds one (by the field, not
+    by the value's keys, which for a table of names are users' strings: an arm may be called "dtype")."""
+    for f in dataclasses.fields(obj):
+        if f.name in data:
+            value = data[f.name]
+            setattr(obj, f.name, _unarray(value) if isinstance(getattr(obj, f.name), np.ndarray) else value)
 
 
 def take(engine: Engine) -> bytes:
@@ -143,7 +146,7 @@ def take(engine: Engine) -> bytes:
     text = orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY)
     packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, 15, 9, _STRATEGY)
     packed = [packer.compress(len(text).to_bytes(8, "little")), packer.compress(text)]
-    packed += [packer.compress(part) for part in arrays.parts]
+    packed += [packer.compress(part.reshape(-1).view(np.uint8).data) for part in arrays.parts]
     return b"".join([MAGIC, *packed, packer.flush()])
 
 

@@ -24,10 +24,11 @@ from stream_eval.stream.kafka import KafkaSecurity, client_options
 log = logging.getLogger("stream_eval.worker")
 #: The producer's batch size; records of at least ``LARGE_RECORD`` bytes go through ``producer.send`` alone.
 BATCH_BYTES = 1 << 20
-#: The worker's producers send a batch as soon as their sender task runs (aiokafka's ``linger_ms``): every record the
-#: worker writes is awaited at once (a commit's probe, outputs, checkpoints and markers are each a round trip on the
-#: loop's path), and records written together are appended without the event loop running in between, so they
-#: share batches anyway. A linger would add itself to each of those round trips (aiokafka's ``flush`` waits it out).
+#: The worker's producers send a batch as soon as their sender task runs (aiokafka's ``linger_ms``): what the worker
+#: writes is awaited soon after (a commit's probe, outputs, checkpoints and markers are each a round trip on the
+#: loop's path), and a linger would add itself to each of those round trips (aiokafka's ``flush`` waits it out). What
+#: is written while a request is in flight (aiokafka sends one at a time to a broker) goes in the next request, so
+#: records written in a burst still share requests after the first.
 LINGER_MS = 0
 LARGE_RECORD = 64 << 10
 #: Key of a checkpoint record (the other keys of a checkpoint topic are the delivery's: ``stream/delivery.py``).
