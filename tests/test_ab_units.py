@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config, load_config
-from stream_eval.engine.ab import UnitLedger, key_id_order
+from stream_eval.engine.ab import UnitLedger, key_id_order, shard_of
 from stream_eval.engine.compiled import add_rows, arm_sums
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.replay import replay
@@ -377,7 +377,7 @@ def test_a_snapshot_in_json_as_written_before_restores_the_same_state() -> None:
                                  attribution_window=2.0, allowed_lateness=0.0, look_every=5.0)
     simulated = SimulationConfig(requests=1200, seed=3, arms=(("control", 0.5), ("better", 0.7)), unit="user",
                                  pre_period=8.0, preference=0.8, segments=(("platform", ("ios", "web")),))
-    lines = [line if isinstance(line, bytes) else line.encode() for line in simulate_lines(simulated)]
+    lines = list(simulate_lines(simulated))
     engine = Engine(config)
     engine.process(decode_chunk_columns(b"\n".join(lines[: len(lines) // 2]) + b"\n", config))
     ledger = engine.ledger
@@ -414,3 +414,21 @@ def test_a_snapshot_keeps_names_that_look_like_its_own_keys() -> None:
         shards = restored.ledger.experiments["e"].values()
         assert {arm for shard in shards for arm in shard.arm_code} == {"dtype", "shape"}
         assert {value for shard in shards for codes in shard.segment_codes for value in codes} == set(names)
+
+
+def test_a_snapshot_keeps_arms_named_as_an_array_s_keys() -> None:
+    """Arms called "at", "dtype" and "shape" (all the keys of an array's reference in a snapshot) come back as arms."""
+    from stream_eval.engine import snapshot
+    from stream_eval.engine.engine import Engine
+
+    engine = Engine(Config())
+    ledger = engine.ledger
+    arms = ["at", "dtype", "shape"]
+    units = [unit for unit in (f"u{k}" for k in range(1000)) if shard_of(unit) == shard_of("u0")][:3]  # (one shard)
+    ledger.add_requests(np.arange(30, dtype=np.float64), [f"r{k}" for k in range(30)], ["e"] * 30,
+                        [arms[k % 3] for k in range(30)], [units[k % 3] for k in range(30)],
+                        np.full((30, ledger.width - 1), 0.5))
+    ledger.release(40.0)
+    restored = Engine(engine.config)
+    snapshot.restore(restored, snapshot.take(engine))
+    assert restored.ledger.units() == engine.ledger.units() == {"e": dict.fromkeys(arms, 1)}

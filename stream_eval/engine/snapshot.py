@@ -80,17 +80,18 @@ def load(data: bytes) -> dict[str, Any]:
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(body, dtype, count, start + int(ref["at"])).reshape(shape).copy()
 
-    def arrays_of(fields: dict[str, Any]) -> None:  # (only where take put arrays: other keys are users' values)
-        for name, value in fields.items():
-            if isinstance(value, dict) and "at" in value and "dtype" in value and "shape" in value:
-                fields[name] = array(value)
+    def arrays_of(fields: dict[str, Any], names: tuple[str, ...]) -> None:  # (other values may be users' names)
+        for name in names:
+            if name in fields:
+                fields[name] = array(fields[name])
 
     saved = state["ledger"]
-    for shards in (*saved["experiments"].values(), saved["history"]):
+    for shards, names in [(shards, _EXPERIMENT_ARRAYS) for shards in saved["experiments"].values()] + [
+            (saved["history"], _HISTORY_ARRAYS)]:
         for fields in shards.values():
-            arrays_of(fields)
+            arrays_of(fields, names)
     for pending in saved["pending"]:
-        arrays_of(pending)
+        arrays_of(pending, _PENDING_ARRAYS)
     return state
 
 
@@ -99,26 +100,36 @@ def _unarray(value: Any) -> np.ndarray[Any, Any]:
     return value if isinstance(value, np.ndarray) else array_from_json(value)
 
 
+def _array_fields(obj: Any) -> tuple[str, ...]:
+    """The fields of the dataclass ``obj`` that hold arrays (known by the field: the keys of a value that is a table
+    of names are users' strings, and an arm may be called "dtype")."""
+    return tuple(f.name for f in dataclasses.fields(obj) if isinstance(getattr(obj, f.name), np.ndarray))
+
+
+_EXPERIMENT_ARRAYS = _array_fields(_Experiment(1))
+_HISTORY_ARRAYS = _array_fields(UnitHistory(1, 1))
+_PENDING_ARRAYS = ("keys", "y", "n")
+
+
 def _experiment(data: dict[str, Any]) -> _Experiment:
     experiment = _Experiment(data["width"])
-    _set_fields(experiment, data)
+    _set_fields(experiment, data, _EXPERIMENT_ARRAYS)
     experiment.counts_requests = "requests" in data and bool(data.get("counts_requests", True))
     return experiment
 
 
 def _history(data: dict[str, Any]) -> UnitHistory:
     history = UnitHistory(data["width"], data["buckets"])
-    _set_fields(history, data)
+    _set_fields(history, data, _HISTORY_ARRAYS)
     return history
 
 
-def _set_fields(obj: Any, data: dict[str, Any]) -> None:
-    """Set the dataclass ``obj``'s fields found in ``data``: an array where the field holds one (by the field, not
-    by the value's keys, which for a table of names are users' strings: an arm may be called "dtype")."""
+def _set_fields(obj: Any, data: dict[str, Any], arrays: tuple[str, ...]) -> None:
+    """Set the dataclass ``obj``'s fields found in ``data``, those named in ``arrays`` as arrays."""
     for f in dataclasses.fields(obj):
         if f.name in data:
             value = data[f.name]
-            setattr(obj, f.name, _unarray(value) if isinstance(getattr(obj, f.name), np.ndarray) else value)
+            setattr(obj, f.name, _unarray(value) if f.name in arrays else value)
 
 
 def take(engine: Engine) -> bytes:
