@@ -7,6 +7,7 @@
     python bench/stream.py --baseline ../old  # also the worker of another source tree (a git worktree), run by run
     python bench/stream.py --only throughput --all-on bench/all-on.toml  # A/B/n traffic; the worker with the file too
     python bench/stream.py --only throughput --workers-only --repeat 5  # no faust nor raw aiokafka: a quarter the time
+    python bench/stream.py --only throughput --workers-only --invalid 0.2 --baseline ../old  # a fifth of feedback bad
 
 A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
 items per ranking, ~4 feedback events per request) is produced once, with end-of-stream watermarks, to the
@@ -473,6 +474,17 @@ class StreamBench:
             config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=rate)
             lines = list(simulate_lines(config))
             self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+        invalid = 0
+        if self.args.invalid > 0:  # every k-th feedback event made invalid (its ts a string): dead letters
+            every, seen = max(1, round(1 / self.args.invalid)), 0
+            for k, line in enumerate(lines):
+                if line.startswith(b'{"type":"feedback"'):
+                    seen += 1
+                    if seen % every == 0:
+                        lines[k], invalid = line.replace(b'"ts":', b'"ts":"not a time","at":', 1), invalid + 1
+            self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+            if self.args.all_on:
+                self.expected_all_on = expected_ab(self.log_path, self.args.all_on)
         kinds = Counter(json.loads(line)["type"] for line in lines)
         self.expected = expected_ab(self.log_path)
         started = time.perf_counter()
@@ -483,7 +495,7 @@ class StreamBench:
         log(f"produced {events:,} events ({dict(kinds)}) + {counts[WATERMARKS]} watermarks in {seconds:.1f} s "
             f"({events / seconds:,.0f}/s)")
         return {"events": events, "requests": kinds["ranking"], "feedback": kinds["feedback"],
-                "watermarks": counts[WATERMARKS], "bytes": sum(len(line) - 1 for line in lines),
+                "watermarks": counts[WATERMARKS], "bytes": sum(len(line) - 1 for line in lines), "invalid": invalid,
                 "produce_seconds": seconds}
 
     # -- 1. the worker ------------------------------------------------------------------------------
@@ -819,7 +831,8 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
             f"Data: {data['events']:,} simulated events"
             f"{' (A/B/n traffic of `bench/worker_path.py --simulate`)' if args.all_on else ''} "
             f"({data['requests']:,} rankings of ~20 items, "
-            f"{data['feedback']:,} feedback; {data['bytes'] / data['events']:.0f} bytes per event on average) + "
+            f"{data['feedback']:,} feedback, {data.get('invalid', 0):,} of them invalid (`--invalid`); "
+            f"{data['bytes'] / data['events']:.0f} bytes per event on average) + "
             f"{data['watermarks']} end-of-stream watermarks, {PARTITIONS} partitions per topic, produced once "
             f"({data['events'] / data['produce_seconds']:,.0f} events/s). Each row: median (min–max) of "
             f"{len(runs['worker'])} runs, interleaved "
@@ -986,6 +999,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                       "between the others, as the same-run baseline")
     p.add_argument("--all-on", metavar="FILE", help="A/B/n traffic, and the worker with `--config FILE` too (e.g. "
                                                     "bench/all-on.toml): the cost of its features")
+    p.add_argument("--invalid", type=float, default=0.0, metavar="SHARE",
+                   help="this share of the feedback events made invalid (a string ts): the cost of dead letters")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as failed")
     p.add_argument("--kafka", action="store_true", help="on Apache Kafka (scripts/kafka/fetch) instead of Tansu")
     p.add_argument("--both", action="store_true", help="on Tansu, then on Apache Kafka, the same data, in one run")

@@ -267,7 +267,8 @@ class RecordingSender:
         self.sent: list[tuple[str, int | None, bytes | None]] = []
         self.ends: dict[tuple[str, int], int] = {}
 
-    async def send_batches(self, topic: str, records: Sequence[Any], partition: int | None = None) -> None:
+    async def send_batches(self, topic: str, records: Sequence[Any], partition: int | None = None,
+                           headers: Any = None) -> None:
         self.sent += [(topic, partition, key) for key, _, _ in records]
 
     async def send_record(self, topic: str, partition: int | None, record: Any, headers: Any = None) -> None:

@@ -341,6 +341,8 @@ class _FakeProducer:
     def __init__(self, batch_bytes: int) -> None:
         self.batch_bytes = batch_bytes
         self.sent: list[tuple[int, list[tuple[bytes | None, bytes, int]]]] = []
+        self.headers: list[list[list[tuple[str, bytes]]]] = []  # each sent batch's records' headers
+        self.failing = 0  # the next sends whose futures fail
 
     async def partitions_for(self, topic: str) -> set[int]:
         return {0, 1, 2, 3, 4}
@@ -350,16 +352,33 @@ class _FakeProducer:
 
         return BatchBuilder(self.batch_bytes, 0, is_transactional=False)
 
-    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> None:
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future[Any]:
         from aiokafka.record.default_records import DefaultRecordBatch
 
-        records = [(r.key, r.value, r.timestamp) for r in DefaultRecordBatch(batch._build())]
-        assert records, "an empty batch was sent"
-        self.sent.append((partition, records))
+        parsed = list(DefaultRecordBatch(batch._build()))
+        assert parsed, "an empty batch was sent"
+        self.sent.append((partition, [(r.key, r.value, r.timestamp) for r in parsed]))
+        self.headers.append([list(r.headers) for r in parsed])
+        return self._done()
 
     async def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
-                   timestamp_ms: int | None = None, headers: Any = None) -> None:
+                   timestamp_ms: int | None = None, headers: Any = None) -> asyncio.Future[Any]:
         self.sent.append((partition, [(key, value, timestamp_ms)]))  # type: ignore[list-item]  # set here
+        self.headers.append([list(headers or [])])
+        return self._done()
+
+    def _done(self) -> asyncio.Future[Any]:
+        """A future already done: failed while ``failing`` counts down, else stored (no offset)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.failing > 0:
+            self.failing -= 1
+            future.set_exception(RuntimeError("not acknowledged"))
+        else:
+            future.set_result(None)
+        return future
+
+    async def flush(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize("batch_bytes", [60, 500, 1 << 20])
@@ -386,6 +405,41 @@ def test_outputs_go_out_in_order_to_the_key_partition_in_batches(batch_bytes: in
         expected.setdefault(choose(key, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]), []).append((key, value, ts))
     assert got == expected
     assert any(len(batch) == 1 and len(batch[0][1]) >= large for _, batch in producer.sent)
+
+
+@pytest.mark.parametrize("batch_bytes", [300, 1 << 20])
+def test_keyless_records_go_in_batches_with_each_ones_headers(batch_bytes: int) -> None:
+    """Dead letters: records without a key, each with headers of its own, go in order to one partition in whole
+    batches (each sent alone cost ~30 times the CPU: a request each), each keeping its headers; a large one goes
+    through producer.send in its place with its own. A batch the broker did not acknowledge is sent again record by
+    record, each still with its headers."""
+    from stream_eval.stream import logs
+    from stream_eval.stream.backoff import BrokerHealth
+
+    producer = _FakeProducer(batch_bytes)
+    sender = logs.Sender(producer, BrokerHealth("test", logs.log))
+    large = logs.LARGE_RECORD
+    records = [(None, b"x" * (large if i == 7 else 10 + i), None) for i in range(40)]
+    headers = [[("code", f"c{i}".encode()), ("offset", str(i).encode())] for i in range(40)]
+
+    async def send() -> None:
+        await sender.send_batches("dead-letters", records, headers=headers)
+        await sender.flush()
+
+    asyncio.run(send())
+    assert len({partition for partition, _ in producer.sent}) == 1
+    assert [(key, value) for _, batch in producer.sent for key, value, _ in batch] == [r[:2] for r in records]
+    assert [h for batch in producer.headers for h in batch] == headers
+    assert any(len(batch) > 1 for _, batch in producer.sent)
+
+    producer = _FakeProducer(batch_bytes)
+    producer.failing = 1  # the first batch is not acknowledged
+    sender = logs.Sender(producer, BrokerHealth("test", logs.log))
+    asyncio.run(send())
+    first = len(producer.sent[0][1])
+    assert [(partition, batch[0][:2]) for partition, batch in producer.sent[-first:]] == \
+        [(producer.sent[0][0], r[:2]) for r in records[:first]]
+    assert [h for batch in producer.headers[-first:] for h in batch] == headers[:first]
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ from stream_eval.engine.stages import StagePartitions
 from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid
 from stream_eval.stream.backoff import BrokerHealth
-from stream_eval.stream.logs import CHECKPOINT, Logs, Record, Sender
+from stream_eval.stream.logs import CHECKPOINT, Headers, Logs, Record, Sender
 from stream_eval.stream.settings import WorkerSettings
 
 log = logging.getLogger("stream_eval.worker")
@@ -200,6 +200,10 @@ class Delivery(abc.ABC):
                 by_partition.setdefault(self.output_partition(partition), []).append((key, value, ts_ms))
             for number, records in by_partition.items():
                 await sender.send_batches(self.topics.request_metrics, records, partition=number)
+        if not outbox.dead:
+            return
+        letters: list[Record] = []
+        all_headers: list[Headers] = []
         for invalid, topic, partition, offset in outbox.dead:
             headers = [("reason", invalid.reason.encode()), ("code", invalid.code.encode()),
                        ("kind", invalid.kind.encode()), ("topic", topic.encode()),
@@ -208,7 +212,9 @@ class Delivery(abc.ABC):
             if len(raw) > MAX_EVENT_BYTES:  # (too_large): its start, and its size; the whole is at its offset
                 headers.append(("truncated", str(len(raw)).encode()))
                 raw = raw[:MAX_EVENT_BYTES]
-            await sender.send_record(self.topics.dead_letters, None, (None, raw, None), headers)
+            letters.append((None, raw, None))
+            all_headers.append(headers)
+        await sender.send_batches(self.topics.dead_letters, letters, headers=all_headers)
 
     async def send_routed(self, sender: Sender, routed: list[tuple[int, bytes, bytes]],
                           reports: list[bytes]) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -36,6 +37,8 @@ CHECKPOINT = b"checkpoint"
 
 #: A record to send: (key, value, timestamp in ms or None for the producer's clock).
 Record = tuple[bytes | None, bytes, int | None]
+#: A record's headers: (name, value) pairs.
+Headers = list[tuple[str, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,7 @@ class _Sent:
     topic: str
     partition: int | None
     records: list[Record]
-    headers: list[tuple[str, bytes]] | None = None
+    headers: list[Headers | None] | None = None  # each record's (None: none has headers)
 
 
 class Sender:
@@ -61,60 +64,71 @@ class Sender:
         self.ends: dict[tuple[str, int], int] = {}
         self._sent: list[_Sent] = []
 
-    async def send_batches(self, topic: str, records: Sequence[Record], partition: int | None = None) -> None:
-        """Send (key, value, timestamp ms) records in order, as whole batches per partition.
+    async def send_batches(self, topic: str, records: Sequence[Record], partition: int | None = None,
+                           headers: Sequence[Headers] | None = None) -> None:
+        """Send (key, value, timestamp ms) records in order, as whole batches per partition; ``headers``: each
+        record's headers.
 
         What ``producer.send`` does per record (partition by the key's murmur2 hash, like every Kafka client's
-        default partitioner), without its per-record future and accumulator call, which cost much of producing a
-        worker's outputs (docs/benchmarks.md). Delivery is awaited by :meth:`flush`.
+        default partitioner; records without a key all to one partition chosen at random, as a sticky partitioner
+        does for a batch), without its per-record future and accumulator call, which cost much of producing a
+        worker's outputs (docs/benchmarks.md); sent one by one, with nothing to share its request, a record took
+        ~30 times the CPU of its place in a batch. Delivery is awaited by :meth:`flush`.
         """
         from aiokafka.partitioner import DefaultPartitioner
 
         producer = self.producer
-        by_partition: Mapping[int, Sequence[Record]]
+        by_partition: Mapping[int, Sequence[int] | None]  # the records' indexes per partition (None: all of them)
         if partition is None:
             all_partitions = sorted(await self.health.call("produce", lambda: producer.partitions_for(topic)))
             choose = DefaultPartitioner()
-            by_key: dict[int, list[Record]] = {}
-            for record in records:
-                by_key.setdefault(choose(record[0], all_partitions, all_partitions), []).append(record)
+            keyless = choose(None, all_partitions, all_partitions)
+            by_key: dict[int, list[int]] = {}
+            for k, record in enumerate(records):
+                key = record[0]
+                by_key.setdefault(keyless if key is None else choose(key, all_partitions, all_partitions),
+                                  []).append(k)
             by_partition = by_key
         else:
-            by_partition = {partition: records}  # as given: no copy
-        for number, part in by_partition.items():
-            batch = producer.create_batch()
-            queued: list[Record] = []
-            for record in part:
-                key, value, ts_ms = record
+            by_partition = {partition: None}  # as given: no copy
+        for number, indexes in by_partition.items():
+            part = records if indexes is None else [records[k] for k in indexes]
+            these = headers if headers is None or indexes is None else [headers[k] for k in indexes]
+            batch, start = producer.create_batch(), 0  # the batch holds part[start:k]
+            for k, (key, value, ts_ms) in enumerate(part):
                 if len(value) + len(key or b"") >= LARGE_RECORD:
                     # producer.send checks the size and raises for a record the broker would refuse (a batch
                     # builder takes any first record); queued after the batch so far, so order holds
-                    if batch.record_count():
-                        await self._send_batch(topic, number, batch, queued)
-                        batch, queued = producer.create_batch(), []
-                    await self.send_record(topic, number, record)
-                elif batch.append(key=key, value=value, timestamp=ts_ms) is None:  # full: send it, start the next
-                    await self._send_batch(topic, number, batch, queued)
-                    batch, queued = producer.create_batch(), [record]
-                    batch.append(key=key, value=value, timestamp=ts_ms)
-                else:
-                    queued.append(record)
-            if batch.record_count():
-                await self._send_batch(topic, number, batch, queued)
+                    if k > start:
+                        await self._send_batch(topic, number, batch, part, these, start, k)
+                        batch = producer.create_batch()
+                    await self.send_record(topic, number, part[k], None if these is None else these[k])
+                    start = k + 1
+                    continue
+                while (batch.append(key=key, value=value, timestamp=ts_ms) if these is None else
+                       batch.append(key=key, value=value, timestamp=ts_ms, headers=these[k])) is None:
+                    # full: sent, and the record goes into the next (which takes any first record)
+                    await self._send_batch(topic, number, batch, part, these, start, k)
+                    batch, start = producer.create_batch(), k
+            if len(part) > start:
+                await self._send_batch(topic, number, batch, part, these, start, len(part))
 
-    async def _send_batch(self, topic: str, partition: int, batch: Any, records: list[Record]) -> None:
-        """Queue a batch (retried while the client cannot queue it: nothing is queued twice)."""
+    async def _send_batch(self, topic: str, partition: int, batch: Any, records: Sequence[Record],
+                          headers: Sequence[Headers] | None, start: int, end: int) -> None:
+        """Queue a batch holding ``records[start:end]`` (retried while the client cannot queue it: nothing is queued
+        twice)."""
         producer = self.producer
         future = await self.health.call("produce", lambda: producer.send_batch(batch, topic, partition=partition))
-        self._sent.append(_Sent(future, topic, partition, records))
+        self._sent.append(_Sent(future, topic, partition, list(records[start:end]),
+                                None if headers is None else list(headers[start:end])))
 
     async def send_record(self, topic: str, partition: int | None, record: Record,
-                          headers: list[tuple[str, bytes]] | None = None) -> None:
+                          headers: Headers | None = None) -> None:
         producer = self.producer
         key, value, ts_ms = record
         future = await self.health.call("produce", lambda: producer.send(
             topic, value, key=key, partition=partition, timestamp_ms=ts_ms, headers=headers))
-        self._sent.append(_Sent(future, topic, partition, [record], headers))
+        self._sent.append(_Sent(future, topic, partition, [record], None if headers is None else [headers]))
 
     def abandon(self) -> None:
         """Forget the records not known to be stored (their partition is given up: a transaction that will not
@@ -151,8 +165,8 @@ class Sender:
             log.warning("%d batches of records were not acknowledged in %d s (%s): sending them again; some may be "
                         "stored twice", len(failed), self.produce_timeout_ms // 1000, error)
             for s in failed:
-                for record in s.records:
-                    await self.send_record(s.topic, s.partition, record, s.headers)
+                for record, headers in zip(s.records, s.headers or repeat(None), strict=False):
+                    await self.send_record(s.topic, s.partition, record, headers)
 
 
 class Logs:
