@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -115,7 +116,7 @@ class _Owner:
 
     def _take(self) -> None:
         for _, value in self.sink.take():
-            record = orjson.loads(value)
+            record = msgspec.msgpack.decode(value)
             assert record["P"] == self.partition
             self.ops.append(("c" if record["k"] == "c" else "d", record["n"], value))
 
@@ -171,7 +172,8 @@ def _owners_writes(partition: int, ops: list[Op], crashes: Sequence[int]) -> tup
     A new owner's records need not be the dead one's (its sink announces the arms again; it finalises in other
     batches): here each new owner first announces the partition's first arm again, so the records it writes
     again are numbered one further than the dead owner's."""
-    arm = next(orjson.loads(op[2]) for op in ops if op[0] == "d" and orjson.loads(op[2])["k"] == "a")
+    arm = next(record for record in (msgspec.msgpack.decode(op[2]) for op in ops if op[0] == "d")
+               if record["k"] == "a")
     writes: list[bytes] = []
     restored: list[int] = []
     start, committed = 0, 0
@@ -187,11 +189,12 @@ def _owners_writes(partition: int, ops: list[Op], crashes: Sequence[int]) -> tup
         seq = committed
         if incarnation:
             seq += 1
-            sink.records.append((0, b"", orjson.dumps({**arm, "n": seq, "x": token})))
+            sink.records.append((0, b"", msgspec.msgpack.encode({**arm, "n": seq, "x": token})))
         for op in run:
             if op[0] == "d":
                 seq = op[1] + shift
-                sink.records.append((0, b"", orjson.dumps({**orjson.loads(op[2]), "n": seq, "x": token})))
+                sink.records.append((0, b"", msgspec.msgpack.encode({**msgspec.msgpack.decode(op[2]), "n": seq,
+                                                                      "x": token})))
             elif op[0] == "c":
                 sink.commit(op[1] + shift)
         if incarnation == len(owners) - 1 and (not run or run[-1][0] != "c"):
@@ -234,11 +237,11 @@ def _without_partitions(log: list[bytes]) -> list[bytes]:
     """The same records as ``RegroupSink()`` writes them (no partition, no commit markers): the path of old logs."""
     out = []
     for value in log:
-        record = orjson.loads(value)
+        record = msgspec.msgpack.decode(value)
         if record["k"] in ("c", "r"):
             continue
         del record["P"], record["n"]
-        out.append(orjson.dumps(record))
+        out.append(msgspec.msgpack.encode(record))
     return out
 
 
@@ -289,14 +292,14 @@ def test_a_partitions_sink_numbers_its_records_and_writes_rewinds_and_commits() 
     sink.arm("exp", "a")  # announced once
     assert sink.seq == 9
     sink.commit(sink.seq)
-    records = [orjson.loads(value) for _, value in sink.take()]
+    records = [msgspec.msgpack.decode(value) for _, value in sink.take()]
     assert records == [{"k": "r", "P": 4, "x": "t1", "n": 7},
                        {"k": "j", "e": "exp", "v": "good", "P": 4, "n": 8, "x": "t1"},
                        {"k": "a", "e": "exp", "a": "a", "P": 4, "n": 9, "x": "t1"},
                        {"k": "c", "P": 4, "x": "t1", "n": 9}]
     sink.begin("t2", 8)  # the partition again (another ownership): numbering from its checkpoint, arms anew
     sink.arm("exp", "a")
-    assert [orjson.loads(value) for _, value in sink.take()] == [
+    assert [msgspec.msgpack.decode(value) for _, value in sink.take()] == [
         {"k": "r", "P": 4, "x": "t2", "n": 8}, {"k": "a", "e": "exp", "a": "a", "P": 4, "n": 9, "x": "t2"}]
     sink.judgment("exp", "bad")
     with pytest.raises(ValueError):
@@ -307,7 +310,8 @@ def test_a_sink_of_no_partition_writes_records_as_before() -> None:
     sink = RegroupSink()
     sink.judgment("exp", "good")
     sink.watermark(0, math.inf)
-    assert [value for _, value in sink.take()] == [b'{"k":"j","e":"exp","v":"good"}', b'{"k":"w","u":0,"t":"inf"}']
+    assert [msgspec.msgpack.decode(value) for _, value in sink.take()] == [{"k": "j", "e": "exp", "v": "good"},
+                                                                          {"k": "w", "u": 0, "t": "inf"}]
     with pytest.raises(ValueError):
         sink.commit(0)
     with pytest.raises(ValueError):

@@ -58,7 +58,7 @@ from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
 
 Floats = npt.NDArray[np.float64]
-#: Rows of A/B unit contributions per regroup record (~150 KB of JSON: far below Kafka's 1 MB default).
+#: Rows of A/B unit contributions per regroup record (~100 KB: far below Kafka's 1 MB default).
 UNIT_ROWS = 1000
 #: Characters of ids (request, experiment, arm, unit) per regroup record of unit contributions: fewer rows when
 #: the ids are long (up to 4 bytes a character: 256 KiB of them at most, with Kafka's limit 1 MiB a message).
@@ -106,7 +106,7 @@ _SESSION_ID, _TS, _QUERY_ID = attrgetter("session_id"), attrgetter("ts"), attrge
 
 
 class RegroupSink:
-    """Collects, in order, the records a worker writes to the regroup log: (stage partition, key, JSON bytes).
+    """Collects, in order, the records a worker writes to the regroup log: (stage partition, key, record bytes).
 
     With ``partition``, those of one input partition: numbered, and held by the stage until committed (module
     docstring). The worker calls :meth:`begin` when it takes the partition, stores :attr:`seq` in the
