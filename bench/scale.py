@@ -206,7 +206,8 @@ class ScaleBench:
     def produce(self, prefix: str) -> dict[str, Any]:
         """The backlog (``StreamBench.produce``), and the A/B readout a replay of it gives (``expected_ab``)."""
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:  # StreamBench.produce keeps the log there
-            options = argparse.Namespace(requests=self.args.requests, out_dir=tmp, all_on=None)  # (default traffic)
+            options = argparse.Namespace(requests=self.args.requests, out_dir=tmp, all_on=None,  # (default traffic)
+                                         invalid=0.0)
             bench = StreamBench(options, self.bootstrap)
             data = bench.produce(prefix, self.args.event_rate)  # (with the replay's A/B figures: expected_ab)
             self.expected = bench.expected
