@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from itertools import repeat, starmap
+from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -450,6 +450,7 @@ class SessionStage:
         # deadline order once every partition is past their deadline, as one engine finalises them in replay:
         # whether a request starts a new session depends on the order (see Sessions.add).
         self._waiting: list[tuple[float, int, int, _Part]] = []
+        self._latest = -math.inf  # no part waits with a later deadline
         self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
@@ -677,9 +678,13 @@ class SessionStage:
                 engine.ledger.merger.progress(record.stage, record.at)  # type: ignore[union-attr]  # by kind
             return
         if kind is records.SessionParts or kind is records.SessionPart:
-            waiting, horizon = self._waiting, self._horizon
+            waiting, horizon, latest = self._waiting, self._horizon, self._latest
             for row, part in enumerate(_parts_of(record, horizon)):
-                heapq.heappush(waiting, (part.ts + horizon, offset, row, part))
+                deadline = part.ts + horizon
+                heapq.heappush(waiting, (deadline, offset, row, part))
+                if deadline > latest:
+                    latest = deadline
+            self._latest = latest
             return
         with self._quiet(at):
             if kind is records.QueryMetrics or kind is records.QueryMetric:
@@ -747,21 +752,26 @@ class SessionStage:
     def _add_parts(self, watermark: float) -> None:
         """Add the waiting session parts due by ``watermark`` (all partitions have finalised up to it)."""
         waiting = self._waiting
-        parts: list[tuple[int, _Part]] = []
-        while waiting and waiting[0][0] <= watermark:
-            _, offset, _, part = heapq.heappop(waiting)
-            parts.append((offset, part))
-        if not parts:
+        if not waiting or waiting[0][0] > watermark:
             return
+        if self._latest <= watermark:  # all of them (the end of the input, event time far on): one sort
+            due = sorted(waiting)  # (the order of the pops: offset and row tell every two parts apart)
+            waiting.clear()
+        else:
+            due = []
+            while waiting and waiting[0][0] <= watermark:
+                due.append(heapq.heappop(waiting))
+        parts = [(offset, part) for _, offset, _, part in due]
         engine = self.engine
-        states = [part for _, part in parts]
+        states = [part for _, _, _, part in due]
         group = engine.groups_of(states)
         relevant = [part.relevant for part in states]
-        rel_req = np.repeat(np.arange(len(parts)), list(map(len, relevant)))
-        rel_pos = np.array([p for positions in relevant for p in positions], dtype=np.int64)
+        counts = list(map(len, relevant))
+        rel_req = np.repeat(np.arange(len(parts)), counts)
+        rel_pos = np.fromiter(chain.from_iterable(relevant), dtype=np.int64, count=sum(counts))
         satisfied = np.array([part.satisfied for part in states]) if engine.sessions.behaviour else None
-        n_shown = np.array([part.n for part in states], dtype=np.int64)
-        scores = np.concatenate([np.asarray(part.scores, dtype=np.float64) for part in states])
+        n_shown = np.fromiter(map(attrgetter("n"), states), dtype=np.int64, count=len(states))
+        scores = np.concatenate([part.scores for part in states]).astype(np.float64, copy=False)
         impressions = Impressions(states, rel_req, rel_pos, n_shown, satisfied,  # type: ignore[arg-type]  # duck-typed
                                   scores=scores)
         # (under the quiet context of the watermark record that released them: named parts count nothing)
