@@ -469,11 +469,9 @@ class StreamBench:
 
             simulate(self.log_path, self.args.requests)
             lines = self.log_path.read_bytes().splitlines()
-            self.expected_all_on = expected_ab(self.log_path, self.args.all_on)
         else:
             config = SimulationConfig(requests=self.args.requests, items_per_request=20, seed=11, rate=rate)
             lines = list(simulate_lines(config))
-            self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
         invalid = 0
         if self.args.invalid > 0:  # every k-th feedback event made invalid (its ts a string): dead letters
             every, seen = max(1, round(1 / self.args.invalid)), 0
@@ -482,9 +480,9 @@ class StreamBench:
                     seen += 1
                     if seen % every == 0:
                         lines[k], invalid = line.replace(b'"ts":', b'"ts":"not a time","at":', 1), invalid + 1
-            self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
-            if self.args.all_on:
-                self.expected_all_on = expected_ab(self.log_path, self.args.all_on)
+        self.log_path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+        if self.args.all_on:
+            self.expected_all_on = expected_ab(self.log_path, self.args.all_on)
         kinds = Counter(json.loads(line)["type"] for line in lines)
         self.expected = expected_ab(self.log_path)
         started = time.perf_counter()

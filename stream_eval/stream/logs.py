@@ -13,7 +13,6 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import orjson
@@ -165,7 +164,7 @@ class Sender:
             log.warning("%d batches of records were not acknowledged in %d s (%s): sending them again; some may be "
                         "stored twice", len(failed), self.produce_timeout_ms // 1000, error)
             for s in failed:
-                for record, headers in zip(s.records, s.headers or repeat(None), strict=False):
+                for record, headers in zip(s.records, s.headers or [None] * len(s.records), strict=True):
                     await self.send_record(s.topic, s.partition, record, headers)
 
 
