@@ -573,6 +573,50 @@ def test_a_readout_younger_than_max_age_is_shown_without_the_lock() -> None:
         assert _scrape_in_thread(registry)[watermark] == 7.0  # and keeps what it read, as fresh
 
 
+def test_scrapes_of_one_readout_write_its_families_once_and_read_the_broker_each_time(monkeypatch: Any) -> None:
+    """Scrapes between two readouts (Prometheus pairs, dashboards, the demo's view) export the families made for the
+    readout again, written once; the broker's health is read at every scrape; the text is prometheus_client's."""
+    from stream_eval.stream.backoff import BrokerHealth
+
+    now = [100.0]
+    engine = Engine(Config())
+    FeedbackDelays(engine)
+    RollingWindows(engine, width=10.0)
+    registry = CollectorRegistry()
+    health = BrokerHealth("test", "nowhere")
+    collector = EngineCollector(engine, registry, lock=threading.Lock(), refresh_every=1.0, max_age=1.5,
+                                clock=lambda: now[0], broker=health)
+    made: list[int] = []
+    families = EngineCollector._families
+    monkeypatch.setattr(EngineCollector, "_families", lambda self, s: (made.append(1), families(self, s))[1])
+    rows_written: list[int] = []
+    text = export.Rows.text
+    monkeypatch.setattr(export.Rows, "text", lambda self: (rows_written.append(self._text is None), text(self))[1])
+    engine.process(_events([Ranking("r1", ["a", "b"], ts=5.0), Feedback("r1", "a", ts=6.0)],
+                           engine.config))
+    collector.refresh()
+    health.up = True
+    first = export.exposition(registry.collect())
+    written = sum(rows_written)
+    again = export.exposition(registry.collect())
+    assert again == first == generate_latest(registry) and len(made) == 1
+    assert sum(rows_written) == written + 2  # (only the broker's two families are new rows)
+    health.up, health.errors = False, {"fetch": 3}
+    down = export.exposition(registry.collect()).decode()
+    assert "stream_eval_broker_up 0.0" in down and 'stream_eval_broker_errors_total{operation="fetch"} 3.0' in down
+    assert len(made) == 1 and down.replace("stream_eval_broker_up 0.0", "stream_eval_broker_up 1.0").startswith(
+        first.decode().split("# HELP stream_eval_broker_up")[0])
+    names = ["stream_eval_watermark_seconds", "stream_eval_requests_total", "stream_eval_window_mean"]
+    some = export.exposition(registry.restricted_registry(names).collect()).decode()
+    assert some == generate_latest(registry.restricted_registry(names)).decode()
+    assert {f.name for f in text_string_to_metric_families(some)} == {"stream_eval_watermark_seconds",
+                                                                      "stream_eval_requests", "stream_eval_window_mean"}
+    engine.process(_events([Ranking("r2", ["a"], ts=9.0)], engine.config))
+    now[0] = 101.0
+    collector.refresh()  # a new readout: its families are made
+    assert "stream_eval_watermark_seconds 9.0" in export.exposition(registry.collect()).decode() and len(made) == 2
+
+
 def _clocked(**options: Any) -> tuple[list[float], threading.Lock, Engine, CollectorRegistry, EngineCollector]:
     """A collector of a new engine, as a worker's (a lock, ``refresh_every`` 1 s, ``max_age`` 1.5 s, and
     ``options``), on a clock at 100 s that the test moves (``now[0]``)."""

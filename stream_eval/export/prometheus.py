@@ -162,6 +162,7 @@ class Rows(Metric):
                  lines: LineCache) -> None:
         super().__init__(name, doc, kind)
         self.labels, self.rows, self._lines = tuple(labels), rows, lines
+        self._text: str | None = None
 
     @property
     def sample_name(self) -> str:
@@ -177,13 +178,22 @@ class Rows(Metric):
         """(Metric's constructor sets an empty list: the rows are the samples)"""
 
     def text(self) -> str:
-        """The family in the text format, as :func:`exposition` writes every family."""
+        """The family in the text format, as :func:`exposition` writes every family (written once: a family is
+        made for one readout, and scrapes of the same readout export it again)."""
+        if self._text is not None:
+            return self._text
         name = self.sample_name
         order = sorted(range(len(self.labels)), key=self.labels.__getitem__)
         start, labels = self._lines.start, self.labels
         out = [_head(name, self.documentation, self.type)]
         out += [f"{start(name, labels, order, key)}{floatToGoString(value)}\n" for key, value in self.rows]
-        return "".join(out)
+        self._text = "".join(out)
+        return self._text
+
+    def _restricted_metric(self, names: set[str]) -> Metric | None:
+        """The family when ``?name[]=`` asks for it (prometheus_client's ``restricted_registry``), else None: its
+        samples all have one name, so none is made to be filtered."""
+        return self if self.rows and self.sample_name in names else None
 
 
 class EngineCollector(Collector):
@@ -251,6 +261,7 @@ class EngineCollector(Collector):
         self._scraping = threading.Lock()  # one scrape at a time updates the counters' high-water marks
         self._high: dict[tuple[str, Labels], float] = {}
         self._lines = LineCache()
+        self._exported: tuple[Readout, list[Metric]] | None = None  # the latest readout exported, and its families
         if registry is not None:
             registry.register(self)
 
@@ -371,7 +382,8 @@ class EngineCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples (registration checks names without reading the engine)."""
-        yield from self._families(Readout(), {}, {})
+        yield from self._families(Readout())
+        yield from self._broker_families({}, {})
 
     def collect(self) -> Iterator[Metric]:
         readout = self.readout()
@@ -382,9 +394,16 @@ class EngineCollector(Collector):
             broker_up[()] = 1.0 if up else 0.0
             broker_errors = {(operation,): float(n) for operation, n in errors.items()}
         with self._scraping:
-            self._seen: dict[tuple[str, Labels], float] = {}
-            self._lines.turn()
-            families = list(self._families(readout, broker_up, broker_errors))
+            cached = self._exported
+            if cached is not None and cached[0] is readout:  # a scrape of the same readout: its families again
+                self._seen = self._high
+                families = cached[1]
+            else:
+                self._seen = {}
+                self._lines.turn()
+                families = list(self._families(readout))
+                self._exported = (readout, families)
+            families = [*families, *self._broker_families(broker_up, broker_errors)]
             self._high = self._seen  # series no longer exported (a partition given up) are forgotten
         yield from families
 
@@ -416,8 +435,8 @@ class EngineCollector(Collector):
         yield self._gauge(f"{name}_mean", f"Mean of a metric{of} in a rolling event-time window.", labels,
                           {k: v[0] / v[1] if v[1] > 0 else math.nan for k, v in window.items()})
 
-    def _families(self, s: Readout, broker_up: Mapping[Labels, float],
-                  broker_errors: Mapping[Labels, float]) -> Iterator[Metric]:
+    def _families(self, s: Readout) -> Iterator[Metric]:
+        """The families of a readout (those of the broker's health apart: they are read at every scrape)."""
         extra = [] if self.shares is None else ["partition", "generation"]
         group, metric = ["experiment", "arm", *extra], ["experiment", "arm", "metric", *extra]
         yield self._counter("stream_eval_requests", "Finalised requests.", group, s.requests)
@@ -488,6 +507,9 @@ class EngineCollector(Collector):
         watermark = GaugeMetricFamily("stream_eval_watermark_seconds", "Event time reached by every partition.")
         watermark.add_metric([], s.watermark)
         yield watermark
+
+    def _broker_families(self, broker_up: Mapping[Labels, float],
+                         broker_errors: Mapping[Labels, float]) -> Iterator[Metric]:
         yield self._gauge("stream_eval_broker_up", "1 while the Kafka broker answers the worker, 0 during an outage "
                           "(and before it first answered).", [], broker_up)
         yield self._counter("stream_eval_broker_errors", "Kafka broker errors and stalls (no answer for "
