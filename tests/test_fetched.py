@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aiokafka.consumer.fetcher import PartitionRecords
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from stream_eval.stream.fetched import RAW, install, lean_options
+from stream_eval.stream.fetched import JOINED, RAW, Joined, install, lean_options, warm_up
 
 TP = TopicPartition("t", 3)
 
@@ -40,3 +43,143 @@ def test_other_deserializers_are_left_alone() -> None:
     assert [type(r) for r in records] == [ConsumerRecord, ConsumerRecord]
     assert [r.value for r in records] == ['{"a":1}', '{"b":2}']
     assert RAW(b"x") == b"x" and RAW(None) is None
+
+
+# -- the input consumer's fetches, read as one buffer (JOINED) -------------------------------------------------------
+
+_CODEC_NONE, _CODEC_GZIP = 0, 1
+_LOG_APPEND_TIME, _CONTROL = 0x08, 0x20
+
+
+def _batch(base: int, records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]], *, first_ts: int,
+           codec: int = _CODEC_NONE, producer: int = -1, transactional: bool = False, attributes: int = 0) -> bytes:
+    """One record batch (format v2) as a broker serves it: ``records`` (key, value, headers) at offsets ``base``...,
+    timestamps ``first_ts``, ``first_ts + 7``, ...; ``attributes`` bits set on top (log-append time, control), the CRC
+    made again."""
+    from aiokafka.record.util import calc_crc32c
+
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=int(transactional),
+                                        producer_id=producer, producer_epoch=0 if producer >= 0 else -1,
+                                        base_sequence=0 if producer >= 0 else -1, batch_size=1 << 30)
+    for k, (key, value, headers) in enumerate(records):
+        builder.append(k, timestamp=first_ts + 7 * k, key=key, value=value, headers=headers)
+    data = bytearray(builder.build())
+    data[0:8] = base.to_bytes(8, "big", signed=True)
+    if attributes:
+        data[21:23] = (int.from_bytes(data[21:23], "big") | attributes).to_bytes(2, "big")
+        data[17:21] = calc_crc32c(bytes(data[21:])).to_bytes(4, "big")
+    return bytes(data)
+
+
+class _Assignment:
+    """An assignment of one partition, never paused, whose position follows what is handed out."""
+
+    active = True
+    paused = False
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def state_value(self, tp: Any) -> _Assignment:
+        return self
+
+    def consumed_to(self, position: int) -> None:
+        self.position = position
+
+
+def _drain(data: bytes, fetch_offset: int, marker: Any, max_records: int | None,
+           aborted: list[tuple[int, int]] | None = None, committed_only: bool = False) -> tuple[list[Any], int]:
+    """What ``getmany`` hands out of a fetched partition, call by call (``[(offset, timestamp, value)...]`` of each
+    call that hands out any), and the position after the last call."""
+    from aiokafka.consumer import fetcher
+    from aiokafka.consumer.fetcher import READ_COMMITTED, READ_UNCOMMITTED, FetchResult
+
+    install()
+    records = fetcher.MemoryRecords(data)
+    if not records.has_next():  # (aiokafka makes no PartitionRecords of a fetch without one whole batch)
+        return [], fetch_offset
+    records = PartitionRecords(TP, records, aborted or [], fetch_offset, None, marker, True,
+                               READ_COMMITTED if committed_only else READ_UNCOMMITTED)
+    assignment = _Assignment(fetch_offset)
+    result = FetchResult(TP, assignment=assignment, partition_records=records, backoff=0)
+    calls = []
+    while result.has_more():
+        taken = result.getall(max_records)
+        items = [(r.offset, r.timestamp, r.value) for r in taken]
+        if isinstance(taken, Joined):
+            assert list(taken.values) == [value for _, _, value in items] == taken.values[:]
+            assert taken.values[1:-1] == [value for _, _, value in items][1:-1]
+            assert taken.offsets == [offset for offset, _, _ in items]
+            if taken.joined is not None:
+                assert taken.joined == b"\n".join(value for _, _, value in items)  # type: ignore[misc]
+        if items:
+            calls.append(items)
+    return calls, assignment.position
+
+
+_VALUES = st.one_of(st.none(), st.binary(max_size=30), st.sampled_from([b'{"a": 1}', b"x\ny", b"", b"\r"]))
+_RECORD = st.tuples(st.none() | st.binary(max_size=5), _VALUES,
+                    st.lists(st.tuples(st.text(max_size=3), st.binary(max_size=4)), max_size=2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=st.lists(st.tuples(st.lists(_RECORD, min_size=1, max_size=12), st.booleans(), st.integers(0, 3)),
+                        min_size=1, max_size=5),
+       skip=st.integers(0, 11), max_records=st.none() | st.integers(1, 9), cut=st.integers(0, 40))
+def test_a_fetch_read_as_one_buffer_hands_out_what_aiokafka_does(batches: list[Any], skip: int,
+                                                                 max_records: int | None, cut: int) -> None:
+    """JOINED against aiokafka's own reading (RAW): offsets, timestamps (log-append too), values (null, empty, with
+    line breaks), the fetch position inside the first batch, ``max_records`` at a time, gaps between batches and a
+    last batch cut short (a fetch ends where its size limit fell)."""
+    data, base = b"", 100
+    for records, log_append, gap in batches:
+        data += _batch(base, records, first_ts=1_700_000_000_000 + base,
+                       attributes=_LOG_APPEND_TIME if log_append else 0)
+        base += len(records) + gap
+    if cut:
+        data = data[:-cut] if cut < len(data) - 70 else data
+    fetch_offset = 100 + min(skip, len(batches[0][0]) - 1)
+    assert _drain(data, fetch_offset, JOINED, max_records) == _drain(data, fetch_offset, RAW, max_records)
+
+
+def test_aborted_transactions_and_control_batches_are_left_out_as_aiokafka_leaves_them() -> None:
+    """read_committed: the batches of an aborted transaction (until its abort marker), and every control batch, are
+    skipped; read_uncommitted reads the aborted ones too. Against aiokafka's own reading."""
+    from aiokafka.record.control_record import _SCHEMA
+
+    abort, commit = _SCHEMA.pack(0, 0), _SCHEMA.pack(0, 1)
+    data = (_batch(0, [(None, b'{"p": 7, "n": 0}', []), (None, b'{"p": 7, "n": 1}', [])], first_ts=10, producer=7,
+                   transactional=True)
+            + _batch(2, [(None, b'{"p": 8, "n": 0}', [])], first_ts=11, producer=8, transactional=True)
+            + _batch(3, [(abort, b"", [])], first_ts=12, producer=7, transactional=True, attributes=_CONTROL)
+            + _batch(4, [(commit, b"", [])], first_ts=13, producer=8, transactional=True, attributes=_CONTROL)
+            + _batch(5, [(None, b'{"plain": 1}', [])], first_ts=14))
+    for committed_only in (True, False):
+        for max_records in (None, 1, 2):
+            calls, position = _drain(data, 0, JOINED, max_records, aborted=[(7, 0)], committed_only=committed_only)
+            assert (calls, position) == _drain(data, 0, RAW, max_records, aborted=[(7, 0)],
+                                               committed_only=committed_only)
+            values = [value for items in calls for _, _, value in items]
+            assert values == ([b'{"p": 8, "n": 0}', b'{"plain": 1}'] if committed_only else
+                              [b'{"p": 7, "n": 0}', b'{"p": 7, "n": 1}', b'{"p": 8, "n": 0}', b'{"plain": 1}'])
+            assert position == 6
+
+
+def test_a_fetch_the_compiled_loop_does_not_read_goes_aiokafkas_way() -> None:
+    """A compressed batch: the fetch's records one by one, as RAW gives them; a batch whose CRC is wrong: aiokafka's
+    error, as without the shortcut."""
+    from aiokafka.errors import CorruptRecordException
+
+    plain = _batch(0, [(None, b'{"a": 1}', [])], first_ts=5)
+    zipped = _batch(1, [(None, b'{"b": 2}', []), (b"k", None, [])], first_ts=6, codec=_CODEC_GZIP)
+    calls, position = _drain(plain + zipped, 0, JOINED, None)
+    assert (calls, position) == _drain(plain + zipped, 0, RAW, None)
+    assert [value for items in calls for _, _, value in items] == [b'{"a": 1}', b'{"b": 2}', None] and position == 3
+    broken = bytearray(plain)
+    broken[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordException):
+        _drain(bytes(broken), 0, JOINED, None)
+
+
+def test_the_worker_warms_the_compiled_loop_up() -> None:
+    warm_up()  # (asserts what it read)

@@ -145,7 +145,7 @@ _ACCEPTED: dict[str, tuple[type, ...]] = {
 
 def decode_message_chunk(
     values: Sequence[bytes | None], kind: str, config: Config, default_ts: Sequence[float], where: Sequence[str],
-    not_after: float = math.inf,
+    not_after: float = math.inf, joined: bytes | None = None,
 ) -> Chunk:
     """:func:`decode_messages` as a :class:`Chunk`: the same events, with the plainest feedback read into columns and
     the plainest rankings made compact by the compiled line reader, as replay reads a file.
@@ -155,14 +155,16 @@ def decode_message_chunk(
     another type, a missing ``ts``, a time after ``not_after``) is decoded again as a message, by
     :func:`decode_message`, so its reason, its Kafka timestamp and its place are a message's. Anything else (rare:
     feedback on another topic, feedback from the future, a batch not one message a line) is decoded by
-    :func:`decode_messages`.
+    :func:`decode_messages`. ``joined``: the values already joined by line feeds, none of them null (the input
+    consumer reads them so: ``stream/fetched.py``).
     """
     def whole() -> Chunk:
         return Chunk.of(decode_messages(values, kind, config, default_ts, where, not_after))
 
-    if not values or None in values:
-        return whole()
-    joined = b"\n".join(values)  # type: ignore[arg-type]  # no None
+    if joined is None:
+        if not values or None in values:
+            return whole()
+        joined = b"\n".join(values)  # type: ignore[arg-type]  # no None
     if joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
         return whole()
     chunk = _decode_lines(joined, config)

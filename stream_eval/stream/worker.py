@@ -25,6 +25,9 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from stream_eval.config import Config, ConfigError
 from stream_eval.engine.ab import SHARDS
 from stream_eval.engine.delays import FeedbackDelays
@@ -39,7 +42,8 @@ from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
 from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_error
 from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, refuse_transactions, transactions_supported
-from stream_eval.stream.fetched import lean_options
+from stream_eval.stream import fetched as fetched_records
+from stream_eval.stream.fetched import Joined, lean_options
 from stream_eval.stream.kafka import (
     TopicSettingsError,
     client_options,
@@ -168,18 +172,18 @@ class _Where(Sequence[str]):
 
 
 class _Timestamps(Sequence[float]):
-    """Kafka timestamps in seconds, read only for messages without ``ts``."""
+    """Kafka timestamps in seconds (from milliseconds), read only for messages without ``ts``."""
 
-    __slots__ = ("records",)
+    __slots__ = ("stamps",)
 
-    def __init__(self, records: list[Any]) -> None:
-        self.records = records
+    def __init__(self, stamps: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        self.stamps = stamps
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.stamps)
 
     def __getitem__(self, index: int) -> float:  # type: ignore[override]  # no slices needed
-        return float(self.records[index].timestamp) / 1000.0
+        return float(self.stamps[index]) / 1000.0
 
 
 def _rebalancing(consumer: Any) -> bool:
@@ -345,6 +349,7 @@ def warm_up(config: Config) -> None:
     partitioned.feed("ranking", 0, [read["ranking"]], [Watermark(end=True)])
     partitioned.feed("feedback", 0, [read["feedback"]], [Watermark(end=True)])
     partitioned.tick()
+    fetched_records.warm_up()
 
 
 class StreamWorker:
@@ -599,7 +604,7 @@ class StreamWorker:
         return found
 
     # -- the loop -----------------------------------------------------------------------------------
-    async def _handle(self, batch: dict[Any, list[Any]]) -> None:
+    async def _handle(self, batch: dict[Any, Any]) -> None:
         config = self.config
         not_after = self.wall_clock() + config.max_clock_skew
         type_of = self.topics.type_of
@@ -611,16 +616,21 @@ class StreamWorker:
                 if not records or tp.partition not in self.partitioned.tasks:
                     continue
                 kind = type_of(tp.topic)
-                offsets = [r.offset for r in records]
+                joined = records if type(records) is Joined else None  # (else a list of aiokafka's records)
+                offsets = joined.offsets if joined is not None else [r.offset for r in records]
                 task = self.partitioned.tasks[tp.partition]
                 if task.sources[kind].received is None:
                     log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
                 if self.ubi is not None and kind != "judgment":  # UBI records, released as converted
                     for released in self.ubi.read(task, tp.partition, kind, tp.topic, records, not_after):
                         self._feed(tp.partition, *released)
+                elif joined is not None:  # (the input consumer's: the values in one buffer)
+                    self._feed(tp.partition, kind, offsets, decode_message_chunk(
+                        joined.values, kind, config, _Timestamps(joined.timestamps),
+                        _Where(f"{tp.topic}/{tp.partition}@", offsets), not_after=not_after, joined=joined.joined))
                 else:
                     self._feed(tp.partition, kind, offsets, decode_message_chunk(
-                        [r.value for r in records], kind, config, _Timestamps(records),
+                        [r.value for r in records], kind, config, _Timestamps([r.timestamp for r in records]),
                         _Where(f"{tp.topic}/{tp.partition}@", offsets), not_after=not_after))
                 self.events_seen += len(records)
             if self.ubi is not None:  # held UBI records that a topic gone silent no longer holds back
@@ -727,7 +737,7 @@ class StreamWorker:
                   "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **lean_options(),
                   **settings.extra}
         self._consumer = AIOKafkaConsumer(
-            group_id=settings.group, **common,
+            group_id=settings.group, **{**common, **lean_options(joined=self.ubi is None)},
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20, fetch_min_bytes=_FETCH_MIN_BYTES,
         )
@@ -877,13 +887,13 @@ class StreamWorker:
                           "whole (docs/operations.md, \"Lost input\")", tp.topic, tp.partition, held, int(end[tp]) - 1,
                           offset, held, offset)
 
-    async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, list[Any]]:
+    async def _fetch(self, consumer: Any, timeout_ms: int) -> dict[Any, Any]:
         """``getmany``; a broker error is counted and waited out (backoff), and gives an empty batch. A fetch request
         that failed inside aiokafka (which retries it) gives an empty batch too; :class:`FetcherLog` counts it, and
         the checkpoints mark the outage."""
         try:
-            batch: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms,
-                                                                 max_records=self.settings.max_records)
+            batch: dict[Any, Any] = await consumer.getmany(timeout_ms=timeout_ms,
+                                                           max_records=self.settings.max_records)
         except Exception as error:
             if not is_broker_error(error):
                 raise
