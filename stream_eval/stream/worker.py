@@ -40,9 +40,9 @@ from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
+from stream_eval.stream import fetched as fetched_records
 from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_error
 from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, refuse_transactions, transactions_supported
-from stream_eval.stream import fetched as fetched_records
 from stream_eval.stream.fetched import Joined, lean_options
 from stream_eval.stream.kafka import (
     TopicSettingsError,
