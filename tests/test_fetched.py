@@ -183,3 +183,64 @@ def test_a_fetch_the_compiled_loop_does_not_read_goes_aiokafkas_way() -> None:
 
 def test_the_worker_warms_the_compiled_loop_up() -> None:
     warm_up()  # (asserts what it read)
+
+
+def _varint(value: int) -> bytes:
+    """A zigzag varint (Kafka's record fields)."""
+    zigzag, out = ((value << 1) ^ (value >> 63)) & ((1 << 64) - 1), bytearray()
+    while zigzag >= 0x80:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    return bytes([*out, zigzag])
+
+
+def _recrc(data: bytearray, start: int = 0) -> bytes:
+    """The batch at ``start`` with its length and CRC made again for what it now holds (a broker that checks nothing
+    serves such a batch)."""
+    from aiokafka.record.util import calc_crc32c
+
+    data[start + 8 : start + 12] = (len(data) - start - 12).to_bytes(4, "big")
+    data[start + 17 : start + 21] = calc_crc32c(bytes(data[start + 21 :])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def _outcome(data: bytes, marker: Any, max_records: int | None) -> Any:
+    try:
+        return _drain(data, 100, marker, max_records)
+    except Exception as error:  # noqa: BLE001  # (the error's kind is what is compared)
+        return type(error)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(_RECORD, min_size=1, max_size=6), where=st.integers(0, 10_000), byte=st.integers(0, 255),
+       max_records=st.none() | st.integers(1, 3))
+def test_a_batch_made_wrong_with_a_right_crc_is_read_as_aiokafka_reads_it(records: list[Any], where: int, byte: int,
+                                                                        max_records: int | None) -> None:
+    """One byte of the records changed, the CRC made again: the same messages as aiokafka's reading, or the same
+    error (a header key that is not UTF-8, which aiokafka refuses, may be read)."""
+    data = bytearray(_batch(100, records, first_ts=1_000))
+    at = 61 + where % (len(data) - 61)
+    data[at] = byte
+    raw, joined = _outcome(_recrc(data), RAW, max_records), _outcome(_recrc(data), JOINED, max_records)
+    assert joined == raw or raw is UnicodeDecodeError
+
+
+def test_lengths_and_counts_no_batch_can_hold_are_aiokafkas_errors() -> None:
+    """A key length near 2**63 (once read past the buffer) and a count of a billion records (once sized arrays for
+    them): aiokafka's error, as without the shortcut."""
+    from aiokafka.errors import CorruptRecordException
+
+    body = b"\x00" + _varint(0) + _varint(0) + _varint(2**63 - 6) + _varint(1) + b"A" + _varint(0)
+    huge_key = bytearray(_batch(100, [(None, b"x", [])], first_ts=1_000))[:61] + _varint(len(body)) + body
+    data = _recrc(huge_key)
+    assert _outcome(data, JOINED, None) is _outcome(data, RAW, None) is OverflowError
+    counted = bytearray(_batch(100, [(None, b"x", [])], first_ts=1_000))
+    counted[57:61] = (10**9).to_bytes(4, "big")
+    data = _recrc(counted)
+    assert _outcome(data, JOINED, None) is _outcome(data, RAW, None) is CorruptRecordException
+    from aiokafka.consumer import fetcher
+
+    from stream_eval.stream.fetched import _unpack
+
+    install()
+    assert _unpack(PartitionRecords(TP, fetcher.MemoryRecords(data), [], 100, None, JOINED, True, 0)) is None

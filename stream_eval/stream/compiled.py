@@ -64,30 +64,30 @@ def unpack_values(buf: Bytes, pos: int, end: int, count: int, base_offset: int, 
         delta, pos, ok2 = _varint(buf, pos, end)
         offset_delta, pos, ok3 = _varint(buf, pos, end)
         key_len, pos, ok4 = _varint(buf, pos, end)
-        if not (ok and ok2 and ok3 and ok4):
+        if not (ok and ok2 and ok3 and ok4) or key_len > end - pos:  # (every length checked before it is added)
             return n, out_pos, next_offset, CORRUPT
         if key_len > 0:
             pos += key_len
         value_len, pos, ok = _varint(buf, pos, end)
-        if not ok or pos > end:
+        if not ok or value_len > end - pos:
             return n, out_pos, next_offset, CORRUPT
         value_at = pos
         if value_len > 0:
             pos += value_len
         headers, pos, ok = _varint(buf, pos, end)
-        if not ok or headers < 0 or pos > end:
+        if not ok or headers < 0 or headers > end - pos:
             return n, out_pos, next_offset, CORRUPT
         for _ in range(headers):
             key_len, pos, ok = _varint(buf, pos, end)
-            if not ok or key_len < 0:
+            if not ok or key_len < 0 or key_len > end - pos:
                 return n, out_pos, next_offset, CORRUPT
             pos += key_len
             header_len, pos, ok = _varint(buf, pos, end)
-            if not ok:
+            if not ok or header_len > end - pos:
                 return n, out_pos, next_offset, CORRUPT
             if header_len > 0:
                 pos += header_len
-        if pos > end or pos - begin != length:
+        if pos - begin != length:
             return n, out_pos, next_offset, CORRUPT
         offset = base_offset + offset_delta
         if offset < next_offset:

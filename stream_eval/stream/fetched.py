@@ -121,7 +121,10 @@ class _Unpacked:
         first = self.given
         last = self.count if max_records is None else min(self.count, first + max_records)
         self.given = last
-        records.next_fetch_offset = self.position if last == self.count else int(self.offsets[last - 1]) + 1
+        if last == self.count:
+            records.next_fetch_offset = self.position
+        elif last > first:
+            records.next_fetch_offset = int(self.offsets[last - 1]) + 1
         return Joined(self.offsets[first:last], self.stamps[first:last], self.buffer, self.starts[first:last],
                       self.ends[first:last], self.nulls[first:last])
 
@@ -173,7 +176,7 @@ def _unpack(records: Any) -> _Unpacked | None:
         if batch.compression_type:
             return None
         count = int.from_bytes(raw[start + 57 : start + 61], "big", signed=True)
-        if count < 0:
+        if not 0 <= count <= (at - start - 61) // 7:  # (a record takes at least 7 bytes: a count no batch holds)
             return None
         if n + count > size:
             size = max(2 * size, n + count)
@@ -223,8 +226,12 @@ def install() -> bool:
         unpacked: _Unpacked | None
         if hasattr(records, "_stream_eval_unpacked"):
             unpacked = records._stream_eval_unpacked
-        else:  # (first call: read the whole fetch, or leave it to aiokafka)
-            unpacked = records._stream_eval_unpacked = _unpack(records)
+        else:  # (first call: read the whole fetch, or leave it to aiokafka, which raises its own errors)
+            try:
+                unpacked = _unpack(records)
+            except Exception:  # (aiokafka's batch reader refused a batch)
+                unpacked = None
+            records._stream_eval_unpacked = unpacked
         if unpacked is None:
             return getall(self, max_records)
         taken = unpacked.take(records, max_records)
@@ -255,7 +262,8 @@ def warm_up() -> None:
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
     from aiokafka.structs import TopicPartition
 
-    install()
+    if not install():  # (this aiokafka has no hooks: its consumers get ConsumerRecord objects)
+        return
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
                                         producer_epoch=-1, base_sequence=-1, batch_size=1 << 16)
     builder.append(0, timestamp=0, key=None, value=b"{}", headers=[])

@@ -737,7 +737,8 @@ class StreamWorker:
                   "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **lean_options(),
                   **settings.extra}
         self._consumer = AIOKafkaConsumer(
-            group_id=settings.group, **{**common, **lean_options(joined=self.ubi is None)},
+            group_id=settings.group,  # (a value_deserializer of settings.extra, kept as before)
+            **{**common, **({} if "value_deserializer" in settings.extra else lean_options(joined=self.ubi is None))},
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20, fetch_min_bytes=_FETCH_MIN_BYTES,
         )
