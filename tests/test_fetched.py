@@ -105,7 +105,8 @@ def _drain(data: bytes, fetch_offset: int, marker: Any, max_records: int | None,
     calls = []
     while result.has_more():
         taken = result.getall(max_records)
-        items = [(r.offset, r.timestamp, r.value) for r in taken]
+        items = list(zip(taken.offsets, taken.timestamps.tolist(), taken.values, strict=True)) \
+            if isinstance(taken, Joined) else [(r.offset, r.timestamp, r.value) for r in taken]
         if isinstance(taken, Joined):
             assert list(taken.values) == [value for _, _, value in items] == taken.values[:]
             assert taken.values[1:-1] == [value for _, _, value in items][1:-1]

@@ -27,7 +27,7 @@ objects with the same values.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -42,15 +42,6 @@ def RAW(value: bytes | None) -> bytes | None:  # noqa: N802  # a marker, named l
 def JOINED(value: bytes | None) -> bytes | None:  # noqa: N802  # a marker, named like a constant
     """The value as fetched (the marker of a consumer that takes each partition's records as one :class:`Joined`)."""
     return value
-
-
-class Record(NamedTuple):
-    """One message of a :class:`Joined`, as a parsed record has it (for readers of messages one by one)."""
-
-    offset: int
-    timestamp: int
-    key: None
-    value: bytes | None
 
 
 class Values(Sequence[bytes | None]):
@@ -84,7 +75,7 @@ class Values(Sequence[bytes | None]):
 class Joined:
     """Messages of one topic-partition, in offset order: ``offsets``; ``timestamps`` (Kafka's, milliseconds);
     ``values`` (:class:`Values`); ``joined``, the values separated by line feeds as one ``bytes`` (None when a value
-    is null: the values are then read one by one). Iterating gives a :class:`Record` each."""
+    is null: the values are then read one by one)."""
 
     __slots__ = ("offsets", "timestamps", "values", "joined")
 
@@ -98,10 +89,6 @@ class Joined:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-    def __iter__(self) -> Iterator[Record]:
-        for offset, timestamp, value in zip(self.offsets, self.timestamps.tolist(), self.values, strict=True):
-            yield Record(offset, timestamp, None, value)
 
 
 class _Unpacked:

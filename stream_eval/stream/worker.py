@@ -40,10 +40,10 @@ from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
-from stream_eval.stream import fetched as fetched_records
 from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_error
 from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, refuse_transactions, transactions_supported
 from stream_eval.stream.fetched import Joined, lean_options
+from stream_eval.stream.fetched import warm_up as warm_up_fetches
 from stream_eval.stream.kafka import (
     TopicSettingsError,
     client_options,
@@ -349,7 +349,7 @@ def warm_up(config: Config) -> None:
     partitioned.feed("ranking", 0, [read["ranking"]], [Watermark(end=True)])
     partitioned.feed("feedback", 0, [read["feedback"]], [Watermark(end=True)])
     partitioned.tick()
-    fetched_records.warm_up()
+    warm_up_fetches()
 
 
 class StreamWorker:
@@ -617,21 +617,19 @@ class StreamWorker:
                     continue
                 kind = type_of(tp.topic)
                 joined = records if type(records) is Joined else None  # (else a list of aiokafka's records)
-                offsets = joined.offsets if joined is not None else [r.offset for r in records]
+                offsets = [r.offset for r in records] if joined is None else joined.offsets
                 task = self.partitioned.tasks[tp.partition]
                 if task.sources[kind].received is None:
                     log.info("partition %d: first %s message read at offset %d", tp.partition, kind, offsets[0])
                 if self.ubi is not None and kind != "judgment":  # UBI records, released as converted
                     for released in self.ubi.read(task, tp.partition, kind, tp.topic, records, not_after):
                         self._feed(tp.partition, *released)
-                elif joined is not None:  # (the input consumer's: the values in one buffer)
-                    self._feed(tp.partition, kind, offsets, decode_message_chunk(
-                        joined.values, kind, config, _Timestamps(joined.timestamps),
-                        _Where(f"{tp.topic}/{tp.partition}@", offsets), not_after=not_after, joined=joined.joined))
                 else:
+                    values, stamps, line = ([r.value for r in records], [r.timestamp for r in records], None) \
+                        if joined is None else (joined.values, joined.timestamps, joined.joined)
                     self._feed(tp.partition, kind, offsets, decode_message_chunk(
-                        [r.value for r in records], kind, config, _Timestamps([r.timestamp for r in records]),
-                        _Where(f"{tp.topic}/{tp.partition}@", offsets), not_after=not_after))
+                        values, kind, config, _Timestamps(stamps), _Where(f"{tp.topic}/{tp.partition}@", offsets),
+                        not_after=not_after, joined=line))
                 self.events_seen += len(records)
             if self.ubi is not None:  # held UBI records that a topic gone silent no longer holds back
                 for partition, released in self.ubi.release(self.partitioned.tasks, not_after):
@@ -734,15 +732,14 @@ class StreamWorker:
         common = {"bootstrap_servers": settings.brokers, "enable_auto_commit": False, "auto_offset_reset": "earliest",
                   "isolation_level": self.delivery.isolation_level, "fetch_max_wait_ms": _FETCH_WAIT_MS,
                   "session_timeout_ms": settings.session_timeout_ms,
-                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security, **lean_options(),
-                  **settings.extra}
-        self._consumer = AIOKafkaConsumer(
-            group_id=settings.group,  # (a value_deserializer of settings.extra, kept as before)
-            **{**common, **({} if "value_deserializer" in settings.extra else lean_options(joined=self.ubi is None))},
+                  "heartbeat_interval_ms": settings.heartbeat_interval_ms, **security}
+        self._consumer = AIOKafkaConsumer(  # (the input's values in one buffer, but for UBI's records)
+            group_id=settings.group, **common, **{**lean_options(joined=self.ubi is None), **settings.extra},
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every input topic together
             max_partition_fetch_bytes=4 << 20, fetch_max_bytes=32 << 20, fetch_min_bytes=_FETCH_MIN_BYTES,
         )
-        self._stage_consumer = AIOKafkaConsumer(group_id=f"{settings.group}.regroup", **common)
+        self._stage_consumer = AIOKafkaConsumer(group_id=f"{settings.group}.regroup", **common,
+                                                **{**lean_options(), **settings.extra})
         for client in (self._consumer, self._stage_consumer):
             await self.health.call("startup", client.start)
         await self.delivery.start(self._consumer, self._stage_consumer)
