@@ -63,7 +63,7 @@ from stream_eval.engine.regroup import RegroupSink
 from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
-from stream_eval.stream.app import quiet_gc, tune_malloc
+from stream_eval.stream.app import METRICS_OPEN_EVERY, quiet_gc, tune_malloc
 from stream_eval.stream.produce import END_WATERMARK
 from stream_eval.stream.worker import collector_paused, warm_up
 
@@ -194,7 +194,8 @@ def readouts(partitioned: PartitionedEngine, stages: StagePartitions, labels: La
         return [(str(p), task.generation, task.engine) for p, task in partitioned.engines()] + stages.shares()
 
     collector = EngineCollector(lambda: stages.view(labels, template.watermark), registry=CollectorRegistry(),
-                                shares=shares, refresh_every=1.0, clock=lambda: fed() / every)
+                                shares=shares, refresh_every=1.0, clock=lambda: fed() / every,
+                                open_every=METRICS_OPEN_EVERY)
     return collector.refresh
 
 

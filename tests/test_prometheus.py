@@ -573,6 +573,42 @@ def test_a_readout_younger_than_max_age_is_shown_without_the_lock() -> None:
         assert _scrape_in_thread(registry)[watermark] == 7.0  # and keeps what it read, as fresh
 
 
+def test_periodic_readouts_re_evaluate_the_open_requests_once_open_every_has_passed() -> None:
+    """A busy worker's periodic readouts (``refresh``) leave the live windows' open requests as last evaluated until
+    ``open_every`` has passed; counters are fresh in each, and the readout a worker takes as it goes idle
+    (``refresh_soon``) re-evaluates them."""
+    now = [100.0]
+    config = Config()
+    engine = Engine(config)
+    RollingWindows(engine, width=10.0)
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=threading.Lock(), refresh_every=1.0, max_age=1.5,
+                                clock=lambda: now[0], open_every=5.0)
+    t0 = 1_767_225_600.0
+    mrr = ("stream_eval_window_sum", (("arm", "x"), ("experiment", "e"), ("metric", "MRR"), ("window", "5m")))
+    count = ("stream_eval_window_count", mrr[1])
+    watermark = ("stream_eval_watermark_seconds", ())
+    engine.process(_events([Ranking("r1", ["a", "b", "c"], ts=t0, experiment="e", arm="x")], config))
+    collector.refresh()  # the first: re-evaluated
+    assert (_samples(registry)[mrr], _samples(registry)[count]) == (0.0, 1.0)
+    engine.process(_events([Feedback("r1", "b", ts=t0 + 1), Ranking("r2", ["a"], ts=t0 + 2, experiment="e",
+                                                                          arm="x")], config))
+    now[0] = 101.0
+    collector.refresh()  # periodic, within open_every: the open requests as last evaluated, the rest fresh
+    shown = _samples(registry)
+    assert (shown[mrr], shown[count], shown[watermark]) == (0.0, 1.0, t0 + 2)
+    now[0] = 105.0
+    collector.refresh()  # open_every since the last re-evaluation
+    assert (_samples(registry)[mrr], _samples(registry)[count]) == (0.5, 2.0)
+    engine.process(_events([Feedback("r2", "a", ts=t0 + 3)], config))
+    now[0] = 106.0
+    collector.refresh()
+    assert _samples(registry)[mrr] == 0.5
+    now[0] = 106.5
+    assert collector.refresh_soon()  # the worker gone idle: re-evaluated
+    assert _samples(registry)[mrr] == 1.5
+
+
 def test_scrapes_of_one_readout_write_its_families_once_and_read_the_broker_each_time(monkeypatch: Any) -> None:
     """Scrapes between two readouts (Prometheus pairs, dashboards, the demo's view) export the families made for the
     readout again, written once; the broker's health is read at every scrape; the text is prometheus_client's."""

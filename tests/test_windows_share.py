@@ -319,3 +319,29 @@ def test_windows_read_now_and_then_hold_what_windows_refreshed_after_every_batch
         engine.flush()
     assert _sums(late) == approx(_sums(eager))
     assert late.open_rows == eager.open_rows == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_windows_read_without_their_open_requests_re_evaluated_catch_up_at_the_next_sync(seed: int) -> None:
+    """Read without re-evaluating the open requests (``snapshot(sync=False)``: a busy worker's periodic readouts),
+    the windows lag by the open requests' changes only: the next read that re-evaluates them, and the finalisation
+    of everything, show what windows re-evaluated after every batch show."""
+    lines = list(simulate_lines(replace(SIMULATION, seed=seed)))
+    rng = random.Random(seed)
+    every, lazy = Engine(CONFIG), Engine(CONFIG)
+    eager, skipping = RollingWindows(every, width=WIDTH), RollingWindows(lazy, width=WIDTH)
+    stale = synced = 0
+    for piece in _pieces(lines, rng):
+        _feed(every, piece)
+        eager.sync()
+        _feed(lazy, piece)
+        if rng.random() < 0.3:  # a readout that leaves the open requests as last evaluated
+            stale += _sums(eager) != approx({key: list(value) for key, value in skipping.snapshot(sync=False).items()})
+        if rng.random() < 0.05:
+            synced += 1
+            assert _sums(skipping) == approx(_sums(eager))
+    assert stale > 0 and synced > 2  # (the reads without a sync did lag)
+    for engine in (every, lazy):
+        engine.flush()
+    assert {key: list(value) for key, value in skipping.snapshot(sync=False).items()} == approx(_sums(eager))
+    assert skipping.open_rows == eager.open_rows == 0

@@ -128,10 +128,11 @@ class Reader:
         # (engine, ledger, its key, the A/B part read then); engine and ledger are kept to compare identities
         self._ab: tuple[Engine, object, tuple[int, ...], AbReadout] | None = None
 
-    def read(self, engine: Engine, shares: Shares | None = None) -> Readout:
+    def read(self, engine: Engine, shares: Shares | None = None, open_requests: bool = True) -> Readout:
         """Read ``engine`` (without ``shares``: its counters, unlabelled), or a worker's ``shares`` with ``engine``
         what its regroup stage partitions hold (``StreamWorker.stage_view``: the A/B rows and units, sign tests,
-        watermark, label overflow).
+        watermark, label overflow). ``open_requests`` False: the live windows' open requests are not re-evaluated
+        first, they count with their values when last evaluated (``RollingWindows.snapshot``).
         Call it while nothing changes the engines (under the worker's lock)."""
         taken = self.clock()
         requests: dict[Labels, float] = {}
@@ -152,8 +153,8 @@ class Reader:
         every: Shares = [("", "", engine)] if shares is None else shares
         for partition, generation, share in every:
             extra: Labels = () if shares is None else (partition, generation)
-            if share.windows is not None:  # first: the open requests it takes in may be of a group new to the engine
-                share.windows.sync()
+            if share.windows is not None and open_requests:  # first: the open requests it takes in may be of a
+                share.windows.sync()  # group new to the engine
             subtopics = share.with_subtopics
             names = [(j, spec.name) for j, spec in enumerate(share.specs)
                      if not spec.needs_subtopics or subtopics]
@@ -193,12 +194,12 @@ class Reader:
                 delays[extra] = (list(zip(bounds, [float(c) for c in share.delays.cumulative()], strict=True)),
                                  share.delays.total)
             if share.windows is not None:
-                for key, (total, count) in share.windows.snapshot().items():
+                for key, (total, count) in share.windows.snapshot(sync=open_requests).items():
                     before = window.get(key, (0.0, 0.0))
                     window[key] = (before[0] + total, before[1] + count)
                 for labels, counts in share.windows.verdicts().items():
                     verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
-                for segment_key, (total, count) in share.windows.segment_snapshot().items():
+                for segment_key, (total, count) in share.windows.segment_snapshot(sync=open_requests).items():
                     before = segment_window.get(segment_key, (0.0, 0.0))
                     segment_window[segment_key] = (before[0] + total, before[1] + count)
         if shares is None:

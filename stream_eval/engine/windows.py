@@ -373,13 +373,15 @@ class RollingWindows:
         span = self._spans[self.windows.index(float(seconds))]
         return (self._bucket_of(watermark) - span + 1) * self.width
 
-    def snapshot(self, watermark: float | None = None) -> WindowSums:
+    def snapshot(self, watermark: float | None = None, sync: bool = True) -> WindowSums:
         """``(sum, count)`` per (experiment, arm, metric mean name, window label), for every known group.
 
         Metrics are the means of the per-request metrics (``MRR``, ``MAP``, ``nDCG@10``, ...; alpha-nDCG once a
-        ranking with subtopics was seen) and ``GAUC``. Does not change the windows.
+        ranking with subtopics was seen) and ``GAUC``. Does not change the windows, but for the open requests
+        re-evaluated first (:meth:`sync`; ``sync`` False: not, they count as last evaluated).
         """
-        self.sync()
+        if sync:
+            self.sync()
         watermark = self.watermark if watermark is None else watermark
         engine = self.engine
         columns = [
@@ -413,10 +415,12 @@ class RollingWindows:
                     out[experiment, arm, name, label] = (float(sessions[g].total[k]), float(sessions[g].weight[k]))
         return out
 
-    def segment_snapshot(self, watermark: float | None = None) -> SegmentWindowSums:
+    def segment_snapshot(self, watermark: float | None = None, sync: bool = True) -> SegmentWindowSums:
         """``(sum, count)`` per (experiment, arm, segment field, segment value, metric mean name, window label), for
-        every known segment group: the per-request measures only (no GAUC, no session measure)."""
-        self.sync()
+        every known segment group: the per-request measures only (no GAUC, no session measure); ``sync`` as
+        :meth:`snapshot`'s."""
+        if sync:
+            self.sync()
         watermark = self.watermark if watermark is None else watermark
         engine = self.engine
         out: SegmentWindowSums = {}

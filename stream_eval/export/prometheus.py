@@ -224,6 +224,10 @@ class EngineCollector(Collector):
             looks closely (no scrape, or Prometheus every 15 s): the worker takes none between its batches, and a
             scrape reads the engine itself (``max_age``), or, when it cannot have the lock within ``max_wait``, asks
             for one that the next :meth:`refresh` takes.
+        open_every: Seconds between two of :meth:`refresh`'s readouts that re-evaluate the open requests in the live
+            windows (``RollingWindows.sync``); its others show them as last evaluated, as their finalised values
+            and every counter are up to date. The readouts of a scrape, of :meth:`refresh_soon` and of :meth:`take`
+            always re-evaluate them. 0 (default): every readout does.
 
     >>> from prometheus_client import CollectorRegistry
     >>> from stream_eval.config import Config
@@ -239,7 +243,7 @@ class EngineCollector(Collector):
         broker: BrokerStatus | None = None, shares: Callable[[], Shares] | None = None,
         refresh_every: float = 0.0, max_age: float = 0.0, max_wait: float | None = None,
         clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.process_time,
-        watched_for: float = math.inf,
+        watched_for: float = math.inf, open_every: float = 0.0,
     ) -> None:
         self._engine = engine
         self.broker = broker
@@ -249,6 +253,8 @@ class EngineCollector(Collector):
         self.max_age = max_age
         self.max_wait = max_wait
         self.watched_for = watched_for
+        self.open_every = open_every
+        self._open_read = -math.inf  # (clock) when a readout last re-evaluated the open requests
         self._scraped = self._scraped_before = -math.inf  # (clock) when the last two scrapes asked for a readout
         self._wanted = False  # a scrape found the latest readout too old and could not read the engine itself
         self.clock = clock
@@ -274,10 +280,13 @@ class EngineCollector(Collector):
     def _locked(self) -> AbstractContextManager[object]:
         return self.lock if self.lock is not None else nullcontext()
 
-    def _read(self) -> Readout:
-        """A readout of the engine now (the caller holds the lock); kept as the latest."""
+    def _read(self, open_requests: bool = True) -> Readout:
+        """A readout of the engine now (the caller holds the lock); kept as the latest. ``open_requests``: the live
+        windows' open requests re-evaluated first."""
         started = time.perf_counter()
-        readout = self._reader.read(self.engine, None if self.shares is None else self.shares())
+        if open_requests:
+            self._open_read = self.clock()
+        readout = self._reader.read(self.engine, None if self.shares is None else self.shares(), open_requests)
         self._readout, self._wanted = readout, False
         self._read_seconds = time.perf_counter() - started
         return readout
@@ -290,8 +299,9 @@ class EngineCollector(Collector):
     def refresh(self) -> None:
         """Between the worker's batches: read the engine (under the lock) when the latest readout is
         :attr:`spacing` old and the worker is :attr:`watched`, or at once when a scrape asked for one (nothing to do
-        when ``refresh_every`` is 0)."""
-        self._refresh_after(0.0 if self._wanted else self.spacing)
+        when ``refresh_every`` is 0); the open requests re-evaluated once ``open_every`` has passed."""
+        open_requests = self.open_every <= 0 or self.clock() - self._open_read >= self.open_every
+        self._refresh_after(0.0 if self._wanted else self.spacing, open_requests=open_requests)
 
     @property
     def spacing(self) -> float:
@@ -328,14 +338,14 @@ class EngineCollector(Collector):
         marks.append((now, cpu))
         return self._refresh_after(max(0.0 if busy else spacing, self.paced))
 
-    def _refresh_after(self, age: float, always: bool = False) -> bool:
+    def _refresh_after(self, age: float, always: bool = False, open_requests: bool = True) -> bool:
         readout = self._readout
         if not always and (self.refresh_every <= 0 or not self.watched
                            or (readout is not None and self.clock() - readout.taken < age)):
             return False
         try:
             with self._locked():
-                self._read()
+                self._read(open_requests)
         except Exception:  # never stops the worker: scrapes then read the engine themselves (and fail there)
             if not self._refresh_failed:
                 log.exception("reading what /metrics exports failed (logged once)")

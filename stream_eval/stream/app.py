@@ -50,6 +50,12 @@ METRICS_REFRESH_EVERY, METRICS_MAX_AGE, METRICS_MAX_WAIT = 1.0, 1.5, 1.0
 #: scraping every 5 s (deploy/prometheus) or 15 s gets a readout made at its scrape, and a worker nobody scrapes
 #: takes none (docs/benchmarks.md, "Readouts when scraped").
 METRICS_WATCHED_FOR = 3.0
+#: Seconds between two of those periodic readouts that re-evaluate the open requests of the live windows (a worker
+#: busy on a backlog, which takes readouts once a second; ``EngineCollector``'s ``open_every``): a readout costs in
+#: proportion to the open requests changed since the last, and a backlog changes them all (docs/benchmarks.md,
+#: "Open requests in a busy worker's readouts"). A scrape's own readout, and the one a worker takes as it goes idle,
+#: re-evaluate them always.
+METRICS_OPEN_EVERY = 5.0
 #: The garbage collector's thresholds in a worker (:func:`quiet_gc`; Python's default is 700, 10, 10).
 GC_THRESHOLDS = (20_000, 20, 10)
 
@@ -270,7 +276,8 @@ def run_worker(settings: WorkerSettings, config: Config, metrics_port: int, logl
     app, worker = create_app(settings, config, registry, lock)
     collector = EngineCollector(worker.stage_view, lock=lock, registry=registry, broker=worker.health,
                                 shares=worker.shares, refresh_every=METRICS_REFRESH_EVERY, max_age=METRICS_MAX_AGE,
-                                max_wait=METRICS_MAX_WAIT, watched_for=METRICS_WATCHED_FOR)
+                                max_wait=METRICS_MAX_WAIT, watched_for=METRICS_WATCHED_FOR,
+                                open_every=METRICS_OPEN_EVERY)
     InfoCollector("stream_eval_delivery_info", "1 for how the worker makes its results exactly-once: transactions "
                   "or fenced-log.", "mode", lambda: worker.delivery_mode, registry)
     CountsCollector("stream_eval_input_lost", "Input messages the broker deleted before the worker read them "
