@@ -72,6 +72,16 @@ class FinalisedBatch:
             yield (rid, state.experiment, state.arm, rid if state.query_id is None else state.query_id,
                    rid if state.session_id is None else state.session_id)
 
+    def id_columns(self) -> list[list[str]]:
+        """:meth:`ids` as five columns (one list per field of :data:`ID_FIELDS`)."""
+        states = self.states
+        rids: list[str] = list(map(_REQUEST_ID, states))
+        columns = [rids, list(map(_EXPERIMENT, states)), list(map(_ARM, states))]
+        for given in (list(map(_QUERY_ID, states)), list(map(_SESSION_ID, states))):
+            columns.append([rid if value is None else value for rid, value in zip(rids, given, strict=True)]
+                           if None in given else given)
+        return columns
+
     def records(self) -> Iterable[dict[str, Any]]:
         """One docs/contract.md §4 per-request record per request (NaN becomes ``None``)."""
         names = [spec.name for spec in self.specs]
@@ -99,15 +109,15 @@ class FinalisedBatch:
         count = len(self.states)
         if count == 0:
             return []
-        columns = [_strings(list(column)) for column in zip(*self.ids(), strict=True)]
+        columns = [_strings(column) for column in self.id_columns()]
         names = [orjson.dumps(spec.name).replace(b"%", b"%%") for spec in self.specs]
         template = b'{"request_id":"%b","experiment":"%b","arm":"%b","query_id":"%b","session_id":"%b","metrics":{' \
             + b",".join(name + b":%b" for name in names) + b"}}"
-        if not names:
-            return [template % ids for ids in zip(*columns, strict=True)]
-        values = np.ascontiguousarray(self.values, dtype=np.float64)  # (orjson reads C order only)
-        rows = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[2:-2].split(b"],[")
-        return [template % (*ids, *row.split(b",")) for ids, row in zip(zip(*columns, strict=True), rows, strict=True)]
+        if names:  # every value in one call, cut at the commas (NaN is null), each metric a column of texts
+            values = np.ascontiguousarray(self.values, dtype=np.float64).ravel()  # (orjson reads C order only)
+            texts = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+            columns += [texts[j :: len(names)] for j in range(len(names))]
+        return [template % fields for fields in zip(*columns, strict=True)]
 
 
 def _strings(values: list[str]) -> list[bytes]:
@@ -1042,6 +1052,8 @@ def _attributes_of(rankings: Sequence[Any]) -> list[dict[str, str]]:
 
 
 _REQUEST_ID = attrgetter("request_id")
+_EXPERIMENT = attrgetter("experiment")
+_ARM = attrgetter("arm")
 _TEAMS = attrgetter("teams")
 _QUERY_ID = attrgetter("query_id")
 _SUBTOPICS = attrgetter("subtopics")

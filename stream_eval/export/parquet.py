@@ -24,7 +24,7 @@ class ParquetPerRequestWriter:
         self._writer: pq.ParquetWriter | None = None
 
     def __call__(self, batch: FinalisedBatch) -> None:
-        columns = list(zip(*batch.ids(), strict=True)) or [()] * len(ID_FIELDS)
+        columns = batch.id_columns()
         arrays = [pa.array(column, pa.string()) for column in columns]
         for j in range(len(batch.specs)):
             values = np.ascontiguousarray(batch.values[:, j], dtype=np.float64)
