@@ -349,7 +349,20 @@ def warm_up(config: Config) -> None:
     partitioned.feed("ranking", 0, [read["ranking"]], [Watermark(end=True)])
     partitioned.feed("feedback", 0, [read["feedback"]], [Watermark(end=True)])
     partitioned.tick()
+    _warm_up_growth()
     warm_up_fetches()
+
+
+def _warm_up_growth() -> None:
+    """The compiled loops that run only when a table grows past what :func:`warm_up`'s traffic fills (an A/B shard's
+    unit slots, the join's table of items not served, rebuilt): loaded with the kinds of array they are given."""
+    from stream_eval.engine.compiled import unit_slots
+    from stream_eval.events.compiled import UNSHOWN_ENTRY, empty_table, keep_unshown, unshown_live
+
+    unit_slots(np.zeros(1, dtype=np.uint64), 0, 2)
+    table, arena, held = empty_table(1, UNSHOWN_ENTRY), np.zeros(1, dtype=np.uint8), np.zeros(1, dtype=np.bool_)
+    unshown_live(table, held, 0)
+    keep_unshown(table, arena, held, 0, empty_table(1, UNSHOWN_ENTRY), np.zeros(1, dtype=np.uint8))
 
 
 class StreamWorker:
