@@ -64,16 +64,9 @@ class FinalisedBatch:
         self.specs = specs
         self.values = values
 
-    def ids(self) -> Iterable[tuple[str, str, str, str, str]]:
-        """The ids of each request's record (:data:`ID_FIELDS`): ``query_id`` and ``session_id`` default to the
-        request's id."""
-        for state in self.states:
-            rid = state.request_id
-            yield (rid, state.experiment, state.arm, rid if state.query_id is None else state.query_id,
-                   rid if state.session_id is None else state.session_id)
-
     def id_columns(self) -> list[list[str]]:
-        """:meth:`ids` as five columns (one list per field of :data:`ID_FIELDS`)."""
+        """The ids of each request's record as five columns, one list per field of :data:`ID_FIELDS`: ``query_id``
+        and ``session_id`` default to the request's id."""
         states = self.states
         rids: list[str] = list(map(_REQUEST_ID, states))
         columns = [rids, list(map(_EXPERIMENT, states)), list(map(_ARM, states))]
@@ -86,8 +79,8 @@ class FinalisedBatch:
         """One docs/contract.md §4 per-request record per request (NaN becomes ``None``)."""
         names = [spec.name for spec in self.specs]
         with_nan = np.isnan(self.values).any(axis=1).tolist()
-        for (rid, experiment, arm, query, session), row, nan in zip(self.ids(), self.values.tolist(), with_nan,
-                                                                     strict=True):
+        for (rid, experiment, arm, query, session), row, nan in zip(zip(*self.id_columns(), strict=True),
+                                                                     self.values.tolist(), with_nan, strict=True):
             yield {"request_id": rid, "experiment": experiment, "arm": arm, "query_id": query, "session_id": session,
                    "metrics": {name: (None if v != v else v) for name, v in zip(names, row, strict=True)} if nan
                    else dict(zip(names, row, strict=True))}

@@ -153,8 +153,8 @@ class Reader:
         every: Shares = [("", "", engine)] if shares is None else shares
         for partition, generation, share in every:
             extra: Labels = () if shares is None else (partition, generation)
-            if share.windows is not None and open_requests:  # first: the open requests it takes in may be of a
-                share.windows.sync()  # group new to the engine
+            if share.windows is not None and open_requests:  # once, first (its sums below are read without): the
+                share.windows.sync()  # open requests it takes in may be of a group new to the engine
             subtopics = share.with_subtopics
             names = [(j, spec.name) for j, spec in enumerate(share.specs)
                      if not spec.needs_subtopics or subtopics]
@@ -194,12 +194,12 @@ class Reader:
                 delays[extra] = (list(zip(bounds, [float(c) for c in share.delays.cumulative()], strict=True)),
                                  share.delays.total)
             if share.windows is not None:
-                for key, (total, count) in share.windows.snapshot(sync=open_requests).items():
+                for key, (total, count) in share.windows.snapshot(sync=False).items():
                     before = window.get(key, (0.0, 0.0))
                     window[key] = (before[0] + total, before[1] + count)
                 for labels, counts in share.windows.verdicts().items():
                     verdicts[labels] = verdicts.get(labels, GsbCounts()) + counts
-                for segment_key, (total, count) in share.windows.segment_snapshot(sync=open_requests).items():
+                for segment_key, (total, count) in share.windows.segment_snapshot(sync=False).items():
                     before = segment_window.get(segment_key, (0.0, 0.0))
                     segment_window[segment_key] = (before[0] + total, before[1] + count)
         if shares is None:

@@ -300,8 +300,8 @@ class EngineCollector(Collector):
         """Between the worker's batches: read the engine (under the lock) when the latest readout is
         :attr:`spacing` old and the worker is :attr:`watched`, or at once when a scrape asked for one (nothing to do
         when ``refresh_every`` is 0); the open requests re-evaluated once ``open_every`` has passed."""
-        open_requests = self.open_every <= 0 or self.clock() - self._open_read >= self.open_every
-        self._refresh_after(0.0 if self._wanted else self.spacing, open_requests=open_requests)
+        self._refresh_after(0.0 if self._wanted else self.spacing,
+                            open_requests=self.clock() - self._open_read >= self.open_every)
 
     @property
     def spacing(self) -> float:
