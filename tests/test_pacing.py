@@ -11,7 +11,16 @@ from aiokafka.structs import TopicPartition
 
 from stream_eval.config import Config
 from stream_eval.stream.settings import WorkerSettings
-from stream_eval.stream.worker import _FEEDBACK_AHEAD, _RANKINGS_QUIET, StreamWorker, _behind, _lagging
+from stream_eval.stream.worker import (
+    _FEEDBACK_AHEAD,
+    _POLL_MS,
+    _RANKINGS_QUIET,
+    StreamWorker,
+    _behind,
+    _holds_records,
+    _lagging,
+    _wait_for_records,
+)
 
 
 class _Position:
@@ -177,6 +186,76 @@ def test_the_next_fetch_requests_go_out_before_a_batch_is_handled() -> None:
         return events
 
     assert asyncio.run(main()) == ["request written", "batch of 1 handed to the worker"]
+
+
+class _Fetcher:
+    """The part of aiokafka's ``Fetcher`` the loop's wait reads: its records not handed out, and its waiters (futures
+    it completes when a fetch response with records comes)."""
+
+    def __init__(self) -> None:
+        self._records: dict[Any, Any] = {}
+        self._fetch_waiters: set[asyncio.Future[Any]] = set()
+
+    def _create_fetch_waiter(self) -> asyncio.Future[Any]:
+        waiter = asyncio.get_running_loop().create_future()
+        self._fetch_waiters.add(waiter)
+        waiter.add_done_callback(self._fetch_waiters.discard)
+        return waiter
+
+    def records_came(self) -> None:
+        for waiter in list(self._fetch_waiters):
+            waiter.set_result(None)
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self._fetcher = _Fetcher()
+
+
+def test_the_loop_wakes_for_records_of_either_consumer_not_only_the_input() -> None:
+    """With nothing to hand out, the loop waits for the input's or the stage's next records, whichever come first:
+    regroup records that come while it waits are applied at once, not after an input fetch's timeout (and the
+    waiters left are dropped from both fetchers)."""
+
+    async def waited(which: int) -> float:
+        consumers = (_Consumer(), _Consumer())
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, consumers[which]._fetcher.records_came)
+        start = loop.time()
+        await _wait_for_records(consumers, 20_000)
+        took = loop.time() - start
+        await asyncio.sleep(0)  # (a future's done callbacks run in the next turn)
+        assert all(not c._fetcher._fetch_waiters for c in consumers)
+        return took
+
+    assert asyncio.run(waited(0)) < 5.0  # (the input's records)
+    assert asyncio.run(waited(1)) < 5.0  # (the stage's: without a waiter on it, 20 s)
+
+
+def test_the_wait_times_out_and_without_aiokafkas_waiters_looks_again_soon() -> None:
+    async def waited(consumers: tuple[Any, ...], timeout_ms: int) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await _wait_for_records(consumers, timeout_ms)
+        return loop.time() - start
+
+    assert 0.04 <= asyncio.run(waited((_Consumer(), _Consumer()), 50)) < 5.0
+    assert asyncio.run(waited((_Consumer(), object()), 20_000)) < _POLL_MS / 1000 + 5.0  # (polls: not 20 s)
+
+
+def test_records_held_by_a_fetcher_are_seen_and_aiokafkas_fetcher_has_what_the_wait_reads() -> None:
+    """The stage's records fetched while the loop was busy (a commit's round trips) are handed out without a wait;
+    and the installed aiokafka's fetcher has the waiters and the records the wait reads, so it does not fall back to
+    polling unnoticed."""
+    from aiokafka.consumer.fetcher import Fetcher
+
+    consumer = _Consumer()
+    assert not _holds_records(consumer) and not _holds_records(object())
+    consumer._fetcher._records[TopicPartition("regroup", 0)] = "a fetch result"
+    assert _holds_records(consumer)
+    assert callable(getattr(Fetcher, "_create_fetch_waiter", None))
+    import inspect
+    assert "self._records" in inspect.getsource(Fetcher.__init__)
 
 
 def test_input_partitions_added_while_the_group_runs_stop_the_worker_with_a_settings_error() -> None:

@@ -86,8 +86,9 @@ _FETCH_MIN_BYTES = 1 << 20
 #: working through a backlog (no readouts taken soon: the periodic one shows progress); under live traffic a fetch
 #: answered while the last batch was handled puts it behind for a moment only.
 _BACKLOG_AFTER = 0.5
-#: Seconds after the stage last fetched records during which the input fetch waits 10 ms, not 100 ms.
-_STAGE_ACTIVE = 0.5
+#: Milliseconds between two looks at the consumers while the loop waits for records, where aiokafka's fetcher cannot
+#: be waited on (:func:`_wait_for_records`).
+_POLL_MS = 10
 
 
 @contextlib.contextmanager
@@ -210,6 +211,28 @@ def _lagging(consumer: Any) -> bool:
     not handed out yet: an empty fetch then means that the next one is on its way, not that it read all there is."""
     paused = consumer.paused()
     return any((_behind(consumer, tp) or 0) > 0 for tp in consumer.assignment() if tp not in paused)
+
+
+def _holds_records(consumer: Any) -> bool:
+    """Whether ``consumer``'s fetcher holds fetched records (or an error) that ``getmany`` has not handed out yet."""
+    return bool(getattr(getattr(consumer, "_fetcher", None), "_records", None))
+
+
+async def _wait_for_records(consumers: Sequence[Any], timeout_ms: int) -> None:
+    """Return once one of ``consumers`` stores a fetch response with records (or its assignment changes), or after
+    ``timeout_ms``. aiokafka's ``getmany`` waits on one consumer only, and the worker's loop waits on two, its input
+    and its stage: this waits on their fetchers' futures (where this aiokafka has none: a short sleep instead)."""
+    creates: list[Any] = [getattr(getattr(consumer, "_fetcher", None), "_create_fetch_waiter", None)
+                          for consumer in consumers]
+    if any(create is None for create in creates):
+        await asyncio.sleep(min(timeout_ms, _POLL_MS) / 1000)
+        return
+    waiters: list[asyncio.Future[Any]] = [create() for create in creates]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()  # (a future not done: the fetcher drops it from its set)
 
 
 def _quiet_client_debug_logs() -> None:
@@ -764,7 +787,6 @@ class StreamWorker:
         last_checkpoint = time.monotonic()
         committed = 0  # input messages read at the last checkpoint
         stage_records = stage_read = 0  # regroup records: of the last fetch, all read
-        stage_heard = -math.inf  # when the stage last fetched records
         shown = (0, 0)  # input messages and regroup records read at the last readout taken soon
         behind_since = math.inf  # since when the input consumer has been behind the broker (inf: it is not)
         read_pending = False  # a readout soon was due and refused (the latest was too recent)
@@ -773,16 +795,16 @@ class StreamWorker:
         fetcher_log.healths.append(self.health)
         try:
             while not stop.is_set():
-                # no wait for input while the stage has records to apply, a short one while it has had some lately
-                # (its consumer fetches the next ones meanwhile)
-                if stage_records:
-                    stage_heard = time.monotonic()
-                waited = 0 if stage_records else 10 if time.monotonic() - stage_heard < _STAGE_ACTIVE else 100
-                if waited < 100 and _lagging(self._consumer):  # (the next input is on its way: no spinning)
-                    waited = 100
+                # no wait while the stage has records to apply (its consumer fetches the next ones meanwhile); else
+                # a wait for records of either consumer, the input's or the stage's, whichever comes first
+                waited = 0 if stage_records else 100
                 if read_pending:  # a readout that was refused for being too soon is looked at again in 20 ms
                     waited = min(waited, 20)
-                batch = await self._fetch(self._consumer, waited)
+                batch = await self._fetch(self._consumer, 0)
+                stage_ready = _holds_records(self._stage_consumer) and not _rebalancing(self._stage_consumer)
+                if not batch and waited and not stage_ready:
+                    await _wait_for_records((self._consumer, self._stage_consumer), waited)
+                    batch = await self._fetch(self._consumer, 0)
                 async with self._busy:
                     await self._handle(batch)
                     if self.out_of_range:
