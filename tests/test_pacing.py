@@ -199,7 +199,7 @@ class _Fetcher:
     def _create_fetch_waiter(self) -> asyncio.Future[Any]:
         waiter = asyncio.get_running_loop().create_future()
         self._fetch_waiters.add(waiter)
-        waiter.add_done_callback(self._fetch_waiters.discard)
+        waiter.add_done_callback(self._fetch_waiters.remove)  # (as aiokafka's: once, or it raises)
         return waiter
 
     def records_came(self) -> None:
@@ -256,6 +256,58 @@ def test_records_held_by_a_fetcher_are_seen_and_aiokafkas_fetcher_has_what_the_w
     assert callable(getattr(Fetcher, "_create_fetch_waiter", None))
     import inspect
     assert "self._records" in inspect.getsource(Fetcher.__init__)
+
+
+def _loop_worker() -> tuple[StreamWorker, _Consumer, _Consumer]:
+    """A worker whose input and stage consumers hand nothing out (``getmany``) and have fetchers to wait on."""
+    worker, _ = _worker([100.0])
+    consumers = (_Consumer(), _Consumer())
+    for consumer in consumers:
+        async def getmany(timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+            await asyncio.sleep(timeout_ms / 1000)  # (nothing comes: the whole timeout)
+            return {}
+
+        consumer.getmany = getmany  # type: ignore[attr-defined]
+    worker._consumer, worker._stage_consumer = consumers
+    return worker, *consumers
+
+
+def _rebalancing_now(consumer: _Consumer, now: bool) -> None:
+    consumer._subscription = type("S", (), {"reassignment_in_progress": now})()  # type: ignore[attr-defined]
+
+
+def test_the_loops_input_wait_ends_when_the_stage_gets_records() -> None:
+    """The loop's wait for input ends when the stage consumer's records come (not after the input's timeout); it does
+    not wait at all when the stage's records were stored meanwhile (a commit's round trips), or the input's were (a
+    fetch error waited out), and it waits out its time when the stage consumer holding records is rebalancing (it
+    would not hand them out)."""
+
+    async def waited(setup: Any, wait_ms: int = 20_000) -> float:
+        worker, input_consumer, stage = _loop_worker()
+        _rebalancing_now(stage, False)
+        setup(asyncio.get_running_loop(), input_consumer, stage)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await worker._next_input(wait_ms) == {}
+        return loop.time() - start
+
+    def stage_records_come(loop: Any, _: _Consumer, stage: _Consumer) -> None:
+        loop.call_later(0.01, stage._fetcher.records_came)
+
+    def stage_holds_records(_: Any, __: _Consumer, stage: _Consumer) -> None:
+        stage._fetcher._records[TopicPartition("regroup", 0)] = "a fetch result"
+
+    def input_holds_records(_: Any, input_consumer: _Consumer, __: _Consumer) -> None:
+        input_consumer._fetcher._records[TopicPartition("rankings", 0)] = "a fetch result"
+
+    def stage_rebalancing(loop: Any, input_consumer: _Consumer, stage: _Consumer) -> None:
+        stage_holds_records(loop, input_consumer, stage)
+        _rebalancing_now(stage, True)
+
+    assert asyncio.run(waited(stage_records_come)) < 5.0
+    assert asyncio.run(waited(stage_holds_records)) < 1.0
+    assert asyncio.run(waited(input_holds_records)) < 1.0
+    assert 0.04 <= asyncio.run(waited(stage_rebalancing, 50)) < 5.0
 
 
 def test_input_partitions_added_while_the_group_runs_stop_the_worker_with_a_settings_error() -> None:

@@ -219,7 +219,7 @@ def _holds_records(consumer: Any) -> bool:
 
 
 async def _wait_for_records(consumers: Sequence[Any], timeout_ms: int) -> None:
-    """Return once one of ``consumers`` stores a fetch response with records (or its assignment changes), or after
+    """Return once one of ``consumers`` stores a fetch response with records (or its client fails), or after
     ``timeout_ms``. aiokafka's ``getmany`` waits on one consumer only, and the worker's loop waits on two, its input
     and its stage: this waits on their fetchers' futures (where this aiokafka has none: a short sleep instead)."""
     creates: list[Any] = [getattr(getattr(consumer, "_fetcher", None), "_create_fetch_waiter", None)
@@ -232,6 +232,8 @@ async def _wait_for_records(consumers: Sequence[Any], timeout_ms: int) -> None:
         await asyncio.wait(waiters, timeout=timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiter in waiters:
+            if waiter.done() and not waiter.cancelled():
+                waiter.exception()  # (a fatal client error, read here: the consumer's next getmany raises it)
             waiter.cancel()  # (a future not done: the fetcher drops it from its set)
 
 
@@ -719,6 +721,18 @@ class StreamWorker:
             topic, _, number = place.rpartition("/")
             self.delivery.dead_letter(event, topic, int(number), int(offset))
 
+    async def _next_input(self, waited: int) -> dict[Any, Any]:
+        """The input's next batch. With none to hand out, and nothing for the stage either, the loop waits up to
+        ``waited`` ms for records of either consumer, whichever come first: the stage's records are applied as they
+        come, not after an input fetch's timeout (docs/design.md, "the regroup log")."""
+        batch = await self._fetch(self._consumer, 0)
+        if batch or not waited or _holds_records(self._consumer):  # (stored while a fetch error was waited out)
+            return batch
+        if _holds_records(self._stage_consumer) and not _rebalancing(self._stage_consumer):
+            return batch
+        await _wait_for_records((self._consumer, self._stage_consumer), waited)
+        return await self._fetch(self._consumer, 0)
+
     async def _handle_stage(self) -> int:
         """Apply the regroup records fetched for the stage partitions held; returns how many were fetched."""
         # aiokafka's getmany waits, timeout or not, for a rebalance of the consumer's group to end; the stage's
@@ -795,16 +809,11 @@ class StreamWorker:
         fetcher_log.healths.append(self.health)
         try:
             while not stop.is_set():
-                # no wait while the stage has records to apply (its consumer fetches the next ones meanwhile); else
-                # a wait for records of either consumer, the input's or the stage's, whichever comes first
+                # no wait while the stage has records to apply (its consumer fetches the next ones meanwhile)
                 waited = 0 if stage_records else 100
                 if read_pending:  # a readout that was refused for being too soon is looked at again in 20 ms
                     waited = min(waited, 20)
-                batch = await self._fetch(self._consumer, 0)
-                stage_ready = _holds_records(self._stage_consumer) and not _rebalancing(self._stage_consumer)
-                if not batch and waited and not stage_ready:
-                    await _wait_for_records((self._consumer, self._stage_consumer), waited)
-                    batch = await self._fetch(self._consumer, 0)
+                batch = await self._next_input(waited)
                 async with self._busy:
                     await self._handle(batch)
                     if self.out_of_range:
