@@ -213,17 +213,21 @@ def _lagging(consumer: Any) -> bool:
     return any((_behind(consumer, tp) or 0) > 0 for tp in consumer.assignment() if tp not in paused)
 
 
+def _fetcher_part(consumer: Any, name: str) -> Any:
+    """An attribute of ``consumer``'s aiokafka fetcher (None where this aiokafka or a consumer has none)."""
+    return getattr(getattr(consumer, "_fetcher", None), name, None)
+
+
 def _holds_records(consumer: Any) -> bool:
     """Whether ``consumer``'s fetcher holds fetched records (or an error) that ``getmany`` has not handed out yet."""
-    return bool(getattr(getattr(consumer, "_fetcher", None), "_records", None))
+    return bool(_fetcher_part(consumer, "_records"))
 
 
 async def _wait_for_records(consumers: Sequence[Any], timeout_ms: int) -> None:
     """Return once one of ``consumers`` stores a fetch response with records (or its client fails), or after
     ``timeout_ms``. aiokafka's ``getmany`` waits on one consumer only, and the worker's loop waits on two, its input
     and its stage: this waits on their fetchers' futures (where this aiokafka has none: a short sleep instead)."""
-    creates: list[Any] = [getattr(getattr(consumer, "_fetcher", None), "_create_fetch_waiter", None)
-                          for consumer in consumers]
+    creates = [_fetcher_part(consumer, "_create_fetch_waiter") for consumer in consumers]
     if any(create is None for create in creates):
         await asyncio.sleep(min(timeout_ms, _POLL_MS) / 1000)
         return
@@ -726,9 +730,9 @@ class StreamWorker:
         ``waited`` ms for records of either consumer, whichever come first: the stage's records are applied as they
         come, not after an input fetch's timeout (docs/design.md, "the regroup log")."""
         batch = await self._fetch(self._consumer, 0)
-        if batch or not waited or _holds_records(self._consumer):  # (stored while a fetch error was waited out)
-            return batch
-        if _holds_records(self._stage_consumer) and not _rebalancing(self._stage_consumer):
+        stage = self._stage_consumer
+        # (the input's records held: stored while a fetch error was waited out; the stage's: while the loop worked)
+        if batch or not waited or _holds_records(self._consumer) or _holds_records(stage) and not _rebalancing(stage):
             return batch
         await _wait_for_records((self._consumer, self._stage_consumer), waited)
         return await self._fetch(self._consumer, 0)
