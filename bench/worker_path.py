@@ -10,13 +10,14 @@
     python bench/worker_path.py LOG --baseline ../old --instructions
 
 What a worker does with a backlog, less the broker: the log's events routed to 4 partitions by request id (CRC-32),
-read in rounds of one fetch per topic-partition (feedback before rankings in each round), each fetch decoded as
-the worker decodes it (``decode_message_chunk``) and fed to a ``PartitionedEngine`` whose engines are built as the
-worker builds them (live windows, feedback delays, regroup sinks), each finalised request written as the worker's
-request-metrics record (``orjson``), the regroup records taken with their commit markers and fed to a regroup stage
-held through ``StagePartitions``, as a worker's stage is. The compiled loops are loaded first (``warm_up``) and the
-garbage collector and glibc's malloc are set as the worker sets them (``quiet_gc``, ``tune_malloc``; the collector
-paused where the worker pauses it: ``collector_paused``). A log of
+read in rounds of one fetch per topic-partition (feedback before rankings in each round), each fetch decoded as the
+worker decodes it (``decode_message_chunk``) and fed to a ``PartitionedEngine`` whose engines are built as the
+worker builds them (live windows, feedback delays, regroup sinks), each finalised request's request-metrics record
+written into Kafka record batches as the worker writes them (``stream/batches.py``), the regroup records taken with
+their commit markers and fed to a regroup stage held through ``StagePartitions``, as a worker's stage is. The
+compiled loops are loaded first (``warm_up``) and the garbage collector and glibc's malloc are set as the worker
+sets them (``quiet_gc``, ``tune_malloc``; the collector paused where the worker pauses it: ``collector_paused``).
+A log of
 ``bench/stream.py`` (``--out-dir``'s ``stream-log.jsonl``) gives the events the throughput rows count.
 
 ``--config FILE`` evaluates with the worker's settings from that file (as ``stream-eval worker --config``; the
@@ -64,6 +65,9 @@ from stream_eval.engine.stages import StagePartitions
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_message_chunk
 from stream_eval.stream.app import METRICS_OPEN_EVERY, quiet_gc, tune_malloc
+from stream_eval.stream.batches import ColumnBatch, column_batches
+from stream_eval.stream.delivery import RequestRecords
+from stream_eval.stream.logs import BATCH_BYTES
 from stream_eval.stream.produce import END_WATERMARK
 from stream_eval.stream.worker import collector_paused, warm_up
 
@@ -107,10 +111,12 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
         made.regroup = RegroupSink()
         return made
 
-    outputs: list[tuple[bytes, bytes]] = []
+    outputs: list[ColumnBatch] = []
 
-    def finalised(partition: int, batch: FinalisedBatch) -> None:
-        outputs.extend(zip([state.request_id.encode() for state in batch.states], batch.encoded(), strict=True))
+    def finalised(partition: int, batch: FinalisedBatch) -> None:  # the request-metrics records, in batches
+        if batch.states:
+            records = RequestRecords.of(partition, batch).records
+            outputs.extend(made for made, _ in column_batches(records, BATCH_BYTES, False))
 
     stages = StagePartitions(engine, PARTITIONS, stage_count)
     template = engine()
@@ -175,7 +181,8 @@ def measure(log: Path, config: Config, rankings: int, feedback: int, readout_eve
                 refresh()
             cpu["readout"] += time.process_time() - t2
     total, seconds = time.process_time() - start, time.perf_counter() - wall
-    return {"events": events, "outputs": len(outputs), "regroup": sum(map(len, regroup_log.values())), "cpu": total,
+    written = sum(made.record_count() for made in outputs)
+    return {"events": events, "outputs": written, "regroup": sum(map(len, regroup_log.values())), "cpu": total,
             "seconds": seconds, "phases": dict(cpu)}
 
 

@@ -271,6 +271,9 @@ class RecordingSender:
                            headers: Any = None) -> None:
         self.sent += [(topic, partition, key) for key, _, _ in records]
 
+    async def send_records(self, topic: str, partition: int, records: Any) -> None:
+        self.sent += [(topic, partition, key) for key, _, _ in records]
+
     async def send_record(self, topic: str, partition: int | None, record: Any, headers: Any = None) -> None:
         self.sent.append((topic, partition, record[0]))
 

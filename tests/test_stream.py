@@ -355,6 +355,8 @@ def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wr
     what the previous owner wrote meanwhile (``r1``, and ``r9`` not finalised yet) is not written again. Other
     partitions' records go at once."""
     from stream_eval.engine.partitions import Checkpoint
+    from stream_eval.stream.batches import Records
+    from stream_eval.stream.delivery import RequestRecords
 
     worker = StreamWorker(WorkerSettings(["localhost:9"], group="hold", handover_hold=0.3), Config())
     delivery, logs, sender = _fenced_log(worker)
@@ -368,7 +370,9 @@ def test_a_new_owner_holds_its_records_and_leaves_out_what_a_late_predecessor_wr
     async def main() -> None:
         await delivery.claim(0)
         assert delivery.handover_holds == 1
-        delivery.outbox.requests += [(b"r1", b"{}", None, 0), (b"r2", b"{}", None, 0), (b"q1", b"{}", None, 1)]
+        delivery.outbox.requests += [
+            RequestRecords(0, ["r1", "r2"], Records.of([b"r1", b"r2"], [b"{}", b"{}"], [-1, -1])),
+            RequestRecords(1, ["q1"], Records.of([b"q1"], [b"{}"], [-1]))]
         await delivery.commit([])
         assert sent() == [b"q1"]  # held: partition 0's records wait
         logs.log(outputs, 0).extend([(b"r1", b"{}"), (b"r9", b"{}")])  # the late predecessor's

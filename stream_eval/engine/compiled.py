@@ -306,3 +306,63 @@ def arm_sums(y: Floats, n: Floats, x: Floats, q: Floats, unit_arm: npt.NDArray[n
             for t in range(count):
                 out[a, t, k] += term[t]
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def json_string_pieces(text: npt.NDArray[np.uint8], count: int, starts: Ints,
+                       ends: Ints) -> None:  # pragma: no cover  # compiled
+    """The bounds of each string's inside in ``text``, orjson's JSON of a list of ``count`` strings, into ``starts``
+    and ``ends``: the list's text is well formed, so a string ends at the first quote not escaped by
+    a backslash."""
+    pos = 1  # after "["
+    for k in range(count):
+        pos += 1  # the opening quote
+        starts[k] = pos
+        while text[pos] != 34:  # '"'
+            pos += 2 if text[pos] == 92 else 1  # a backslash escapes the next character
+        ends[k] = pos
+        pos += 2  # the closing quote, and "," or "]"
+
+
+@nb.njit(cache=True, nogil=True)
+def json_number_pieces(text: npt.NDArray[np.uint8], count: int, starts: Ints,
+                       ends: Ints) -> None:  # pragma: no cover  # compiled
+    """The bounds of each number (or ``null``) in ``text``, orjson's JSON of a list of ``count`` of them, into
+    ``starts`` and ``ends``."""
+    pos = 1
+    for k in range(count):
+        starts[k] = pos
+        while text[pos] != 44 and text[pos] != 93:  # "," or "]"
+            pos += 1
+        ends[k] = pos
+        pos += 1
+
+
+@nb.njit(cache=True, nogil=True)
+def fill_template(text: npt.NDArray[np.uint8], starts: Ints, ends: Ints, constants: npt.NDArray[np.uint8],
+                  constant_ends: Ints) -> tuple[npt.NDArray[np.uint8], Ints]:  # pragma: no cover  # compiled
+    """Records from a template: record ``i`` is ``constants``' first piece, ``text[starts[0, i]:ends[0, i]]``, the
+    second piece, and so on, ending with the last piece (``constant_ends``: each piece's end; one more piece than
+    ``starts`` has rows). Returns the records one after the other, and where each ends."""
+    fields, count = starts.shape
+    total = count * constant_ends[fields]
+    for k in range(fields):
+        for i in range(count):
+            total += ends[k, i] - starts[k, i]
+    out = np.empty(total, dtype=np.uint8)
+    record_ends = np.empty(count, dtype=np.int64)
+    pos = 0
+    for i in range(count):
+        begin = 0
+        for k in range(fields + 1):
+            stop = constant_ends[k]
+            for j in range(begin, stop):
+                out[pos] = constants[j]
+                pos += 1
+            begin = stop
+            if k < fields:
+                for j in range(starts[k, i], ends[k, i]):
+                    out[pos] = text[j]
+                    pos += 1
+        record_ends[i] = pos
+    return out, record_ends

@@ -22,6 +22,7 @@ import orjson
 
 from stream_eval.config import Arms, Config
 from stream_eval.engine.ab import AbRow, SrmRow, UnitLedger, recommend
+from stream_eval.engine.compiled import fill_template, json_number_pieces, json_string_pieces
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import MISSING, OTHER, LabelBounds, shown_segment_values
 from stream_eval.engine.plugins import Plugin, RegroupHooks
@@ -86,9 +87,7 @@ class FinalisedBatch:
                    else dict(zip(names, row, strict=True))}
 
     def encoded(self) -> list[bytes]:
-        """:meth:`records` as JSON, each the bytes of ``orjson.dumps(record)``, made a column at a time: each id column
-        and the values encoded in one call and cut into pieces (a string's quotes inside it are escaped, so ``","``
-        only ever separates two of them; numbers hold no ``],[``), the pieces put into a template per record.
+        """:meth:`records` as JSON, each the bytes of ``orjson.dumps(record)``: :meth:`encoded_values` cut apart.
 
         >>> from types import SimpleNamespace as Of
         >>> batch = FinalisedBatch([Of(request_id="r1", experiment="e", arm="a", query_id=None, session_id=None),
@@ -99,34 +98,46 @@ class FinalisedBatch:
         {"request_id":"r1","experiment":"e","arm":"a","query_id":"r1","session_id":"r1","metrics":{"RR":0.5,"P@10":1.0}}
         {"request_id":"r2","experiment":"e","arm":"a","query_id":"q","session_id":"s\\"","metrics":{"RR":null,"P@10":0.0}}
         """
+        text, ends = self.encoded_values()
+        whole, bounds = text.tobytes(), ends.tolist()
+        return [whole[a:b] for a, b in zip([0, *bounds][:-1], bounds, strict=True)]
+
+    def encoded_values(self) -> tuple[npt.NDArray[np.uint8], Ints]:
+        """:meth:`records` as JSON, the bytes of each ``orjson.dumps(record)`` one after the other, and where each
+        ends; made a column at a time, without an object per record: each id column and the values encoded in one
+        ``orjson`` call, cut into pieces and put into a template per record by compiled loops
+        (``engine/compiled.py``)."""
         count = len(self.states)
         if count == 0:
-            return []
-        columns = [_strings(column) for column in self.id_columns()]
-        names = [orjson.dumps(spec.name).replace(b"%", b"%%") for spec in self.specs]
-        template = b'{"request_id":"%b","experiment":"%b","arm":"%b","query_id":"%b","session_id":"%b","metrics":{' \
-            + b",".join(name + b":%b" for name in names) + b"}}"
-        if names:  # every value in one call, cut at the commas (NaN is null), each metric a column of texts
+            return np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.int64)
+        names = [orjson.dumps(spec.name) for spec in self.specs]
+        constants = [b'{"' + ID_FIELDS[0].encode() + b'":"']
+        constants += [b'","' + name.encode() + b'":"' for name in ID_FIELDS[1:]]
+        if names:
+            constants += [b'","metrics":{' + names[0] + b":", *(b"," + name + b":" for name in names[1:]), b"}}"]
+        else:
+            constants.append(b'","metrics":{}}')
+        texts = [orjson.dumps(column) for column in self.id_columns()]
+        if names:  # every value in one call (NaN is null), in C order: request by request
             values = np.ascontiguousarray(self.values, dtype=np.float64).ravel()  # (orjson reads C order only)
-            texts = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
-            columns += [texts[j :: len(names)] for j in range(len(names))]
-        return [template % fields for fields in zip(*columns, strict=True)]
-
-
-def _strings(values: list[str]) -> list[bytes]:
-    """Each of ``values`` (at least one) as the inside of its JSON string (``orjson``'s escapes), from one call.
-
-    Cut at ``","``, which only separates two strings when none holds a quote: an escaped quote followed by a comma
-    and the string's closing quote (a value ending in ``",``) reads as ``","`` too. So when the text holds an escaped
-    quote (or a backslash before a closing quote), each value is encoded on its own.
-
-    >>> [piece.decode() for piece in _strings(["a", 'b",', "c"])]
-    ['a', 'b\\\\",', 'c']
-    """
-    encoded = orjson.dumps(values)
-    if b'\\"' not in encoded:
-        return encoded[2:-2].split(b'","')
-    return [orjson.dumps(value)[1:-1] for value in values]
+            texts.append(orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY))
+        text = np.frombuffer(b"".join(texts), dtype=np.uint8)
+        fields = len(ID_FIELDS) + len(names)
+        starts, ends = np.empty((fields, count), dtype=np.int64), np.empty((fields, count), dtype=np.int64)
+        base = 0
+        for k in range(len(ID_FIELDS)):
+            json_string_pieces(text[base:], count, starts[k], ends[k])
+            starts[k] += base
+            ends[k] += base
+            base += len(texts[k])
+        if names:
+            numbers = count * len(names)
+            first, last = np.empty(numbers, dtype=np.int64), np.empty(numbers, dtype=np.int64)
+            json_number_pieces(text[base:], numbers, first, last)
+            starts[len(ID_FIELDS):] = first.reshape(count, len(names)).T + base
+            ends[len(ID_FIELDS):] = last.reshape(count, len(names)).T + base
+        pieces = np.frombuffer(b"".join(constants), dtype=np.uint8)
+        return fill_template(text, starts, ends, pieces, np.cumsum([len(piece) for piece in constants]))
 
 
 class SessionRows(NamedTuple):

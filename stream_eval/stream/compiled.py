@@ -108,3 +108,65 @@ def unpack_values(buf: Bytes, pos: int, end: int, count: int, base_offset: int, 
     if pos != end:
         return n, out_pos, next_offset, CORRUPT
     return n, out_pos, next_offset, READ
+
+
+@nb.njit(cache=True, nogil=True)
+def _put_varint(out: Bytes, pos: int, value: int) -> int:  # pragma: no cover  # compiled
+    """``value`` as a zigzag varint at ``out[pos]`` (aiokafka's ``encode_varint``); the position after it."""
+    rest = np.uint64((value << 1) ^ (value >> 63))
+    while rest >= np.uint64(0x80):
+        out[pos] = np.uint8((rest & np.uint64(0x7F)) | np.uint64(0x80))
+        rest >>= np.uint64(7)
+        pos += 1
+    out[pos] = np.uint8(rest)
+    return pos + 1
+
+
+@nb.njit(cache=True, nogil=True)
+def _varint_size(value: int) -> int:  # pragma: no cover  # compiled
+    rest = np.uint64((value << 1) ^ (value >> 63))
+    size = 1
+    while rest >= np.uint64(0x80):
+        rest >>= np.uint64(7)
+        size += 1
+    return size
+
+
+@nb.njit(cache=True, nogil=True)
+def pack_records(keys: Bytes, key_ends: Ints, values: Bytes, value_ends: Ints, stamps: Ints, first: int, stop: int,
+                 out: Bytes, pos: int, limit: int) -> tuple[int, int, int]:  # pragma: no cover  # compiled
+    """Records ``first``, ``first + 1``, ... (before ``stop``) of the columns (record ``i``: key
+    ``keys[key_ends[i - 1]:key_ends[i]]``, value likewise, timestamp ``stamps[i]``) into ``out`` at ``pos``, in
+    Kafka's record format v2 as aiokafka's batch builder writes them (no attributes, the timestamp less the first
+    record's, the offset less the first's, no headers), for as long as the batch stays below ``limit`` bytes (the
+    first record always). Returns the record after the last written, the position after it, and the largest
+    timestamp."""
+    base = stamps[first]
+    largest = base
+    i = first
+    while i < stop:
+        key_at = key_ends[i - 1] if i > 0 else 0
+        value_at = value_ends[i - 1] if i > 0 else 0
+        key_len = key_ends[i] - key_at
+        value_len = value_ends[i] - value_at
+        delta = stamps[i] - base
+        offset = i - first
+        length = (1 + _varint_size(delta) + _varint_size(offset) + _varint_size(key_len) + key_len
+                  + _varint_size(value_len) + value_len + 1)
+        if i > first and pos + _varint_size(length) + length >= limit:  # (as aiokafka's compiled builder)
+            break
+        pos = _put_varint(out, pos, length)
+        out[pos] = 0  # attributes
+        pos = _put_varint(out, pos + 1, delta)
+        pos = _put_varint(out, pos, offset)
+        pos = _put_varint(out, pos, key_len)
+        out[pos : pos + key_len] = keys[key_at : key_at + key_len]
+        pos = _put_varint(out, pos + key_len, value_len)
+        out[pos : pos + value_len] = values[value_at : value_at + value_len]
+        pos += value_len
+        out[pos] = 0  # no headers
+        pos += 1
+        if stamps[i] > largest:
+            largest = stamps[i]
+        i += 1
+    return i, pos, largest

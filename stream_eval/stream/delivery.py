@@ -21,9 +21,12 @@ import time
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from stream_eval.config import Config, ConfigError
@@ -35,7 +38,8 @@ from stream_eval.engine.stages import StagePartitions
 from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid
 from stream_eval.stream.backoff import BrokerHealth
-from stream_eval.stream.logs import CHECKPOINT, Headers, Logs, Record, Sender
+from stream_eval.stream.batches import Record, Records
+from stream_eval.stream.logs import CHECKPOINT, Headers, Logs, Sender
 from stream_eval.stream.settings import WorkerSettings
 
 log = logging.getLogger("stream_eval.worker")
@@ -71,11 +75,48 @@ _releases = msgspec.json.Decoder(Release)
 _encode = msgspec.json.encode
 
 
-def timestamp_ms(ts: float) -> int | None:
-    """A Kafka record timestamp for event time ``ts``: milliseconds, or ``None`` (the producer's clock) for a time
-    Kafka cannot hold (negative, or past int64 milliseconds; only configured ``min_ts``/``max_ts`` let one in)."""
+def timestamps_ms(ts: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Kafka record timestamps for event times ``ts``: milliseconds (truncated), or -1 (the producer's clock) for a
+    time Kafka cannot hold (negative, or past int64 milliseconds; only configured ``min_ts``/``max_ts`` let one in).
+
+    >>> timestamps_ms(np.array([1.0015, -1.0, 1e17, np.nan])).tolist()
+    [1001, -1, -1, -1]
+    """
     ms = ts * 1000.0
-    return int(ms) if 0.0 <= ms < 9.2e18 else None
+    return np.where((ms >= 0.0) & (ms < 9.2e18), ms, -1.0).astype(np.int64)
+
+
+@dataclass(slots=True)
+class RequestRecords:
+    """The request-metrics records of an input partition's finalised requests: their request ids (each record's
+    key) and the records, as columns (``stream/batches.py``)."""
+
+    partition: int
+    ids: list[str]
+    records: Records
+
+    @classmethod
+    def of(cls, partition: int, batch: FinalisedBatch) -> RequestRecords:
+        """The records of ``batch`` (``FinalisedBatch.encoded_values``), keyed by request id, each at its request's
+        serve time."""
+        states = batch.states
+        ids = [state.request_id for state in states]
+        joined = "".join(ids)
+        if joined.isascii():
+            keys, lengths = joined.encode(), list(map(len, ids))
+        else:
+            encoded = [rid.encode() for rid in ids]
+            keys, lengths = b"".join(encoded), list(map(len, encoded))
+        values, value_ends = batch.encoded_values()
+        served = np.fromiter(map(attrgetter("ts"), states), dtype=np.float64, count=len(states))
+        return cls(partition, ids, Records(np.frombuffer(keys, dtype=np.uint8),
+                                           np.cumsum(np.array(lengths, dtype=np.int64)), values, value_ends,
+                                           timestamps_ms(served)))
+
+    def rows(self, kept: list[int]) -> RequestRecords:
+        """The records ``kept`` (indexes, in order)."""
+        return RequestRecords(self.partition, [self.ids[i] for i in kept],
+                              self.records.rows(np.array(kept, dtype=np.int64)))
 
 
 @dataclass
@@ -83,7 +124,7 @@ class Outbox:
     """Outputs of the input partitions owned, not sent yet: request-metrics records and dead letters, by the input
     partition they come from, in order."""
 
-    requests: list[tuple[bytes, bytes, int | None, int]] = field(default_factory=list)  # key, value, ts ms, partition
+    requests: list[RequestRecords] = field(default_factory=list)
     dead: list[tuple[Invalid, str, int, int]] = field(default_factory=list)  # invalid, topic, partition, offset
 
     def take(self, partitions: set[int] | None = None) -> Outbox:
@@ -91,8 +132,9 @@ class Outbox:
         if partitions is None:
             taken, self.requests, self.dead = Outbox(self.requests, self.dead), [], []
             return taken
-        taken = Outbox([e for e in self.requests if e[3] in partitions], [e for e in self.dead if e[2] in partitions])
-        self.requests = [e for e in self.requests if e[3] not in partitions]
+        taken = Outbox([e for e in self.requests if e.partition in partitions],
+                       [e for e in self.dead if e[2] in partitions])
+        self.requests = [e for e in self.requests if e.partition not in partitions]
         self.dead = [e for e in self.dead if e[2] not in partitions]
         return taken
 
@@ -180,13 +222,19 @@ class Delivery(abc.ABC):
     def _outputs(self, partition: int, batch: FinalisedBatch, written: set[str] | None) -> None:
         """The request-metrics records of ``batch`` into the outbox, but for the ids in ``written`` (each skipped
         once: a predecessor wrote it)."""
-        requests = self.outbox.requests
-        for state, value in zip(batch.states, batch.encoded(), strict=True):
-            request_id = state.request_id
-            if written and request_id in written:
-                written.discard(request_id)
-                continue
-            requests.append((request_id.encode(), value, timestamp_ms(state.ts), partition))
+        if not batch.states:
+            return
+        records = RequestRecords.of(partition, batch)
+        if written:
+            kept = []
+            for i, request_id in enumerate(records.ids):
+                if request_id in written:
+                    written.discard(request_id)
+                else:
+                    kept.append(i)
+            if len(kept) < len(records.ids):
+                records = records.rows(kept)
+        self.outbox.requests.append(records)
 
     def dead_letter(self, invalid: Invalid, topic: str, partition: int, offset: int) -> None:
         self.outbox.dead.append((invalid, topic, partition, offset))
@@ -195,11 +243,11 @@ class Delivery(abc.ABC):
         """Send what ``outbox`` holds through ``sender``: request-metrics records to their partitions, then dead
         letters (with where they were read, in headers)."""
         if outbox.requests:
-            by_partition: dict[int, list[Record]] = {}
-            for key, value, ts_ms, partition in outbox.requests:
-                by_partition.setdefault(self.output_partition(partition), []).append((key, value, ts_ms))
-            for number, records in by_partition.items():
-                await sender.send_batches(self.topics.request_metrics, records, partition=number)
+            by_partition: dict[int, list[Records]] = {}
+            for requests in outbox.requests:
+                by_partition.setdefault(self.output_partition(requests.partition), []).append(requests.records)
+            for number, parts in by_partition.items():
+                await sender.send_records(self.topics.request_metrics, number, Records.joined(parts))
         if not outbox.dead:
             return
         letters: list[Record] = []
@@ -628,12 +676,12 @@ class FencedLog(Delivery):
             if not found:
                 continue
             kept, finalised = [], set()
-            for entry in self.outbox.requests:
-                request_id = entry[0].decode() if entry[3] == partition else None
-                if request_id in found:
-                    finalised.add(request_id)
-                else:
-                    kept.append(entry)
+            for requests in self.outbox.requests:
+                if requests.partition == partition:
+                    finalised.update(found.intersection(requests.ids))
+                    requests = requests.rows([i for i, rid in enumerate(requests.ids) if rid not in found])
+                if requests.ids:
+                    kept.append(requests)
             self.outbox.requests = kept
             self.written.setdefault(partition, set()).update(found - finalised)  # finalised later: skipped then
             log.info("request-metrics partition %d: %d records written by a previous owner during the hand-over: "

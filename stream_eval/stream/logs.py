@@ -13,12 +13,15 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import numpy as np
 import orjson
 
 from stream_eval.engine import snapshot
 from stream_eval.stream.backoff import BrokerHealth
+from stream_eval.stream.batches import Record, Records, column_batches
 from stream_eval.stream.kafka import KafkaSecurity, client_options
 
 log = logging.getLogger("stream_eval.worker")
@@ -34,8 +37,6 @@ LARGE_RECORD = 64 << 10
 #: Key of a checkpoint record (the other keys of a checkpoint topic are the delivery's: ``stream/delivery.py``).
 CHECKPOINT = b"checkpoint"
 
-#: A record to send: (key, value, timestamp in ms or None for the producer's clock).
-Record = tuple[bytes | None, bytes, int | None]
 #: A record's headers: (name, value) pairs.
 Headers = list[tuple[str, bytes]]
 
@@ -47,7 +48,7 @@ class _Sent:
     future: asyncio.Future[Any]
     topic: str
     partition: int | None
-    records: list[Record]
+    records: Sequence[Record]
     headers: list[Headers | None] | None = None  # each record's (None: none has headers)
 
 
@@ -111,6 +112,28 @@ class Sender:
                     batch, start = producer.create_batch(), k
             if len(part) > start:
                 await self._send_batch(topic, number, batch, part, these, start, len(part))
+
+    async def send_records(self, topic: str, partition: int, records: Records) -> None:
+        """Send ``records``, as columns, in order to ``partition``, in whole batches written by a compiled loop
+        (``stream/batches.py``) rather than a record at a time; a record of ``LARGE_RECORD`` bytes or more alone,
+        in its place, as :meth:`send_batches` sends it. Delivery is awaited by :meth:`flush`."""
+        producer = self.producer
+        manager = getattr(producer, "_txn_manager", None)  # (as aiokafka's producer marks its batches)
+        transactional = manager is not None and manager.transactional_id is not None
+        total = len(records)
+        start = 0
+        for stop in [*np.flatnonzero(records.sizes() >= LARGE_RECORD).tolist(), total]:
+            if stop > start:
+                run = records if stop - start == total else records[start:stop]
+                done = 0
+                for batch, end in column_batches(run, BATCH_BYTES, transactional):
+                    future = await self.health.call("produce", partial(producer.send_batch, batch, topic,
+                                                                       partition=partition))
+                    self._sent.append(_Sent(future, topic, partition, run[done:end]))
+                    done = end
+            if stop < total:
+                await self.send_record(topic, partition, records[stop])
+            start = stop + 1
 
     async def _send_batch(self, topic: str, partition: int, batch: Any, records: Sequence[Record],
                           headers: Sequence[Headers] | None, start: int, end: int) -> None:

@@ -41,7 +41,15 @@ from stream_eval.events.messages import decode_message_chunk
 from stream_eval.events.schema import Watermark
 from stream_eval.events.ubi import ubi_config
 from stream_eval.stream.backoff import BrokerHealth, SilenceClock, is_broker_error
-from stream_eval.stream.delivery import DELIVERIES, Delivery, FencedLog, refuse_transactions, transactions_supported
+from stream_eval.stream.batches import column_batches
+from stream_eval.stream.delivery import (
+    DELIVERIES,
+    Delivery,
+    FencedLog,
+    RequestRecords,
+    refuse_transactions,
+    transactions_supported,
+)
 from stream_eval.stream.fetched import Joined, lean_options
 from stream_eval.stream.fetched import warm_up as warm_up_fetches
 from stream_eval.stream.kafka import (
@@ -51,6 +59,7 @@ from stream_eval.stream.kafka import (
     input_partitions,
     partitions_for,
 )
+from stream_eval.stream.logs import BATCH_BYTES
 from stream_eval.stream.settings import WorkerSettings
 from stream_eval.stream.ubi_topics import UbiTopics
 
@@ -361,8 +370,9 @@ def warm_up(config: Config) -> None:
     RollingWindows(engine)
     FeedbackDelays(engine)
 
-    def finalised(partition: int, batch: FinalisedBatch) -> None:
-        batch.encoded()
+    def finalised(partition: int, batch: FinalisedBatch) -> None:  # (their request-metrics records, in batches)
+        for _ in column_batches(RequestRecords.of(partition, batch).records, BATCH_BYTES, False):
+            pass
 
     partitioned = PartitionedEngine(engine, on_finalised=finalised)  # (runs the regroup stage itself)
     partitioned.assign(0)

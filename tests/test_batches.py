@@ -1,0 +1,101 @@
+"""Record batches written from columns (``stream/batches.py``): the bytes aiokafka's own builder writes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_eval.stream.batches import Records, column_batches
+
+RECORDS = st.lists(st.tuples(st.binary(min_size=1, max_size=24), st.binary(max_size=400),
+                             st.integers(0, 1 << 42)), min_size=1, max_size=60)
+
+
+def _aiokafka_batches(records: list[tuple[bytes, bytes, int]], batch_size: int, transactional: bool,
+                      state: tuple[int, int, int] | None, compiled: bool) -> list[bytes]:
+    """The batches aiokafka's builder fills with ``records``, appended until it is full, then a new one: its
+    compiled builder (what its producer uses) or its Python one (``compiled`` False)."""
+    from aiokafka.record._crecords.default_records import DefaultRecordBatchBuilder
+    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+
+    kind: Any = DefaultRecordBatchBuilder if compiled else _DefaultRecordBatchBuilderPy
+    built: list[bytes] = []
+
+    def finish(builder: Any) -> None:
+        if state is not None:
+            builder.set_producer_state(*state)
+        built.append(bytes(builder.build()))
+
+    def new() -> Any:
+        return kind(2, 0, int(transactional), -1, -1, 0, batch_size)
+
+    builder, offset = new(), 0
+    for key, value, stamp in records:
+        while builder.append(offset, timestamp=stamp, key=key, value=value, headers=[]) is None:
+            finish(builder)
+            builder, offset = new(), 0
+        offset += 1
+    finish(builder)
+    return built
+
+
+@settings(max_examples=300, deadline=None)
+@given(RECORDS, st.integers(80, 3000), st.booleans(),
+       st.none() | st.tuples(st.integers(0, 1 << 40), st.integers(0, 1000), st.integers(0, 1 << 30)),
+       st.booleans())
+def test_column_batches_are_the_batches_aiokafka_builds(records: list[tuple[bytes, bytes, int]], batch_size: int,
+                                                        transactional: bool, state: tuple[int, int, int] | None,
+                                                        by_time: bool) -> None:
+    """Byte for byte what aiokafka writes, with the producer's state and the transactional flag in the header: each
+    batch what its Python builder (the reference) makes of the same records, timestamps in any order (a negative
+    delta); and with timestamps in order, the batches its compiled builder of the same size fills, which its
+    producer uses (a record that does not fit starts the next batch; a batch's first record always fits). Where a
+    timestamp is below the batch's first, the compiled builder takes its delta for larger than it is, and may start
+    a new batch one record sooner."""
+    if by_time:
+        records = sorted(records, key=lambda record: record[2])
+    ours, split = [], []
+    done = 0
+    for batch, end in column_batches(Records.of(*zip(*records, strict=True)), batch_size, transactional):
+        assert batch.record_count() == end - done and batch.closed()
+        assert batch.append(timestamp=None, key=b"k", value=b"v") is None  # (it takes no more)
+        split.append(records[done:end])
+        done = end
+        if state is not None:
+            batch._set_producer_state(*state)
+        size = batch.size()
+        ours.append(bytes(batch._build()))
+        assert len(ours[-1]) == size
+    assert done == len(records)
+    assert ours == [_aiokafka_batches(part, 1 << 30, transactional, state, compiled=False)[0] for part in split]
+    if by_time:
+        assert ours == _aiokafka_batches(records, batch_size, transactional, state, compiled=True)
+
+
+def test_records_without_a_timestamp_take_the_clocks() -> None:
+    from aiokafka.record.default_records import DefaultRecordBatch
+
+    before = int(time.time() * 1000)
+    [(batch, _)] = list(column_batches(Records.of([b"a", b"b"], [b"x", b"y"], [-1, 7]), 1 << 20, False))
+    after = int(time.time() * 1000)
+    stamps = [record.timestamp for record in DefaultRecordBatch(bytes(batch._build()))]
+    assert before <= stamps[0] <= after and stamps[1] == 7
+
+
+@settings(max_examples=200, deadline=None)
+@given(RECORDS, st.data())
+def test_records_sliced_picked_and_joined_hold_their_records(records: list[tuple[bytes, bytes, int]],
+                                                            data: st.DataObject) -> None:
+    columns = Records.of(*zip(*records, strict=True))
+    assert list(columns) == records
+    start = data.draw(st.integers(0, len(records)))
+    stop = data.draw(st.integers(start, len(records)))
+    assert list(columns[start:stop]) == records[start:stop]
+    picked = sorted(data.draw(st.sets(st.integers(0, len(records) - 1))))
+    assert list(columns.rows(np.array(picked, dtype=np.int64))) == [records[i] for i in picked]
+    assert list(Records.joined([columns[:start], columns[start:]])) == records
+    assert columns.sizes().tolist() == [len(key) + len(value) for key, value, _ in records]
