@@ -99,3 +99,33 @@ def test_records_sliced_picked_and_joined_hold_their_records(records: list[tuple
     assert list(columns.rows(np.array(picked, dtype=np.int64))) == [records[i] for i in picked]
     assert list(Records.joined([columns[:start], columns[start:]])) == records
     assert columns.sizes().tolist() == [len(key) + len(value) for key, value, _ in records]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=10) | st.sampled_from(['"', "\\", "é", "ü\u2028", "r,1"]),
+                          st.floats() | st.sampled_from([0.0, -1e-3, 1.0015, 9.3e15, 1e17])), min_size=1, max_size=8),
+       st.data())
+def test_request_records_are_each_requests_record_keyed_by_its_id_at_its_serve_time(
+        requests: list[tuple[str, float]], data: st.DataObject) -> None:
+    """The request-metrics records of a finalised batch: each request's JSON record (``encoded``), keyed by its id in
+    UTF-8, its timestamp the serve time in milliseconds, or none (the producer's clock) for a time Kafka cannot hold
+    (negative, NaN, past int64 milliseconds); rows picked (the hand-over hold's) keep theirs."""
+    from types import SimpleNamespace as Of
+
+    from stream_eval.engine.engine import FinalisedBatch
+    from stream_eval.stream.delivery import RequestRecords
+
+    states = [Of(request_id=rid, experiment="e", arm="a", query_id=None, session_id=None, ts=ts)
+              for rid, ts in requests]
+    batch = FinalisedBatch(states, (Of(name="RR"),), np.arange(len(states), dtype=np.float64)[:, None])  # type: ignore[arg-type]
+    made = RequestRecords.of(3, batch)
+
+    def stamp(ts: float) -> int | None:
+        ms = ts * 1000.0
+        return int(ms) if 0.0 <= ms < 9.2e18 else None
+
+    expected = [(rid.encode(), value, stamp(ts)) for (rid, ts), value in zip(requests, batch.encoded(), strict=True)]
+    assert made.partition == 3 and made.ids == [rid for rid, _ in requests]
+    assert list(made.records) == expected
+    kept = sorted(data.draw(st.sets(st.integers(0, len(requests) - 1))))
+    assert list(made.rows(kept).records) == [expected[i] for i in kept]
