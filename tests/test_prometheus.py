@@ -609,6 +609,47 @@ def test_periodic_readouts_re_evaluate_the_open_requests_once_open_every_has_pas
     assert _samples(registry)[mrr] == 1.5
 
 
+def test_a_busy_workers_readouts_soon_re_evaluate_the_open_requests_once_settled() -> None:
+    """A readout soon for new work (``refresh_soon(False)``: the start of a backlog, before the worker finds it is
+    behind the broker) leaves the open requests as last evaluated while the worker is busy, as its periodic readouts
+    do, until ``open_every`` has passed; one for a worker not busy (live traffic), or one that has gone idle
+    (``refresh_soon(True)``), re-evaluates them."""
+    now, cpu = [100.0], [0.0]
+    config = Config()
+    engine = Engine(config)
+    RollingWindows(engine, width=10.0)
+    registry = CollectorRegistry()
+    collector = EngineCollector(engine, registry, lock=threading.Lock(), refresh_every=1.0, max_age=1.5,
+                                clock=lambda: now[0], cpu_clock=lambda: cpu[0], open_every=5.0)
+    t0 = 1_767_225_600.0
+    mrr = ("stream_eval_window_sum", (("arm", "x"), ("experiment", "e"), ("metric", "MRR"), ("window", "5m")))
+    served = 0
+
+    def graded(busy: bool) -> None:  # a request served, its first item clicked; a second of work, busy or not
+        nonlocal served
+        engine.process(_events([Ranking(f"r{served}", ["a"], ts=t0 + served, experiment="e", arm="x"),
+                                Feedback(f"r{served}", "a", ts=t0 + served + 0.5)], config))
+        served += 1
+        now[0] += 1.0
+        cpu[0] += 0.9 if busy else 0.05
+
+    graded(busy=False)
+    assert collector.refresh_soon(False) and _samples(registry)[mrr] == 1.0  # the first: no work seen before
+    graded(busy=True)
+    assert collector.refresh_soon(False) and _samples(registry)[mrr] == 1.0  # busy: as last evaluated
+    graded(busy=True)
+    assert collector.refresh_soon(False) and _samples(registry)[mrr] == 1.0
+    graded(busy=False)
+    assert collector.refresh_soon(False) and _samples(registry)[mrr] == 4.0  # not busy: re-evaluated
+    graded(busy=True)
+    assert collector.refresh_soon(True) and _samples(registry)[mrr] == 5.0  # settled, busy or not
+    for _ in range(4):
+        graded(busy=True)
+        assert collector.refresh_soon(False) and _samples(registry)[mrr] == 5.0
+    graded(busy=True)
+    assert collector.refresh_soon(False) and _samples(registry)[mrr] == 10.0  # open_every since the last
+
+
 def test_scrapes_of_one_readout_write_its_families_once_and_read_the_broker_each_time(monkeypatch: Any) -> None:
     """Scrapes between two readouts (Prometheus pairs, dashboards, the demo's view) export the families made for the
     readout again, written once; the broker's health is read at every scrape; the text is prometheus_client's."""

@@ -322,13 +322,16 @@ class EngineCollector(Collector):
         return within == math.inf or self._wanted or (self._scraped - self._scraped_before <= within
                                                       and self.clock() - self._scraped <= within)
 
-    def refresh_soon(self) -> bool:
-        """Between the worker's batches, when it has just started counting or gone idle after new work: a readout
-        now, unless the latest is younger than :data:`_SOON` of ``refresh_every`` (at most four a second; not
-        waited for when the process worked :data:`_BUSY` of that time until now: the end of a backlog shows at
-        once), or than the last readout's own time divided by :data:`_SOON` (these readouts take at most a quarter
-        of the worker's time). True when it took one, or when none is wanted (no scrape within ``watched_for``); False
-        when it is due later."""
+    def refresh_soon(self, settled: bool = True) -> bool:
+        """Between the worker's batches, when it has just started counting, gone idle after new work (``settled``),
+        or taken new work under live traffic: a readout now, unless the latest is younger than :data:`_SOON` of
+        ``refresh_every`` (at most four a second; not waited for when the process worked :data:`_BUSY` of that time
+        until now: the end of a backlog shows at once), or than the last readout's own time divided by :data:`_SOON`
+        (these readouts take at most a quarter of the worker's time). It re-evaluates the live windows' open
+        requests when the worker has settled, or was not busy; a busy worker's new work (the start of a backlog,
+        before the worker finds it is behind) leaves them as :meth:`refresh` does, until ``open_every`` has passed.
+        True when it took one, or when none is wanted (no scrape within ``watched_for``); False when it is due
+        later."""
         if not self.watched:
             return True
         now, cpu, spacing, marks = self.clock(), self.cpu_clock(), self.refresh_every * _SOON, self._marks
@@ -336,7 +339,8 @@ class EngineCollector(Collector):
             marks.popleft()
         busy = bool(marks) and cpu - marks[0][1] >= _BUSY * (now - marks[0][0])
         marks.append((now, cpu))
-        return self._refresh_after(max(0.0 if busy else spacing, self.paced))
+        open_requests = settled or not busy or now - self._open_read >= self.open_every
+        return self._refresh_after(max(0.0 if busy else spacing, self.paced), open_requests=open_requests)
 
     def _refresh_after(self, age: float, always: bool = False, open_requests: bool = True) -> bool:
         readout = self._readout

@@ -445,10 +445,10 @@ class StreamWorker:
         self._fetch_backoff = self.health.backoff()
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
-        #: Called between batches when the worker has just started counting events or has gone idle with changes
-        #: since: ``EngineCollector.refresh_soon`` (a readout sooner than the periodic one; True if it took one or none
-        #: is wanted, False if it is due later).
-        self.readout_soon: Callable[[], bool] | None = None
+        #: Called between batches when the worker has just started counting events, has gone idle with changes since
+        #: (the argument True), or took new work under live traffic: ``EngineCollector.refresh_soon`` (a readout
+        #: sooner than the periodic one; True if it took one or none is wanted, False if it is due later).
+        self.readout_soon: Callable[[bool], bool] | None = None
         #: The claims, commits and releases of the partitions this worker owns (stream/delivery.py).
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
         #: ``transactions`` or ``fenced-log`` once chosen at start (``stream_eval_delivery_info``)
@@ -851,7 +851,7 @@ class StreamWorker:
                     read = (self.events_seen, stage_read)
                     read_pending = False
                     if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle or live):
-                        read_pending = not self.readout_soon()
+                        read_pending = not self.readout_soon(idle)
                         shown = shown if read_pending else read
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
                     # worker that has read all there is commits what it read at once (its outputs, the regroup
