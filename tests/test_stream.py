@@ -529,7 +529,7 @@ def test_under_live_traffic_the_worker_handles_a_batch_a_fetch_wait_and_still_re
     turns: list[tuple[float, int]] = []  # (when, events counted) at each turn of the worker's loop
     readouts: list[float] = []
     worker.between_batches = lambda: turns.append((time.monotonic(), worker.events_seen))
-    worker.readout_soon = lambda: readouts.append(time.monotonic()) is None  # (a readout taken: True)
+    worker.readout_soon = lambda settled: readouts.append(time.monotonic()) is None  # (a readout taken: True)
 
     async def main() -> None:
         running = await _running(worker)

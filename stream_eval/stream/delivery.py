@@ -82,7 +82,8 @@ def timestamps_ms(ts: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     >>> timestamps_ms(np.array([1.0015, -1.0, 1e17, np.nan])).tolist()
     [1001, -1, -1, -1]
     """
-    ms = ts * 1000.0
+    with np.errstate(over="ignore"):  # (a time past float's range: inf, which has no timestamp)
+        ms = ts * 1000.0
     return np.where((ms >= 0.0) & (ms < 9.2e18), ms, -1.0).astype(np.int64)
 
 
