@@ -102,11 +102,11 @@ class FinalisedBatch:
         whole, bounds = text.tobytes(), ends.tolist()
         return [whole[a:b] for a, b in zip([0, *bounds][:-1], bounds, strict=True)]
 
-    def encoded_values(self) -> tuple[npt.NDArray[np.uint8], Ints]:
-        """:meth:`records` as JSON, the bytes of each ``orjson.dumps(record)`` one after the other, and where each
-        ends; made a column at a time, without an object per record: each id column and the values encoded in one
-        ``orjson`` call, cut into pieces and put into a template per record by compiled loops
-        (``engine/compiled.py``)."""
+    def encoded_values(self, end: bytes = b"") -> tuple[npt.NDArray[np.uint8], Ints]:
+        """:meth:`records` as JSON, the bytes of each ``orjson.dumps(record)`` (followed by ``end``: a line feed for
+        JSON lines) one after the other, and where each ends; made a column at a time, without an object per record:
+        each id column and the values encoded in one ``orjson`` call, cut into pieces and put into a template per
+        record by compiled loops (``engine/compiled.py``)."""
         count = len(self.states)
         if count == 0:
             return np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.int64)
@@ -114,9 +114,9 @@ class FinalisedBatch:
         constants = [b'{"' + ID_FIELDS[0].encode() + b'":"']
         constants += [b'","' + name.encode() + b'":"' for name in ID_FIELDS[1:]]
         if names:
-            constants += [b'","metrics":{' + names[0] + b":", *(b"," + name + b":" for name in names[1:]), b"}}"]
+            constants += [b'","metrics":{' + names[0] + b":", *(b"," + name + b":" for name in names[1:]), b"}}" + end]
         else:
-            constants.append(b'","metrics":{}}')
+            constants.append(b'","metrics":{}}' + end)
         texts = [orjson.dumps(column) for column in self.id_columns()]
         if names:  # every value in one call (NaN is null), in C order: request by request
             values = np.ascontiguousarray(self.values, dtype=np.float64).ravel()  # (orjson reads C order only)

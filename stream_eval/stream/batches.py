@@ -38,7 +38,8 @@ _TRANSACTIONAL = 0x10
 _RECORD_OVERHEAD = 21
 
 
-def _ends_of(lengths: Sequence[int] | Ints) -> Ints:
+def ends_of(lengths: Sequence[int] | Ints) -> Ints:
+    """Where each piece ends, pieces of these ``lengths`` laid one after the other."""
     return np.cumsum(np.asarray(lengths, dtype=np.int64), dtype=np.int64)
 
 
@@ -61,8 +62,8 @@ class Records(Sequence[Record]):
     @classmethod
     def of(cls, keys: Sequence[bytes], values: Sequence[bytes], stamps: Sequence[int]) -> Records:
         """Records from one object per key and value."""
-        return cls(np.frombuffer(b"".join(keys), dtype=np.uint8), _ends_of(list(map(len, keys))),
-                   np.frombuffer(b"".join(values), dtype=np.uint8), _ends_of(list(map(len, values))),
+        return cls(np.frombuffer(b"".join(keys), dtype=np.uint8), ends_of(list(map(len, keys))),
+                   np.frombuffer(b"".join(values), dtype=np.uint8), ends_of(list(map(len, values))),
                    np.asarray(stamps, dtype=np.int64))
 
     @classmethod
@@ -199,8 +200,10 @@ def column_batches(records: Records, batch_size: int, transactional: bool) -> It
     first = 0
     while first < total:
         room = min(_HEADER.size + int(after[first]), max(batch_size, _HEADER.size + int(sizes[first])))
-        body = np.empty(room, dtype=np.uint8)
+        buffer = bytearray(room)  # written through a view, then cut to what was written (no copy)
         stop, end, largest = pack_records(records.keys, records.key_ends, records.values, records.value_ends,
-                                          stamps, first, total, body, _HEADER.size, batch_size)
-        yield ColumnBatch(bytearray(body[:end]), stop - first, int(stamps[first]), largest, transactional), stop
+                                          stamps, first, total, np.frombuffer(buffer, dtype=np.uint8), _HEADER.size,
+                                          batch_size)
+        del buffer[end:]
+        yield ColumnBatch(buffer, stop - first, int(stamps[first]), largest, transactional), stop
         first = stop

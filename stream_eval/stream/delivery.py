@@ -38,7 +38,7 @@ from stream_eval.engine.stages import StagePartitions
 from stream_eval.events.scan import MAX_EVENT_BYTES
 from stream_eval.events.schema import Invalid
 from stream_eval.stream.backoff import BrokerHealth
-from stream_eval.stream.batches import Record, Records
+from stream_eval.stream.batches import Record, Records, ends_of
 from stream_eval.stream.logs import CHECKPOINT, Headers, Logs, Sender
 from stream_eval.stream.settings import WorkerSettings
 
@@ -110,8 +110,7 @@ class RequestRecords:
             keys, lengths = b"".join(encoded), list(map(len, encoded))
         values, value_ends = batch.encoded_values()
         served = np.fromiter(map(attrgetter("ts"), states), dtype=np.float64, count=len(states))
-        return cls(partition, ids, Records(np.frombuffer(keys, dtype=np.uint8),
-                                           np.cumsum(np.array(lengths, dtype=np.int64)), values, value_ends,
+        return cls(partition, ids, Records(np.frombuffer(keys, dtype=np.uint8), ends_of(lengths), values, value_ends,
                                            timestamps_ms(served)))
 
     def rows(self, kept: list[int]) -> RequestRecords:

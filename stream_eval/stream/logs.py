@@ -124,8 +124,7 @@ class Sender:
         start = 0
         for stop in [*np.flatnonzero(records.sizes() >= LARGE_RECORD).tolist(), total]:
             if stop > start:
-                run = records if stop - start == total else records[start:stop]
-                done = 0
+                run, done = records[start:stop], 0  # (views of the columns)
                 for batch, end in column_batches(run, BATCH_BYTES, transactional):
                     future = await self.health.call("produce", partial(producer.send_batch, batch, topic,
                                                                        partition=partition))
