@@ -58,6 +58,8 @@ from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
 
 Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+_TS = attrgetter("ts")
 #: Rows of A/B unit contributions per regroup record (~100 KB: far below Kafka's 1 MB default).
 UNIT_ROWS = 1000
 #: Characters of ids (request, experiment, arm, unit) per regroup record of unit contributions: fewer rows when
@@ -386,6 +388,65 @@ class _Part(msgspec.Struct, gc=False):
     satisfied: bool
 
 
+class _WaitingParts:
+    """Session parts received but not added yet, one run per record: its parts in the order of their deadlines
+    (serve time plus the horizon), read from the front as event time passes them. :meth:`due` gives those due in
+    the order of (deadline, offset of their record, row in it), the order in which they are added."""
+
+    __slots__ = ("_runs", "_latest")
+
+    def __init__(self) -> None:
+        # (deadline of the run's next part, offset of its record, that part's place in the run, the run): a heap
+        # (offsets tell every two runs apart); a run is (deadlines in order, the rows they are of, the parts)
+        self._runs: list[tuple[float, int, int, tuple[Floats, Ints, list[_Part]]]] = []
+        self._latest = -math.inf  # no part waits with a later deadline
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def add(self, offset: int, parts: list[_Part], horizon: float) -> None:
+        """The parts of the record at ``offset``, in row order."""
+        if not parts:
+            return
+        deadlines = np.fromiter(map(_TS, parts), dtype=np.float64, count=len(parts)) + horizon
+        rows = np.argsort(deadlines, kind="stable")  # (equal deadlines in row order)
+        deadlines = deadlines[rows]
+        heapq.heappush(self._runs, (float(deadlines[0]), offset, 0, (deadlines, rows, parts)))
+        self._latest = max(self._latest, float(deadlines[-1]))
+
+    def first_offset(self) -> int | None:
+        """The smallest offset of a record with parts waiting."""
+        return min((offset for _, offset, _, _ in self._runs), default=None)
+
+    def due(self, watermark: float) -> tuple[Ints, list[_Part]]:
+        """Take the parts due by ``watermark`` (deadline at most it): their records' offsets and the parts, in
+        the order of (deadline, offset, row)."""
+        runs = self._runs
+        if not runs or runs[0][0] > watermark:
+            return np.empty(0, dtype=np.int64), []
+        taken: list[tuple[int, int, int, tuple[Floats, Ints, list[_Part]]]] = []
+        if self._latest <= watermark:  # all of them (the end of the input, event time far on)
+            taken = [(offset, start, len(run[0]), run) for _, offset, start, run in runs]
+            runs.clear()
+        else:
+            while runs and runs[0][0] <= watermark:
+                _, offset, start, run = heapq.heappop(runs)
+                deadlines = run[0]
+                end = start + int(np.searchsorted(deadlines[start:], watermark, side="right"))
+                taken.append((offset, start, end, run))
+                if end < len(deadlines):
+                    heapq.heappush(runs, (float(deadlines[end]), offset, end, run))
+        counts = [end - start for _, start, end, _ in taken]
+        offsets = np.repeat(np.array([offset for offset, _, _, _ in taken], dtype=np.int64), counts)
+        deadlines = np.concatenate([run[0][start:end] for _, start, end, run in taken])
+        rows = np.concatenate([run[1][start:end] for _, start, end, run in taken])
+        parts: list[_Part] = []
+        for _, start, end, run in taken:
+            parts += map(run[2].__getitem__, run[1][start:end].tolist())
+        order = np.lexsort((rows, offsets, deadlines))
+        return offsets[order], list(map(parts.__getitem__, order.tolist()))
+
+
 class _Held:
     """An input partition's data records the stage holds until a commit or rewind applies them."""
 
@@ -449,8 +510,7 @@ class SessionStage:
         # Session parts received but not added: (deadline, offset, row in its record, _Part). They are added in
         # deadline order once every partition is past their deadline, as one engine finalises them in replay:
         # whether a request starts a new session depends on the order (see Sessions.add).
-        self._waiting: list[tuple[float, int, int, _Part]] = []
-        self._latest = -math.inf  # no part waits with a later deadline
+        self._waiting = _WaitingParts()
         self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
@@ -588,7 +648,8 @@ class SessionStage:
             elif key in buckets:
                 break
             heapq.heappop(needed)
-        first = [offset for _, offset, _, _ in self._waiting]
+        waiting = self._waiting.first_offset()
+        first = [] if waiting is None else [waiting]
         first += [min(offset for _, offset, _ in held.records) for held in self._held.values() if held.records]
         if needed:
             first.append(needed[0][0])
@@ -678,13 +739,7 @@ class SessionStage:
                 engine.ledger.merger.progress(record.stage, record.at)  # type: ignore[union-attr]  # by kind
             return
         if kind is records.SessionParts or kind is records.SessionPart:
-            waiting, horizon, latest = self._waiting, self._horizon, self._latest
-            for row, part in enumerate(_parts_of(record, horizon)):
-                deadline = part.ts + horizon
-                heapq.heappush(waiting, (deadline, offset, row, part))
-                if deadline > latest:
-                    latest = deadline
-            self._latest = latest
+            self._waiting.add(offset, _parts_of(record, self._horizon), self._horizon)
             return
         with self._quiet(at):
             if kind is records.QueryMetrics or kind is records.QueryMetric:
@@ -751,23 +806,14 @@ class SessionStage:
 
     def _add_parts(self, watermark: float) -> None:
         """Add the waiting session parts due by ``watermark`` (all partitions have finalised up to it)."""
-        waiting = self._waiting
-        if not waiting or waiting[0][0] > watermark:
+        offsets, states = self._waiting.due(watermark)
+        if not states:
             return
-        if self._latest <= watermark:  # all of them (the end of the input, event time far on): one sort
-            due = sorted(waiting)  # (the order of the pops: offset and row tell every two parts apart)
-            waiting.clear()
-        else:
-            due = []
-            while waiting and waiting[0][0] <= watermark:
-                due.append(heapq.heappop(waiting))
-        parts = [(offset, part) for _, offset, _, part in due]
         engine = self.engine
-        states = [part for _, _, _, part in due]
         group = engine.groups_of(states)
         relevant = [part.relevant for part in states]
         counts = list(map(len, relevant))
-        rel_req = np.repeat(np.arange(len(parts)), counts)
+        rel_req = np.repeat(np.arange(len(states)), counts)
         rel_pos = np.fromiter(chain.from_iterable(relevant), dtype=np.int64, count=sum(counts))
         satisfied = np.array([part.satisfied for part in states]) if engine.sessions.behaviour else None
         n_shown = np.fromiter(map(attrgetter("n"), states), dtype=np.int64, count=len(states))
@@ -779,7 +825,7 @@ class SessionStage:
         # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts
         # are added in deadline order, which is not the log's order when they come from different partitions).
         open_sessions = engine.sessions.open
-        for offset, part in parts:
+        for offset, part in zip(offsets.tolist(), states, strict=True):
             key = session_key(part)
             session = open_sessions.get(key)
             if session is not None and offset < session.offset:

@@ -1,0 +1,47 @@
+"""The regroup stage's waiting session parts (engine/regroup.py, ``_WaitingParts``): parts come out in the order
+of (deadline, offset of their record, row in it) as event time passes them, as a heap of every part gives them."""
+
+from __future__ import annotations
+
+import heapq
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_eval.engine.regroup import _Part, _WaitingParts
+
+HORIZON = 1800.0
+
+
+def _part(name: str, ts: float) -> _Part:
+    return _Part(name, ts, 0, [], None, [], name, None, "e", "a", [], False)
+
+
+records = st.lists(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0, 7.0, 30.0, float("inf")]), min_size=0, max_size=6),
+                   min_size=1, max_size=8)
+steps = st.lists(st.sampled_from([-1.0, 0.0, 1.0, 2.0, 2.5, 6.9, 7.0, 20.0, 1e9, float("inf")]), min_size=1,
+                 max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records, steps, st.randoms(use_true_random=False))
+def test_parts_come_out_as_a_heap_of_every_part_gives_them(times: list[list[float]], marks: list[float],
+                                                          rng: object) -> None:
+    waiting, heap = _WaitingParts(), []
+    offsets = list(range(100, 100 + 7 * len(times), 7))
+    rng.shuffle(offsets)  # type: ignore[attr-defined]  # (records applied out of offset order, as commits do)
+    for offset, ts_list in zip(offsets, times, strict=True):
+        parts = [_part(f"{offset}-{row}", ts) for row, ts in enumerate(ts_list)]
+        waiting.add(offset, parts, HORIZON)
+        for row, part in enumerate(parts):
+            heapq.heappush(heap, (part.ts + HORIZON, offset, row, part.session_id))
+    for mark in sorted(marks):
+        watermark = mark + HORIZON
+        got_offsets, got = waiting.due(watermark)
+        expected = []
+        while heap and heap[0][0] <= watermark:
+            expected.append(heapq.heappop(heap))
+        assert [part.session_id for part in got] == [name for _, _, _, name in expected]
+        assert got_offsets.tolist() == [offset for _, offset, _, _ in expected]
+        assert waiting.first_offset() == (min(offset for _, offset, _, _ in heap) if heap else None)
+        assert bool(waiting) == bool(heap)
