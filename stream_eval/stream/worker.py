@@ -222,6 +222,18 @@ def _lagging(consumer: Any) -> bool:
     return any((_behind(consumer, tp) or 0) > 0 for tp in consumer.assignment() if tp not in paused)
 
 
+def _settled(idle: bool, behind: bool) -> bool:
+    """Whether a readout taken now shows a settled worker, whose open requests it re-evaluates (``refresh_soon``):
+    one that has gone idle having read all the broker holds. An empty fetch while the broker holds more (``behind``:
+    the middle of a backlog) leaves them as a busy worker's readouts do; every request they have is finalised or
+    re-evaluated a moment later.
+
+    >>> _settled(idle=True, behind=False), _settled(idle=True, behind=True), _settled(idle=False, behind=False)
+    (True, False, False)
+    """
+    return idle and not behind
+
+
 def _fetcher_part(consumer: Any, name: str) -> Any:
     """An attribute of ``consumer``'s aiokafka fetcher (None where this aiokafka or a consumer has none)."""
     return getattr(getattr(consumer, "_fetcher", None), name, None)
@@ -446,8 +458,9 @@ class StreamWorker:
         #: Called between batches, without the lock: ``EngineCollector.refresh`` (the readout /metrics shows).
         self.between_batches: Callable[[], None] | None = None
         #: Called between batches when the worker has just started counting events, has gone idle with changes since
-        #: (the argument True), or took new work under live traffic: ``EngineCollector.refresh_soon`` (a readout
-        #: sooner than the periodic one; True if it took one or none is wanted, False if it is due later).
+        #: (the argument True when it also read all the broker holds: :func:`_settled`), or took new work under live
+        #: traffic: ``EngineCollector.refresh_soon`` (a readout sooner than the periodic one; True if it took one or
+        #: none is wanted, False if it is due later).
         self.readout_soon: Callable[[bool], bool] | None = None
         #: The claims, commits and releases of the partitions this worker owns (stream/delivery.py).
         self.delivery: Delivery = FencedLog(settings, self.partitioned, self.stages, self.lock, self.health)
@@ -851,7 +864,7 @@ class StreamWorker:
                     read = (self.events_seen, stage_read)
                     read_pending = False
                     if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle or live):
-                        read_pending = not self.readout_soon(idle)
+                        read_pending = not self.readout_soon(_settled(idle, behind))
                         shown = shown if read_pending else read
                     # the outputs go with the checkpoints, once no other worker has claimed their partitions; a
                     # worker that has read all there is commits what it read at once (its outputs, the regroup
