@@ -129,3 +129,33 @@ def test_request_records_are_each_requests_record_keyed_by_its_id_at_its_serve_t
     assert list(made.records) == expected
     kept = sorted(data.draw(st.sets(st.integers(0, len(requests) - 1))))
     assert list(made.rows(kept).records) == [expected[i] for i in kept]
+
+
+def test_a_view_that_outlives_the_packing_leaves_the_batches_as_they_are(monkeypatch: Any) -> None:
+    """A view of a batch's buffer still alive after the compiled packing loop returns (numba compiling a new
+    signature in that call can leave its arguments in a reference cycle, which the worker's paused collector keeps)
+    blocks cutting the buffer in place: the batch is then a copy cut to size, the same bytes. Before, the worker
+    stopped with ``BufferError: Existing exports of data`` in a commit."""
+    import gc
+
+    from stream_eval.stream import batches
+
+    kept: list[Any] = []
+    packing = batches.pack_records
+
+    def keeping(*args: Any) -> Any:
+        kept.append(args[7])  # the view of the buffer, alive after the call
+        return packing(*args)
+
+    records = [(b"k%d" % i, b"v" * (i % 50), 1000 + i) for i in range(300)]
+    expected = [bytes(batch._build()) for batch, _ in column_batches(Records.of(*zip(*records, strict=True)), 2000,
+                                                                     False)]
+    monkeypatch.setattr(batches, "pack_records", keeping)
+    gc.disable()
+    try:
+        got = [bytes(batch._build()) for batch, _ in column_batches(Records.of(*zip(*records, strict=True)), 2000,
+                                                                    False)]
+    finally:
+        gc.enable()
+    assert len(kept) == len(expected) > 1
+    assert got == expected

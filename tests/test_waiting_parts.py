@@ -44,4 +44,4 @@ def test_parts_come_out_as_a_heap_of_every_part_gives_them(times: list[list[floa
         assert [part.session_id for part in got] == [name for _, _, _, name in expected]
         assert got_offsets.tolist() == [offset for _, offset, _, _ in expected]
         assert waiting.first_offset() == (min(offset for _, offset, _, _ in heap) if heap else None)
-        assert bool(waiting) == bool(heap)
+        assert bool(waiting) == bool(heap) and len(waiting) == len(heap)

@@ -404,6 +404,10 @@ class _WaitingParts:
     def __bool__(self) -> bool:
         return bool(self._runs)
 
+    def __len__(self) -> int:
+        """The parts waiting."""
+        return sum(len(run[0]) - start for _, _, start, run in self._runs)
+
     def add(self, offset: int, parts: list[_Part], horizon: float) -> None:
         """The parts of the record at ``offset``, in row order."""
         if not parts:

@@ -200,10 +200,14 @@ def column_batches(records: Records, batch_size: int, transactional: bool) -> It
     first = 0
     while first < total:
         room = min(_HEADER.size + int(after[first]), max(batch_size, _HEADER.size + int(sizes[first])))
-        buffer = bytearray(room)  # written through a view, then cut to what was written (no copy)
+        buffer = bytearray(room)  # written through a view, then cut to what was written
+        view = np.frombuffer(buffer, dtype=np.uint8)
         stop, end, largest = pack_records(records.keys, records.key_ends, records.values, records.value_ends,
-                                          stamps, first, total, np.frombuffer(buffer, dtype=np.uint8), _HEADER.size,
-                                          batch_size)
-        del buffer[end:]
+                                          stamps, first, total, view, _HEADER.size, batch_size)
+        del view
+        try:
+            del buffer[end:]  # (no copy)
+        except BufferError:  # a view outlived the call (numba compiling in this call can leave it in a reference
+            buffer = buffer[:end]  # cycle, which the worker's paused collector keeps): a copy instead
         yield ColumnBatch(buffer, stop - first, int(stamps[first]), largest, transactional), stop
         first = stop
