@@ -159,3 +159,21 @@ def test_a_view_that_outlives_the_packing_leaves_the_batches_as_they_are(monkeyp
         gc.enable()
     assert len(kept) == len(expected) > 1
     assert got == expected
+
+
+def test_the_packing_loop_warmed_up_is_the_one_every_commit_calls() -> None:
+    """After the worker's warm-up, packing records read from one buffer, joined from several parts, sliced or
+    picked compiles nothing more: a commit never waits for numba (and never makes the view the loop writes
+    through outlive the call, as compiling did: the test above). Whether an array is writable is part of a compiled
+    loop's signature, and joined records' arrays are writable where one buffer's are not."""
+    from stream_eval.config import Config
+    from stream_eval.stream import compiled
+    from stream_eval.stream.worker import warm_up
+
+    warm_up(Config())
+    signatures = list(compiled.pack_records.signatures)
+    one = Records.of([b"k1", b"k22"], [b"v1", b""], [5, -1])
+    other = Records.of([b"k3"], [b"value"], [7])
+    for records in (one, Records.joined([one, other]), Records.joined([one, other])[1:], one[:1]):
+        assert [batch.record_count() for batch, _ in column_batches(records, 1 << 20, False)] == [len(records)]
+    assert compiled.pack_records.signatures == signatures

@@ -194,6 +194,11 @@ def column_batches(records: Records, batch_size: int, transactional: bool) -> It
     stamps = records.stamps
     if (stamps < 0).any():
         stamps = np.where(stamps < 0, int(time.time() * 1000), stamps)
+    # (read-only views: numba compiles a loop once per signature, and whether an array is writable is part of it;
+    # records joined from parts and records read from one buffer would otherwise each compile one, in a commit)
+    keys, key_ends, values, value_ends = (_read_only(records.keys), _read_only(records.key_ends),
+                                          _read_only(records.values), _read_only(records.value_ends))
+    stamps = _read_only(stamps)
     sizes = records.sizes() + _RECORD_OVERHEAD
     after = np.cumsum(sizes[::-1])[::-1]  # the bytes of each record and those after it, at most
     total = len(records)
@@ -202,8 +207,8 @@ def column_batches(records: Records, batch_size: int, transactional: bool) -> It
         room = min(_HEADER.size + int(after[first]), max(batch_size, _HEADER.size + int(sizes[first])))
         buffer = bytearray(room)  # written through a view, then cut to what was written
         view = np.frombuffer(buffer, dtype=np.uint8)
-        stop, end, largest = pack_records(records.keys, records.key_ends, records.values, records.value_ends,
-                                          stamps, first, total, view, _HEADER.size, batch_size)
+        stop, end, largest = pack_records(keys, key_ends, values, value_ends, stamps, first, total, view,
+                                          _HEADER.size, batch_size)
         del view
         try:
             del buffer[end:]  # (no copy)
@@ -211,3 +216,10 @@ def column_batches(records: Records, batch_size: int, transactional: bool) -> It
             buffer = buffer[:end]  # cycle, which the worker's paused collector keeps): a copy instead
         yield ColumnBatch(buffer, stop - first, int(stamps[first]), largest, transactional), stop
         first = stop
+
+
+def _read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view of ``array``."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
