@@ -27,12 +27,12 @@ steps = st.lists(st.sampled_from([-1.0, 0.0, 1.0, 2.0, 2.5, 6.9, 7.0, 20.0, 1e9,
 @given(records, steps, st.randoms(use_true_random=False))
 def test_parts_come_out_as_a_heap_of_every_part_gives_them(times: list[list[float]], marks: list[float],
                                                           rng: object) -> None:
-    waiting, heap = _WaitingParts(), []
+    waiting, heap = _WaitingParts(HORIZON), []
     offsets = list(range(100, 100 + 7 * len(times), 7))
     rng.shuffle(offsets)  # type: ignore[attr-defined]  # (records applied out of offset order, as commits do)
     for offset, ts_list in zip(offsets, times, strict=True):
         parts = [_part(f"{offset}-{row}", ts) for row, ts in enumerate(ts_list)]
-        waiting.add(offset, parts, HORIZON)
+        waiting.add(offset, parts)
         for row, part in enumerate(parts):
             heapq.heappush(heap, (part.ts + HORIZON, offset, row, part.session_id))
     for mark in sorted(marks):

@@ -390,33 +390,32 @@ class _Part(msgspec.Struct, gc=False):
 
 class _WaitingParts:
     """Session parts received but not added yet, one run per record: its parts in the order of their deadlines
-    (serve time plus the horizon), read from the front as event time passes them. :meth:`due` gives those due in
+    (serve time plus ``horizon``), read from the front as event time passes them. :meth:`due` gives those due in
     the order of (deadline, offset of their record, row in it), the order in which they are added."""
 
-    __slots__ = ("_runs", "_latest")
+    __slots__ = ("_runs", "_horizon")
 
-    def __init__(self) -> None:
+    def __init__(self, horizon: float) -> None:
         # (deadline of the run's next part, offset of its record, that part's place in the run, the run): a heap
-        # (offsets tell every two runs apart); a run is (deadlines in order, the rows they are of, the parts)
-        self._runs: list[tuple[float, int, int, tuple[Floats, Ints, list[_Part]]]] = []
-        self._latest = -math.inf  # no part waits with a later deadline
+        # (offsets tell every two runs apart); a run is (deadlines in order, the parts in that order)
+        self._runs: list[tuple[float, int, int, tuple[Floats, list[_Part]]]] = []
+        self._horizon = horizon
 
     def __bool__(self) -> bool:
         return bool(self._runs)
 
     def __len__(self) -> int:
         """The parts waiting."""
-        return sum(len(run[0]) - start for _, _, start, run in self._runs)
+        return sum(len(run[1]) - start for _, _, start, run in self._runs)
 
-    def add(self, offset: int, parts: list[_Part], horizon: float) -> None:
+    def add(self, offset: int, parts: list[_Part]) -> None:
         """The parts of the record at ``offset``, in row order."""
         if not parts:
             return
-        deadlines = np.fromiter(map(_TS, parts), dtype=np.float64, count=len(parts)) + horizon
+        deadlines = np.fromiter(map(_TS, parts), dtype=np.float64, count=len(parts)) + self._horizon
         rows = np.argsort(deadlines, kind="stable")  # (equal deadlines in row order)
-        deadlines = deadlines[rows]
-        heapq.heappush(self._runs, (float(deadlines[0]), offset, 0, (deadlines, rows, parts)))
-        self._latest = max(self._latest, float(deadlines[-1]))
+        run = (deadlines[rows], list(map(parts.__getitem__, rows.tolist())))
+        heapq.heappush(self._runs, (float(run[0][0]), offset, 0, run))
 
     def first_offset(self) -> int | None:
         """The smallest offset of a record with parts waiting."""
@@ -426,28 +425,22 @@ class _WaitingParts:
         """Take the parts due by ``watermark`` (deadline at most it): their records' offsets and the parts, in
         the order of (deadline, offset, row)."""
         runs = self._runs
-        if not runs or runs[0][0] > watermark:
+        taken: list[tuple[int, int, int, tuple[Floats, list[_Part]]]] = []  # (offset, start, end, run)
+        while runs and runs[0][0] <= watermark:
+            _, offset, start, run = heapq.heappop(runs)
+            deadlines = run[0]
+            end = start + int(np.searchsorted(deadlines[start:], watermark, side="right"))
+            taken.append((offset, start, end, run))
+            if end < len(deadlines):
+                heapq.heappush(runs, (float(deadlines[end]), offset, end, run))
+        if not taken:
             return np.empty(0, dtype=np.int64), []
-        taken: list[tuple[int, int, int, tuple[Floats, Ints, list[_Part]]]] = []
-        if self._latest <= watermark:  # all of them (the end of the input, event time far on)
-            taken = [(offset, start, len(run[0]), run) for _, offset, start, run in runs]
-            runs.clear()
-        else:
-            while runs and runs[0][0] <= watermark:
-                _, offset, start, run = heapq.heappop(runs)
-                deadlines = run[0]
-                end = start + int(np.searchsorted(deadlines[start:], watermark, side="right"))
-                taken.append((offset, start, end, run))
-                if end < len(deadlines):
-                    heapq.heappush(runs, (float(deadlines[end]), offset, end, run))
-        counts = [end - start for _, start, end, _ in taken]
-        offsets = np.repeat(np.array([offset for offset, _, _, _ in taken], dtype=np.int64), counts)
+        offsets = np.repeat(np.array([offset for offset, _, _, _ in taken], dtype=np.int64),
+                            [end - start for _, start, end, _ in taken])
         deadlines = np.concatenate([run[0][start:end] for _, start, end, run in taken])
-        rows = np.concatenate([run[1][start:end] for _, start, end, run in taken])
-        parts: list[_Part] = []
-        for _, start, end, run in taken:
-            parts += map(run[2].__getitem__, run[1][start:end].tolist())
-        order = np.lexsort((rows, offsets, deadlines))
+        parts = [part for _, start, end, run in taken for part in run[1][start:end]]
+        # (stable: a record's parts of one deadline stay in row order, as its run holds them)
+        order = np.lexsort((offsets, deadlines))
         return offsets[order], list(map(parts.__getitem__, order.tolist()))
 
 
@@ -511,11 +504,11 @@ class SessionStage:
         self.muted_until = -1
         # (offset, "s"|"q", session id | bucket) of records whose session or bucket may still be open: a heap
         self._needed: list[tuple[int, str, Any]] = []
-        # Session parts received but not added: (deadline, offset, row in its record, _Part). They are added in
-        # deadline order once every partition is past their deadline, as one engine finalises them in replay:
-        # whether a request starts a new session depends on the order (see Sessions.add).
-        self._waiting = _WaitingParts()
+        # Session parts received but not added. They are added in deadline order once every partition is past
+        # their deadline, as one engine finalises them in replay: whether a request starts a new session depends on
+        # the order (see Sessions.add).
         self._horizon = engine.config.attribution_window + engine.config.allowed_lateness
+        self._waiting = _WaitingParts(self._horizon)
         # The partitions' watermarks after each watermark record: a checkpoint stores them as they were just
         # before its ``start``, so that a rebuild from there closes sessions exactly where they closed.
         self._history: deque[tuple[int, tuple[float, ...]]] = deque()
@@ -743,7 +736,7 @@ class SessionStage:
                 engine.ledger.merger.progress(record.stage, record.at)  # type: ignore[union-attr]  # by kind
             return
         if kind is records.SessionParts or kind is records.SessionPart:
-            self._waiting.add(offset, _parts_of(record, self._horizon), self._horizon)
+            self._waiting.add(offset, _parts_of(record, self._horizon))
             return
         with self._quiet(at):
             if kind is records.QueryMetrics or kind is records.QueryMetric:

@@ -196,9 +196,8 @@ def column_batches(records: Records, batch_size: int, transactional: bool) -> It
         stamps = np.where(stamps < 0, int(time.time() * 1000), stamps)
     # (read-only views: numba compiles a loop once per signature, and whether an array is writable is part of it;
     # records joined from parts and records read from one buffer would otherwise each compile one, in a commit)
-    keys, key_ends, values, value_ends = (_read_only(records.keys), _read_only(records.key_ends),
-                                          _read_only(records.values), _read_only(records.value_ends))
-    stamps = _read_only(stamps)
+    keys, key_ends, values, value_ends, stamps = (_read_only(column) for column in (
+        records.keys, records.key_ends, records.values, records.value_ends, stamps))
     sizes = records.sizes() + _RECORD_OVERHEAD
     after = np.cumsum(sizes[::-1])[::-1]  # the bytes of each record and those after it, at most
     total = len(records)
