@@ -127,6 +127,25 @@ def test_the_pre_period_check_says_when_no_unit_had_pre_period_data(tmp_path: Pa
     assert check(True).endswith(" ok") and "no pre-period data" not in check(True)
 
 
+def test_units_entering_one_shard_together_each_get_their_own_covariate(tmp_path: Path) -> None:
+    """Several units of one shard entering in the same release (rows set together, by entry): each unit's
+    covariate is its own, from the stream's pre-period and from a warehouse table alike."""
+    shard = shard_of("u1")
+    units = [u for u in (f"u{k}" for k in range(1, 2000)) if shard_of(u) == shard][:5]
+    assert len(units) == 5
+    events = []
+    for k, unit in enumerate(units):  # unit k: k + 1 pre-period requests, the first k of them clicked
+        events += [e for j in range(k + 1) for e in _request(f"p{k}-{j}", T0 + 600 + 10 * k + j, unit, j < k)]
+        events += _request(f"e{k}", T0 + 3600 + k, unit, True, "exp", "ab"[k % 2])
+    engine = _replay(tmp_path, events, _cuped())
+    assert [_covariate(engine, "exp", unit, "MRR") for unit in units] == [(float(k), k + 1.0) for k in range(5)]
+    table = tmp_path / "pre.parquet"
+    pq.write_table(pa.table({"unit": units, "metric": ["MRR"] * 5, "value": [0.1, 0.2, 0.3, 0.4, 0.5]}), table)
+    engine = _replay(tmp_path, events, _cuped(cuped_table=str(table)))
+    assert [_covariate(engine, "exp", unit, "MRR") for unit in units] == [(0.1, 1.0), (0.2, 1.0), (0.3, 1.0),
+                                                                          (0.4, 1.0), (0.5, 1.0)]
+
+
 def test_the_covariate_comes_from_a_warehouse_table_when_one_is_named(tmp_path: Path) -> None:
     """``cuped_table``: a Parquet file of (unit, metric, value); a listed value is one pre-period observation, a
     unit or metric not listed has none; the stream's pre-period is not used then."""
