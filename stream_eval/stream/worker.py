@@ -237,10 +237,11 @@ def _settled(idle: bool, behind: bool) -> bool:
 def _input_wait(stage_records: int, read_pending: bool, caught_up: bool) -> int:
     """Milliseconds the loop's next input fetch may wait for records when none are at hand.
 
-    None while the stage has records to apply (its consumer fetches the next ones meanwhile), nor right after work
-    that left the worker with all the broker holds (``caught_up``): it is idle at once, and its caught-up commit
-    (with the regroup records other workers' stage partitions wait for) and its readout go out now, not after a
-    wait for input that is not on its way. 20 ms when a readout was refused for coming too soon, else 100 ms.
+    None while the stage has records to apply (its consumer fetches the next ones meanwhile), nor right after the
+    work that took the worker to the end of a backlog, once it has read all the broker holds (``caught_up``): it is
+    idle at once, and its caught-up commit (with the regroup records other workers' stage partitions wait for) and
+    its readout go out now, not after a wait for input that is not on its way. Under live traffic it waits as
+    before, so its commits stay as frequent. 20 ms when a readout was refused for coming too soon, else 100 ms.
 
     >>> [_input_wait(0, False, False), _input_wait(0, True, False), _input_wait(5, True, False),
     ...  _input_wait(0, True, True)]
@@ -848,14 +849,14 @@ class StreamWorker:
         shown = (0, 0)  # input messages and regroup records read at the last readout taken soon
         behind_since = math.inf  # since when the input consumer has been behind the broker (inf: it is not)
         read_pending = False  # a readout soon was due and refused (the latest was too recent)
-        worked = False  # the last batch or stage fetch brought records
+        in_backlog = False  # behind the broker for _BACKLOG_AFTER, and not idle since
         fetcher_log = FetcherLog.installed()
         fetcher_log.seen.append(self.out_of_range)
         fetcher_log.healths.append(self.health)
         try:
             while not stop.is_set():
                 batch = await self._next_input(_input_wait(stage_records, read_pending,
-                                                           worked and not _lagging(self._consumer)))
+                                                           in_backlog and not _lagging(self._consumer)))
                 async with self._busy:
                     await self._handle(batch)
                     if self.out_of_range:
@@ -873,10 +874,10 @@ class StreamWorker:
                     # (the end of a backlog, a quiet stream), and after new work under live traffic (not behind the
                     # broker for _BACKLOG_AFTER): /metrics then shows the state within a poll
                     idle = not batch and not stage_records
-                    worked = not idle
                     now, behind = time.monotonic(), _lagging(self._consumer)
                     behind_since = min(behind_since, now) if behind else math.inf
                     live = now - behind_since < _BACKLOG_AFTER
+                    in_backlog = (in_backlog or not live) and not idle
                     read = (self.events_seen, stage_read)
                     read_pending = False
                     if self.readout_soon is not None and read != shown and (shown[0] == 0 or idle or live):
