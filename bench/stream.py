@@ -600,7 +600,7 @@ class StreamBench:
         cpu, wall = passes["cpu"][0], passes["wall"][0]
         events = self.results["data"]["events"]
         return {"cpu": cpu, "wall": wall, "per_cpu": events / cpu, "rate": events / wall, "passes": passes,
-                "per_cpu_later": events / statistics.median(passes["cpu"][1:] or passes["cpu"])}
+                "per_cpu_later": events / statistics.median(passes["cpu"][1:])}
 
     def run_child(self, kind: str, prefix: str, group: str, total: int) -> dict[str, Any]:
         proc = subprocess.run(child_cmd(kind, self.bootstrap, prefix, group, total), capture_output=True,

@@ -847,6 +847,7 @@ class StreamWorker:
         committed = 0  # input messages read at the last checkpoint
         stage_records = stage_read = 0  # regroup records: of the last fetch, all read
         shown = (0, 0)  # input messages and regroup records read at the last readout taken soon
+        behind = False  # the input consumer was behind the broker at the end of the last iteration
         behind_since = math.inf  # since when the input consumer has been behind the broker (inf: it is not)
         read_pending = False  # a readout soon was due and refused (the latest was too recent)
         in_backlog = False  # behind the broker for _BACKLOG_AFTER, and not idle since
@@ -855,8 +856,7 @@ class StreamWorker:
         fetcher_log.healths.append(self.health)
         try:
             while not stop.is_set():
-                batch = await self._next_input(_input_wait(stage_records, read_pending,
-                                                           in_backlog and not _lagging(self._consumer)))
+                batch = await self._next_input(_input_wait(stage_records, read_pending, in_backlog and not behind))
                 async with self._busy:
                     await self._handle(batch)
                     if self.out_of_range:
