@@ -49,7 +49,7 @@ import zlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b as _blake2b
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -90,6 +90,8 @@ LookListener = Callable[[float], None]
 #: The A/B units of an experiment are kept in this many shards, by a hash of the unit id (:func:`shard_of`):
 #: the partitions of the streaming regroup stage each hold some of them (at most this many partitions).
 SHARDS = 64
+#: A hashable key (:func:`distinct_keys`).
+K = TypeVar("K")
 _crc32 = zlib.crc32  # (a local name: called once per unit)
 
 
@@ -118,7 +120,7 @@ def shards_of(keys: Sequence[str]) -> Ints:
     >>> shards_of(["user-1", "user-2", "user-1"]).tolist()
     [20, 46, 20]
     """
-    distinct, at = _distinct(keys)
+    distinct, at = distinct_keys(keys)
     shards = np.fromiter((_crc32(key.encode("utf-8", "surrogatepass")) for key in distinct), dtype=np.int64,
                          count=len(distinct)) % SHARDS
     return shards[at]
@@ -131,7 +133,7 @@ def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
     >>> [a.tolist() for a in unit_keys(["user-1", "user-2", "user-1"])]
     [[20, 46, 20], [9863422088627006618, 14441893227659663174, 9863422088627006618]]
     """
-    distinct, at = _distinct(units)
+    distinct, at = distinct_keys(units)
     encoded = [unit.encode("utf-8", "surrogatepass") for unit in distinct]
     shards = np.fromiter(map(_crc32, encoded), dtype=np.int64, count=len(encoded)) % SHARDS
     hashes = np.fromiter((int.from_bytes(_blake2b(data, digest_size=8).digest(), "little") for data in encoded),
@@ -139,8 +141,13 @@ def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
     return shards[at], hashes[at]
 
 
-def _distinct(keys: Sequence[str]) -> tuple[Sequence[str], Ints]:
-    """``keys`` without repeats, in order of first appearance, and where each key is among them."""
+def distinct_keys(keys: Sequence[K]) -> tuple[Sequence[K], Ints]:
+    """``keys`` (hashable) without repeats, in order of first appearance, and where each key is among them.
+
+    >>> distinct, at = distinct_keys(["b", "a", "b"])
+    >>> list(distinct), at.tolist()
+    (['b', 'a'], [0, 1, 0])
+    """
     index = dict.fromkeys(keys, 0)
     if len(index) == len(keys):
         return keys, np.arange(len(keys))
@@ -1184,7 +1191,7 @@ class UnitLedger:
         group = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=count) * SHARDS + shards
         order = np.argsort(group, kind="stable")
         group = group[order]
-        arm_names, arm_of = _distinct(ready.arms[start:end])
+        arm_names, arm_of = distinct_keys(ready.arms[start:end])
         bounds = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), count]
         positive = (ready.n[start:end] > 0).astype(np.float64)  # (the requests with a value, per column)
         arms_with: dict[int, list[int]] = {}  # each experiment's arms here (codes into arm_names)

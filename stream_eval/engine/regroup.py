@@ -51,9 +51,9 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
-from stream_eval.engine.ab import ShardLook, look_from_json, shard_of, shards_of
+from stream_eval.engine.ab import ShardLook, distinct_keys, look_from_json, shard_of, shards_of
 from stream_eval.engine.segment_ab import SegmentLook
-from stream_eval.engine.sessions import Impressions, session_key, unit_of
+from stream_eval.engine.sessions import Impressions, unit_of
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
 
@@ -105,6 +105,7 @@ if TYPE_CHECKING:
     from stream_eval.events.schema import CompactRanking
 
 _SESSION_ID, _TS, _QUERY_ID = attrgetter("session_id"), attrgetter("ts"), attrgetter("query_id")
+_UNIT_SESSION = attrgetter("unit_id", "session_id")  # (a _Part's unit is its ``unit_id``)
 
 
 class RegroupSink:
@@ -821,9 +822,14 @@ class SessionStage:
         engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
         # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts
         # are added in deadline order, which is not the log's order when they come from different partitions).
+        # Per session of these parts (unit and session id: a part's unit is ``unit_of`` it), the smallest offset.
+        sessions, at = distinct_keys(list(map(_UNIT_SESSION, states)))
+        first = np.full(len(sessions), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, at, offsets)
+        shards = shards_of([sid if unit is None else unit for unit, sid in sessions]).tolist()
         open_sessions = engine.sessions.open
-        for offset, part in zip(offsets.tolist(), states, strict=True):
-            key = session_key(part)
+        for (_, sid), shard, offset in zip(sessions, shards, first.tolist(), strict=True):
+            key = (shard, sid)  # (session_key of the parts)
             session = open_sessions.get(key)
             if session is not None and offset < session.offset:
                 session.offset = offset
