@@ -91,7 +91,7 @@ LookListener = Callable[[float], None]
 #: the partitions of the streaming regroup stage each hold some of them (at most this many partitions).
 SHARDS = 64
 #: A hashable key (:func:`distinct_keys`).
-K = TypeVar("K")
+_Key = TypeVar("_Key")
 _crc32 = zlib.crc32  # (a local name: called once per unit)
 
 
@@ -141,7 +141,7 @@ def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
     return shards[at], hashes[at]
 
 
-def distinct_keys(keys: Sequence[K]) -> tuple[Sequence[K], Ints]:
+def distinct_keys(keys: Sequence[_Key]) -> tuple[Sequence[_Key], Ints]:
     """``keys`` (hashable) without repeats, in order of first appearance, and where each key is among them.
 
     >>> distinct, at = distinct_keys(["b", "a", "b"])

@@ -158,10 +158,6 @@ class Requests:
             picked, rids = _firsts_of_chunk(offsets, events, join)
         else:
             picked, rids = _firsts(list(zip(offsets, events, strict=True)), join)
-        if len(set(rids)) == len(rids):  # (most batches: no request twice)
-            self.offsets.extend(picked)
-            self.ids.extend(rids)
-            return
         new: set[str] = set()
         for offset, rid in zip(picked, rids, strict=True):
             if rid not in new:

@@ -53,7 +53,7 @@ import numpy.typing as npt
 from stream_eval.engine import records
 from stream_eval.engine.ab import ShardLook, distinct_keys, look_from_json, shard_of, shards_of
 from stream_eval.engine.segment_ab import SegmentLook
-from stream_eval.engine.sessions import Impressions, unit_of
+from stream_eval.engine.sessions import Impressions, session_keys, unit_of
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
 
@@ -826,10 +826,8 @@ class SessionStage:
         sessions, at = distinct_keys(list(map(_UNIT_SESSION, states)))
         first = np.full(len(sessions), np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(first, at, offsets)
-        shards = shards_of([sid if unit is None else unit for unit, sid in sessions]).tolist()
         open_sessions = engine.sessions.open
-        for (_, sid), shard, offset in zip(sessions, shards, first.tolist(), strict=True):
-            key = (shard, sid)  # (session_key of the parts)
+        for key, offset in zip(session_keys(sessions), first.tolist(), strict=True):
             session = open_sessions.get(key)
             if session is not None and offset < session.offset:
                 session.offset = offset

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.config import Config
-from stream_eval.engine.ab import SHARDS, shard_of
+from stream_eval.engine.ab import SHARDS, shard_of, shards_of
 from stream_eval.engine.compiled import grouped_session_auc
 from stream_eval.events.join import DueBySecond
 from stream_eval.events.scan import json_numbers
@@ -159,6 +159,17 @@ def session_key(state: Any) -> SessionKey:
     unit = unit_of(state)
     sid: str = state.session_id
     return shard_of(sid if unit is None else unit), sid
+
+
+def session_keys(sessions: Sequence[tuple[str | None, str]]) -> list[SessionKey]:
+    """:func:`session_key` of sessions given as (``unit_of`` a request of it, its session id), each shard computed
+    once (:func:`~stream_eval.engine.ab.shards_of`).
+
+    >>> session_keys([("user-1", "s1"), (None, "s2")]) == [(shard_of("user-1"), "s1"), (shard_of("s2"), "s2")]
+    True
+    """
+    shards = shards_of([sid if unit is None else unit for unit, sid in sessions]).tolist()
+    return [(shard, sid) for shard, (_, sid) in zip(shards, sessions, strict=True)]
 
 
 def unit_of(state: Any) -> str | None:
