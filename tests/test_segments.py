@@ -26,13 +26,16 @@ from stream_eval.config import ConfigError, load_config
 from stream_eval.engine import shares
 from stream_eval.engine.ab import UnitLedger, shard_of
 from stream_eval.engine.engine import Engine
+from stream_eval.engine.labels import MISSING
 from stream_eval.engine.partitions import PartitionedEngine
 from stream_eval.engine.replay import replay
+from stream_eval.engine.segment_ab import SegmentRule, ShardUnits, segment_looks
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.messages import decode_messages
 from stream_eval.events.schema import Feedback, Invalid, Ranking, decode_chunk
 from stream_eval.simulate import SimulationConfig, simulate_lines
 from stream_eval.stats import ArmSums, compare, difference
+from stream_eval.stats.ratio import unit_terms
 
 PLATFORMS = ("ios", "android", "web")
 LOCALES = ("en-US", "de-DE", "fr-FR", "ja-JP", "pt-BR")
@@ -585,3 +588,54 @@ def test_segment_rows_are_the_same_however_the_shards_are_spread_and_fed(data: s
         ledger.release(math.inf)
     assert repr(merger.segment_results()) == repr(one.segment_results())  # (NaN: compared as text)
     assert repr(merger.results()) == repr(one.merger.results())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_segment_looks_of_shards_taken_together_are_each_shard_s_own(data: st.DataObject) -> None:
+    """``segment_looks`` sums the units of every shard of a look boundary at once: each shard's looks are bit for
+    bit those of the shard alone, and each (value, arm) holds the sum of its units' terms (to rounding: numpy
+    associates the adds of a group its own way, the same for the same units in the same order), its unit count, and
+    zeros where it has no unit. Shards with and without a pre-period, of different
+    arms and value tables (some without ``__missing__``, some units unset), and empty ones, are mixed."""
+    rule = SegmentRule(("platform", "locale"), {}, cap=4, shown=20)
+    width = data.draw(st.integers(1, 3))
+    shards = []
+    for s in range(data.draw(st.integers(1, 6))):
+        size = data.draw(st.integers(0, 30))
+        arms = ["c", "t1", "t2"][: data.draw(st.integers(1, 3))]
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        tables = []
+        codes = np.empty((size, 2), dtype=np.int16)
+        for f, values in enumerate((PLATFORMS, (*LOCALES, MISSING))):
+            table = {v: i for i, v in enumerate(values[: data.draw(st.integers(1, len(values)))])}
+            tables.append(table)
+            codes[:, f] = rng.integers(-1, len(table), size)  # (-1: unset)
+        n = rng.integers(0, 3, (size, width)).astype(np.float64)
+        pre = data.draw(st.booleans())
+        shards.append(ShardUnits("e", s, arms, rng.integers(0, len(arms), size).astype(np.int16), codes, tables,
+                                 rng.random((size, width)) * n, n, rng.random((size, width)) if pre else None,
+                                 rng.integers(0, 2, (size, width)).astype(np.float64) if pre else None))
+    together = segment_looks(rule, shards)
+    alone = [look for shard in shards for look in segment_looks(rule, [shard])]
+    assert len(together) == len(alone) == 2 * sum(1 for s in shards if len(s.unit_arm))
+    for a, b in zip(together, alone, strict=True):
+        assert (a.experiment, a.shard, a.field, a.arms, a.values) == (b.experiment, b.shard, b.field, b.arms, b.values)
+        assert a.units.tobytes() == b.units.tobytes() and a.sums.tobytes() == b.sums.tobytes()
+    by_shard = {s.shard: s for s in shards}
+    for look in together:
+        shard = by_shard[look.shard]
+        f = rule.fields.index(look.field)
+        terms = unit_terms(shard.y, shard.n, shard.x, shard.q)
+        table = shard.tables[f]
+        value = [MISSING if c == -1 and MISSING not in table else
+                 list(table)[table.get(MISSING, -1) if c == -1 else c] for c in shard.codes[:, f].tolist()]
+        assert look.values == sorted(set(value), key=[*table, MISSING].index)
+        for v, name in enumerate(look.values):
+            for a in range(len(shard.arms)):
+                mine = [u for u in range(len(value)) if value[u] == name and shard.unit_arm[u] == a]
+                expected = np.zeros(terms.shape[1:])
+                for u in mine:
+                    expected = expected + terms[u]
+                assert look.units[v, a] == len(mine)
+                np.testing.assert_allclose(look.sums[v, a], expected, rtol=1e-12, atol=1e-12)

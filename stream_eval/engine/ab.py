@@ -61,6 +61,7 @@ from stream_eval.engine.segment_ab import (
     SegmentGroup,
     SegmentLook,
     SegmentRule,
+    ShardUnits,
     families_rejected,
     fit_codes,
     segment_groups,
@@ -79,7 +80,6 @@ from stream_eval.stats import (
     difference,
     srm_test,
 )
-from stream_eval.stats.ratio import unit_terms
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -330,13 +330,6 @@ class _Experiment:
         if slots != self.slots.shape[0]:
             self.slots = unit_slots(self.unit_key, self.size, slots)
 
-    def terms(self) -> Floats:
-        """Each unit's :func:`~stream_eval.stats.ratio.unit_terms` (with the pre-period's when CUPED is on): what a
-        look sums per arm, and per segment group."""
-        size = self.size
-        pre = (self.x[:size], self.q[:size]) if self.pre else (None, None)
-        return unit_terms(self.y[:size], self.n[:size], *pre)
-
     def look(self, name: str, shard: int) -> ShardLook:
         """This shard's look (its arms in order of first unit). Each arm's sums are its units' terms summed in unit
         order as they are made (``compiled.arm_sums``): bit for bit :meth:`ArmSums.of_units` of its units."""
@@ -371,13 +364,12 @@ class _Experiment:
         counts = np.bincount(self.unit_arm[: self.size], minlength=len(self.arms))
         return {arm: int(counts[code]) for code, arm in enumerate(self.arms)}
 
-    def segment_looks(self, name: str, shard: int, rule: SegmentRule) -> list[SegmentLook]:
-        """This shard's looks per segment field (its arms in order of first unit)."""
+    def units_of(self, name: str, shard: int) -> ShardUnits:
+        """This shard's units as its segment looks read them (its arms in order of first unit)."""
         size = self.size
-        if not size:
-            return []
-        return segment_looks(name, shard, rule, list(self.arms), self.unit_arm[:size], self.segment[:size],
-                             self.segment_codes, self.terms())
+        return ShardUnits(name, shard, list(self.arms), self.unit_arm[:size], self.segment[:size], self.segment_codes,
+                          self.y[:size], self.n[:size], self.x[:size] if self.pre else None,
+                          self.q[:size] if self.pre else None)
 
 
 #: Seconds of a day: CUPED's pre-period is kept per unit in buckets of a day of event time (of contribution keys).
@@ -1160,14 +1152,12 @@ class UnitLedger:
     def _look(self, boundary: float) -> None:
         """The looks of the shards changed since the last one, at ``boundary``, to the merger."""
         self.open_look = None
-        looks: list[ShardLook | SegmentLook] = []
-        segments: list[ShardLook | SegmentLook] = []  # (at the boundaries only, never live: README "Segment A/B rows")
-        for name, shard in sorted(self._changed):
-            experiment = self.experiments[name][shard]
-            looks.append(experiment.look(name, shard))
-            if self.segments is not None:
-                segments += experiment.segment_looks(name, shard, self.segments)
-        looks += segments
+        changed = sorted(self._changed)
+        looks: list[ShardLook | SegmentLook] = [self.experiments[name][shard].look(name, shard)
+                                                for name, shard in changed]
+        if self.segments is not None:  # (at the boundaries only, never live: README "Segment A/B rows")
+            looks += segment_looks(self.segments, [self.experiments[name][shard].units_of(name, shard)
+                                                   for name, shard in changed])
         self._live_changed -= self._changed  # (looked at: no live look of them is needed)
         self._changed.clear()
         if self.on_shard_look is not None:
@@ -1234,22 +1224,33 @@ class UnitLedger:
         (key, id) order, and each entry's pre-period (the history before it, or the experiment's warehouse table)
         into its unit's row."""
         count = len(tracked)
-        units = ready.units[start : start + count]
-        for k in np.flatnonzero(entry_of >= 0).tolist():
-            experiment, row, name = entered[int(entry_of[k])]
-            table = self.cuped[name][1]
-            if table is not None:
-                x, q = table.lookup([units[k]])
-                experiment.x[row], experiment.q[row] = x[0], q[0]
-                entry_of[k] = -1  # (not from the stream)
+        tables = [self.cuped[name][1] for _, _, name in entered]
+        if any(table is not None for table in tables):
+            units = ready.units[start : start + count]
+            for k in np.flatnonzero(entry_of >= 0).tolist():
+                table = tables[int(entry_of[k])]
+                if table is not None:
+                    experiment, row, _ = entered[int(entry_of[k])]
+                    x, q = table.lookup([units[k]])
+                    experiment.x[row], experiment.q[row] = x[0], q[0]
+                    entry_of[k] = -1  # (not from the stream)
         if self.buckets <= 0:
             return
         days = np.floor(ready.keys[start : start + count] / DAY).astype(np.int64)
         lookbacks = np.zeros(count, dtype=np.int64)
-        for k in np.flatnonzero(entry_of >= 0).tolist():
-            lookbacks[k] = self.cuped[entered[int(entry_of[k])][2]][0]
-        for shard in sorted(set(shards[tracked].tolist())):
-            at = np.flatnonzero(tracked & (shards == shard))
+        entries_here = np.flatnonzero(entry_of >= 0)
+        if len(entries_here):
+            lookback_of = np.array([self.cuped[name][0] for _, _, name in entered], dtype=np.int64)
+            lookbacks[entries_here] = lookback_of[entry_of[entries_here]]
+        # the tracked contributions by shard, each shard's in their order (the sort is stable)
+        picked = np.flatnonzero(tracked)
+        if not len(picked):
+            return
+        picked = picked[np.argsort(shards[picked], kind="stable")]
+        shard_of = shards[picked]
+        bounds = [0, *(np.flatnonzero(shard_of[1:] != shard_of[:-1]) + 1).tolist(), len(picked)]
+        for first, stop in itertools.pairwise(bounds):
+            at, shard = picked[first:stop], int(shard_of[first])
             entries = entry_of[at]
             mine = entries >= 0
             local = np.full(len(at), -1, dtype=np.int64)

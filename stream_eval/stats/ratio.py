@@ -175,22 +175,24 @@ def unit_terms(y: npt.ArrayLike, n: npt.ArrayLike, x: npt.ArrayLike | None = Non
     return np.stack(terms, axis=1)
 
 
-def group_sums(terms: Floats, group: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], Floats]:
+def group_sums(terms: Floats, group: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                                                     Floats]:
     """:func:`unit_terms` (U, Q, K) summed per ``group`` of each unit, the units of a group in their order (one
     ``np.add.reduceat``: the same sums for the same units in the same order, though not always bit for bit those of
-    :meth:`ArmSums.of_units`): the groups present, ascending, and their sums (G, Q, K).
+    :meth:`ArmSums.of_units`): the groups present, ascending, their units, and their sums (G, Q, K).
 
     >>> import numpy as np
-    >>> groups, sums = group_sums(np.arange(8.0).reshape(4, 2, 1), np.array([3, 1, 3, 1]))
-    >>> groups.tolist(), sums[:, :, 0].tolist()
-    ([1, 3], [[8.0, 10.0], [4.0, 6.0]])
+    >>> groups, units, sums = group_sums(np.arange(8.0).reshape(4, 2, 1), np.array([3, 1, 3, 1]))
+    >>> groups.tolist(), units.tolist(), sums[:, :, 0].tolist()
+    ([1, 3], [2, 2], [[8.0, 10.0], [4.0, 6.0]])
     """
     order = np.argsort(group, kind="stable")
     ordered = group[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(order) else order
     if not len(order):
-        return ordered, np.zeros((0, *terms.shape[1:]))
-    return ordered[starts], np.add.reduceat(terms[order], starts, axis=0)
+        return ordered, ordered, np.zeros((0, *terms.shape[1:]))
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    units = np.diff(starts, append=len(order))
+    return ordered[starts], units, np.add.reduceat(terms[order], starts, axis=0)
 
 
 def ratio_mean_variance(s: ArmSums) -> tuple[Floats, Floats]:
