@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from aiokafka.consumer.fetcher import PartitionRecords
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -12,6 +13,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_eval.stream import fetched
 from stream_eval.stream.fetched import JOINED, RAW, Joined, install, lean_options, warm_up
 
 TP = TopicPartition("t", 3)
@@ -180,6 +182,24 @@ def test_a_fetch_the_compiled_loop_does_not_read_goes_aiokafkas_way() -> None:
     broken[-1] ^= 0xFF
     with pytest.raises(CorruptRecordException):
         _drain(bytes(broken), 0, JOINED, None)
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.binary(max_size=300), min_size=1, max_size=20), flip=st.integers(0, 10**6),
+       bit=st.integers(0, 7))
+def test_batch_crcs_are_checked_by_the_cpu_instruction_as_aiokafka_checks_them(values: list[bytes], flip: int,
+                                                                                bit: int) -> None:
+    """The JOINED loop checks each batch's CRC-32C with google-crc32c's compiled library (a dependency; on this
+    machine its C implementation): the verdict of aiokafka's ``validate_crc``, on a batch as built (valid) and on
+    one with a bit flipped anywhere from the CRC on (the CRC itself, or the bytes it covers: invalid)."""
+    assert fetched._crc32c is not None, "google-crc32c without its compiled library: the slower check is used"
+    data = _batch(3, [(None, value, []) for value in values], first_ts=9)
+    broken = bytearray(data)
+    broken[17 + flip % (len(data) - 17)] ^= 1 << bit
+    for buffer, valid in ((data, True), (bytes(broken), False)):
+        batch = MemoryRecords(buffer).next_batch()
+        assert batch.validate_crc() is valid
+        assert fetched._crc_valid(batch, np.frombuffer(buffer, dtype=np.uint8), 0, len(buffer)) is valid
 
 
 def test_the_worker_warms_the_compiled_loop_up() -> None:
