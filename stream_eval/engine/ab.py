@@ -141,6 +141,19 @@ def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
     return shards[at], hashes[at]
 
 
+def grouped(keys: Ints) -> tuple[Ints, list[int]]:
+    """The positions of ``keys`` ordered by key (a stable sort: each key's positions ascending), and the bounds of
+    each key's run among them (from 0 to ``len(keys)``).
+
+    >>> order, bounds = grouped(np.array([5, 2, 5, 2, 7]))
+    >>> order.tolist(), bounds
+    ([1, 3, 0, 2, 4], [0, 2, 4, 5])
+    """
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    return order, [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(keys)]
+
+
 def distinct_keys(keys: Sequence[_Key]) -> tuple[Sequence[_Key], Ints]:
     """``keys`` (hashable) without repeats, in order of first appearance, and where each key is among them.
 
@@ -1179,10 +1192,9 @@ class UnitLedger:
         ordered = sorted(set(names))
         code = {name: i for i, name in enumerate(ordered)}
         group = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=count) * SHARDS + shards
-        order = np.argsort(group, kind="stable")
+        order, bounds = grouped(group)
         group = group[order]
         arm_names, arm_of = distinct_keys(ready.arms[start:end])
-        bounds = [0, *(np.flatnonzero(group[1:] != group[:-1]) + 1).tolist(), count]
         positive = (ready.n[start:end] > 0).astype(np.float64)  # (the requests with a value, per column)
         arms_with: dict[int, list[int]] = {}  # each experiment's arms here (codes into arm_names)
         for pair in np.unique(group // SHARDS * len(arm_names) + arm_of[order]).tolist():
@@ -1242,13 +1254,13 @@ class UnitLedger:
         if len(entries_here):
             lookback_of = np.array([self.cuped[name][0] for _, _, name in entered], dtype=np.int64)
             lookbacks[entries_here] = lookback_of[entry_of[entries_here]]
-        # the tracked contributions by shard, each shard's in their order (the sort is stable)
+        # the tracked contributions by shard, each shard's in their order
         picked = np.flatnonzero(tracked)
         if not len(picked):
             return
-        picked = picked[np.argsort(shards[picked], kind="stable")]
+        order, bounds = grouped(shards[picked])
+        picked = picked[order]
         shard_of = shards[picked]
-        bounds = [0, *(np.flatnonzero(shard_of[1:] != shard_of[:-1]) + 1).tolist(), len(picked)]
         for first, stop in itertools.pairwise(bounds):
             at, shard = picked[first:stop], int(shard_of[first])
             entries = entry_of[at]
