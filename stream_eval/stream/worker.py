@@ -381,7 +381,7 @@ class RepeatFilter(logging.Filter):
 
 def warm_up(config: Config) -> None:
     """Run simulated requests through the path a batch takes (decode, join, finalise, the regroup stage), so
-    that numba loads its compiled loops from the cache now, before the worker joins its group, not while a first
+    that numba loads its compiled loops from the cache now, while the worker's groups form, not while a first
     batch keeps the group waiting (a few seconds)."""
     from stream_eval.simulate import SimulationConfig, simulate_lines
 
@@ -801,10 +801,6 @@ class StreamWorker:
 
         settings = self.settings
         _quiet_client_debug_logs()
-        try:
-            warm_up(self.config)
-        except Exception as error:  # (only a speed-up: a configuration it does not fit must not stop the worker)
-            log.info("warm-up of the compiled loops skipped: %s: %s", type(error).__name__, error)
         await self.health.call("startup", self._prepare_topics)  # waits, with backoff, for a broker to answer
 
         worker = self
@@ -855,6 +851,7 @@ class StreamWorker:
         fetcher_log.seen.append(self.out_of_range)
         fetcher_log.healths.append(self.health)
         try:
+            await self._warm_up()
             while not stop.is_set():
                 batch = await self._next_input(_input_wait(stage_records, read_pending, in_backlog and not behind))
                 async with self._busy:
@@ -911,6 +908,20 @@ class StreamWorker:
             with self.lock:
                 for stage in list(self.stages.held):
                     self.stages.give_up(stage)
+
+    async def _warm_up(self) -> None:
+        """Load the compiled loops (:func:`warm_up`) while the groups form: in a thread, so that the event loop goes
+        on with the joins meanwhile (the broker holds a new group's first join for its initial rebalance delay, 3 s by
+        default; Tansu holds each member's for half its session timeout), and a worker starts its work that much
+        sooner than when it warmed up before joining. A first batch that comes sooner waits for the loops it calls
+        (numba compiles and loads under one lock)."""
+        def run() -> None:
+            try:
+                warm_up(self.config)
+            except Exception as error:  # (only a speed-up: a configuration it does not fit must not stop the worker)
+                log.info("warm-up of the compiled loops skipped: %s: %s", type(error).__name__, error)
+
+        await asyncio.to_thread(run)
 
     async def _choose_delivery(self) -> None:
         """Transactions where the broker runs them (``delivery`` auto or transactions), else the fenced log (whose
