@@ -45,7 +45,9 @@ With ``--baseline DIR`` the workers of another source tree (a git worktree of an
 rounds, their 1 and 2 workers before or after this tree's in turn, so that the two trees' speed-ups are measured
 side by side (on a shared machine, runs an hour apart differ by more than most changes).
 Where the machine's cores went over each run (start of the work to A/B-complete) is reported too: the workers, the
-broker, this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle.
+broker, this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle; and, run
+by run, what that leaves the workers: the cores they used plus the idle ones over the cores one worker used in the
+run next to it, the most they could reach with no core idle at one worker's events per CPU-second (``ceilings``).
 The Markdown report is printed and written to ``bench/out/scale.md`` (``scale-quick.md``, ``scale-<tag>.md``), the
 raw numbers (every poll of every run) to the ``.json`` beside it.
 """
@@ -420,6 +422,18 @@ def speedups(runs: dict[str, list[dict[str, Any]]], point: str, n: int, base: in
     return [b[point]["rate"] / a[point]["rate"] for a, b in zip(runs[str(base)], runs[str(n)], strict=True)]
 
 
+def ceilings(runs: dict[str, list[dict[str, Any]]], n: int) -> list[float]:
+    """Run by run, the cores the ``n`` workers used plus those idle, over the cores one worker used in the run next
+    to it: the speed-up the machine allows them at one worker's events per CPU-second.
+
+    >>> ceilings({"1": [{"cores": {"workers": 0.96, "idle": 0.9}}],
+    ...           "2": [{"cores": {"workers": 1.6, "idle": 0.16}}]}, 2)
+    [1.8333333333333335]
+    """
+    return [(b["cores"]["workers"] + b["cores"]["idle"]) / a["cores"]["workers"]
+            for a, b in zip(runs["1"], runs[str(n)], strict=True) if a["cores"]["workers"] > 0]
+
+
 def stage_first(result: dict[str, Any], values: list[Any]) -> list[Any]:
     """``values`` (one per worker) with the stage's worker first."""
     stage = result["stage_worker"][0] if result["stage_worker"] else 0
@@ -499,6 +513,13 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
                 for name in ("workers", "broker", "poller", "others", "idle")))
         out.append("Cores in use from the start of the work to A/B-complete (median over the runs; /proc/stat and "
                    "/proc/<pid>/stat; \"others\": every other process on the machine): " + "; ".join(parts) + ".")
+        if "1" in runs:
+            bounds = [f"{n} workers {fmt_range(summary(ceilings(runs, n)), f2)}×" for n in args.workers if n != 1]
+            if bounds:
+                out.append("What the machine leaves the workers, run by run: the cores the workers used and those left "
+                           "idle, ÷ the cores one worker used in the run next to it (the most the workers could reach "
+                           "with no core idle and one worker's events per CPU-second; the broker's, the poller's and "
+                           "other processes' cores left out): " + ", ".join(bounds) + ".")
         out.append("")
     late = [r["settled_after_done"] for r in every if r["settled_after_done"] > 0]
     out.append("Every run reached A/B-complete (the replay's units, deltas and GAUC); the stage's series last changed "
