@@ -141,17 +141,17 @@ def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
     return shards[at], hashes[at]
 
 
-def grouped(keys: Ints) -> tuple[Ints, list[int]]:
-    """The positions of ``keys`` ordered by key (a stable sort: each key's positions ascending), and the bounds of
-    each key's run among them (from 0 to ``len(keys)``).
+def grouped(keys: Ints) -> tuple[Ints, Ints, list[int]]:
+    """The positions of ``keys`` ordered by key (a stable sort: each key's positions ascending), the keys in that
+    order, and the bounds of each key's run among them (from 0 to ``len(keys)``).
 
-    >>> order, bounds = grouped(np.array([5, 2, 5, 2, 7]))
-    >>> order.tolist(), bounds
-    ([1, 3, 0, 2, 4], [0, 2, 4, 5])
+    >>> order, ordered, bounds = grouped(np.array([5, 2, 5, 2, 7]))
+    >>> order.tolist(), ordered.tolist(), bounds
+    ([1, 3, 0, 2, 4], [2, 2, 5, 5, 7], [0, 2, 4, 5])
     """
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
-    return order, [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(keys)]
+    return order, ordered, [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(keys)]
 
 
 def distinct_keys(keys: Sequence[_Key]) -> tuple[Sequence[_Key], Ints]:
@@ -1192,8 +1192,7 @@ class UnitLedger:
         ordered = sorted(set(names))
         code = {name: i for i, name in enumerate(ordered)}
         group = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=count) * SHARDS + shards
-        order, bounds = grouped(group)
-        group = group[order]
+        order, group, bounds = grouped(group)
         arm_names, arm_of = distinct_keys(ready.arms[start:end])
         positive = (ready.n[start:end] > 0).astype(np.float64)  # (the requests with a value, per column)
         arms_with: dict[int, list[int]] = {}  # each experiment's arms here (codes into arm_names)
@@ -1258,9 +1257,8 @@ class UnitLedger:
         picked = np.flatnonzero(tracked)
         if not len(picked):
             return
-        order, bounds = grouped(shards[picked])
+        order, shard_of, bounds = grouped(shards[picked])
         picked = picked[order]
-        shard_of = shards[picked]
         for first, stop in itertools.pairwise(bounds):
             at, shard = picked[first:stop], int(shard_of[first])
             entries = entry_of[at]

@@ -191,6 +191,8 @@ def _hardware_crc32c() -> Callable[[Bytes], int] | None:
 
 
 _crc32c = _hardware_crc32c()
+#: Where a record batch's attributes start (after its base offset, length, leader epoch, magic and CRC).
+_ATTRIBUTES = 21
 
 
 def _crc_valid(batch: Any, buf: Bytes, start: int, end: int) -> bool:
@@ -201,8 +203,6 @@ def _crc_valid(batch: Any, buf: Bytes, start: int, end: int) -> bool:
     return _crc32c(buf[start + _ATTRIBUTES : end]) == int(batch.crc)
 
 
-#: Where a record batch's attributes start (after its base offset, length, leader epoch, magic and CRC).
-_ATTRIBUTES = 21
 _installed = False
 
 
