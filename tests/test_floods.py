@@ -27,7 +27,7 @@ from stream_eval.engine.ab import SHARDS, UnitLedger, shard_of, unit_hashes
 from stream_eval.engine.engine import Engine
 from stream_eval.engine.gsb import _COMPACT, GsbTracker, rank
 from stream_eval.engine.regroup import SessionStage
-from stream_eval.engine.sessions import Impressions, Sessions
+from stream_eval.engine.sessions import Impressions, SessionRequests, Sessions
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import OVERFLOW, EventCounts, Join
 from stream_eval.events.schema import Event, Feedback, Invalid, Ranking, finish
@@ -76,7 +76,8 @@ class _Request:
 def _add(sessions: Sessions, requests: list[_Request]) -> Any:
     impressions = Impressions(requests, np.zeros(len(requests), dtype=np.int64),  # type: ignore[arg-type]  # duck
                               np.ones(len(requests), dtype=np.int64))
-    return sessions.add(requests, np.zeros(len(requests), dtype=np.int64), impressions)  # type: ignore[arg-type]
+    return sessions.add(SessionRequests.of(requests), np.zeros(len(requests), dtype=np.int64),  # type: ignore[arg-type]
+                        impressions)
 
 
 @pytest.mark.slow

@@ -19,8 +19,10 @@ from stream_eval.engine import records, snapshot
 from stream_eval.engine import snapshot as sn
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.partitions import KINDS, Checkpoint, PartitionedEngine
+from stream_eval.engine.parts import Parts
 from stream_eval.engine.regroup import SessionStage, StageCheckpoint
 from stream_eval.engine.replay import replay
+from stream_eval.engine.sessions import starts_of
 from stream_eval.engine.windows import RollingWindows
 from stream_eval.events.join import EventCounts
 from stream_eval.simulate import SimulationConfig, simulate_lines
@@ -537,8 +539,12 @@ def _as_numbers(value: bytes) -> tuple[bytes, bool]:
     request's values as JSON numbers (NaN: null); whether it changed."""
     record = records.decode(value)
     if isinstance(record, records.SessionParts) and record.flat_scores is not None:
-        record = msgspec.structs.replace(record, flat_scores=None, sizes=None,
-                                         scores=[part.tolist() for part in record.part_scores()])
+        parts = Parts.of_record(record, 0.0)
+        scores, relevant = starts_of(parts.sizes).tolist(), starts_of(parts.relevant_sizes).tolist()
+        record = msgspec.structs.replace(  # (and the relevant positions as a list per part, as until 2026-12-07)
+            record, flat_scores=None, sizes=None, flat_relevant=None, relevant_sizes=None,
+            scores=[parts.scores[a:b].tolist() for a, b in zip(scores, scores[1:], strict=False)],
+            relevant=[parts.relevant[a:b].tolist() for a, b in zip(relevant, relevant[1:], strict=False)])
     elif isinstance(record, records.UnitRequests) and record.flat_values is not None:
         rows = record.value_rows().tolist()
         record = msgspec.structs.replace(record, flat_values=None,

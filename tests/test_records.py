@@ -41,8 +41,13 @@ def any_record(draw: st.DrawFn) -> records.Record:
         if draw(st.booleans()):
             numbers = {"flat_scores": records.flat([x for part in scores for x in part]),
                        "sizes": [len(part) for part in scores]}
+        if draw(st.booleans()):  # (flat relevant positions, as written since 2026-12-07)
+            numbers |= {"flat_relevant": [x for part in relevant for x in part],
+                        "relevant_sizes": [len(part) for part in relevant]}
+        else:
+            numbers["relevant"] = relevant
         return records.SessionParts(
-            sessions=sessions, experiments=experiments, arms=arms, served=served, relevant=relevant, **numbers,
+            sessions=sessions, experiments=experiments, arms=arms, served=served, **numbers,
             units=units, queries=draw(st.lists(st.none() | TEXT, min_size=n, max_size=n)) if behaviour else None,
             satisfied=draw(st.lists(st.booleans(), min_size=n, max_size=n)) if behaviour else None, **common)
     if kind == "Q":
@@ -145,36 +150,45 @@ def test_records_written_by_earlier_workers_are_read() -> None:
 
 
 def test_the_stage_reads_a_session_part_of_any_form_alike() -> None:
-    """A session's part as the stage waits on it (``_parts_of``): the same from a columnar record, from a one-part
-    record (logs before 2026-11-26), and from one with its finalisation point instead of its serve time and no unit
-    (before 2026-11-23: the serve time is the point less the horizon, the unit the session)."""
-    from stream_eval.engine.regroup import _parts_of
+    """Session parts as the stage waits on them (``Parts.of_record``): the same from a columnar record with flat
+    relevant positions, from one with a list of them per part (logs before 2026-12-07) or scores as numbers (before
+    2026-11-28), from a one-part record (before 2026-11-26), and from one with its finalisation point instead of its
+    serve time and no unit (before 2026-11-23: the serve time is the point less the horizon, the unit the session)."""
+    from stream_eval.engine.parts import Parts
 
     horizon = 1800.0
-    columnar = records.SessionParts(
-        sessions=["s1", "s2"], experiments=["exp", "exp"], arms=["A", "B"], served=[100.0, 160.0],
-        flat_scores=records.flat(np.array([1.0, 0.5, 2.0, 1.0, 0.25])), sizes=[2, 3], relevant=[[1], []],
-        units=["user1", None], queries=["q1", "q2"], satisfied=[True, False])
+    common: dict[str, Any] = {"sessions": ["s1", "s2"], "experiments": ["exp", "exp"], "arms": ["A", "B"],
+                              "served": [100.0, 160.0], "units": ["user1", None], "queries": ["q1", "q2"],
+                              "satisfied": [True, False]}
+    flat = {"flat_scores": records.flat(np.array([1.0, 0.5, 2.0, 1.0, 0.25])), "sizes": [2, 3]}
+    columnar = records.SessionParts(**common, **flat, flat_relevant=[1], relevant_sizes=[1, 0])
+    nested = records.SessionParts(**common, **flat, relevant=[[1], []])
+    numbers = records.SessionParts(**common, scores=[[1.0, 0.5], [2.0, 1.0, 0.25]], relevant=[[1], []])
     one_part = records.SessionPart(session="s1", experiment="exp", arm="A", scores=[1.0, 0.5], relevant=[1],
                                    served=100.0, unit="user1", query="q1", satisfied=True)
     oldest = records.SessionPart(session="s1", experiment="exp", arm="A", scores=[1.0, 0.5], relevant=[1],
                                  finalised=100.0 + horizon, query="q1", satisfied=True)
-    first, second = _parts_of(records.decode(records.encode(columnar)), horizon)
 
-    def fields(part: Any) -> tuple[Any, ...]:
-        return tuple(list(value) if name == "scores" else value for name, value in msgspec.structs.asdict(part).items())
+    def fields(parts: Parts) -> dict[str, Any]:
+        return {name: value.tolist() if isinstance(value, np.ndarray) else value
+                for name in Parts.__slots__ if not name.startswith("_") for value in [getattr(parts, name)]}
 
-    assert fields(first) == fields(_parts_of(one_part, horizon)[0])
-    assert (first.session_id, first.ts, first.n, list(first.scores), first.unit_id, first.relevant) == (
-        "s1", 100.0, 2, [1.0, 0.5], "user1", [1])
-    assert fields(_parts_of(oldest, horizon)[0]) == fields(first)[:4] + ("s1",) + fields(first)[5:]
-    assert (second.n, list(second.scores), second.unit_id, second.teams, second.satisfied) == (
-        3, [2.0, 1.0, 0.25], None, [], False)  # no unit: a session of no split (unit_of reads None)
-    torn = records.SessionParts(sessions=["s1", "s2"], experiments=["exp"], arms=["A", "B"], served=[1.0, 2.0],
-                                flat_scores=records.flat(np.array([1.0, 2.0])), sizes=[1, 1], relevant=[[], []],
-                                units=["u1", "u2"])
-    with pytest.raises(ValueError):  # (columns of unequal lengths: an error, not a part left out)
-        _parts_of(torn, horizon)
+    both = fields(Parts.of_record(records.decode(records.encode(columnar)), horizon))
+    assert both == {"sessions": ["s1", "s2"], "experiments": ["exp", "exp"], "arms": ["A", "B"],
+                    "served": [100.0, 160.0], "sizes": [2, 3], "scores": [1.0, 0.5, 2.0, 1.0, 0.25],
+                    "relevant_sizes": [1, 0], "relevant": [1], "units": ["user1", None], "queries": ["q1", "q2"],
+                    "satisfied": [True, False]}  # (unit None: a session of no split)
+    for older in (nested, numbers):
+        assert fields(Parts.of_record(records.decode(records.encode(older)), horizon)) == both
+    first = {name: column[:1] for name, column in both.items()}
+    first["scores"], first["relevant"] = [1.0, 0.5], [1]
+    assert fields(Parts.of_record(one_part, horizon)) == first
+    assert fields(Parts.of_record(oldest, horizon)) == {**first, "units": ["s1"]}
+    for torn in (records.SessionParts(**{**common, "experiments": ["exp"]}, **flat, relevant=[[], []]),
+                 records.SessionParts(**common, **flat, flat_relevant=[1, 2], relevant_sizes=[1, 0]),
+                 records.SessionParts(**common, flat_scores=flat["flat_scores"], sizes=[2, 2], relevant=[[], []])):
+        with pytest.raises(ValueError):  # (columns of unequal lengths: an error, not a part left out)
+            Parts.of_record(torn, horizon)
 
 
 @settings(max_examples=300, deadline=None)

@@ -26,7 +26,14 @@ from stream_eval.engine.compiled import fill_template, json_number_pieces, json_
 from stream_eval.engine.gsb import GsbTracker
 from stream_eval.engine.labels import MISSING, OTHER, LabelBounds, shown_segment_values
 from stream_eval.engine.plugins import Plugin, RegroupHooks
-from stream_eval.engine.sessions import Impressions, ScoredSessions, Sessions, present, unit_of
+from stream_eval.engine.sessions import (
+    Impressions,
+    ScoredSessions,
+    SessionKey,
+    SessionRequests,
+    Sessions,
+    present,
+)
 from stream_eval.events.join import OVERFLOW, EventCounts, Finalised, Join
 from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 from stream_eval.metrics.aggregates import Moments, grouped_moments
@@ -525,7 +532,13 @@ class Engine:
 
     def groups_of(self, states: Sequence[Any]) -> Ints:
         """The group of each request (:meth:`group_of`), looked up in its cache by ``map``."""
-        pairs = list(map(_EXPERIMENT_ARM, states))
+        return self._groups_of_pairs(list(map(_EXPERIMENT_ARM, states)))
+
+    def groups_of_labels(self, experiments: list[str], arms: list[str]) -> Ints:
+        """The group of each (experiment, arm) of the two columns (:meth:`group_of`)."""
+        return self._groups_of_pairs(list(zip(experiments, arms, strict=True)))
+
+    def _groups_of_pairs(self, pairs: list[tuple[str, str]]) -> Ints:
         found = list(map(self._raw_groups.get, pairs))
         if None in found:
             found = [self.group_of(*pair) if g is None else g for g, pair in zip(found, pairs, strict=True)]
@@ -593,7 +606,8 @@ class Engine:
                                   finalised.satisfied if behaviour else None, finalised.serve)
         regroup = self.regroup
         named = None if regroup is None else self._regroup_session_parts
-        self._add_sessions(self.sessions.add(states, group, impressions, named), local=regroup is None)
+        columns = SessionRequests.of(states, finalised.serve)
+        self._add_sessions(self.sessions.add(columns, group, impressions, named), local=regroup is None)
         interleaved = np.zeros(len(states), dtype=np.bool_)
         metric = values[:, self._gsb_column]
         self.with_subtopics += int(present(list(map(_SUBTOPICS, states))).sum())
@@ -617,7 +631,7 @@ class Engine:
                 self.gsb.query_metrics(arms, queries, serve, picked)
             else:
                 regroup.query_metrics(arms, queries, serve.tolist(), picked.tolist())
-        self._unit_contributions(finalised, states, group, values, interleaved)
+        self._unit_contributions(finalised, columns, states, group, values, interleaved)
         for g in np.unique(group[~interleaved]).tolist():
             experiment, arm = self.group_keys[g]
             self.arms_seen.setdefault(experiment, set()).add(arm)
@@ -655,14 +669,18 @@ class Engine:
                 stats.empty += int(empties[s])
                 stats.moments += moments
 
-    def _unit_contributions(self, finalised: Finalised, states: Sequence[Any], group: Ints, values: Floats,
-                            interleaved: npt.NDArray[np.bool_]) -> None:
+    def _unit_contributions(self, finalised: Finalised, requests: SessionRequests, states: Sequence[Any],
+                            group: Ints, values: Floats, interleaved: npt.NDArray[np.bool_]) -> None:
         """The A/B units' share of finalised requests (interleaved ones are no arm of a split)."""
         if not self.config.ab:
             return
+        # (not interleaved: each one's unit is a str)
+        ids, units = requests.ids, cast("list[str]", requests.units)
         if interleaved.any():
             picked = np.flatnonzero(~interleaved)
-            states = [states[i] for i in picked.tolist()]
+            rows = picked.tolist()
+            states = [states[i] for i in rows]
+            ids, units = [ids[i] for i in rows], [units[i] for i in rows]
             group, values, serve = group[picked], values[picked], finalised.serve[picked]
         else:
             serve = finalised.serve
@@ -670,9 +688,7 @@ class Engine:
             return
         keys = serve + self.join.horizon
         labels = list(map(self.group_keys.__getitem__, group.tolist()))
-        ids = list(map(_REQUEST_ID, states))
         experiments, arms = [e for e, _ in labels], [a for _, a in labels]
-        units: list[str] = list(map(unit_of, states))  # type: ignore[arg-type]  # not interleaved: a str
         segments = None
         if self.segment_fields:  # each request's value of every segment field, for its unit's (engine/segment_ab.py)
             attributes = _attributes_of(states)
@@ -683,15 +699,17 @@ class Engine:
         else:
             self.regroup.unit_requests(keys, ids, experiments, arms, units, values, segments)
 
-    def _regroup_session_parts(self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions,
+    def _regroup_session_parts(self, requests: SessionRequests, group: Ints, impressions: Impressions,
                                rows: list[int]) -> None:
         labels = list(map(self.group_keys.__getitem__, group[rows].tolist()))
         self.regroup.session_parts(  # type: ignore[union-attr]  # set
-            [states[i] for i in rows], [e for e, _ in labels], [a for _, a in labels], impressions, rows)
+            requests, [e for e, _ in labels], [a for _, a in labels], impressions, rows)
 
-    def add_session_parts(self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions) -> None:
-        """Requests of named sessions regrouped from other partitions (see ``engine/regroup.py``)."""
-        self._add_sessions(self.sessions.add(states, group, impressions))
+    def add_session_parts(self, requests: SessionRequests, group: Ints, impressions: Impressions,
+                          offsets: list[int], lowered: list[tuple[int, SessionKey]]) -> None:
+        """Requests of named sessions regrouped from other partitions (see ``engine/regroup.py``), at ``offsets`` of
+        the regroup log (``lowered``: see :meth:`Sessions.add <stream_eval.engine.sessions.Sessions.add>`)."""
+        self._add_sessions(self.sessions.add(requests, group, impressions, offsets=offsets, lowered=lowered))
 
     def merge(self, other: Engine) -> None:
         """Add another engine's totals to this one (several workers' engines give one report).

@@ -22,9 +22,8 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     from stream_eval.config import Arms, Config
     from stream_eval.engine.gsb import GsbTracker
-    from stream_eval.engine.sessions import Impressions
+    from stream_eval.engine.sessions import Impressions, SessionRequests
     from stream_eval.events.join import Finalised, Join
-    from stream_eval.events.schema import CompactRanking
     from stream_eval.metrics.aggregates import Moments
     from stream_eval.metrics.kernels import JudgedBatch
     from stream_eval.metrics.specs import MetricSpec
@@ -109,7 +108,7 @@ class EngineView(Protocol):
 class RegroupHooks(Protocol):
     """What a partition's engine hands to the regroup log instead of counting it (``engine/regroup.py``)."""
 
-    def session_parts(self, states: Sequence[CompactRanking], experiments: list[str], arms: list[str],
+    def session_parts(self, requests: SessionRequests, experiments: list[str], arms: list[str],
                       impressions: Impressions, rows: list[int]) -> None: ...
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],

@@ -21,7 +21,6 @@ inf
 
 from __future__ import annotations
 
-from itertools import accumulate
 from typing import Union
 
 import msgspec
@@ -57,7 +56,6 @@ class SessionParts(Record, tag="S"):
     experiments: list[str] = field(name="e")
     arms: list[str] = field(name="a")
     served: list[float] = field(name="t")
-    relevant: list[list[int]] = field(name="r")
     units: list[str | None] = field(name="u")
     queries: list[str | None] | None = field(default=None, name="q")
     satisfied: list[bool] | None = field(default=None, name="c")
@@ -67,13 +65,11 @@ class SessionParts(Record, tag="S"):
     sizes: list[int] | None = field(default=None, name="z")
     #: the scores per part, as numbers (logs written before 2026-11-28, without ``flat_scores``)
     scores: list[list[float]] | None = field(default=None, name="s")
-
-    def part_scores(self) -> list[npt.NDArray[np.float64]] | list[list[float]]:
-        """Each part's scores (views of ``flat_scores``; ``scores`` as written in earlier logs)."""
-        if self.flat_scores is None:
-            return self.scores or []
-        flat, bounds = _floats(self.flat_scores), [0, *accumulate(self.sizes or ())]
-        return [flat[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    #: every part's relevant positions, one after another, and how many each part has
+    flat_relevant: list[int] | None = field(default=None, name="R")
+    relevant_sizes: list[int] | None = field(default=None, name="Z")
+    #: the relevant positions per part (logs written before 2026-12-07, without ``flat_relevant``)
+    relevant: list[list[int]] | None = field(default=None, name="r")
 
 
 class SessionPart(Record, tag="s"):
@@ -131,7 +127,7 @@ class UnitRequests(Record, tag="U"):
         """The per-request values, a row per request (NaN: no value), from either form."""
         if self.flat_values is None:
             return np.array(self.values, dtype=np.float64)
-        return _floats(self.flat_values).reshape(len(self.ids), -1)
+        return floats(self.flat_values).reshape(len(self.ids), -1)
 
 
 class UnitSessions(Record, tag="V"):
@@ -225,7 +221,7 @@ def flat(array: npt.ArrayLike) -> bytes:
     return np.ascontiguousarray(array, dtype="<f8").tobytes()
 
 
-def _floats(data: bytes) -> npt.NDArray[np.float64]:
+def floats(data: bytes) -> npt.NDArray[np.float64]:
     """The float64 of a ``flat_*`` field (read-only)."""
     return np.frombuffer(data, dtype="<f8")
 

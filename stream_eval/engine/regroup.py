@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from itertools import chain, repeat, starmap
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +50,10 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
-from stream_eval.engine.ab import ShardLook, distinct_keys, look_from_json, shard_of, shards_of
+from stream_eval.engine.ab import ShardLook, look_from_json, shard_of, shards_of
+from stream_eval.engine.parts import Parts
 from stream_eval.engine.segment_ab import SegmentLook
-from stream_eval.engine.sessions import Impressions, session_keys, unit_of
+from stream_eval.engine.sessions import Impressions, SessionKey, SessionRequests
 from stream_eval.engine.snapshot import restore
 from stream_eval.engine.times import time_to_json
 
@@ -102,10 +102,6 @@ def row_ranges(columns: list[list[str]], extra: list[int] | None = None) -> list
 
 if TYPE_CHECKING:
     from stream_eval.engine.engine import Engine
-    from stream_eval.events.schema import CompactRanking
-
-_SESSION_ID, _TS, _QUERY_ID = attrgetter("session_id"), attrgetter("ts"), attrgetter("query_id")
-_UNIT_SESSION = attrgetter("unit_id", "session_id")  # (a _Part's unit is its ``unit_id``)
 
 
 class RegroupSink:
@@ -131,7 +127,7 @@ class RegroupSink:
         self._seq = 0
         # Session parts and query metrics given since the last record, written as columns (SessionParts,
         # QueryMetrics) before the next record of another kind: one record per many requests, applied at once.
-        self._parts = _PartColumns()
+        self._parts: list[Parts] = []
         self._queries = _QueryColumns()
 
     @property
@@ -154,20 +150,23 @@ class RegroupSink:
 
     def _flush(self) -> None:
         """Write the session parts and query metrics given so far as columnar records (in that order)."""
-        parts, queries = self._parts, self._queries
-        if parts.sessions:
-            self._parts = _PartColumns()
-            keys = [s if u is None else u for s, u in zip(parts.sessions, parts.units, strict=True)]
-            for to, rows in self._routes(keys):
-                mine = parts if rows is None else parts.rows(rows)
-                sizes = [len(scores) for scores in mine.scores]
-                for a, b in row_ranges([mine.sessions, mine.experiments, mine.arms], [NUMBER_CHARS * n for n in sizes]):
-                    self._append(b"", records.SessionParts(
-                        sessions=mine.sessions[a:b], experiments=mine.experiments[a:b], arms=mine.arms[a:b],
-                        served=mine.served[a:b], flat_scores=records.flat(np.concatenate(mine.scores[a:b])),
-                        sizes=sizes[a:b], relevant=mine.relevant[a:b],
-                        units=mine.units[a:b], queries=mine.queries[a:b] if mine.queries else None,
-                        satisfied=mine.satisfied[a:b] if mine.satisfied else None), flush=False, to=to)
+        given, queries = self._parts, self._queries
+        if given:
+            self._parts = []
+            parts = Parts.concat(given)
+            routed = [(0, parts)]
+            if self.stages > 1:  # (one copy: the parts by stage partition, in row order in each)
+                stage = shards_of([s if u is None else u for s, u in zip(parts.sessions, parts.units, strict=True)])
+                stage %= self.stages
+                order = np.argsort(stage, kind="stable")
+                bounds = np.searchsorted(stage[order], np.arange(self.stages + 1)).tolist()
+                ordered = parts.take(order)
+                routed = [(to, ordered.between(a, b))
+                          for to, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)) if b > a]
+            for to, mine in routed:
+                extra = (mine.sizes * NUMBER_CHARS).tolist()
+                for a, b in row_ranges([mine.sessions, mine.experiments, mine.arms], extra):
+                    self._append(b"", mine.between(a, b).record(), flush=False, to=to)
         if queries.queries:
             self._queries = _QueryColumns()
             for to, rows in self._routes(queries.experiments):  # (an experiment's sign tests on one partition)
@@ -186,7 +185,7 @@ class RegroupSink:
             raise ValueError("begin the ownership before appending records")
         self.token, self._seq = token, committed
         self._arms.clear()  # announcements after the checkpoint are discarded by the rewind: made again
-        self._parts, self._queries = _PartColumns(), _QueryColumns()
+        self._parts, self._queries = [], _QueryColumns()
         self._broadcast(b"", records.encode(records.Rewind(partition=self.partition, seq=committed, owner=token)))
 
     def commit(self, seq: int) -> None:
@@ -212,22 +211,11 @@ class RegroupSink:
         else:
             self.records.append((to, key, value))
 
-    def session_parts(self, states: Sequence[CompactRanking], experiments: list[str], arms: list[str],
+    def session_parts(self, requests: SessionRequests, experiments: list[str], arms: list[str],
                       impressions: Impressions, rows: list[int]) -> None:
-        """Finalised requests of named sessions (``states``, request ``rows`` of ``impressions``): each one's
-        session id, labels, serve time, served items' scores, the 1-based positions of the relevant ones, and its
-        unit (written with the next record, as columns)."""
-        parts = self._parts
-        parts.sessions += map(_SESSION_ID, states)
-        parts.experiments += experiments
-        parts.arms += arms
-        parts.served += map(_TS, states)
-        parts.scores += map(impressions.scores_of, rows)
-        parts.relevant += map(impressions.relevant_positions, rows)
-        parts.units += map(unit_of, states)
-        if impressions.satisfied is not None:  # session measures run: the query and a satisfied click
-            parts.queries += map(_QUERY_ID, states)
-            parts.satisfied += impressions.satisfied[rows].tolist()
+        """Finalised requests ``rows`` of named sessions (of ``requests`` and ``impressions``; with their labels
+        ``experiments``, ``arms``): their :class:`~stream_eval.engine.parts.Parts`, written with the next record."""
+        self._parts.append(Parts.of_batch(requests, experiments, arms, impressions, rows))
 
     def unit_requests(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                       units: list[str], values: Floats,
@@ -325,31 +313,6 @@ def _pick(column: list[Any], rows: list[int]) -> list[Any]:
     return [column[i] for i in rows]
 
 
-class _PartColumns:
-    """Session parts given to a sink, not written yet (the columns of :class:`records.SessionParts`)."""
-
-    __slots__ = ("sessions", "experiments", "arms", "served", "scores", "relevant", "units", "queries", "satisfied")
-
-    def __init__(self) -> None:
-        self.sessions: list[str] = []
-        self.experiments: list[str] = []
-        self.arms: list[str] = []
-        self.served: list[float] = []
-        self.scores: list[Floats] = []
-        self.relevant: list[list[int]] = []
-        self.units: list[str | None] = []
-        self.queries: list[str | None] = []
-        self.satisfied: list[bool] = []
-
-    def rows(self, rows: list[int]) -> _PartColumns:
-        """These columns' ``rows``."""
-        out = _PartColumns()
-        for name in self.__slots__:
-            column = getattr(self, name)
-            setattr(out, name, _pick(column, rows) if column else [])
-        return out
-
-
 class _QueryColumns:
     """Query metrics given to a sink, not written yet (the columns of :class:`records.QueryMetrics`)."""
 
@@ -370,25 +333,6 @@ class _QueryColumns:
         return out
 
 
-class _Part(msgspec.Struct, gc=False):
-    """A request of a named session as the stage sees it (what Sessions, Impressions and unit_of read): a Struct,
-    made in C (:func:`_parts_of` makes a record's at once). ``unit_id`` None with ``teams`` ``[]``: a session of no
-    split (interleaved), as ``unit_of`` reads it; ``request_id`` is the session id."""
-
-    session_id: str
-    ts: float
-    n: int
-    scores: list[float] | Floats
-    unit_id: str | None
-    teams: list[str] | None
-    request_id: str
-    query_id: str | None
-    experiment: str
-    arm: str
-    relevant: list[int]
-    satisfied: bool
-
-
 class _WaitingParts:
     """Session parts received but not added yet, one run per record: its parts in the order of their deadlines
     (serve time plus ``horizon``), read from the front as event time passes them. :meth:`due` gives those due in
@@ -398,8 +342,8 @@ class _WaitingParts:
 
     def __init__(self, horizon: float) -> None:
         # (deadline of the run's next part, offset of its record, that part's place in the run, the run): a heap
-        # (offsets tell every two runs apart); a run is (deadlines in order, the parts in that order)
-        self._runs: list[tuple[float, int, int, tuple[Floats, list[_Part]]]] = []
+        # (offsets tell every two runs apart); a run is (deadlines in order, the parts, their rows in that order)
+        self._runs: list[tuple[float, int, int, tuple[Floats, Parts, Ints]]] = []
         self._horizon = horizon
 
     def __bool__(self) -> bool:
@@ -409,24 +353,24 @@ class _WaitingParts:
         """The parts waiting."""
         return sum(len(run[1]) - start for _, _, start, run in self._runs)
 
-    def add(self, offset: int, parts: list[_Part]) -> None:
-        """The parts of the record at ``offset``, in row order."""
-        if not parts:
+    def add(self, offset: int, parts: Parts) -> None:
+        """The parts of the record at ``offset``."""
+        if not len(parts):
             return
-        deadlines = np.fromiter(map(_TS, parts), dtype=np.float64, count=len(parts)) + self._horizon
+        deadlines = parts.served + self._horizon
         rows = np.argsort(deadlines, kind="stable")  # (equal deadlines in row order)
-        run = (deadlines[rows], list(map(parts.__getitem__, rows.tolist())))
+        run = (deadlines[rows], parts, rows)
         heapq.heappush(self._runs, (float(run[0][0]), offset, 0, run))
 
     def first_offset(self) -> int | None:
         """The smallest offset of a record with parts waiting."""
         return min((offset for _, offset, _, _ in self._runs), default=None)
 
-    def due(self, watermark: float) -> tuple[Ints, list[_Part]]:
+    def due(self, watermark: float) -> tuple[Ints, Parts | None]:
         """Take the parts due by ``watermark`` (deadline at most it): their records' offsets and the parts, in
-        the order of (deadline, offset, row)."""
+        the order of (deadline, offset, row); None when none is due."""
         runs = self._runs
-        taken: list[tuple[int, int, int, tuple[Floats, list[_Part]]]] = []  # (offset, start, end, run)
+        taken: list[tuple[int, int, int, tuple[Floats, Parts, Ints]]] = []  # (offset, start, end, run)
         while runs and runs[0][0] <= watermark:
             _, offset, start, run = heapq.heappop(runs)
             deadlines = run[0]
@@ -435,14 +379,23 @@ class _WaitingParts:
             if end < len(deadlines):
                 heapq.heappush(runs, (float(deadlines[end]), offset, end, run))
         if not taken:
-            return np.empty(0, dtype=np.int64), []
+            return np.empty(0, dtype=np.int64), None
         offsets = np.repeat(np.array([offset for offset, _, _, _ in taken], dtype=np.int64),
                             [end - start for _, start, end, _ in taken])
         deadlines = np.concatenate([run[0][start:end] for _, start, end, run in taken])
-        parts = [part for _, start, end, run in taken for part in run[1][start:end]]
         # (stable: a record's parts of one deadline stay in row order, as its run holds them)
         order = np.lexsort((offsets, deadlines))
-        return offsets[order], list(map(parts.__getitem__, order.tolist()))
+        # One copy of the parts due: their records' parts put together (a record's only where some of them wait
+        # on), then taken in that order.
+        blocks, rows, base = [], [], 0
+        for _, start, end, run in taken:
+            block, picked = run[1], run[2][start:end]
+            if end - start < len(block) // 2:
+                block, picked = block.take(picked), np.arange(end - start)
+            blocks.append(block)
+            rows.append(picked + base)
+            base += len(block)
+        return offsets[order], Parts.concat(blocks).take(np.concatenate(rows)[order])
 
 
 class _Held:
@@ -737,7 +690,7 @@ class SessionStage:
                 engine.ledger.merger.progress(record.stage, record.at)  # type: ignore[union-attr]  # by kind
             return
         if kind is records.SessionParts or kind is records.SessionPart:
-            self._waiting.add(offset, _parts_of(record, self._horizon))
+            self._waiting.add(offset, Parts.of_record(record, self._horizon))  # type: ignore[arg-type]  # by kind
             return
         with self._quiet(at):
             if kind is records.QueryMetrics or kind is records.QueryMetric:
@@ -804,50 +757,17 @@ class SessionStage:
 
     def _add_parts(self, watermark: float) -> None:
         """Add the waiting session parts due by ``watermark`` (all partitions have finalised up to it)."""
-        offsets, states = self._waiting.due(watermark)
-        if not states:
+        offsets, parts = self._waiting.due(watermark)
+        if parts is None:
             return
         engine = self.engine
-        group = engine.groups_of(states)
-        relevant = [part.relevant for part in states]
-        counts = list(map(len, relevant))
-        rel_req = np.repeat(np.arange(len(states)), counts)
-        rel_pos = np.fromiter(chain.from_iterable(relevant), dtype=np.int64, count=sum(counts))
-        satisfied = np.array([part.satisfied for part in states]) if engine.sessions.behaviour else None
-        n_shown = np.fromiter(map(attrgetter("n"), states), dtype=np.int64, count=len(states))
-        scores = np.concatenate([part.scores for part in states]).astype(np.float64, copy=False)
-        impressions = Impressions(states, rel_req, rel_pos, n_shown, satisfied,  # type: ignore[arg-type]  # duck-typed
-                                  scores=scores)
+        group = engine.groups_of_labels(parts.experiments, parts.arms)
         # (under the quiet context of the watermark record that released them: named parts count nothing)
-        engine.add_session_parts(states, group, impressions)  # type: ignore[arg-type]  # duck-typed parts
-        # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts
-        # are added in deadline order, which is not the log's order when they come from different partitions).
-        # Per session of these parts (unit and session id: a part's unit is ``unit_of`` it), the smallest offset.
-        sessions, at = distinct_keys(list(map(_UNIT_SESSION, states)))
-        first = np.full(len(sessions), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(first, at, offsets)
-        open_sessions = engine.sessions.open
-        for key, offset in zip(session_keys(sessions), first.tolist(), strict=True):
-            session = open_sessions.get(key)
-            if session is not None and offset < session.offset:
-                session.offset = offset
-                heapq.heappush(self._needed, (offset, "s", key))
-
-
-def _parts_of(record: Any, horizon: float) -> list[_Part]:
-    """The parts of a :class:`records.SessionParts`, or the one of a :class:`records.SessionPart` (without a serve
-    time, written before 2026-11-23: its finalisation point less the horizon)."""
-    if type(record) is records.SessionPart:
-        old: Any = record  # (``finalised`` is set where ``served`` is not)
-        served = old.served if old.served is not None else float(old.finalised) - horizon
-        unit = old.session if old.unit is msgspec.UNSET else old.unit
-        return [_Part(old.session, float(served), len(old.scores), [float(x) for x in old.scores], unit,
-                      [] if unit is None else None, old.session, old.query, old.experiment, old.arm, old.relevant,
-                      bool(old.satisfied))]
-    count, scores = len(record.sessions), record.part_scores()
-    # (columns of unequal lengths, a record no sink writes, are an error rather than parts left out)
-    return list(starmap(_Part, zip(
-        record.sessions, map(float, record.served), map(len, scores), scores, record.units,
-        [[] if unit is None else None for unit in record.units], record.sessions,
-        record.queries or repeat(None, count), record.experiments, record.arms, record.relevant,
-        map(bool, record.satisfied) if record.satisfied else repeat(False, count), strict=True)))
+        # A rebuild must re-read every part of every open session: the smallest offset of each is needed (parts are
+        # added in deadline order, which is not the log's order when they come from different partitions).
+        lowered: list[tuple[int, SessionKey]] = []
+        engine.add_session_parts(parts.requests(), group, parts.impressions(engine.sessions.behaviour),
+                                 offsets.tolist(), lowered)
+        needed = self._needed
+        for offset, key in lowered:
+            heapq.heappush(needed, (offset, "s", key))

@@ -54,8 +54,9 @@ _REQUEST_ID = attrgetter("request_id")
 _SCORES_OF = attrgetter("scores")
 _QUERY_ID = attrgetter("query_id")
 _ENCODER = msgspec.json.Encoder()
-#: Takes the requests of named sessions of a batch: (the batch's states, groups and impressions, the requests' rows).
-NamedParts = Callable[[Sequence[CompactRanking], Ints, "Impressions", list[int]], None]
+#: Takes the requests of named sessions of a batch: (the batch's requests, groups and impressions, the requests'
+#: rows).
+NamedParts = Callable[["SessionRequests", Ints, "Impressions", list[int]], None]
 #: An open session's key: (the shard of its requests' A/B unit, session id).
 SessionKey = tuple[int, str]
 
@@ -72,10 +73,10 @@ class Impressions:
 
     def __init__(self, states: Sequence[CompactRanking], rel_req: Ints, rel_pos: Ints,
                  n_shown: Ints | None = None, satisfied: Bools | None = None, times: Floats | None = None,
-                 scores: Floats | None = None) -> None:
+                 scores: Floats | None = None, queries: list[str | None] | None = None) -> None:
         if n_shown is None:
             n_shown = np.fromiter(map(_N, states), dtype=np.int64, count=len(states))
-        starts = _starts(n_shown)
+        starts = starts_of(n_shown)
         total = int(starts[-1])
         if scores is None:  # (given: the regroup stage's parts, every served item's score, flat)
             scores = self._scores(states, starts, n_shown, total)
@@ -88,9 +89,9 @@ class Impressions:
         self._lists: tuple[list[int], list[int], list[int]] | None = None
         self.times: Floats | None = None
         self.queries: list[str | None] | None = None
-        if satisfied is not None:  # (``times``: the serve times, when the caller has them as an array)
+        if satisfied is not None:  # (``times``, ``queries``: the serve times and query ids, when the caller has them)
             self.times = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) if times is None else times
-            self.queries = list(map(_QUERY_ID, states))
+            self.queries = list(map(_QUERY_ID, states)) if queries is None else queries
 
     @staticmethod
     def _scores(states: Sequence[CompactRanking], starts: Ints, n_shown: Ints, total: int) -> Floats:
@@ -151,6 +152,23 @@ class ScoredSessions:
         none = np.zeros(group.shape[0], dtype=np.int64)
         self.requests = none if requests is None else requests
         self.reformulations = none if reformulations is None else reformulations
+
+
+class SessionRequests:
+    """What :class:`Sessions` reads of a batch of finalised requests, as columns: each one's session id (None: a
+    session of its own), serve time, A/B unit (:func:`unit_of`) and request id."""
+
+    __slots__ = ("sids", "ts", "units", "ids")
+
+    def __init__(self, sids: list[str | None], ts: Floats, units: list[str | None], ids: list[str]) -> None:
+        self.sids, self.ts, self.units, self.ids = sids, ts, units, ids
+
+    @classmethod
+    def of(cls, states: Sequence[CompactRanking], ts: Floats | None = None) -> SessionRequests:
+        """The columns of requests read from the rankings (``ts``: their serve times, when the caller has them)."""
+        if ts is None:
+            ts = np.fromiter(map(_TS, states), dtype=np.float64, count=len(states))
+        return cls(list(map(_SESSION_ID, states)), ts, list(map(unit_of, states)), list(map(_REQUEST_ID, states)))
 
 
 def session_key(state: Any) -> SessionKey:
@@ -224,31 +242,35 @@ class Sessions:
                               requests, reformulations)
 
     def add(
-        self, states: Sequence[CompactRanking], group: Ints, impressions: Impressions, named: NamedParts | None = None
+        self, requests: SessionRequests, group: Ints, impressions: Impressions, named: NamedParts | None = None,
+        offsets: list[int] | None = None, lowered: list[tuple[int, SessionKey]] | None = None
     ) -> ScoredSessions | None:
         """Take a batch of finalised requests; returns the one-request sessions, scored.
 
-        With ``named``, requests of named sessions are handed to it (``named(states, group, impressions, rows)``,
+        With ``named``, requests of named sessions are handed to it (``named(requests, group, impressions, rows)``,
         once per batch) instead of being kept: the streaming worker regroups them by session across workers.
+        With ``offsets`` (the regroup stage: each request's offset in the regroup log), an open session's
+        :attr:`_Session.offset` is the smallest of its requests'; each time it goes down, (offset, key) is appended
+        to ``lowered``.
         """
-        sids: list[str | None] = list(map(_SESSION_ID, states))
+        sids = requests.sids
         own = ~present(sids)
         starts = impressions.starts
         in_named = np.flatnonzero(~own).tolist()
         alone: list[int] = []  # requests beyond the bound on open sessions: scored as sessions of their own
         if named is not None:
             if in_named:
-                named(states, group, impressions, in_named)
+                named(requests, group, impressions, in_named)
         elif in_named:
-            open_, gap, groups, limit = self.open, self.gap, group.tolist(), self.limit
+            open_, gap, groups, limit, units = self.open, self.gap, group.tolist(), self.limit, requests.units
             # when each request is finalised: its serve time plus the horizon
-            finalised_at = (np.fromiter(map(_TS, states), dtype=np.float64, count=len(states)) + self.horizon).tolist()
+            finalised_at = (requests.ts + self.horizon).tolist()
             closing: list[tuple[float, SessionKey]] = []  # (deadline, key) of each deadline given, in order
             named_sids = cast("list[str]", sids)  # read at the requests of named sessions only (in_named)
             in_shard = self._in_shard
             for i in in_named:
                 sid = named_sids[i]
-                unit = unit_of(states[i])
+                unit = units[i]
                 key = (shard_of(sid if unit is None else unit), sid)
                 shard = key[0]
                 session = open_.get(key)
@@ -265,6 +287,9 @@ class Sessions:
                     session = open_[key] = _Session(groups[i], sid, unit, shard)
                     in_shard[shard] += 1
                 session.parts.append((impressions, i))
+                if offsets is not None and offsets[i] < session.offset:
+                    session.offset = offsets[i]
+                    lowered.append((offsets[i], key))  # type: ignore[union-attr]  # given with offsets
                 deadline = finalised_at[i] + gap
                 if deadline > session.deadline:
                     session.deadline = deadline
@@ -275,20 +300,24 @@ class Sessions:
                 own[alone] = True
         if not own.any():
             return None
-        mine = states if own.all() else list(compress(states, own.tolist()))
-        keys = np.fromiter(map(_TS, mine), dtype=np.float64, count=len(mine)) + self.horizon
-        ids, units = list(map(_REQUEST_ID, mine)), list(map(unit_of, mine))
-        requests = None
-        if alone:  # a session of its own under its session id
-            ids = [rid if sid is None else sid for rid, sid in zip(ids, compress(sids, own.tolist()), strict=True)]
-            if self.behaviour:  # (those without a session id are counted with the request: see ScoredSessions)
-                requests = present(list(compress(sids, own.tolist()))).astype(np.int64)
         if own.all():
-            return self._score(starts, impressions.scores, impressions.labels, group, keys, ids, units, requests)
+            keys, ids, units_ = requests.ts + self.horizon, requests.ids, requests.units
+        else:
+            picked = own.tolist()
+            keys = requests.ts[own] + self.horizon
+            ids, units_ = list(compress(requests.ids, picked)), list(compress(requests.units, picked))
+        n_requests = None
+        if alone:  # a session of its own under its session id
+            mine_sids = list(compress(sids, own.tolist()))
+            ids = [rid if sid is None else sid for rid, sid in zip(ids, mine_sids, strict=True)]
+            if self.behaviour:  # (those without a session id are counted with the request: see ScoredSessions)
+                n_requests = present(mine_sids).astype(np.int64)
+        if own.all():
+            return self._score(starts, impressions.scores, impressions.labels, group, keys, ids, units_, n_requests)
         n_shown = np.diff(starts)
         keep = np.repeat(own, n_shown)
-        return self._score(_starts(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own],
-                           keys, ids, units, requests)
+        return self._score(starts_of(n_shown[own]), impressions.scores[keep], impressions.labels[keep], group[own],
+                           keys, ids, units_, n_requests)
 
     def _end(self, session: _Session) -> None:
         """A session taken out of :attr:`open`, to be scored by the next :meth:`close`."""
@@ -361,7 +390,7 @@ class Sessions:
         for impressions, requests, owners in by_batch.values():
             index = np.array(requests, dtype=np.int64)
             first, lengths = impressions.starts[index], impressions.starts[index + 1] - impressions.starts[index]
-            offsets = _ranges(first, lengths)
+            offsets = ranges_of(first, lengths)
             score_parts.append(impressions.scores[offsets])
             label_parts.append(impressions.labels[offsets])
             part_owners += owners
@@ -378,7 +407,7 @@ class Sessions:
         lengths = np.concatenate(length_parts)
         order = np.argsort(owner, kind="stable")
         sorted_lengths = lengths[order]
-        items = _ranges((np.cumsum(lengths) - lengths)[order], sorted_lengths)
+        items = ranges_of((np.cumsum(lengths) - lengths)[order], sorted_lengths)
         group = np.array([s.group for s in sessions], dtype=np.int64)
         sizes = np.bincount(owner, weights=lengths, minlength=len(sessions)).astype(np.int64)
         keys = np.array([s.deadline for s in sessions], dtype=np.float64)
@@ -387,7 +416,7 @@ class Sessions:
             n_requests = np.bincount(owner, minlength=len(sessions)).astype(np.int64)
             reformulated = _reformulations(owner, np.concatenate(times), queries, np.concatenate(satisfied),
                                            self.reformulation_gap, len(sessions))
-        return self._score(_starts(sizes), np.concatenate(score_parts)[items], np.concatenate(label_parts)[items],
+        return self._score(starts_of(sizes), np.concatenate(score_parts)[items], np.concatenate(label_parts)[items],
                            group, keys, [s.sid for s in sessions], [s.unit for s in sessions], n_requests,
                            reformulated)
 
@@ -425,10 +454,10 @@ def _reformulations(owner: Ints, times: Floats, queries: list[str | None], satis
     return np.bincount(owner[:-1][follows], minlength=n_sessions).astype(np.int64)
 
 
-def _starts(sizes: Ints) -> Ints:
+def starts_of(sizes: Ints) -> Ints:
     """Where each of consecutive groups of ``sizes`` starts, and where the last ends.
 
-    >>> _starts(np.array([2, 0, 3])).tolist()
+    >>> starts_of(np.array([2, 0, 3])).tolist()
     [0, 2, 2, 5]
     """
     starts = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
@@ -448,10 +477,10 @@ def present(values: list[Any]) -> Bools:
     return np.fromiter((value is not None for value in values), dtype=np.bool_, count=len(values))
 
 
-def _ranges(first: Ints, lengths: Ints) -> Ints:
+def ranges_of(first: Ints, lengths: Ints) -> Ints:
     """The ranges ``first[k] : first[k] + lengths[k]``, one after the other.
 
-    >>> _ranges(np.array([5, 0]), np.array([2, 3])).tolist()
+    >>> ranges_of(np.array([5, 0]), np.array([2, 3])).tolist()
     [5, 6, 0, 1, 2]
     """
     ranges: Ints = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
