@@ -186,8 +186,13 @@ def test_the_stage_reads_a_session_part_of_any_form_alike() -> None:
     assert fields(Parts.of_record(oldest, horizon)) == {**first, "units": ["s1"]}
     for torn in (records.SessionParts(**{**common, "experiments": ["exp"]}, **flat, relevant=[[], []]),
                  records.SessionParts(**common, **flat, flat_relevant=[1, 2], relevant_sizes=[1, 0]),
-                 records.SessionParts(**common, flat_scores=flat["flat_scores"], sizes=[2, 2], relevant=[[], []])):
-        with pytest.raises(ValueError):  # (columns of unequal lengths: an error, not a part left out)
+                 records.SessionParts(**common, flat_scores=flat["flat_scores"], sizes=[2, 2], relevant=[[], []]),
+                 records.SessionParts(**common, flat_scores=flat["flat_scores"], sizes=[6, -1], relevant=[[], []]),
+                 records.SessionParts(**common, **flat, relevant=[[3], []]),  # (part 1 has 2 items)
+                 records.SessionParts(**common, **flat, flat_relevant=[0], relevant_sizes=[1, 0]),
+                 records.SessionPart(session="s1", experiment="exp", arm="A", scores=[1.0], relevant=[2], served=1.0)):
+        with pytest.raises(ValueError):  # (columns of unequal lengths, a count below 0, a position outside its part:
+            # an error, not a part left out or another's item marked)
             Parts.of_record(torn, horizon)
 
 

@@ -395,3 +395,20 @@ def _take_ranges(values: Any, first: Ints, lengths: Ints) -> Any:  # pragma: no 
             out[j] = values[i]
             j += 1
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def parts_valid(sizes: Ints, relevant_sizes: Ints, relevant: Ints) -> bool:  # pragma: no cover  # compiled
+    """Whether session parts' counts are all at least 0 and each relevant position (1-based) lies in its part:
+    part ``k`` has ``sizes[k]`` items and the next ``relevant_sizes[k]`` positions of ``relevant`` (whose lengths
+    the caller has checked against the sums)."""
+    j = 0
+    for k in range(sizes.shape[0]):
+        size, count = sizes[k], relevant_sizes[k]
+        if size < 0 or count < 0:
+            return False
+        for i in range(j, j + count):
+            if relevant[i] < 1 or relevant[i] > size:
+                return False
+        j += count
+    return True

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
-from stream_eval.engine.compiled import take_ranges
+from stream_eval.engine.compiled import parts_valid, take_ranges
 from stream_eval.engine.sessions import Impressions, SessionRequests, starts_of
 
 Floats = npt.NDArray[np.float64]
@@ -88,15 +88,18 @@ class Parts:
     def of_record(cls, record: records.SessionParts | records.SessionPart, horizon: float) -> Parts:
         """The parts of a :class:`records.SessionParts`, or the one of a :class:`records.SessionPart` (without a
         serve time, written before 2026-11-23: its finalisation point less the horizon). Columns of unequal lengths,
-        a record no sink writes, are an error rather than parts left out."""
+        negative counts and relevant positions outside their part, which no sink writes, are an error rather than
+        parts left out or another part's item marked relevant."""
         if type(record) is records.SessionPart:
             old: Any = record  # (``finalised`` is set where ``served`` is not)
             served = old.served if old.served is not None else float(old.finalised) - horizon
             unit = old.session if old.unit is msgspec.UNSET else old.unit
-            return cls([old.session], [old.experiment], [old.arm], np.array([served], dtype=np.float64),
-                       np.array([len(old.scores)], dtype=np.int64), np.array(old.scores, dtype=np.float64),
-                       np.array([len(old.relevant)], dtype=np.int64), np.array(old.relevant, dtype=np.int64), [unit],
-                       [old.query], np.array([old.satisfied], dtype=np.bool_))
+            parts = cls([old.session], [old.experiment], [old.arm], np.array([served], dtype=np.float64),
+                        np.array([len(old.scores)], dtype=np.int64), np.array(old.scores, dtype=np.float64),
+                        np.array([len(old.relevant)], dtype=np.int64), np.array(old.relevant, dtype=np.int64), [unit],
+                        [old.query], np.array([old.satisfied], dtype=np.bool_))
+            parts._check()
+            return parts
         columns: Any = record
         n = len(columns.sessions)
         if columns.flat_scores is not None:
@@ -119,8 +122,16 @@ class Parts:
         lengths |= {len(column) for column in (columns.queries, satisfied) if column is not None}
         if lengths != {n} or int(sizes.sum()) != scores.shape[0] or int(relevant_sizes.sum()) != relevant.shape[0]:
             raise ValueError(f"a SessionParts record of {n} parts with columns of other lengths")
-        return cls(columns.sessions, columns.experiments, columns.arms, np.array(columns.served, dtype=np.float64),
-                   sizes, scores, relevant_sizes, relevant, columns.units, columns.queries, satisfied)
+        parts = cls(columns.sessions, columns.experiments, columns.arms, np.array(columns.served, dtype=np.float64),
+                    sizes, scores, relevant_sizes, relevant, columns.units, columns.queries, satisfied)
+        parts._check()
+        return parts
+
+    def _check(self) -> None:
+        """No count below 0, no relevant position outside its part (the sizes' and positions' sums checked)."""
+        if not parts_valid(self.sizes, self.relevant_sizes, self.relevant):
+            raise ValueError(f"a SessionParts record of {len(self)} parts with a negative count or a relevant "
+                             "position outside its part")
 
     def record(self) -> records.SessionParts:
         """These parts as a record's columns."""
