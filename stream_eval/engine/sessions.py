@@ -84,9 +84,9 @@ class Impressions:
         labels[starts[rel_req] + rel_pos - 1] = True
         self.starts, self.scores, self.labels = starts, scores, labels
         self.satisfied = satisfied
-        # (starts, 1-based positions of the relevant items, where each request's positions start) as lists, made at
-        # the first call that reads one request's (most requests of a batch are read so, or none)
-        self._lists: tuple[list[int], list[int], list[int]] | None = None
+        # (1-based positions of the relevant items, where each request's positions start) as lists, made at the
+        # first call that reads one request's (an interleaved request's, for its teams' credit)
+        self._lists: tuple[list[int], list[int]] | None = None
         self.times: Floats | None = None
         self.queries: list[str | None] | None = None
         if satisfied is not None:  # (``times``, ``queries``: the serve times and query ids, when the caller has them)
@@ -115,21 +115,16 @@ class Impressions:
 
     def relevant_positions(self, i: int) -> list[int]:
         """1-based positions of the relevant items of request ``i``."""
-        _, positions, bounds = self._as_lists()
+        positions, bounds = self._as_lists()
         return positions[bounds[i] : bounds[i + 1]]
 
-    def scores_of(self, i: int) -> Floats:
-        """The scores of request ``i``'s served items (a view)."""
-        starts, _, _ = self._as_lists()
-        return self.scores[starts[i] : starts[i + 1]]
-
-    def _as_lists(self) -> tuple[list[int], list[int], list[int]]:
+    def _as_lists(self) -> tuple[list[int], list[int]]:
         if self._lists is None:
             starts = self.starts
             hits = np.flatnonzero(self.labels)
             bounds = np.searchsorted(hits, starts)  # request i's relevant items: hits[bounds[i]:bounds[i + 1]]
             owner = np.repeat(np.arange(starts.shape[0] - 1), np.diff(bounds))
-            self._lists = (starts.tolist(), (hits - starts[owner] + 1).tolist(), bounds.tolist())
+            self._lists = ((hits - starts[owner] + 1).tolist(), bounds.tolist())
         return self._lists
 
 
