@@ -72,7 +72,7 @@ class Parts:
         sizes = starts[index + 1] - first
         hits = np.flatnonzero(take_ranges(impressions.labels, first, sizes))  # (in part order, ascending in each)
         owner = np.repeat(np.arange(index.shape[0]), sizes)[hits]
-        relevant = hits - (np.cumsum(sizes) - sizes)[owner] + 1
+        relevant = hits - starts_of(sizes)[owner] + 1
         queries: list[str | None] | None = None
         satisfied = None
         if impressions.satisfied is not None:  # the session measures run: the query and a satisfied click
