@@ -620,10 +620,14 @@ def test_a_log_read_at_once_to_its_end_leaves_the_windows_of_one_read_message_by
     assert approx({key: got.get(key) for key in expected}) == approx(expected)
 
 
-def test_the_first_offsets_kept_are_those_of_every_request_id_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("batch", [7, 300])
+def test_the_first_offsets_kept_are_those_of_every_request_id_decoded(monkeypatch: pytest.MonkeyPatch,
+                                                                       batch: int) -> None:
     """A partition keeps the offset of each request's first event (what a checkpoint's start comes from), decoding
-    only the feedback ids that can be a request's first; what it keeps is what the rule gives applied to the id of
-    every ranking and feedback, decoded (the code before 2026-11-28, here), fetch by fetch, both ways of decoding."""
+    only the feedback ids that can be a request's first, once a fetch, and looking rankings up by their bytes; what
+    it keeps is what the rule gives applied to the id of every ranking and feedback, decoded (the code before
+    2026-11-28, here), fetch by fetch (``batch`` messages: a request's feedback several times in one, or not),
+    both ways of decoding."""
     from stream_eval.engine import partitions
     from stream_eval.events.schema import Chunk, Feedback
 
@@ -661,7 +665,7 @@ def test_the_first_offsets_kept_are_those_of_every_request_id_decoded(monkeypatc
     for add in (None, every_id):
         if add is not None:
             monkeypatch.setattr(partitions.Requests, "add", add)
-        engine = run_partitioned(lines, config, Collect(), batch=7)
+        engine = run_partitioned(lines, config, Collect(), batch=batch)
         kept.append({(partition, kind): (list(requests.offsets), requests.ids)
                      for partition, task in engine.tasks.items() for kind, requests in task.requests.items()})
     assert kept[0] == kept[1]

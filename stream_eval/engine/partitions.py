@@ -45,6 +45,7 @@ from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.regroup import RegroupSink, SessionStage
 from stream_eval.engine.times import time_to_json
 from stream_eval.engine.windows import RollingWindows
+from stream_eval.events import compiled
 from stream_eval.events.join import Join
 from stream_eval.events.schema import Chunk, CompactRanking, Feedback, Invalid, Judgment, Ranking, Watermark
 
@@ -158,6 +159,10 @@ class Requests:
             picked, rids = _firsts_of_chunk(offsets, events, join)
         else:
             picked, rids = _firsts(list(zip(offsets, events, strict=True)), join)
+        if len(set(rids)) == len(rids):  # (the usual: no request's first twice in a batch)
+            self.offsets.extend(picked)
+            self.ids += rids
+            return
         new: set[str] = set()
         for offset, rid in zip(picked, rids, strict=True):
             if rid not in new:
@@ -176,6 +181,7 @@ class Requests:
                 head += int(needed[0])
                 break
             head += step
+            step = min(2 * step, 1 << 16)  # (a long run of requests forgotten since: fewer, larger looks)
         head = min(head, len(ids))
         if head > 4096 and 2 * head > len(ids):
             del self.offsets[:head], ids[:head]
@@ -201,10 +207,18 @@ def _firsts_of_chunk(offsets: Sequence[int], chunk: Chunk, join: Join) -> tuple[
     """:func:`_firsts` of ``chunk`` (a batch whose event ``k`` is at ``offsets[k]``), by offset. Of its feedback
     columns, only the ids of the events whose request has had no feedback are decoded (feedback that was applied
     is no request's first)."""
-    places, rids = _firsts(list(zip(chunk.events_at.tolist(), chunk.events, strict=True)), join)
+    plain = chunk.plain
+    if plain is not None and len(plain) == len(chunk.events):  # (every object a ranking the line reader read)
+        first = np.flatnonzero(~join.held_at(plain.raw, plain.id_start, plain.id_end))
+        rankings = plain.rankings
+        places, rids = chunk.events_at[first].tolist(), [rankings[k].request_id for k in first.tolist()]
+    else:
+        places, rids = _firsts(list(zip(chunk.events_at.tolist(), chunk.events, strict=True)), join)
     columns = chunk.feedback
     if len(columns):
         maybe = np.flatnonzero(~join.fed_at(columns.text, columns.rid_start, columns.rid_end))
+        if maybe.shape[0]:  # each request's first feedback of the batch (a later one is not its first)
+            maybe = maybe[compiled.distinct_spans(columns.text, columns.rid_start[maybe], columns.rid_end[maybe])[1]]
         text = columns.text.tobytes() if maybe.shape[0] else b""
         found = [text[a:b].decode() for a, b in zip(columns.rid_start[maybe].tolist(),
                                                      columns.rid_end[maybe].tolist(), strict=True)]

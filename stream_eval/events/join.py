@@ -1033,6 +1033,10 @@ class Join:
         waiting = np.fromiter(map(pending.__contains__, rids), dtype=np.bool_, count=len(rids))
         return held, fed, waiting
 
+    def held_at(self, keys: Bytes, starts: Ints, ends: Ints) -> Bools:
+        """:meth:`status`'s first answer for the request ids at ``keys[starts:ends]`` (UTF-8)."""
+        return self._held_fed(self._find(keys, starts, ends))[0]
+
     def fed_at(self, keys: Bytes, starts: Ints, ends: Ints) -> Bools:
         """:meth:`status`'s second answer for the request ids at ``keys[starts:ends]`` (UTF-8)."""
         return self._held_fed(self._find(keys, starts, ends))[1]
