@@ -265,3 +265,24 @@ def test_lengths_and_counts_no_batch_can_hold_are_aiokafkas_errors() -> None:
 
     install()
     assert _unpack(PartitionRecords(TP, fetcher.MemoryRecords(data), [], 100, None, JOINED, True, 0)) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.integers(-(2**63), 2**63 - 1), before=st.binary(max_size=3), after=st.binary(max_size=3))
+def test_a_varint_is_read_as_aiokafka_writes_it_and_a_cut_one_is_refused(value: int, before: bytes,
+                                                                         after: bytes) -> None:
+    """The compiled loop's varint (read with its first byte before its loop, docs/benchmarks.md) gives what
+    aiokafka's ``encode_varint`` wrote, and the place after it; cut anywhere short of its end, or run on past
+    64 bits, it is refused."""
+    from aiokafka.record.util import encode_varint
+
+    from stream_eval.stream.compiled import _varint
+
+    written = bytearray()
+    encode_varint(value, written.append)
+    buf = np.frombuffer(before + bytes(written) + after, dtype=np.uint8)
+    end = len(before) + len(written)
+    assert _varint(buf, len(before), len(buf)) == (value, end, True)
+    for cut in range(len(before), end):
+        assert _varint(buf, len(before), cut)[2] is False
+    assert _varint(np.array([0x80] * 10 + [0], dtype=np.uint8), 0, 11)[2] is False  # (an 11th byte: past 64 bits)

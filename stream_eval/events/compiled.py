@@ -11,9 +11,14 @@ exact: a hash only chooses where to look; keys are compared byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numba as nb
 import numpy as np
 import numpy.typing as npt
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 Bytes = npt.NDArray[np.uint8]
 Ints = npt.NDArray[np.int64]
@@ -78,6 +83,30 @@ def equal_bytes(a: Bytes, a0: int, a1: int, b: Bytes, b0: int, b1: int) -> bool:
         if a[a0 + k] != b[b0 + k]:
             return False
     return True
+
+
+@intrinsic
+def _copy_bytes(typingctx: Any, target: Any, at: Any, source: Any, start: Any, size: Any) -> Any:  # pragma: no cover
+    """``target[at : at + size] = source[start : start + size]`` (contiguous byte arrays; ``size`` >= 0, both ranges
+    within their arrays) by one ``memcpy``: numba's slice assignment copied a byte at a time, and a plain loop in a
+    larger function was no faster (docs/benchmarks.md, "Varints and byte copies in the compiled loops")."""
+    if not all(isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
+               and array.dtype == types.uint8 for array in (target, source)):
+        return None
+    signature = types.void(target, types.intp, source, types.intp, types.intp)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        into, into_at, out_of, out_of_at, count = args
+        to = context.make_array(sig.args[0])(context, builder, into)
+        of = context.make_array(sig.args[2])(context, builder, out_of)
+        cgutils.raw_memcpy(builder, builder.gep(to.data, [into_at]),  # type: ignore[no-untyped-call]
+                           builder.gep(of.data, [out_of_at]), count, 1)
+
+    return signature, codegen
+
+
+#: :func:`_copy_bytes` as the compiled loops call it (numba passes the typing context).
+copy_bytes: Callable[[Bytes, int, Bytes, int, int], None] = _copy_bytes  # type: ignore[assignment]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -299,7 +328,7 @@ def unshown_codes(table: Ints, arena: Bytes, used: int, counts: Ints, base: int,
                 code = counts[slot - base]
                 counts[slot - base] += 1
                 size = ends[k] - starts[k]
-                arena[used : used + size] = items[starts[k] : ends[k]]
+                copy_bytes(arena, used, items, starts[k], size)
                 table[e] = slot
                 table[e + 1] = code
                 table[e + 2] = used
@@ -350,7 +379,7 @@ def keep_unshown(old: Ints, old_arena: Bytes, open_slot: npt.NDArray[np.bool_], 
             j = (j + 1) & mask
         f = UNSHOWN_ENTRY * j
         size = old[e + 3] - old[e + 2]
-        new_arena[used : used + size] = old_arena[old[e + 2] : old[e + 3]]
+        copy_bytes(new_arena, used, old_arena, old[e + 2], size)
         new[f] = slot
         new[f + 1] = old[e + 1]
         new[f + 2] = used
@@ -527,7 +556,7 @@ def copy_spans(source: Bytes, starts: Ints, ends: Ints, before: Bytes, after: By
             target[at] = c
             at += 1
         size = ends[k] - starts[k]
-        target[at : at + size] = source[starts[k] : ends[k]]
+        copy_bytes(target, at, source, starts[k], size)
         at += size
         for c in after:
             target[at] = c

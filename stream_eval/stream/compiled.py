@@ -14,6 +14,8 @@ import numba as nb
 import numpy as np
 import numpy.typing as npt
 
+from stream_eval.events.compiled import copy_bytes
+
 Bytes = npt.NDArray[np.uint8]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -24,23 +26,24 @@ READ = 0
 CORRUPT = 1
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, inline="always")
 def _varint(buf: Bytes, pos: int, end: int) -> tuple[int, int, bool]:  # pragma: no cover  # compiled
     """The zigzag varint at ``pos`` (aiokafka's ``decode_varint64``), the position after it, and whether it lies
-    within ``end`` and 64 bits."""
-    value = np.uint64(0)
-    shift = 0
-    while True:
-        if pos >= end:
+    within ``end`` and 64 bits. (Its first byte read before the loop: the loop with every check before its first
+    read took 15 times as long a varint; docs/benchmarks.md, "Varints and byte copies in the compiled loops".)"""
+    if pos >= end:
+        return 0, pos, False
+    byte = np.uint64(buf[pos])
+    pos += 1
+    value = byte & np.uint64(0x7F)
+    shift = 7
+    while byte >= np.uint64(0x80):
+        if pos >= end or shift > 63:
             return 0, pos, False
         byte = np.uint64(buf[pos])
         pos += 1
         value |= (byte & np.uint64(0x7F)) << np.uint64(shift)
-        if byte < np.uint64(0x80):
-            break
         shift += 7
-        if shift > 63:
-            return 0, pos, False
     decoded = np.int64(value >> np.uint64(1)) ^ -np.int64(value & np.uint64(1))
     return int(decoded), pos, True
 
@@ -97,7 +100,7 @@ def unpack_values(buf: Bytes, pos: int, end: int, count: int, base_offset: int, 
             out_pos += 1
         starts[n] = out_pos
         if value_len > 0:
-            out[out_pos : out_pos + value_len] = buf[value_at : value_at + value_len]
+            copy_bytes(out, out_pos, buf, value_at, value_len)
             out_pos += value_len
         ends[n] = out_pos
         nulls[n] = value_len < 0
@@ -160,9 +163,9 @@ def pack_records(keys: Bytes, key_ends: Ints, values: Bytes, value_ends: Ints, s
         pos = _put_varint(out, pos + 1, delta)
         pos = _put_varint(out, pos, offset)
         pos = _put_varint(out, pos, key_len)
-        out[pos : pos + key_len] = keys[key_at : key_at + key_len]
+        copy_bytes(out, pos, keys, key_at, key_len)
         pos = _put_varint(out, pos + key_len, value_len)
-        out[pos : pos + value_len] = values[value_at : value_at + value_len]
+        copy_bytes(out, pos, values, value_at, value_len)
         pos += value_len
         out[pos] = 0  # no headers
         pos += 1
