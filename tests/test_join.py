@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable
+from typing import Any
 from unittest.mock import patch
 
+import numba as nb
 import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
@@ -589,3 +591,26 @@ def test_rankings_read_after_their_feedback_are_late_not_empty_requests(tmp_path
     requests = wrong["overall"]["requests"]  # (the first half hour's rankings are in time)
     assert requests < 100 and wrong["events"]["late"] >= 300 - requests  # (late: rankings and feedback)
     assert wrong["events"]["ranking"] == 300 and wrong["events"]["orphan"] > 0
+
+
+@nb.njit
+def _copy_bytes(target: Any, at: int, source: Any, start: int, size: int) -> None:
+    compiled.copy_bytes(target, at, source, start, size)
+
+
+@settings(max_examples=200, deadline=None)
+@given(source=st.binary(max_size=64), target_size=st.integers(0, 64), at=st.integers(0, 64), start=st.integers(0, 64),
+       size=st.integers(-3, 64))
+def test_the_compiled_byte_copy_is_the_slice_assignment(source: bytes, target_size: int, at: int, start: int,
+                                                        size: int) -> None:
+    """``copy_bytes`` (one memcpy in the compiled loops: the join's arenas, the fetched and produced batches) writes
+    what ``target[at:at + size] = source[start:start + size]`` writes, ranges within both arrays; a size of 0 or
+    less writes nothing, as the empty slices did."""
+    size = min(size, len(source) - start, target_size - at)
+    target = np.arange(target_size, dtype=np.uint8)
+    expected = target.copy()
+    src = np.frombuffer(source, dtype=np.uint8)  # (read-only, as a fetched buffer is)
+    if size > 0:
+        expected[at:at + size] = src[start:start + size]
+    _copy_bytes(target, at, src, start, size)
+    assert target.tolist() == expected.tolist()

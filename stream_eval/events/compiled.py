@@ -86,10 +86,8 @@ def equal_bytes(a: Bytes, a0: int, a1: int, b: Bytes, b0: int, b1: int) -> bool:
 
 
 @intrinsic
-def _copy_bytes(typingctx: Any, target: Any, at: Any, source: Any, start: Any, size: Any) -> Any:  # pragma: no cover
-    """``target[at : at + size] = source[start : start + size]`` (contiguous byte arrays; ``size`` >= 0, both ranges
-    within their arrays) by one ``memcpy``: numba's slice assignment copied a byte at a time, and a plain loop in a
-    larger function was no faster (docs/benchmarks.md, "Varints and byte copies in the compiled loops")."""
+def _memcpy(typingctx: Any, target: Any, at: Any, source: Any, start: Any, size: Any) -> Any:  # pragma: no cover
+    """One ``memcpy`` of ``size`` bytes from ``source[start]`` to ``target[at]`` (contiguous byte arrays)."""
     if not all(isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
                and array.dtype == types.uint8 for array in (target, source)):
         return None
@@ -105,8 +103,17 @@ def _copy_bytes(typingctx: Any, target: Any, at: Any, source: Any, start: Any, s
     return signature, codegen
 
 
-#: :func:`_copy_bytes` as the compiled loops call it (numba passes the typing context).
-copy_bytes: Callable[[Bytes, int, Bytes, int, int], None] = _copy_bytes  # type: ignore[assignment]
+_memcpy_typed: Callable[[Bytes, int, Bytes, int, int], None] = _memcpy  # type: ignore[assignment]  # (numba's call)
+
+
+@nb.njit(cache=True, inline="always")
+def copy_bytes(target: Bytes, at: int, source: Bytes, start: int, size: int) -> None:  # pragma: no cover  # compiled
+    """``target[at : at + size] = source[start : start + size]`` (contiguous byte arrays, both ranges within their
+    arrays; nothing when ``size`` is not positive, as the slices would be empty) by one ``memcpy``: numba's slice
+    assignment copied a byte at a time, and a plain loop in a larger function was no faster (docs/benchmarks.md,
+    "Varints and byte copies in the compiled loops")."""
+    if size > 0:
+        _memcpy_typed(target, at, source, start, size)
 
 
 @nb.njit(cache=True, nogil=True)
