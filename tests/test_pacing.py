@@ -109,12 +109,48 @@ def test_rankings_that_went_quiet_or_ended_never_hold_their_feedback_back() -> N
     assert consumer.paused() == set()
 
 
-def test_no_event_time_yet_pauses_nothing() -> None:
+def test_feedback_waits_for_a_partitions_first_rankings_while_they_may_come() -> None:
+    """Before any of its rankings is fed, a partition's feedback is ahead of them (a fetch of it would all wait in
+    the join): paused while the rankings were assigned or heard within the quiet time, or the broker holds some, and
+    not once they went quiet with none held (a topic with feedback only is read after a quiet time)."""
     now = [100.0]
-    worker, consumer = _worker(now)
-    _times(worker, 0, rankings=-math.inf, feedback=1000.0, heard=now[0] - 10 * _RANKINGS_QUIET)
+    worker, consumer = _worker(now)  # (partitions just assigned: nothing fed)
+    feedback = worker.topics.feedback
+    worker._pace_feedback()
+    assert consumer.paused() == {TopicPartition(feedback, 0), TopicPartition(feedback, 1)}
+    _times(worker, 1, rankings=1000.0, feedback=-math.inf, heard=now[0])  # partition 1's first rankings fed
+    worker._pace_feedback()
+    assert consumer.paused() == {TopicPartition(feedback, 0)}
+    now[0] += _RANKINGS_QUIET * 1.5  # partition 0's rankings still silent, the broker holds none of them
     worker._pace_feedback()
     assert consumer.paused() == set()
+    consumer.behind[TopicPartition(worker.topics.rankings, 0)] = 10  # ... or it does: they are on their way
+    worker._pace_feedback()
+    assert consumer.paused() == {TopicPartition(feedback, 0)}
+
+
+def test_a_partitions_feedback_is_paused_on_assignment_before_a_fetch_goes_out() -> None:
+    """The feedback partitions newly assigned are paused in the assignment callback before anything is awaited
+    (the partitions' claims are round trips to the broker, during which aiokafka's fetcher would ask for them)."""
+    import asyncio
+
+    now = [100.0]
+    worker, consumer = _worker(now)
+    for partition in (0, 1):
+        worker.partitioned.drop(partition)
+    consumer.paused_set.clear()
+    seen: list[set[TopicPartition]] = []
+
+    async def claim(partition: int, tps: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
+        seen.append(consumer.paused())  # (what the fetcher would see while the claim is awaited)
+        worker.partitioned.assign(partition)
+        return []
+
+    worker._claim = claim  # type: ignore[method-assign]
+    asyncio.run(worker.on_partitions_assigned(list(consumer.assigned)))
+    feedback = {TopicPartition(worker.topics.feedback, p) for p in (0, 1)}
+    assert seen and all(paused == feedback for paused in seen)
+    assert consumer.paused() == feedback  # (no rankings fed yet: they stay paused until some are)
 
 
 def test_rankings_the_broker_still_holds_keep_their_feedback_paused_though_quiet() -> None:
@@ -126,6 +162,7 @@ def test_rankings_the_broker_still_holds_keep_their_feedback_paused_though_quiet
     rankings = TopicPartition(worker.topics.rankings, 0)
     consumer.behind[rankings] = 5000
     _times(worker, 0, rankings=1000.0, feedback=2000.0, heard=now[0])
+    _times(worker, 1, rankings=1000.0, feedback=1000.0, heard=now[0])
     worker._pace_feedback()
     assert consumer.paused() == {TopicPartition(worker.topics.feedback, 0)}
     now[0] += _RANKINGS_QUIET * 10

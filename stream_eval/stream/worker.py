@@ -618,6 +618,12 @@ class StreamWorker:
             log.info("revoked partitions %s in %.2fs", revoking, time.monotonic() - asked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        # the new partitions' feedback paused at once, before a fetch can go out while they are claimed; resumed
+        # below unless ahead of its rankings (_pace_feedback)
+        tasks = self.partitioned.tasks
+        fresh = [tp for tp in assigned if tp.topic == self.topics.feedback and tp.partition not in tasks]
+        if fresh and self._consumer is not None and self.ubi is None:
+            self._consumer.pause(*fresh)
         async with self._busy:
             by_partition: dict[int, list[Any]] = defaultdict(list)
             seeks: list[tuple[Any, int]] = []
@@ -638,6 +644,7 @@ class StreamWorker:
                     seeks += await self._claim(partition, tps)
             for tp, start in seeks:  # at the end, with nothing awaited after (the tasks drop what comes before)
                 self._consumer.seek(tp, start)
+            self._pace_feedback()  # (before the first fetch: a partition's rankings come first)
             log.info("assigned partitions %s", sorted(by_partition))
 
     def _stop_for(self, error: Exception) -> None:
@@ -728,7 +735,10 @@ class StreamWorker:
         have). A feedback partition is paused while its event time is more than :data:`_FEEDBACK_AHEAD` past its
         rankings', and those are still being read: the broker holds rankings the worker has not been handed
         (:func:`_behind`), or some were fed within :data:`_RANKINGS_QUIET`. A rankings partition that ended, or is
-        caught up and went quiet, never holds its feedback back."""
+        caught up and went quiet, never holds its feedback back. Before any of its rankings is fed, a partition's
+        feedback counts as ahead: on assignment (called then too, before the first fetch) its rankings are read
+        first, for at most :data:`_RANKINGS_QUIET` when the broker turns out to hold none (docs/benchmarks.md,
+        "Rankings first on assignment")."""
         consumer = self._consumer
         if consumer is None or self.ubi is not None:
             return
@@ -746,7 +756,9 @@ class StreamWorker:
             if task is not None and not task.rebuilding:
                 rankings, feedback = task.sources["ranking"], task.sources["feedback"]
                 read = rankings_tp.get(tp.partition)
-                ahead = (feedback.watermark - rankings.watermark > _FEEDBACK_AHEAD and not rankings.ended
+                # (no rankings fed yet: any feedback is ahead, the first fetch of a partition included)
+                lead = feedback.watermark - rankings.watermark if rankings.watermark > -math.inf else math.inf
+                ahead = (lead > _FEEDBACK_AHEAD and not rankings.ended
                          and (now - rankings.heard < _RANKINGS_QUIET
                               or read is not None and (_behind(consumer, read) or 0) > 0))
             if ahead and tp not in paused:
