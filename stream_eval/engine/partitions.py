@@ -159,16 +159,13 @@ class Requests:
             picked, rids = _firsts_of_chunk(offsets, events, join)
         else:
             picked, rids = _firsts(list(zip(offsets, events, strict=True)), join)
-        if len(set(rids)) == len(rids):  # (the usual: no request's first twice in a batch)
-            self.offsets.extend(picked)
-            self.ids += rids
-            return
-        new: set[str] = set()
-        for offset, rid in zip(picked, rids, strict=True):
-            if rid not in new:
-                new.add(rid)
-                self.offsets.append(offset)
-                self.ids.append(rid)
+        if len(set(rids)) != len(rids):  # a request's first twice in the batch (rare): the earlier one
+            first_of: dict[str, int] = {}
+            for k, rid in enumerate(rids):
+                first_of.setdefault(rid, k)
+            picked, rids = [picked[k] for k in first_of.values()], list(first_of)
+        self.offsets.extend(picked)
+        self.ids += rids
 
     def first(self, join: Join) -> int | None:
         """The smallest offset still needed (requests the join has forgotten are dropped first)."""

@@ -618,12 +618,7 @@ class StreamWorker:
             log.info("revoked partitions %s in %.2fs", revoking, time.monotonic() - asked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        # the new partitions' feedback paused at once, before a fetch can go out while they are claimed; resumed
-        # below unless ahead of its rankings (_pace_feedback)
-        tasks = self.partitioned.tasks
-        fresh = [tp for tp in assigned if tp.topic == self.topics.feedback and tp.partition not in tasks]
-        if fresh and self._consumer is not None and self.ubi is None:
-            self._consumer.pause(*fresh)
+        self._pace_feedback()  # (at once, before a fetch can go out while the new partitions are claimed)
         async with self._busy:
             by_partition: dict[int, list[Any]] = defaultdict(list)
             seeks: list[tuple[Any, int]] = []
@@ -736,9 +731,9 @@ class StreamWorker:
         rankings', and those are still being read: the broker holds rankings the worker has not been handed
         (:func:`_behind`), or some were fed within :data:`_RANKINGS_QUIET`. A rankings partition that ended, or is
         caught up and went quiet, never holds its feedback back. Before any of its rankings is fed, a partition's
-        feedback counts as ahead: on assignment (called then too, before the first fetch) its rankings are read
-        first, for at most :data:`_RANKINGS_QUIET` when the broker turns out to hold none (docs/benchmarks.md,
-        "Rankings first on assignment")."""
+        feedback counts as ahead, and before it is claimed it is paused: on assignment (called then too, before
+        the claims and after them) its rankings are read first, for at most :data:`_RANKINGS_QUIET` when the broker
+        turns out to hold none (docs/benchmarks.md, "Rankings first on assignment")."""
         consumer = self._consumer
         if consumer is None or self.ubi is not None:
             return
@@ -752,7 +747,7 @@ class StreamWorker:
             if tp.topic != topic:
                 continue
             task = self.partitioned.tasks.get(tp.partition)
-            ahead = False
+            ahead = task is None  # (not claimed yet: nothing of it can be fed)
             if task is not None and not task.rebuilding:
                 rankings, feedback = task.sources["ranking"], task.sources["feedback"]
                 read = rankings_tp.get(tp.partition)
