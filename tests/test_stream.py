@@ -20,7 +20,7 @@ from stream_eval.config import Config, ExperimentSettings, Tolerance
 from stream_eval.engine.engine import Engine, FinalisedBatch
 from stream_eval.engine.replay import replay
 from stream_eval.simulate import SimulationConfig, simulate_lines
-from stream_eval.stream.delivery import Delivery, FencedLog
+from stream_eval.stream.delivery import FencedLog
 from stream_eval.stream.kafka import topics
 from stream_eval.stream.produce import send_lines
 from stream_eval.stream.settings import WorkerSettings
@@ -315,49 +315,6 @@ def test_the_fenced_log_sends_a_stages_boundary_looks_before_its_commit() -> Non
     assert worker.stages.reporting()  # (in the stage's transaction, at its commit)
     progress = [records.decode(report) for report in worker.stages.take_reports()]
     assert [type(report) for report in progress] == [records.LookProgress] and asked == [True]
-
-
-def test_with_transactions_outputs_go_into_the_open_transaction_between_batches() -> None:
-    """With Kafka transactions an owned partition's outputs are sent into its open transaction between batches
-    (``send_ahead``: the broker takes them while the worker reads on, and the commit waits on the last batch's only);
-    a partition not owned keeps its own, and one whose transaction fails is given up with nothing of it counted.
-    The fenced log keeps them all for its commit, which checks its fence first."""
-    from aiokafka.errors import ProducerFenced
-
-    from stream_eval.stream.batches import Records
-    from stream_eval.stream.delivery import RequestRecords, Transactions
-
-    worker = StreamWorker(WorkerSettings(["localhost:9"], group="ahead"), Config())
-    outputs = worker.topics.request_metrics
-    transactional = Transactions(worker.settings, worker.partitioned, worker.stages, worker.lock, worker.health,
-                                 logs=MemoryLogs())
-
-    def produced(delivery: Delivery) -> None:
-        delivery.outbox.requests += [
-            RequestRecords(0, ["r1", "r2"], Records.of([b"r1", b"r2"], [b"{}", b"{}"], [-1, -1])),
-            RequestRecords(1, ["q1"], Records.of([b"q1"], [b"{}"], [-1]))]
-
-    worker.partitioned.assign(0)
-    transactional.senders[0] = sender = RecordingSender()  # type: ignore[assignment]  # a fake of the same shape
-    produced(transactional)
-    asyncio.run(transactional.send_ahead())
-    assert [sent for sent in sender.sent if sent[0] == outputs] == [(outputs, 0, b"r1"), (outputs, 0, b"r2")]
-    assert [records.ids for records in transactional.outbox.requests] == [["q1"]]  # (partition 1: not owned here)
-
-    class Fenced(RecordingSender):
-        async def send_records(self, topic: str, partition: int, records: Any) -> None:
-            raise ProducerFenced()
-
-    transactional.senders[0] = Fenced()  # type: ignore[assignment]
-    produced(transactional)
-    asyncio.run(transactional.send_ahead())
-    assert 0 not in worker.partitioned.tasks and 0 in transactional.lost and 0 not in transactional.senders
-
-    worker.partitioned.assign(0)
-    fenced_log, _, fenced_sender = _fenced_log(worker)
-    produced(fenced_log)
-    asyncio.run(fenced_log.send_ahead())
-    assert not fenced_sender.sent and len(fenced_log.outbox.requests) == 2
 
 
 class _FenceReader:

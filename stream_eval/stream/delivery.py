@@ -301,14 +301,6 @@ class Delivery(abc.ABC):
         all or none of a partition counting (a partition found claimed by another worker is dropped instead); with
         ``release`` (the worker gives them up), make sure a next owner needs to wait for nothing."""
 
-    async def send_ahead(self) -> None:
-        """Between batches: send what the input partitions have produced so far (outputs, regroup records) ahead of
-        their commit, where that changes nothing of what counts (:class:`Transactions`: into each partition's open
-        transaction, so that the broker takes them while the worker reads on, and a commit waits on the last
-        batch's records only). The fenced log keeps them for its commit: they may go out only after its fence
-        check."""
-        return None
-
     def drop(self, partition: int) -> None:
         """Forget input partition ``partition`` at once: its share, and its outputs not committed (its next owner
         writes them)."""
@@ -407,12 +399,6 @@ class Delivery(abc.ABC):
     async def commit_stages(self, stages: list[int]) -> None:
         """Store the looks that stage partitions ``stages`` report, then (a snapshot when due and) their checkpoints
         and consumer offsets."""
-
-    async def commit_all(self, release: bool = False) -> None:
-        """:meth:`commit` of every input partition owned (``release``: given up), then :meth:`commit_stages` of every
-        stage partition held."""
-        await self.commit(None, release)
-        await self.commit_stages(sorted(self.stages.held))
 
     async def release_stages(self, stages: list[int]) -> None:
         """Commit stage partitions ``stages`` one last time and give them up (the next owner restores them)."""
@@ -894,34 +880,12 @@ class Transactions(Delivery):
         if release:
             await self._close()
 
-    async def send_ahead(self) -> None:
-        for partition in sorted(self.senders):
-            if partition in self.partitioned.tasks:
-                try:
-                    await self._send_produced(partition)
-                except _transaction_failed() as error:
-                    self._transaction_lost(partition, error)
-
-    async def _send_produced(self, partition: int) -> None:
-        """Send ``partition``'s outputs and regroup records produced since the last call into its transaction."""
-        sender = self.senders[partition]
-        await self.send_outbox(sender, self.outbox.take({partition}))
-        await self.send_routed(sender, self.partitioned.take_routed(partitions=[partition]), [])
-
-    def _transaction_lost(self, partition: int, error: Exception) -> None:
-        """``partition``'s transaction cannot commit (fenced by a new owner, or refused): nothing of it counts, and
-        the partition is given up."""
-        log.warning("partition %d: its transaction failed (%s: %s): given up without committing",
-                    partition, type(error).__name__, error)
-        self.drop(partition)
-        self.lost[partition] = time.monotonic()
-
     async def _commit_partition(self, partition: int, release: bool) -> None:
         sender, task = self.senders[partition], self.partitioned.tasks.get(partition)
         if task is None:
             return
         try:
-            await self._send_produced(partition)  # (what send_ahead has not sent yet)
+            await self.send_outbox(sender, self.outbox.take({partition}))
             checkpoint = None
             if self._checkpointed(partition):
                 record = self._windows_record(partition)
@@ -942,8 +906,11 @@ class Transactions(Delivery):
             await self._commit_transaction(sender, offsets, self.settings.group, again=not release)
             if checkpoint is not None and checkpoint.windows is not None:
                 self._trim_to(self.settings.checkpoint_topic, partition, checkpoint.windows[0])
-        except _transaction_failed() as error:
-            self._transaction_lost(partition, error)
+        except _transaction_failed() as error:  # fenced by a new owner, or the transaction failed: nothing of it counts
+            log.warning("partition %d: its transaction failed (%s: %s): given up without committing",
+                        partition, type(error).__name__, error)
+            self.drop(partition)
+            self.lost[partition] = time.monotonic()
             return
         if release:
             self._closing.append(self.senders.pop(partition))
@@ -963,16 +930,6 @@ class Transactions(Delivery):
 
     async def commit_stages(self, stages: list[int]) -> None:
         await asyncio.gather(*(self._commit_stage(q) for q in sorted(stages) if q in self.stage_senders))
-
-    async def commit_all(self, release: bool = False) -> None:
-        # every partition's transaction is its own, input and stage partitions alike: all side by side (a commit
-        # waits on a few round trips to the transaction coordinator, and now and then on a retry of 100 ms while it
-        # writes the previous transaction's markers; docs/benchmarks.md)
-        done = await asyncio.gather(self.commit(None, release), self.commit_stages(sorted(self.stages.held)),
-                                    return_exceptions=True)
-        for result in done:
-            if isinstance(result, BaseException):
-                raise result
 
     async def _commit_stage(self, stage: int) -> None:
         from aiokafka import TopicPartition

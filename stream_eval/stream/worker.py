@@ -538,12 +538,11 @@ class StreamWorker:
     async def checkpoint(self, partitions: list[int] | None = None, release: bool = False) -> None:
         """Commit ``partitions`` (default: all, and the stage partitions held): their outputs, checkpoints and
         offsets (:meth:`Delivery.commit`); with ``release`` the worker gives them up."""
-        if partitions is not None:
-            await self.delivery.commit(partitions, release)
-            return
-        await self.delivery.commit_all(release)
-        if not release:
-            await self.delivery.trim()
+        await self.delivery.commit(partitions, release)
+        if partitions is None:
+            await self.delivery.commit_stages(sorted(self.stages.held))
+            if not release:
+                await self.delivery.trim()
 
     async def on_stage_revoked(self, revoked: Any) -> None:
         async with self._busy:
@@ -864,8 +863,6 @@ class StreamWorker:
                 batch = await self._next_input(_input_wait(stage_records, read_pending, in_backlog and not behind))
                 async with self._busy:
                     await self._handle(batch)
-                    if batch:
-                        await self.delivery.send_ahead()
                     if self.out_of_range:
                         await self._count_lost_input()
                     self._pace_feedback()
