@@ -44,6 +44,8 @@ Speed-up = events/s of the 2-worker run ÷ that of the 1-worker run next to it, 
 With ``--baseline DIR`` the workers of another source tree (a git worktree of another commit) run in the same
 rounds, their 1 and 2 workers before or after this tree's in turn, so that the two trees' speed-ups are measured
 side by side (on a shared machine, runs an hour apart differ by more than most changes).
+Each tree's compiled loops are loaded once before the first round (``compile_loops``: numba compiles them where
+its cache is missing or stale, as in a fresh worktree), so that no run measures compilation.
 Where the machine's cores went over each run (start of the work to A/B-complete) is reported too: the workers, the
 broker, this process (the poller), every other process (``/proc/stat``'s busy time less those) and idle; and, run
 by run, what that leaves the workers: the cores they used plus the idle ones over the cores one worker used in the
@@ -82,6 +84,7 @@ from stream import (  # noqa: E402
     ab_complete,
     ab_not_reached,
     ab_series,
+    compile_loops,
     cpu_seconds,
     samples,
     scrape,
@@ -387,6 +390,8 @@ class ScaleBench:
         trees: list[tuple[str, str | None]] = [("", None)] + ([("baseline ", args.baseline)] if args.baseline else [])
         runs: dict[str, dict[int, list[dict[str, Any]]]] = {tree: {n: [] for n in args.workers} for tree, _ in trees}
         discarded: list[dict[str, Any]] = []
+        for _, source in trees:
+            compile_loops(source)
         for i in range(args.repeat):
             order = trees if i % 2 == 0 else trees[::-1]  # the trees' order alternates
             for (tree, source), n in [(t, n) for t in order for n in args.workers]:

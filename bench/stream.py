@@ -11,8 +11,10 @@
 
 A Tansu broker is started on a free port (``Broker(free_port())``). Simulated traffic (``simulate_lines``: 20
 items per ranking, ~4 feedback events per request) is produced once, with end-of-stream watermarks, to the
-input topics of one prefix. Then, interleaved run by run (fresh consumer group each, so each run reads the same
-topics from the start):
+input topics of one prefix. The compiled loops of this tree (and of ``--baseline``'s) are loaded once first
+(``compile_loops``: numba compiles them where its cache is missing or stale, as in a fresh worktree: ~40 s of a
+core that a first run would otherwise measure). Then, interleaved run by run (fresh consumer group each, so each run
+reads the same topics from the start):
 
 1. ``stream-eval worker`` as a child process. Its ``/metrics`` is polled every ``--poll`` s (0.25: each scrape
    costs the worker's process a few milliseconds of CPU, counted in its CPU seconds, and Prometheus scrapes every 15 s
@@ -251,6 +253,22 @@ def probe_sum(text: str) -> float:
 # ==========================================================================================================
 def stream_eval_cmd() -> list[str]:
     return [sys.executable, "-m", "stream_eval.cli"]
+
+
+def compile_loops(source: str | None = None) -> float:
+    """Load the compiled loops of source tree ``source`` (None: this one) in a process of its own, as a worker's
+    warm-up does: numba compiles them where its cache is missing or stale (a fresh worktree, a changed compiled
+    module: ~40 s of a core), so that no measured run does. Seconds it took."""
+    env = {**os.environ}
+    if source is not None:  # (its package first on the path, as its workers run)
+        env["PYTHONPATH"] = source
+    code = ("from stream_eval.config import Config; from stream_eval.stream.fetched import warm_up as unpacking; "
+            "from stream_eval.stream.worker import warm_up; unpacking(); warm_up(Config())")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=source, check=True, stdin=subprocess.DEVNULL)
+    took = time.perf_counter() - start
+    log(f"compiled loops of {source or 'this tree'} loaded in {took:.1f} s")
+    return took
 
 
 def worker_cmd(bootstrap: str, prefix: str, group: str, port: int, *extra: str) -> list[str]:
@@ -619,6 +637,8 @@ class StreamBench:
         messages = data["events"] + data["watermarks"]
         runs: dict[str, list[dict[str, Any]]] = {"worker": [], "worker-ab-off": [], "faust": [], "raw": [],
                                                  "replay": []}
+        for source in [None, *([self.args.baseline] if self.args.baseline else [])]:
+            compile_loops(source)
         for i in range(self.args.repeat):
             runs["replay"].append(self.run_replay())
             log(f"run {i + 1}: replay {runs['replay'][-1]['per_cpu']:,.0f} events per CPU-second")
