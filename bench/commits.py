@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from run import machine_info  # noqa: E402
-from stream import source_tree  # noqa: E402
+from stream import source_tree, tree_env  # noqa: E402
 
 from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
 
@@ -71,7 +71,7 @@ def run(broker: Broker, name: str, args: argparse.Namespace, source: str | None)
         worker = subprocess.Popen([sys.executable, "-c", TIMED_WORKER, str(out), "--broker", broker.url,
                                    "--metrics-port", str(free_port()), "--topic-prefix", prefix,
                                    "--group", prefix.rstrip(".")],
-                                  env=env if source is None else {**env, "PYTHONPATH": source}, cwd=source,
+                                  env=tree_env(source, env), cwd=source,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(args.seconds)

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from run import fmt_range, machine_info, summary  # noqa: E402
-from stream import cpu_seconds, progress, scrape, source_tree  # noqa: E402
+from stream import cpu_seconds, progress, scrape, source_tree, tree_env  # noqa: E402
 
 from stream_eval.stream.broker import Broker, free_port, stop_process  # noqa: E402
 
@@ -56,7 +56,7 @@ def run(broker: Broker, name: str, env: dict[str, str], extra: list[str], args: 
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([*COMMAND, "worker", "--broker", broker.url, "--metrics-port", str(port),
                                "--topic-prefix", prefix, "--group", prefix.rstrip("."), *extra],
-                              env=env if source is None else {**env, "PYTHONPATH": source}, cwd=source,
+                              env=tree_env(source, env), cwd=source,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

@@ -89,7 +89,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -255,17 +255,23 @@ def stream_eval_cmd() -> list[str]:
     return [sys.executable, "-m", "stream_eval.cli"]
 
 
+def tree_env(source: str | None, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment (``env``, default this process's) of a child process of source tree ``source`` (None: this
+    one): that tree's package first on the path."""
+    env = dict(os.environ if env is None else env)
+    if source is not None:
+        env["PYTHONPATH"] = source
+    return env
+
+
 def compile_loops(source: str | None = None) -> float:
     """Load the compiled loops of source tree ``source`` (None: this one) in a process of its own, as a worker's
-    warm-up does: numba compiles them where its cache is missing or stale (a fresh worktree, a changed compiled
-    module: ~40 s of a core), so that no measured run does. Seconds it took."""
-    env = {**os.environ}
-    if source is not None:  # (its package first on the path, as its workers run)
-        env["PYTHONPATH"] = source
-    code = ("from stream_eval.config import Config; from stream_eval.stream.fetched import warm_up as unpacking; "
-            "from stream_eval.stream.worker import warm_up; unpacking(); warm_up(Config())")
+    warm-up does (the input's unpacking included): numba compiles them where its cache is missing or stale (a fresh
+    worktree, a changed compiled module: ~40 s of a core), so that no measured run does. Seconds it took."""
+    code = "from stream_eval.config import Config; from stream_eval.stream.worker import warm_up; warm_up(Config())"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], env=env, cwd=source, check=True, stdin=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", code], env=tree_env(source), cwd=source, check=True,
+                   stdin=subprocess.DEVNULL)
     took = time.perf_counter() - start
     log(f"compiled loops of {source or 'this tree'} loaded in {took:.1f} s")
     return took
@@ -539,9 +545,7 @@ class StreamBench:
                    "-o", str(profile), "--", *cmd]
         start = time.perf_counter()
         errors = tempfile.TemporaryFile()
-        env = {**os.environ, "STREAM_EVAL_AB": "true" if ab else "false"}
-        if source is not None:  # another source tree (--baseline): its package first on the path
-            env["PYTHONPATH"] = source
+        env = tree_env(source, {**os.environ, "STREAM_EVAL_AB": "true" if ab else "false"})  # (source: --baseline)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env,
                                 cwd=source)
         first: tuple[float, float] | None = None
