@@ -2,7 +2,8 @@
 
     python bench/stream.py            # 60k requests (~300k events), 3 runs each; ~5 min on 2 cores
     python bench/stream.py --quick    # 20k requests (~100k events), 50 latency probes; ~3 min
-    python bench/stream.py --profile  # adds a py-spy profile of one worker run (and of one with --all-on's file)
+    python bench/stream.py --profile  # adds py-spy profiles of one worker run, one with the A/B units off (and
+                                      # one with --all-on's file)
     PYSPY_RATE=1000 python bench/stream.py --profile  # the same at 1,000 samples a second (default 200)
     python bench/stream.py --baseline ../old  # also the worker of another source tree (a git worktree), run by run
     python bench/stream.py --only throughput --all-on bench/all-on.toml  # A/B/n traffic; the worker with the file too
@@ -684,6 +685,11 @@ class StreamBench:
                             native=self.args.native)
             if raw.exists():
                 self.results["profile"] = summarise_collapsed(raw)
+            raw = Path(self.args.out_dir) / "stream-worker-ab-off.pyspy.txt"  # what the A/B units cost, beside
+            self.run_worker(prefix, "profiled-ab-off", data["events"], data["requests"], profile=raw, ab=False,
+                            native=self.args.native)
+            if raw.exists():
+                self.results["profile_ab_off"] = summarise_collapsed(raw)
             if self.args.all_on:  # the worker with the file too, profiled beside it
                 raw = Path(self.args.out_dir) / "stream-worker-all-on.pyspy.txt"
                 self.run_worker(prefix, "profiled-all-on", data["events"], data["requests"], profile=raw,
@@ -1024,7 +1030,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers-only", action="store_true",
                    help="throughput without the naive faust agent and raw aiokafka (most of a run's time): the "
                         "workers, A/B units on and off, and replay's pass")
-    p.add_argument("--profile", action="store_true", help="also one worker run under py-spy")
+    p.add_argument("--profile", action="store_true",
+                   help="also worker runs under py-spy: A/B units on, off (and with --all-on's file)")
     p.add_argument("--native", action="store_true", help="the py-spy profile with native frames (C, numba)")
     p.add_argument("--baseline", help="a source tree of another commit (e.g. a git worktree): its worker runs too, "
                                       "between the others, as the same-run baseline")
