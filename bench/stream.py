@@ -988,13 +988,14 @@ def render(results: dict[str, Any], machine: dict[str, Any], args: argparse.Name
         for name, required, value, ok in rows:
             out.append(f"| {name} | {required} | {value} | {verdict(ok)} |")
         out.append("")
-    if "profile" in results:
-        pr = results["profile"]
-        out.append(f"Profile of one worker run (py-spy, {pr.get('samples', 0):,} samples), top by own share:")
-        out.append("")
-        for frame, share in pr.get("own", [])[:12]:
-            out.append(f"- `{frame}` {share:.1%}")
-        out.append("")
+    for key, what in (("profile", "one worker run"), ("profile_ab_off", "one worker run with the A/B units off")):
+        if key in results:
+            pr = results[key]
+            out.append(f"Profile of {what} (py-spy, {pr.get('samples', 0):,} samples), top by own share:")
+            out.append("")
+            for frame, share in pr.get("own", [])[:12]:
+                out.append(f"- `{frame}` {share:.1%}")
+            out.append("")
     return "\n".join(out)
 
 
