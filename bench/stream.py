@@ -680,21 +680,17 @@ class StreamBench:
             if not shutil.which("py-spy"):
                 log("py-spy not found: no profile")
                 return
-            raw = Path(self.args.out_dir) / "stream-worker.pyspy.txt"
-            self.run_worker(prefix, "profiled", data["events"], data["requests"], profile=raw,
-                            native=self.args.native)
-            if raw.exists():
-                self.results["profile"] = summarise_collapsed(raw)
-            raw = Path(self.args.out_dir) / "stream-worker-ab-off.pyspy.txt"  # what the A/B units cost, beside
-            self.run_worker(prefix, "profiled-ab-off", data["events"], data["requests"], profile=raw, ab=False,
-                            native=self.args.native)
-            if raw.exists():
-                self.results["profile_ab_off"] = summarise_collapsed(raw)
-            if self.args.all_on:  # the worker with the file too, profiled beside it
-                raw = Path(self.args.out_dir) / "stream-worker-all-on.pyspy.txt"
-                self.run_worker(prefix, "profiled-all-on", data["events"], data["requests"], profile=raw,
-                                native=self.args.native, extra=("--config", self.args.all_on),
-                                expected=self.expected_all_on)
+            profiled: list[tuple[str, str | None, dict[str, Any]]] = [  # (file and group, results' key, options)
+                ("", "profile", {}), ("-ab-off", "profile_ab_off", {"ab": False})]  # (off: what the units cost)
+            if self.args.all_on:  # the worker with the file too, profiled beside them
+                profiled.append(("-all-on", None, {"extra": ("--config", self.args.all_on),
+                                                   "expected": self.expected_all_on}))
+            for suffix, kept, options in profiled:
+                raw = Path(self.args.out_dir) / f"stream-worker{suffix}.pyspy.txt"
+                self.run_worker(prefix, f"profiled{suffix}", data["events"], data["requests"], profile=raw,
+                                native=self.args.native, **options)
+                if kept is not None and raw.exists():
+                    self.results[kept] = summarise_collapsed(raw)
 
     # -- 3. latency ---------------------------------------------------------------------------------
     def latency(self) -> None:
