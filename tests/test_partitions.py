@@ -248,20 +248,27 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
 class Stages:
     """A regroup log of several partitions, each read by its own stage (``SessionStage(stage=q)``), in process."""
 
-    def __init__(self, config: Config, stages: int) -> None:
-        self.config, self.count = config, stages
+    def __init__(self, config: Config, stages: int, local: str = "") -> None:
+        """``local``: the other partitions also give their looks to partition 0's merger at once, as a process
+        holding them all does (``"also"``: besides the log; ``"only"``: their reports never reach the log)."""
+        self.config, self.count, self.local = config, stages, local
         self.engines = [Engine(config) for _ in range(stages)]
         self.stages = [SessionStage(self.engines[q], PARTITIONS, stage=q, stages=stages) for q in range(stages)]
         self.logs: list[list[bytes]] = [[] for _ in range(stages)]
         self.snapshots: dict[tuple[int, int], bytes] = {}
         self.retired: list[Engine] = []  # engines of earlier owners: what they counted is their share
+        self._link()
+
+    def _link(self) -> None:
+        for stage in self.stages[1:]:
+            stage.local = self.engines[0].ledger.merger if self.local else None
 
     def write(self, routed: list[tuple[int, bytes, bytes]]) -> None:
         """Append records to their partitions and feed them; then the looks the partitions report, to 0."""
         for q in range(self.count):
             self._append(q, [value for to, _, value in routed if to == q])
         reports = [report for stage in self.stages[1:] for report in stage.take_reports()]
-        self._append(0, reports)
+        self._append(0, [] if self.local == "only" else reports)
 
     def _append(self, q: int, values: list[bytes]) -> None:
         log = self.logs[q]
@@ -283,20 +290,23 @@ class Stages:
         new = self.engines[q] = Engine(self.config)
         data = None if checkpoint.snapshot is None else self.snapshots[checkpoint.snapshot]
         self.stages[q] = SessionStage(new, PARTITIONS, checkpoint, data, stage=q, stages=self.count)
+        self._link()
         self.stages[q].feed(list(range(checkpoint.start, len(self.logs[q]))), self.logs[q][checkpoint.start:])
         if q:
             self._append(0, self.stages[q].take_reports())
 
 
-def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str = "") -> tuple[Engine, Stages]:
+def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str = "",
+                    local: str = "") -> tuple[Engine, Stages]:
     """``lines`` through a partitioned engine of every partition, one message a fetch, and a regroup log of
     ``stages`` partitions each read by its own stage; ``moves``: partitions 0 and 1 move to new engines at a third
-    and two thirds of the stream (from their checkpoints; with ``"snapshots"``, from snapshots taken then). Returns
-    the merged totals (of the partitions, and of every stage engine, earlier owners' included) and the log."""
+    and two thirds of the stream (from their checkpoints; with ``"snapshots"``, from snapshots taken then); ``local``:
+    see :class:`Stages`. Returns the merged totals (of the partitions, and of every stage engine, earlier owners'
+    included) and the log."""
     sent, _ = _route(lines)
     host = Engine(config)  # (the stage is run here, by partitions)
     partitioned = regrouping(host, stages=stages)
-    log = Stages(config, stages)
+    log = Stages(config, stages, local)
     for n, (kind, partition, offset, value) in enumerate(sent):
         _feed(partitioned, kind, partition, [(offset, value)])
         log.write(partitioned.take_routed(commit=True))
@@ -312,17 +322,23 @@ def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stages", "moves", "cuped"), [(2, "", False), (3, "moves", False), (5, "snapshots", False),
-                                                        (3, "", True), (4, "snapshots", True)])
-def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int,
-                                                                        moves: str, cuped: bool) -> None:
+@pytest.mark.parametrize(("stages", "moves", "cuped", "local"), [
+    (2, "", False, ""), (3, "moves", False, ""), (5, "snapshots", False, ""), (3, "", True, ""),
+    (4, "snapshots", True, ""), (3, "", False, "only"), (3, "snapshots", False, "also")])
+def test_a_regroup_stage_of_several_partitions_gives_the_replay_numbers(tmp_path: Any, stages: int, moves: str,
+                                                                        cuped: bool, local: str) -> None:
     """The regroup log in ``stages`` partitions, each with its share of the sessions, query buckets and A/B shards,
     the looks merged on partition 0: replay's numbers, the A/B rows bit for bit. ``moves``: partitions 0 and 1
     move to new engines mid-stream (from their checkpoints; with ``snapshots``, from snapshots taken then).
-    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's."""
+    ``cuped``: the units' pre-period histories live in the shards too, and the CUPED rows are replay's. ``local``:
+    the looks also reach partition 0's merger at once, as in a process holding partition 0 (``only``: not through
+    the log at all, so that the merger's rows are seen to come from the direct path; ``also``: both, the log's copy
+    arriving after the merger folded the boundary, and again from the rebuilds)."""
     config, lines = _short_horizons(3000, 21, True, look_every=60.0, cuped=cuped)
     expected, _ = _replay(lines, tmp_path, config)
-    merged, log = run_with_stages(lines, config, stages, moves)
+    merged, log = run_with_stages(lines, config, stages, moves, local)
+    if local == "only":
+        assert not any(isinstance(records.decode(value), records.LookReport) for value in log.logs[0])
     assert _comparable(merged.report()) == _comparable(expected.report())
     assert merged.ab() and merged.ab() == expected.ab()
     assert {row["treatment"] for row in expected.ab()} == {"treatment", "worse"}  # every treatment compared
@@ -727,3 +743,22 @@ def test_feedback_waiting_at_a_checkpoint_is_counted_once_by_the_next_owner(fetc
     assert whole["orphan"] > 0 and whole["late"] > 0 and whole["duplicate"] > 0
     for share in (0.45, 0.6, 0.75, 0.9):
         assert counts(int(len(schedule) * share)) == whole, share
+
+
+def test_stage_partitions_held_together_give_their_looks_to_partition_0_at_once() -> None:
+    """A process holding stage partition 0 links its other stage partitions to 0's merger, and unlinks them when 0
+    goes (their looks then travel through the log only); partition 0 reports to no one."""
+    from stream_eval.engine.stages import StagePartitions
+
+    config = Config(look_every=60.0)
+    held = StagePartitions(lambda: Engine(config), PARTITIONS, count=3)
+    held.take(2)
+    assert held.held[2].stage.local is None  # (no partition 0 here yet)
+    held.take(0)
+    held.take(1)
+    merger = held.held[0].engine.ledger.merger
+    assert [held.held[q].stage.local for q in (0, 1, 2)] == [None, merger, merger]
+    held.held[2].stage._report_progress(125.0)  # (a look at 120 reported: progress on the boundary)
+    assert merger.progress_of[2] == 120.0 and len(held.take_reports(2)) == 1  # at once, and for the log too
+    held.give_up(0)
+    assert held.held[1].stage.local is None and held.held[2].stage.local is None

@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_eval.engine import records
-from stream_eval.engine.ab import ShardLook, look_from_json, shard_of, shards_of
+from stream_eval.engine.ab import LookMerger, ShardLook, look_from_json, shard_of, shards_of
 from stream_eval.engine.parts import Parts
 from stream_eval.engine.segment_ab import SegmentLook
 from stream_eval.engine.sessions import Impressions, SessionKey, SessionRequests
@@ -450,6 +450,9 @@ class SessionStage:
         self.engine = engine
         self.stage, self.stages = stage, stages
         self.reports: list[bytes] = []  # records for stage partition 0 (the looks of this one's shards)
+        #: stage partition 0's merger when the same process holds it (:meth:`StagePartitions.take`): the looks and
+        #: progress go to it at once as well as in :attr:`reports` (docs/design.md, "A/B units across workers")
+        self.local: LookMerger | None = None
         self._reported = -math.inf  # the progress last reported
         #: each input partition's finalisation watermark (the stage closes sessions on their minimum)
         self.partition_watermarks = [-math.inf] * partitions
@@ -522,6 +525,8 @@ class SessionStage:
         if batch or not looks:
             self.reports.append(records.encode(records.LookReport(stage=self.stage, time=time_to_json(boundary),
                                                                   looks=batch, live=live)))
+        if self.local is not None:
+            (self.local.add_live if live else self.local.add)(boundary, looks)
 
     def _report_progress(self, upto: float) -> None:
         """Report progress on the boundaries only (the merger folds looks there): at most once per look."""
@@ -530,6 +535,8 @@ class SessionStage:
         if mark > self._reported:
             self._reported = mark
             self.reports.append(records.encode(records.LookProgress(stage=self.stage, time=time_to_json(mark))))
+            if self.local is not None:
+                self.local.progress(self.stage, mark)
 
     def take_reports(self, live: bool = True) -> list[bytes]:
         """The records for stage partition 0 since the last call (write them before this stage's checkpoint), with

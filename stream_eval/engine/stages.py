@@ -50,12 +50,23 @@ class StagePartitions:
             shares.restore(engine, share)
         stage = SessionStage(engine, self.inputs, checkpoint, snapshot, stage=partition, stages=self.count)
         held = self.held[partition] = HeldStage(stage, engine, os.urandom(4).hex())
+        self._link()
         return held
 
     def give_up(self, partition: int) -> None:
         """Forget a partition (its checkpoint is stored, or not wanted)."""
         held = self.held.pop(partition)
         held.engine.drop_regrouped()
+        self._link()
+
+    def _link(self) -> None:
+        """The stages held here report their looks to partition 0's merger at once when it is held here too, as well
+        as through the log: a backlog's last looks are folded without waiting for a commit and a fetch. Reports are
+        idempotent (a look or progress the log brings again changes nothing), so partition 0 may fold them before
+        the log holds them (docs/design.md, "A/B units across workers")."""
+        local = self.held[0].engine.ledger.merger if 0 in self.held else None
+        for q, held in self.held.items():
+            held.stage.local = local if q != 0 else None
 
     def feed(self, partition: int, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         self.held[partition].stage.feed(offsets, values)
