@@ -248,32 +248,47 @@ def test_regroup_stage_moves_between_engines_without_changing_sessions_or_gsb(tm
 class Stages:
     """A regroup log of several partitions, each read by its own stage (``SessionStage(stage=q)``), in process."""
 
-    def __init__(self, config: Config, stages: int, local: str = "") -> None:
+    def __init__(self, config: Config, stages: int, local: str = "", lag: int = 0, live: bool = True) -> None:
         """``local``: the other partitions also give their looks to partition 0's merger at once, as a process
-        holding them all does (``"also"``: besides the log; ``"only"``: their reports never reach the log)."""
-        self.config, self.count, self.local = config, stages, local
+        holding them all does (``"also"``: besides the log; ``"only"``: their reports never reach the log). ``lag``:
+        partition 0 reads its log that many records behind (a backlog; :meth:`catch_up`). ``live``: the other
+        partitions report their live looks too. :attr:`folds` keeps the rows of partition 0 at each look it folds."""
+        self.config, self.count, self.local, self.lag, self.live = config, stages, local, lag, live
         self.engines = [Engine(config) for _ in range(stages)]
         self.stages = [SessionStage(self.engines[q], PARTITIONS, stage=q, stages=stages) for q in range(stages)]
         self.logs: list[list[bytes]] = [[] for _ in range(stages)]
+        self.fed = [0] * stages  # how much of its log each partition's stage has read
         self.snapshots: dict[tuple[int, int], bytes] = {}
         self.retired: list[Engine] = []  # engines of earlier owners: what they counted is their share
+        self.folds: dict[float, Any] = {}
         self._link()
 
     def _link(self) -> None:
+        """Link the stages as a process holding them all does (``StagePartitions``), partition 0's folds kept."""
+        merger = self.engines[0].ledger.merger
+        merger.on_look = lambda boundary: self.folds.__setitem__(boundary, merger.results())
         for stage in self.stages[1:]:
-            stage.local = self.engines[0].ledger.merger if self.local else None
+            if stage.local is not (merger if self.local else None):
+                stage.link(merger if self.local else None)
 
     def write(self, routed: list[tuple[int, bytes, bytes]]) -> None:
         """Append records to their partitions and feed them; then the looks the partitions report, to 0."""
         for q in range(self.count):
             self._append(q, [value for to, _, value in routed if to == q])
-        reports = [report for stage in self.stages[1:] for report in stage.take_reports()]
+        reports = [report for stage in self.stages[1:] for report in stage.take_reports(self.live)]
         self._append(0, [] if self.local == "only" else reports)
 
     def _append(self, q: int, values: list[bytes]) -> None:
-        log = self.logs[q]
-        self.stages[q].feed(list(range(len(log), len(log) + len(values))), values)
-        log += values
+        self.logs[q] += values
+        self.catch_up(q, len(self.logs[q]) - (self.lag if q == 0 else 0))
+
+    def catch_up(self, q: int, upto: int | None = None) -> None:
+        """Feed partition ``q``'s stage its log up to ``upto`` (None: all of it)."""
+        log, fed = self.logs[q], self.fed[q]
+        upto = len(log) if upto is None else upto
+        if upto > fed:
+            self.stages[q].feed(list(range(fed, upto)), log[fed:upto])
+            self.fed[q] = upto
 
     def move(self, q: int, snapshot: bool) -> None:
         """Stage partition ``q`` moves to a new engine: from its checkpoint (after a snapshot when ``snapshot``)."""
@@ -282,7 +297,7 @@ class Stages:
             where = (len(self.snapshots), q)
             self.snapshots[where] = sn.take(engine)
             stage.snapshot_taken(where, stage.next_offset)
-        reports = stage.take_reports()  # (written before the checkpoint is stored)
+        reports = stage.take_reports(self.live)  # (written before the checkpoint is stored)
         checkpoint = StageCheckpoint.from_json(orjson.loads(orjson.dumps(stage.checkpoint().to_json())))
         self._append(0, reports) if q else None
         engine.drop_regrouped()
@@ -291,9 +306,10 @@ class Stages:
         data = None if checkpoint.snapshot is None else self.snapshots[checkpoint.snapshot]
         self.stages[q] = SessionStage(new, PARTITIONS, checkpoint, data, stage=q, stages=self.count)
         self._link()
-        self.stages[q].feed(list(range(checkpoint.start, len(self.logs[q]))), self.logs[q][checkpoint.start:])
+        self.fed[q] = checkpoint.start
+        self.catch_up(q, len(self.logs[q]) - (self.lag if q == 0 else 0))
         if q:
-            self._append(0, self.stages[q].take_reports())
+            self._append(0, self.stages[q].take_reports(self.live))
 
 
 def run_with_stages(lines: list[bytes], config: Config, stages: int, moves: str = "",
@@ -745,6 +761,46 @@ def test_feedback_waiting_at_a_checkpoint_is_counted_once_by_the_next_owner(fetc
         assert counts(int(len(schedule) * share)) == whole, share
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("moves", ["partition 1 into 0's process", "partition 0 into 1's process"])
+def test_looks_given_at_once_never_overtake_those_partition_0_has_not_read(tmp_path: Any, moves: str) -> None:
+    """Partition 0 reads its log 300 records behind (a backlog) when, at two thirds of the stream, partition 1 comes
+    to the process that holds partition 0 (from a snapshot), or partition 0 to the one that holds partition 1 (from
+    a snapshot, re-reading its log after it): from then on partition 1's looks also go to partition 0's merger at
+    once. Its earlier looks, some not read by partition 0 yet, are in the log only; its progress must not reach the
+    merger before them, or a boundary would be folded without them. Every look partition 0 folds is replay's."""
+    config, lines = _short_horizons(3000, 21, True, look_every=5.0)
+    folds: dict[float, Any] = {}
+
+    def attach(engine: Engine) -> None:
+        merger = engine.ledger.merger
+        merger.on_look = lambda boundary: folds.__setitem__(boundary, merger.results())
+
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"".join(lines))
+    expected = replay([str(path)], config, attach=attach)
+    sent, _ = _route(lines)
+    partitioned = regrouping(Engine(config), stages=2)
+    log = Stages(config, 2, lag=300, live=False)
+    for n, (kind, partition, offset, value) in enumerate(sent):
+        _feed(partitioned, kind, partition, [(offset, value)])
+        log.write(partitioned.take_routed(commit=True))
+        if n == len(sent) * 2 // 3:
+            assert log.fed[0] < len(log.logs[0])  # (partition 0 is behind)
+            log.local = "also"
+            log.move(1 if moves.startswith("partition 1") else 0, snapshot=True)
+    log.catch_up(0)
+    merged = Engine(config)
+    merged.merge(partitioned.totals())
+    for engine in log.engines + log.retired:
+        merged.merge(engine)
+    assert merged.ab() and merged.ab() == expected.ab()
+    later = [boundary for boundary in log.folds if boundary in folds]
+    assert len(later) >= 15  # (every look of the stream: 5 s of event time each)
+    # (as text: the rows' floats exactly, and NaN equal to NaN)
+    assert [repr(log.folds[boundary]) for boundary in later] == [repr(folds[boundary]) for boundary in later]
+
+
 def test_stage_partitions_held_together_give_their_looks_to_partition_0_at_once() -> None:
     """A process holding stage partition 0 links its other stage partitions to 0's merger, and unlinks them when 0
     goes (their looks then travel through the log only); partition 0 reports to no one."""
@@ -762,3 +818,16 @@ def test_stage_partitions_held_together_give_their_looks_to_partition_0_at_once(
     assert merger.progress_of[2] == 120.0 and len(held.take_reports(2)) == 1  # at once, and for the log too
     held.give_up(0)
     assert held.held[1].stage.local is None and held.held[2].stage.local is None
+
+
+def test_a_live_look_given_at_once_is_not_replaced_by_an_older_one_from_the_log() -> None:
+    """Partition 0's merger keeps a shard's newest live look: the log brings a look given at once again later, and
+    after an older one."""
+    from stream_eval.engine.ab import LookMerger, ShardLook
+
+    merger = LookMerger(Config(look_every=60.0), ["MRR"], sources=2)
+    older, newer = (ShardLook("exp1", 3, [], [], [], conflicts, 0) for conflicts in (1, 2))
+    merger.add_live(70.0, [older])
+    merger.add_live(90.0, [newer])  # (given at once)
+    merger.add_live(70.0, [older])  # (the log's copy of the older one, read after)
+    assert merger.live[("exp1", 3)] == (90.0, newer)

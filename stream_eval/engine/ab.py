@@ -795,9 +795,10 @@ class LookMerger:
         """Shards' looks at event time ``time``, between boundaries: shown by :meth:`results`, never folded (nor are
         segment looks ever live)."""
         if time > self.folded:
-            for look in looks:
-                if isinstance(look, ShardLook):
-                    self.live[look.experiment, look.shard] = (time, look)
+            live = self.live
+            for look in looks:  # (a shard's newer look stays: the log may bring an older one after it was given)
+                if isinstance(look, ShardLook) and live.get((key := (look.experiment, look.shard)), (time,))[0] <= time:
+                    live[key] = (time, look)
             self.version += 1
 
     def add(self, boundary: float, looks: Sequence[ShardLook | SegmentLook]) -> None:

@@ -450,9 +450,10 @@ class SessionStage:
         self.engine = engine
         self.stage, self.stages = stage, stages
         self.reports: list[bytes] = []  # records for stage partition 0 (the looks of this one's shards)
-        #: stage partition 0's merger when the same process holds it (:meth:`StagePartitions.take`): the looks and
-        #: progress go to it at once as well as in :attr:`reports` (docs/design.md, "A/B units across workers")
+        #: stage partition 0's merger when the same process holds it (:meth:`link`): the looks and progress go to it
+        #: at once as well as in :attr:`reports` (docs/design.md, "A/B units across workers")
         self.local: LookMerger | None = None
+        self._direct_after = -math.inf  # progress goes to :attr:`local` once it has this partition's up to here
         self._reported = -math.inf  # the progress last reported
         #: each input partition's finalisation watermark (the stage closes sessions on their minimum)
         self.partition_watermarks = [-math.inf] * partitions
@@ -508,6 +509,21 @@ class SessionStage:
         ledger.on_shard_look, ledger.on_progress = self._report_looks, self._report_progress
         ledger.merger.active = False
 
+    def link(self, merger: LookMerger | None) -> None:
+        """Give the looks and progress from now on to ``merger`` (stage partition 0's, held in the same process) at
+        once, as well as through the log (None: through the log only).
+
+        A progress is a promise that every look up to it has been given. The looks this partition, or an earlier
+        owner of it, reported before the link went through the log only, and partition 0 may not have read them
+        yet; so progress goes to ``merger`` at once only when the log has brought it this partition's progress up to
+        where the link began (the looks are always given: one not folded yet waits for its boundary's progress)."""
+        self.local = merger
+        if merger is not None:
+            released = self.engine.ledger.released
+            every = self.engine.config.look_every
+            self._direct_after = max(self._reported, released if math.isinf(released)
+                                     else math.floor(released / every) * every)
+
     def _report_looks(self, boundary: float, looks: list[ShardLook | SegmentLook], live: bool = False) -> None:
         """Looks at ``boundary`` (``live``: between boundaries) for partition 0, in records of about
         :data:`REPORT_BYTES` of looks at most."""
@@ -535,8 +551,10 @@ class SessionStage:
         if mark > self._reported:
             self._reported = mark
             self.reports.append(records.encode(records.LookProgress(stage=self.stage, time=time_to_json(mark))))
-            if self.local is not None:
-                self.local.progress(self.stage, mark)
+            local = self.local
+            if local is not None and self.stage < len(local.progress_of) \
+                    and local.progress_of[self.stage] >= self._direct_after:
+                local.progress(self.stage, mark)
 
     def take_reports(self, live: bool = True) -> list[bytes]:
         """The records for stage partition 0 since the last call (write them before this stage's checkpoint), with

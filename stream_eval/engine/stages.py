@@ -63,10 +63,12 @@ class StagePartitions:
         """The stages held here report their looks to partition 0's merger at once when it is held here too, as well
         as through the log: a backlog's last looks are folded without waiting for a commit and a fetch. Reports are
         idempotent (a look or progress the log brings again changes nothing), so partition 0 may fold them before
-        the log holds them (docs/design.md, "A/B units across workers")."""
+        the log holds them (docs/design.md, "A/B units across workers"; :meth:`SessionStage.link`)."""
         local = self.held[0].engine.ledger.merger if 0 in self.held else None
         for q, held in self.held.items():
-            held.stage.local = local if q != 0 else None
+            merger = local if q != 0 else None
+            if held.stage.local is not merger:
+                held.stage.link(merger)
 
     def feed(self, partition: int, offsets: Sequence[int], values: Sequence[bytes]) -> None:
         self.held[partition].stage.feed(offsets, values)
