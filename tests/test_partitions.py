@@ -831,3 +831,25 @@ def test_a_live_look_given_at_once_is_not_replaced_by_an_older_one_from_the_log(
     merger.add_live(90.0, [newer])  # (given at once)
     merger.add_live(70.0, [older])  # (the log's copy of the older one, read after)
     assert merger.live[("exp1", 3)] == (90.0, newer)
+
+
+def test_partition_0_checkpoints_looks_reported_before_its_first_fold() -> None:
+    """A partition 0 with no A/B units of its own that has folded nothing yet may hold another partition's looks,
+    waiting for their boundary: its checkpoint must not skip the records that brought them, or a new owner would
+    never fold them."""
+    from stream_eval.engine.ab import ArmSums, ShardLook
+
+    config = Config(look_every=60.0)
+    first = Engine(config)
+    look = ShardLook("exp1", 3, ["a"], [ArmSums.zeros(len(first.ledger.names))], [5], 0, 0)
+    log = [records.encode(records.LookReport(stage=1, time="60", looks=[look.to_json()])),
+           records.encode(records.LookProgress(stage=1, time="60"))]
+    stage = SessionStage(first, PARTITIONS, stage=0, stages=2)
+    stage.feed([0, 1], log)
+    checkpoint = StageCheckpoint.from_json(orjson.loads(orjson.dumps(stage.checkpoint().to_json())))
+    assert checkpoint.start == 0  # (no snapshot yet: re-read from the start)
+    second = Engine(config)
+    SessionStage(second, PARTITIONS, checkpoint, stage=0, stages=2).feed(list(range(checkpoint.start, 2)),
+                                                                         log[checkpoint.start:])
+    second.ledger.release(120.0)  # (partition 0's own progress: the look at 60 is folded)
+    assert second.ledger.merger.looks == 1

@@ -791,6 +791,10 @@ class LookMerger:
         self.staged = False  # a regroup stage partition's (0: the one that merges every partition's looks)
         self.version = 0  # changes with every fold and live look (the readout's cache of the rows keys on it)
 
+    def holds_looks(self) -> bool:
+        """Whether it has folded a look, or holds shards' looks not folded yet (reported, or live)."""
+        return bool(self.looks or self.live or any(self._queue.values()))
+
     def add_live(self, time: float, looks: Sequence[ShardLook | SegmentLook]) -> None:
         """Shards' looks at event time ``time``, between boundaries: shown by :meth:`results`, never folded (nor are
         segment looks ever live)."""

@@ -591,8 +591,7 @@ class SessionStage:
         applied = self._applied
         while applied and applied[0][1] < start:  # (later checkpoints start no earlier)
             applied.popleft()
-        ledger = self.engine.ledger
-        if (ledger.experiments or self.engine.gsb.complete or ledger.merger.looks) and snapshot is None:
+        if snapshot is None and self.cumulative():
             # The A/B units and the verdicts kept for the sign tests are cumulative since the first event: until
             # a snapshot of them is stored, a new owner rebuilds them (and everything else, muted) from the log start.
             return StageCheckpoint(0, processed, [], arms)
@@ -600,6 +599,13 @@ class SessionStage:
         while history and history[0][0] < start:
             self._base = history.popleft()[1]
         return StageCheckpoint(start, processed, list(self._base), arms, snapshot, snapshot_at)
+
+    def cumulative(self) -> bool:
+        """Whether this stage holds state cumulative since the log's start, which only a snapshot or a rebuild from
+        the start gives a new owner: A/B units, verdicts kept for the sign tests, and on partition 0 looks folded, or
+        other partitions' looks reported and waiting for their boundary (a partition 0 with no units of its own)."""
+        ledger = self.engine.ledger
+        return bool(ledger.experiments or self.engine.gsb.complete or ledger.merger.holds_looks())
 
     def snapshot_taken(self, where: tuple[int, int], covers: int) -> None:
         """A snapshot of the state after every record before offset ``covers`` is stored at ``where`` (take it

@@ -411,12 +411,10 @@ class Delivery(abc.ABC):
     async def _snapshot(self, stage: int) -> tuple[bytes, int] | None:
         """A snapshot of stage partition ``stage``'s A/B state when one is due: (data, regroup offset it covers)."""
         held = self.stages.held[stage]
-        engine = held.engine
-        if not (engine.ledger.experiments or engine.gsb.complete or engine.ledger.merger.looks) \
-                or held.stage.rebuilding or time.monotonic() < held.next_snapshot:
+        if not held.stage.cumulative() or held.stage.rebuilding or time.monotonic() < held.next_snapshot:
             return None
         with self.lock:
-            return snapshot.take(engine), held.stage.next_offset
+            return snapshot.take(held.engine), held.stage.next_offset
 
     def _snapshot_stored(self, stage: int, where: tuple[int, int], covers: int, size: int) -> None:
         held = self.stages.held[stage]
