@@ -853,3 +853,19 @@ def test_partition_0_checkpoints_looks_reported_before_its_first_fold() -> None:
                                                                          log[checkpoint.start:])
     second.ledger.release(120.0)  # (partition 0's own progress: the look at 60 is folded)
     assert second.ledger.merger.looks == 1
+
+
+def test_a_look_given_at_once_and_through_the_log_is_queued_once() -> None:
+    """A shard's look at a boundary not folded yet, given twice (at once, then by the log), is held once: a
+    partition 0 behind in its log does not keep every look twice."""
+    from stream_eval.engine.ab import ArmSums, LookMerger, ShardLook
+
+    config = Config(look_every=60.0)
+    merger = LookMerger(config, ["MRR"], sources=2)
+    look = ShardLook("exp1", 3, ["a"], [ArmSums.zeros(2)], [5], 0, 0)
+    again = ShardLook("exp1", 3, ["a"], [ArmSums.zeros(2)], [5], 0, 0)
+    merger.add(60.0, [look])
+    merger.add(60.0, [again])
+    merger.add(60.0, [ShardLook("exp1", 4, ["a"], [ArmSums.zeros(2)], [1], 0, 0)])
+    (boundary, queued), = merger.state_to_json()["queue"]
+    assert len(queued) == 2

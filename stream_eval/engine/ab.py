@@ -772,7 +772,9 @@ class LookMerger:
         self.folded = -math.inf  # the last boundary folded
         self.looks = 0
         self.on_look: LookListener | None = None
-        self._queue: dict[float, list[ShardLook | SegmentLook]] = {}  # reported, not folded yet: boundary -> looks
+        # reported, not folded yet: boundary -> each shard's (and segment field's) look, the last reported (a look
+        # given at once comes again through the log: kept once)
+        self._queue: dict[float, dict[tuple[str, int, str | None], ShardLook | SegmentLook]] = {}
         self.latest: dict[str, dict[int, ShardLook]] = {}  # each experiment's shards as of the last fold
         # segments: each experiment's shards' looks per field as of the last fold, (shard, field) -> look; its
         # groups' comparisons at the last fold and their running state, by (field, value, treatment)
@@ -808,8 +810,13 @@ class LookMerger:
     def add(self, boundary: float, looks: Sequence[ShardLook | SegmentLook]) -> None:
         """Shards' looks at ``boundary`` (a boundary folded already is reported again by a restarted source)."""
         if boundary > self.folded:
-            self._queue.setdefault(boundary, []).extend(looks)
+            self._enqueue(boundary, looks)
             self._fold_ready()
+
+    def _enqueue(self, boundary: float, looks: Sequence[ShardLook | SegmentLook]) -> None:
+        queued = self._queue.setdefault(boundary, {})
+        for look in looks:
+            queued[look.experiment, look.shard, look.field if isinstance(look, SegmentLook) else None] = look
 
     def progress(self, source: int, upto: float) -> None:
         """``source`` has reported every look up to event time ``upto``: fold the boundaries every source passed."""
@@ -823,7 +830,7 @@ class LookMerger:
         ready = min(self.progress_of)
         queue = self._queue
         for boundary in sorted(b for b in queue if b <= ready):
-            for look in queue.pop(boundary):
+            for look in queue.pop(boundary).values():
                 if isinstance(look, SegmentLook):
                     self.latest_segments.setdefault(look.experiment, {})[look.shard, look.field] = look
                 else:
@@ -1012,7 +1019,8 @@ class LookMerger:
         """What a new owner of the merger needs (it is rebuilt from this and the reports after it)."""
         return {"progress": [time_to_json(t) for t in self.progress_of], "folded": time_to_json(self.folded),
                 "looks": self.looks,
-                "queue": [[time_to_json(b), [look.to_json() for look in looks]] for b, looks in self._queue.items()],
+                "queue": [[time_to_json(b), [look.to_json() for look in looks.values()]]
+                          for b, looks in self._queue.items()],
                 "latest": [*(look.to_json() for shards in self.latest.values() for look in shards.values()),
                            *(look.to_json() for shards in self.latest_segments.values() for look in shards.values())],
                 "running": {name: r.to_json() for name, r in self._running.items()},
@@ -1022,7 +1030,9 @@ class LookMerger:
     def restore_json(self, data: dict[str, Any]) -> None:
         self.progress_of = [float(t) for t in data["progress"]] + self.progress_of[len(data["progress"]):]
         self.folded, self.looks = float(data["folded"]), int(data["looks"])
-        self._queue = {float(b): [look_from_json(look) for look in looks] for b, looks in data["queue"]}
+        self._queue = {}
+        for b, looks in data["queue"]:
+            self._enqueue(float(b), [look_from_json(look) for look in looks])
         self.latest, self.latest_segments = {}, {}
         for raw in data["latest"]:
             look = look_from_json(raw)
