@@ -267,9 +267,10 @@ class Stages:
         """Link the stages as a process holding them all does (``StagePartitions``), partition 0's folds kept."""
         merger = self.engines[0].ledger.merger
         merger.on_look = lambda boundary: self.folds.__setitem__(boundary, merger.results())
+        linked = merger if self.local else None
         for stage in self.stages[1:]:
-            if stage.local is not (merger if self.local else None):
-                stage.link(merger if self.local else None)
+            if stage.local is not linked:
+                stage.link(linked)
 
     def write(self, routed: list[tuple[int, bytes, bytes]]) -> None:
         """Append records to their partitions and feed them; then the looks the partitions report, to 0."""
@@ -280,12 +281,12 @@ class Stages:
 
     def _append(self, q: int, values: list[bytes]) -> None:
         self.logs[q] += values
-        self.catch_up(q, len(self.logs[q]) - (self.lag if q == 0 else 0))
+        self.catch_up(q, lagging=True)
 
-    def catch_up(self, q: int, upto: int | None = None) -> None:
-        """Feed partition ``q``'s stage its log up to ``upto`` (None: all of it)."""
+    def catch_up(self, q: int, lagging: bool = False) -> None:
+        """Feed partition ``q``'s stage its log (``lagging``: but the last :attr:`lag` records of partition 0's)."""
         log, fed = self.logs[q], self.fed[q]
-        upto = len(log) if upto is None else upto
+        upto = len(log) - (self.lag if lagging and q == 0 else 0)
         if upto > fed:
             self.stages[q].feed(list(range(fed, upto)), log[fed:upto])
             self.fed[q] = upto
@@ -307,7 +308,7 @@ class Stages:
         self.stages[q] = SessionStage(new, PARTITIONS, checkpoint, data, stage=q, stages=self.count)
         self._link()
         self.fed[q] = checkpoint.start
-        self.catch_up(q, len(self.logs[q]) - (self.lag if q == 0 else 0))
+        self.catch_up(q, lagging=True)
         if q:
             self._append(0, self.stages[q].take_reports(self.live))
 

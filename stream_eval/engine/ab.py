@@ -802,8 +802,12 @@ class LookMerger:
         segment looks ever live)."""
         if time > self.folded:
             live = self.live
-            for look in looks:  # (a shard's newer look stays: the log may bring an older one after it was given)
-                if isinstance(look, ShardLook) and live.get((key := (look.experiment, look.shard)), (time,))[0] <= time:
+            for look in looks:
+                if not isinstance(look, ShardLook):
+                    continue
+                key = (look.experiment, look.shard)
+                held = live.get(key)
+                if held is None or held[0] <= time:  # (a newer look stays: the log brings again what was given at once)
                     live[key] = (time, look)
             self.version += 1
 
@@ -831,12 +835,16 @@ class LookMerger:
         queue = self._queue
         for boundary in sorted(b for b in queue if b <= ready):
             for look in queue.pop(boundary).values():
-                if isinstance(look, SegmentLook):
-                    self.latest_segments.setdefault(look.experiment, {})[look.shard, look.field] = look
-                else:
-                    self.latest.setdefault(look.experiment, {})[look.shard] = look
+                self._keep(look)
             self._fold(boundary)
             self.live = {key: entry for key, entry in self.live.items() if entry[0] > boundary}
+
+    def _keep(self, look: ShardLook | SegmentLook) -> None:
+        """A shard's look as its latest (of its segment field's, for a segment look), for the folds from now on."""
+        if isinstance(look, SegmentLook):
+            self.latest_segments.setdefault(look.experiment, {})[look.shard, look.field] = look
+        else:
+            self.latest.setdefault(look.experiment, {})[look.shard] = look
 
     def _fold(self, boundary: float) -> None:
         for name in sorted(self.latest):
@@ -1035,11 +1043,7 @@ class LookMerger:
             self._enqueue(float(b), [look_from_json(look) for look in looks])
         self.latest, self.latest_segments = {}, {}
         for raw in data["latest"]:
-            look = look_from_json(raw)
-            if isinstance(look, SegmentLook):
-                self.latest_segments.setdefault(look.experiment, {})[look.shard, look.field] = look
-            else:
-                self.latest.setdefault(look.experiment, {})[look.shard] = look
+            self._keep(look_from_json(raw))
         self._running = {name: _RunningExperiment.from_json(r) for name, r in data["running"].items()}
         self._segment_running = {
             name: {(str(f), str(v), str(t)): _SegmentRunning.from_json(state) for f, v, t, state in running}

@@ -519,10 +519,12 @@ class SessionStage:
         where the link began (the looks are always given: one not folded yet waits for its boundary's progress)."""
         self.local = merger
         if merger is not None:
-            released = self.engine.ledger.released
-            every = self.engine.config.look_every
-            self._direct_after = max(self._reported, released if math.isinf(released)
-                                     else math.floor(released / every) * every)
+            self._direct_after = max(self._reported, self._mark(self.engine.ledger.released))
+
+    def _mark(self, upto: float) -> float:
+        """The last look boundary at or before event time ``upto`` (every look up to it is taken by then)."""
+        every = self.engine.config.look_every
+        return upto if math.isinf(upto) else math.floor(upto / every) * every
 
     def _report_looks(self, boundary: float, looks: list[ShardLook | SegmentLook], live: bool = False) -> None:
         """Looks at ``boundary`` (``live``: between boundaries) for partition 0, in records of about
@@ -546,8 +548,7 @@ class SessionStage:
 
     def _report_progress(self, upto: float) -> None:
         """Report progress on the boundaries only (the merger folds looks there): at most once per look."""
-        every = self.engine.config.look_every
-        mark = upto if math.isinf(upto) else math.floor(upto / every) * every
+        mark = self._mark(upto)
         if mark > self._reported:
             self._reported = mark
             self.reports.append(records.encode(records.LookProgress(stage=self.stage, time=time_to_json(mark))))
