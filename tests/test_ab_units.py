@@ -7,8 +7,10 @@ and feed ``stream_eval.stats.compare`` (which is itself checked against GrowthBo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_eval.config import Config, load_config
-from stream_eval.engine.ab import UnitLedger, key_id_order, shard_of
+from stream_eval.engine.ab import UnitLedger, key_id_order, shard_of, shards_of, unit_keys
 from stream_eval.engine.compiled import add_rows, arm_sums
 from stream_eval.engine.engine import FinalisedBatch
 from stream_eval.engine.replay import replay
@@ -257,6 +259,29 @@ def test_key_id_order_is_python_s_order_of_key_then_id(rows: list[tuple[float, s
     expected = sorted(range(len(rows)), key=lambda k: rows[k])
     got = key_id_order(keys, ids).tolist()
     assert [rows[k] for k in got] == [rows[k] for k in expected]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=300), st.text("u-01\x00", max_size=12),
+                          st.text(st.characters(codec="utf-8"), max_size=20),
+                          st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), max_size=3)), max_size=30))
+def test_compiled_unit_keys_are_zlib_s_crc_32_and_hashlib_s_blake2b(units: list[str]) -> None:
+    # the compiled hashes stand for the ids in snapshots written before them: every byte string, any length (one,
+    # several and exactly one 128-byte block), non-ASCII and lone surrogates, must hash as the library functions do
+    encoded = [unit.encode("utf-8", "surrogatepass") for unit in units]
+    shards, hashes = unit_keys(units)
+    assert shards.tolist() == [shard_of(unit) for unit in units] == shards_of(units).tolist()
+    assert shards.tolist() == [zlib.crc32(data) % 64 for data in encoded]
+    assert hashes.tolist() == [int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+                               for data in encoded]
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 129, 255, 256, 257, 1000])
+def test_compiled_unit_keys_of_every_block_length(size: int) -> None:
+    unit = "".join(chr(32 + (i * 7) % 90) for i in range(size))
+    shards, hashes = unit_keys([unit, unit + "é"])
+    for got, data in zip(hashes.tolist(), [unit.encode(), (unit + "é").encode()], strict=True):
+        assert got == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 @settings(max_examples=100, deadline=None)

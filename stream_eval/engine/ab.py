@@ -48,7 +48,6 @@ import os
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from hashlib import blake2b as _blake2b
 from typing import Any, TypeVar
 
 import numpy as np
@@ -83,6 +82,8 @@ from stream_eval.stats import (
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+#: Strings in an array of objects.
+Strs = npt.NDArray[np.object_]
 #: A request's value of each segment field (``Config.segments``; None: without the field in its ``attributes``).
 Segments = tuple[str | None, ...]
 #: Called with the event time of a look once it is taken (the replay's ``--ab-trace``).
@@ -92,7 +93,7 @@ LookListener = Callable[[float], None]
 SHARDS = 64
 #: A hashable key (:func:`distinct_keys`).
 _Key = TypeVar("_Key")
-_crc32 = zlib.crc32  # (a local name: called once per unit)
+_crc32 = zlib.crc32
 
 
 def shard_of(unit: str) -> int:
@@ -114,31 +115,34 @@ def unit_hashes(units: Sequence[str]) -> npt.NDArray[np.uint64]:
     return unit_keys(units)[1]
 
 
-def shards_of(keys: Sequence[str]) -> Ints:
-    """:func:`shard_of` of each of ``keys``, as an array (each distinct key's computed once).
+def shards_of(keys: Sequence[str] | Strs) -> Ints:
+    """:func:`shard_of` of each of ``keys``, as an array (compiled: ``compiled.unit_key_pieces``).
 
     >>> shards_of(["user-1", "user-2", "user-1"]).tolist()
     [20, 46, 20]
     """
-    distinct, at = distinct_keys(keys)
-    shards = np.fromiter((_crc32(key.encode("utf-8", "surrogatepass")) for key in distinct), dtype=np.int64,
-                         count=len(distinct)) % SHARDS
-    return shards[at]
+    return compiled.unit_key_pieces(*_packed(keys), blake2b=False)[0] % SHARDS
 
 
-def unit_keys(units: Sequence[str]) -> tuple[Ints, npt.NDArray[np.uint64]]:
-    """:func:`shards_of` and :func:`unit_hashes` of ``units`` together, each distinct unit encoded once (a unit has
-    several requests and a session in a batch).
+def unit_keys(units: Sequence[str] | Strs) -> tuple[Ints, npt.NDArray[np.uint64]]:
+    """:func:`shards_of` and :func:`unit_hashes` of ``units`` together (compiled: ``compiled.unit_key_pieces``).
 
     >>> [a.tolist() for a in unit_keys(["user-1", "user-2", "user-1"])]
     [[20, 46, 20], [9863422088627006618, 14441893227659663174, 9863422088627006618]]
     """
-    distinct, at = distinct_keys(units)
-    encoded = [unit.encode("utf-8", "surrogatepass") for unit in distinct]
-    shards = np.fromiter(map(_crc32, encoded), dtype=np.int64, count=len(encoded)) % SHARDS
-    hashes = np.fromiter((int.from_bytes(_blake2b(data, digest_size=8).digest(), "little") for data in encoded),
-                         dtype=np.uint64, count=len(encoded))
-    return shards[at], hashes[at]
+    crc, hashes = compiled.unit_key_pieces(*_packed(units))
+    return crc % SHARDS, hashes
+
+
+def _packed(keys: Sequence[str] | Strs) -> tuple[npt.NDArray[np.uint8], Ints]:
+    """The UTF-8 bytes of ``keys`` one after the other (lone surrogates as themselves), and where each one ends."""
+    joined = "".join(keys)
+    if joined.isascii():
+        data, lengths = joined.encode("ascii"), np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    else:
+        encoded = [key.encode("utf-8", "surrogatepass") for key in keys]
+        data, lengths = b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    return np.frombuffer(data, dtype=np.uint8), np.cumsum(lengths)
 
 
 def grouped(keys: Ints) -> tuple[Ints, Ints, list[int]]:
@@ -531,7 +535,7 @@ def _covariate_table(path: str, names: tuple[str, ...]) -> CovariateTable:
     return CovariateTable(path, names)
 
 
-def key_id_order(keys: Floats, ids: list[str]) -> Ints:
+def key_id_order(keys: Floats, ids: Sequence[str] | Strs) -> Ints:
     """The order that sorts contributions by (key, id): a stable sort of the keys, and the ids compared as Python
     strings only among equal keys (rare: requests served at the same instant).
 
@@ -552,17 +556,30 @@ def key_id_order(keys: Floats, ids: list[str]) -> Ints:
     return order
 
 
+def _objects(values: Sequence[str]) -> Strs:
+    """``values`` as an array of objects (joined and reordered in C, not element by element)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 class _Pending:
     """Contributions not applied yet, batch by batch (columns), until event time passes their keys."""
 
     __slots__ = ("keys", "ids", "experiments", "arms", "units", "y", "n", "segments")
 
-    def __init__(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str], units: list[str],
-                 y: Floats, n: Floats, segments: list[Segments | None] | None = None) -> None:
+    def __init__(self, keys: Floats, ids: Strs, experiments: Strs, arms: Strs, units: Strs, y: Floats, n: Floats,
+                 segments: list[Segments | None] | None = None) -> None:
         self.keys, self.ids, self.experiments, self.arms, self.units, self.y, self.n = (
             keys, ids, experiments, arms, units, y, n)
         # each contribution's value of every segment field (None: a session's, which sets none; all None: None)
         self.segments = segments
+
+    @classmethod
+    def of(cls, keys: Floats, ids: Sequence[str], experiments: Sequence[str], arms: Sequence[str],
+           units: Sequence[str], y: Floats, n: Floats, segments: list[Segments | None] | None = None) -> _Pending:
+        return cls(np.asarray(keys, dtype=np.float64), _objects(ids), _objects(experiments), _objects(arms),
+                   _objects(units), y, n, segments)
 
     def segments_of(self, picked: list[int]) -> list[Segments | None]:
         """The segment values of the contributions ``picked``."""
@@ -576,18 +593,16 @@ class _Pending:
                         None if self.segments is None else self.segments[start:stop])
 
     def take(self, rows: Ints) -> _Pending:
-        picked = rows.tolist()
-        return _Pending(self.keys[rows], [self.ids[k] for k in picked], [self.experiments[k] for k in picked],
-                        [self.arms[k] for k in picked], [self.units[k] for k in picked], self.y[rows], self.n[rows],
-                        None if self.segments is None else self.segments_of(picked))
+        return _Pending(self.keys[rows], self.ids[rows], self.experiments[rows], self.arms[rows], self.units[rows],
+                        self.y[rows], self.n[rows], None if self.segments is None else self.segments_of(rows.tolist()))
 
     @staticmethod
     def join(parts: list[_Pending]) -> _Pending:
         if len(parts) == 1:
             return parts[0]
-        return _Pending(np.concatenate([p.keys for p in parts]), [i for p in parts for i in p.ids],
-                        [e for p in parts for e in p.experiments], [a for p in parts for a in p.arms],
-                        [u for p in parts for u in p.units], np.concatenate([p.y for p in parts]),
+        return _Pending(np.concatenate([p.keys for p in parts]), np.concatenate([p.ids for p in parts]),
+                        np.concatenate([p.experiments for p in parts]), np.concatenate([p.arms for p in parts]),
+                        np.concatenate([p.units for p in parts]), np.concatenate([p.y for p in parts]),
                         np.concatenate([p.n for p in parts]),
                         None if all(p.segments is None for p in parts) else
                         [g for p in parts for g in p.segments_of(list(range(len(p.ids))))])
@@ -1123,8 +1138,7 @@ class UnitLedger:
         given: list[Segments | None] | None = None
         if self.segments is not None:
             given = list(segments) if segments is not None else [(None,) * len(self.segments.fields)] * len(ids)
-        self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), ids, experiments, arms, units, y, n,
-                                      given))
+        self._pending.append(_Pending.of(keys, ids, experiments, arms, units, y, n, given))
 
     def add_sessions(self, keys: Floats, ids: list[str], experiments: list[str], arms: list[str],
                      units: list[str], weighted_auc: Floats, weight: Floats, values: Floats | None = None,
@@ -1142,8 +1156,7 @@ class UnitLedger:
             y[:, :-1] = np.where(np.isnan(values), 0.0, values)
             n[:, :-1] = counts
         # a session sorts after a request of the same key and id ("~" is after every printable ASCII id)
-        self._pending.append(_Pending(np.asarray(keys, dtype=np.float64), [f"~{i}" for i in ids], experiments,
-                                      arms, units, y, n))
+        self._pending.append(_Pending.of(keys, [f"~{i}" for i in ids], experiments, arms, units, y, n))
 
     # -- event time ---------------------------------------------------------------------------------------
     def release(self, watermark: float) -> None:
@@ -1212,7 +1225,7 @@ class UnitLedger:
         code = {name: i for i, name in enumerate(ordered)}
         group = np.fromiter(map(code.__getitem__, names), dtype=np.int64, count=count) * SHARDS + shards
         order, group, bounds = grouped(group)
-        arm_names, arm_of = distinct_keys(ready.arms[start:end])
+        arm_names, arm_of = distinct_keys(ready.arms[start:end].tolist())
         positive = (ready.n[start:end] > 0).astype(np.float64)  # (the requests with a value, per column)
         arms_with: dict[int, list[int]] = {}  # each experiment's arms here (codes into arm_names)
         for pair in np.unique(group // SHARDS * len(arm_names) + arm_of[order]).tolist():

@@ -10,7 +10,8 @@ numbers, the same float as the numpy version's. Scores are finite (the event sch
 
 Also compiled here: the A/B units' tables and their looks' sums per arm (``engine/ab.py``, :func:`arm_sums`) and the
 sums of the live windows' cells (:func:`cell_sums`, ``engine/windows.py``), each a loop per row that numpy could only
-run as a slower scatter, or through temporaries.
+run as a slower scatter, or through temporaries; and the units' keys (:func:`unit_key_pieces`: zlib's CRC-32 and
+hashlib's 8-byte BLAKE2b of many ids at once, where a call per id cost more in the calls than in the hashing).
 """
 
 from __future__ import annotations
@@ -412,3 +413,121 @@ def parts_valid(sizes: Ints, relevant_sizes: Ints, relevant: Ints) -> bool:  # p
                 return False
         j += count
     return True
+
+
+# -- unit keys: CRC-32 (zlib's) and BLAKE2b with an 8-byte digest (hashlib's) of each of many byte strings ---------
+
+def _crc32_table() -> npt.NDArray[np.int64]:
+    table = np.arange(256, dtype=np.int64)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ 0xEDB88320, table >> 1)
+    return table
+
+
+_CRC32 = _crc32_table()
+_BLAKE2B_IV = np.array([0x6A09E667F3BCC908, 0xBB67AE8584CAA73B, 0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1,
+                        0x510E527FADE682D1, 0x9B05688C2B3E6C1F, 0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179],
+                       dtype=np.uint64)
+_BLAKE2B_SIGMA = np.array([
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3],
+    [11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4], [7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8],
+    [9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13], [2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9],
+    [12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11], [13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10],
+    [6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5], [10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0],
+], dtype=np.int64)
+
+
+def unit_key_pieces(data: npt.NDArray[np.uint8], ends: Ints,
+                    blake2b: bool = True) -> tuple[Ints, npt.NDArray[np.uint64]]:
+    """The CRC-32 (as ``zlib.crc32``) and the BLAKE2b with an 8-byte digest, read as a little-endian integer (as
+    ``int.from_bytes(hashlib.blake2b(piece, digest_size=8).digest(), "little")``), of each piece of ``data``: piece
+    ``k`` ends at ``ends[k]`` and starts where the one before ends (``engine/ab.py``'s unit keys). Without
+    ``blake2b``, the CRC-32s only (the hashes left 0).
+
+    >>> import hashlib, zlib
+    >>> crc, blake = unit_key_pieces(np.frombuffer(b"user-1x", dtype=np.uint8), np.array([6, 6, 7]))
+    >>> crc.tolist() == [zlib.crc32(b"user-1"), zlib.crc32(b""), zlib.crc32(b"x")]
+    True
+    >>> blake[0] == int.from_bytes(hashlib.blake2b(b"user-1", digest_size=8).digest(), "little")
+    True
+    """
+    crc = np.empty(ends.shape[0], dtype=np.int64)
+    blake = np.zeros(ends.shape[0], dtype=np.uint64)
+    _unit_key_pieces(data, ends, _CRC32, _BLAKE2B_IV, _BLAKE2B_SIGMA, blake2b, crc, blake)
+    return crc, blake
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _mix_half(a: np.uint64, b: np.uint64, c: np.uint64, d: np.uint64, x: np.uint64, r: np.uint64,
+              s: np.uint64) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:  # pragma: no cover  # compiled
+    """Half of BLAKE2b's mixing: ``x`` added, then the rotations by ``r`` and ``s`` bits."""
+    a = a + b + x
+    d = d ^ a
+    d = (d >> r) | (d << (np.uint64(64) - r))
+    c = c + d
+    b = b ^ c
+    b = (b >> s) | (b << (np.uint64(64) - s))
+    return a, b, c, d
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _mix(a: np.uint64, b: np.uint64, c: np.uint64, d: np.uint64, x: np.uint64,
+         y: np.uint64) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:  # pragma: no cover  # compiled
+    """BLAKE2b's mixing of four words of its state with two words of the message."""
+    a, b, c, d = _mix_half(a, b, c, d, x, np.uint64(32), np.uint64(24))
+    return _mix_half(a, b, c, d, y, np.uint64(16), np.uint64(63))
+
+
+@nb.njit(cache=True, nogil=True)
+def _unit_key_pieces(data: npt.NDArray[np.uint8], ends: Ints, table: Ints, iv: npt.NDArray[np.uint64],
+                     sigma: Ints, blake2b: bool, crc: Ints,
+                     blake: npt.NDArray[np.uint64]) -> None:  # pragma: no cover  # compiled
+    h = np.empty(8, dtype=np.uint64)
+    m = np.empty(16, dtype=np.uint64)
+    start = 0
+    for k in range(ends.shape[0]):
+        end = ends[k]
+        c = 0xFFFFFFFF
+        for i in range(start, end):
+            c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8)
+        crc[k] = c ^ 0xFFFFFFFF
+        if not blake2b:
+            start = end
+            continue
+        h[:] = iv
+        h[0] ^= np.uint64(0x01010008)  # digest 8 bytes, no key, fanout 1, depth 1
+        at = start
+        while True:  # each 128-byte block; the last (maybe short, or empty) zero-padded and flagged
+            size = min(end - at, 128)
+            last = end - at <= 128
+            m[:] = 0
+            for i in range(size):
+                m[i >> 3] |= np.uint64(data[at + i]) << np.uint64(8 * (i & 7))
+            at += size
+            v0, v1, v2, v3, v4, v5, v6, v7 = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
+            v8, v9, v10, v11, v12, v13, v14, v15 = iv[0], iv[1], iv[2], iv[3], iv[4], iv[5], iv[6], iv[7]
+            v12 ^= np.uint64(at - start)
+            if last:
+                v14 = ~v14
+            for r in range(12):
+                s = sigma[r % 10]
+                v0, v4, v8, v12 = _mix(v0, v4, v8, v12, m[s[0]], m[s[1]])
+                v1, v5, v9, v13 = _mix(v1, v5, v9, v13, m[s[2]], m[s[3]])
+                v2, v6, v10, v14 = _mix(v2, v6, v10, v14, m[s[4]], m[s[5]])
+                v3, v7, v11, v15 = _mix(v3, v7, v11, v15, m[s[6]], m[s[7]])
+                v0, v5, v10, v15 = _mix(v0, v5, v10, v15, m[s[8]], m[s[9]])
+                v1, v6, v11, v12 = _mix(v1, v6, v11, v12, m[s[10]], m[s[11]])
+                v2, v7, v8, v13 = _mix(v2, v7, v8, v13, m[s[12]], m[s[13]])
+                v3, v4, v9, v14 = _mix(v3, v4, v9, v14, m[s[14]], m[s[15]])
+            h[0] ^= v0 ^ v8
+            h[1] ^= v1 ^ v9
+            h[2] ^= v2 ^ v10
+            h[3] ^= v3 ^ v11
+            h[4] ^= v4 ^ v12
+            h[5] ^= v5 ^ v13
+            h[6] ^= v6 ^ v14
+            h[7] ^= v7 ^ v15
+            if last:
+                break
+        blake[k] = h[0]
+        start = end

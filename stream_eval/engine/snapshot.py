@@ -140,8 +140,9 @@ def take(engine: Engine) -> bytes:
         "ledger": {
             "experiments": {name: {str(shard): _fields(e, arrays) for shard, e in shards.items()}
                             for name, shards in ledger.experiments.items()},
-            "pending": [{"keys": arrays.ref(p.keys), "ids": p.ids, "experiments": p.experiments, "arms": p.arms,
-                         "units": p.units, "y": arrays.ref(p.y), "n": arrays.ref(p.n), "segments": p.segments}
+            "pending": [{"keys": arrays.ref(p.keys), "ids": p.ids.tolist(), "experiments": p.experiments.tolist(),
+                         "arms": p.arms.tolist(), "units": p.units.tolist(), "y": arrays.ref(p.y),
+                         "n": arrays.ref(p.n), "segments": p.segments}
                         for p in ledger._pending],
             "segment_fields": list(engine.config.segments),
             "merger": ledger.merger.state_to_json(),
@@ -191,10 +192,10 @@ def restore(engine: Engine, data: bytes) -> None:
             history = _history(fields)
             if history.buckets == ledger.buckets and history.width == ledger.width:
                 ledger.history[int(shard)] = history
-    ledger._pending = [_Pending(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
-                                _unarray(p["y"]), _unarray(p["n"]),
-                                None if p.get("segments") is None else
-                                [None if g is None else tuple(g) for g in p["segments"]])
+    ledger._pending = [_Pending.of(_unarray(p["keys"]), p["ids"], p["experiments"], p["arms"], p["units"],
+                                   _unarray(p["y"]), _unarray(p["n"]),
+                                   None if p.get("segments") is None else
+                                   [None if g is None else tuple(g) for g in p["segments"]])
                        for p in saved["pending"]]
     ledger.merger = engine.ledger.merger  # (sources and listener as set up; its state from the snapshot)
     ledger.merger.restore_json(saved["merger"])
