@@ -525,7 +525,7 @@ def test_the_silence_clock_stands_while_the_broker_is_down_or_the_process_stoppe
     assert silence() == 15.25
 
 
-def _one_user_log(ts_field: str) -> list[bytes]:
+def _one_user_log(ts_field: str, requests: int = 20) -> list[bytes]:
     """One session id (a user) with a request every 100 s: each request starts a new session (gap 5 s)."""
     horizon = 10.0
 
@@ -534,7 +534,7 @@ def _one_user_log(ts_field: str) -> list[bytes]:
         return orjson.dumps({"k": "s", "id": "u1", "e": "x", "a": "A", **time, "s": [1.0, 0.5], "r": [1]})
 
     log: list[bytes] = []
-    for i in range(20):
+    for i in range(requests):
         log += [part(100.0 * i), orjson.dumps({"k": "w", "u": 0, "t": 100.0 * i + 11})]
     return log
 
@@ -551,6 +551,20 @@ def test_a_reused_session_id_does_not_hold_the_stage_checkpoint_back() -> None:
     assert stage._first_needed() == 38  # sessions need only the open session's only part
     # but the A/B units are cumulative since the experiment's first event: a new owner rebuilds from the start
     assert engine.ledger.experiments and stage.checkpoint().start == 0
+
+
+@pytest.mark.parametrize("requests", [66, 300])
+def test_a_checkpoint_after_many_sessions_closed_needs_only_the_open_ones(requests: int) -> None:
+    """Past a few dozen closed sessions the stage filters its heap of needed offsets in one pass rather than
+    popping each: the first offset needed is still the open session's, and the closed ones are gone."""
+    config = Config(attribution_window=10.0, allowed_lateness=0.0, session_gap=5.0)
+    engine = Engine(config)
+    stage = SessionStage(engine, 1)
+    log = _one_user_log("t", requests)
+    stage.feed(list(range(len(log))), log)
+    assert engine.overall().sessions == requests - 1
+    assert stage._first_needed() == 2 * (requests - 1)
+    assert len(stage._needed) == 1 and stage._first_needed() == 2 * (requests - 1)
 
 
 def test_the_stage_reads_session_parts_written_before_they_carried_ts() -> None:

@@ -67,6 +67,9 @@ UNIT_ROWS = 1000
 UNIT_ID_CHARS = 64 << 10
 #: Characters counted per number a row carries (a session part's scores) when records are cut to size.
 NUMBER_CHARS = 24
+#: Closed sessions' and buckets' entries a checkpoint pops from the stage's heap of needed offsets before it filters
+#: the whole heap instead (:meth:`SessionStage._first_needed`).
+_POPS = 64
 #: Bytes of looks per :class:`~stream_eval.engine.records.LookReport` (a look larger than this goes alone): the
 #: segment looks of a shard can be large (README, "Segment A/B rows"), and Kafka's default limit is 1 MiB a message.
 REPORT_BYTES = 512 << 10
@@ -621,16 +624,22 @@ class SessionStage:
 
     def _first_needed(self) -> int | None:
         open_sessions, buckets = self.engine.sessions.open, self.engine.gsb.open_buckets()
-        needed = self._needed
-        while needed:
-            offset, kind, key = needed[0]
+
+        def still(entry: tuple[int, str, Any]) -> bool:
+            offset, kind, key = entry
             if kind == "s":
                 session = open_sessions.get(key)
-                if session is not None and session.offset == offset:  # not an earlier session of the same id
-                    break
-            elif key in buckets:
+                return session is not None and session.offset == offset  # not an earlier session of the same id
+            return key in buckets
+
+        needed = self._needed
+        for _ in range(_POPS):
+            if not needed or still(needed[0]):
                 break
             heapq.heappop(needed)
+        else:  # many closed at once (a backlog's end): the rest filtered in one pass, not popped one by one
+            needed[:] = filter(still, needed)
+            heapq.heapify(needed)
         waiting = self._waiting.first_offset()
         first = [] if waiting is None else [waiting]
         first += [min(offset for _, offset, _ in held.records) for held in self._held.values() if held.records]
