@@ -448,7 +448,7 @@ def unit_key_pieces(data: npt.NDArray[np.uint8], ends: Ints,
     >>> crc, blake = unit_key_pieces(np.frombuffer(b"user-1x", dtype=np.uint8), np.array([6, 6, 7]))
     >>> crc.tolist() == [zlib.crc32(b"user-1"), zlib.crc32(b""), zlib.crc32(b"x")]
     True
-    >>> blake[0] == int.from_bytes(hashlib.blake2b(b"user-1", digest_size=8).digest(), "little")
+    >>> blake.tolist()[0] == int.from_bytes(hashlib.blake2b(b"user-1", digest_size=8).digest(), "little")
     True
     """
     crc = np.empty(ends.shape[0], dtype=np.int64)
