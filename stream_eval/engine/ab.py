@@ -93,7 +93,6 @@ LookListener = Callable[[float], None]
 SHARDS = 64
 #: A hashable key (:func:`distinct_keys`).
 _Key = TypeVar("_Key")
-_crc32 = zlib.crc32
 
 
 def shard_of(unit: str) -> int:
@@ -102,7 +101,7 @@ def shard_of(unit: str) -> int:
     >>> shard_of("user-1"), shard_of("user-2")
     (20, 46)
     """
-    return _crc32(unit.encode("utf-8", "surrogatepass")) % SHARDS
+    return zlib.crc32(unit.encode("utf-8", "surrogatepass")) % SHARDS
 
 
 def unit_hashes(units: Sequence[str]) -> npt.NDArray[np.uint64]:

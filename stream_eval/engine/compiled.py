@@ -491,43 +491,48 @@ def _unit_key_pieces(data: npt.NDArray[np.uint8], ends: Ints, table: Ints, iv: n
         for i in range(start, end):
             c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8)
         crc[k] = c ^ 0xFFFFFFFF
-        if not blake2b:
-            start = end
-            continue
-        h[:] = iv
-        h[0] ^= np.uint64(0x01010008)  # digest 8 bytes, no key, fanout 1, depth 1
-        at = start
-        while True:  # each 128-byte block; the last (maybe short, or empty) zero-padded and flagged
-            size = min(end - at, 128)
-            last = end - at <= 128
-            m[:] = 0
-            for i in range(size):
-                m[i >> 3] |= np.uint64(data[at + i]) << np.uint64(8 * (i & 7))
-            at += size
-            v0, v1, v2, v3, v4, v5, v6, v7 = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
-            v8, v9, v10, v11, v12, v13, v14, v15 = iv[0], iv[1], iv[2], iv[3], iv[4], iv[5], iv[6], iv[7]
-            v12 ^= np.uint64(at - start)
-            if last:
-                v14 = ~v14
-            for r in range(12):
-                s = sigma[r % 10]
-                v0, v4, v8, v12 = _mix(v0, v4, v8, v12, m[s[0]], m[s[1]])
-                v1, v5, v9, v13 = _mix(v1, v5, v9, v13, m[s[2]], m[s[3]])
-                v2, v6, v10, v14 = _mix(v2, v6, v10, v14, m[s[4]], m[s[5]])
-                v3, v7, v11, v15 = _mix(v3, v7, v11, v15, m[s[6]], m[s[7]])
-                v0, v5, v10, v15 = _mix(v0, v5, v10, v15, m[s[8]], m[s[9]])
-                v1, v6, v11, v12 = _mix(v1, v6, v11, v12, m[s[10]], m[s[11]])
-                v2, v7, v8, v13 = _mix(v2, v7, v8, v13, m[s[12]], m[s[13]])
-                v3, v4, v9, v14 = _mix(v3, v4, v9, v14, m[s[14]], m[s[15]])
-            h[0] ^= v0 ^ v8
-            h[1] ^= v1 ^ v9
-            h[2] ^= v2 ^ v10
-            h[3] ^= v3 ^ v11
-            h[4] ^= v4 ^ v12
-            h[5] ^= v5 ^ v13
-            h[6] ^= v6 ^ v14
-            h[7] ^= v7 ^ v15
-            if last:
-                break
-        blake[k] = h[0]
+        if blake2b:
+            blake[k] = _blake2b_8(data, start, end, iv, sigma, h, m)
         start = end
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _blake2b_8(data: npt.NDArray[np.uint8], start: int, end: int, iv: npt.NDArray[np.uint64], sigma: Ints,
+               h: npt.NDArray[np.uint64], m: npt.NDArray[np.uint64]) -> np.uint64:  # pragma: no cover  # compiled
+    """BLAKE2b with an 8-byte digest of ``data[start:end]``, as a little-endian integer (``h``, ``m``: room for
+    the state and a block)."""
+    h[:] = iv
+    h[0] ^= np.uint64(0x01010008)  # digest 8 bytes, no key, fanout 1, depth 1
+    at = start
+    while True:  # each 128-byte block; the last (maybe short, or empty) zero-padded and flagged
+        size = min(end - at, 128)
+        last = end - at <= 128
+        m[:] = 0
+        for i in range(size):
+            m[i >> 3] |= np.uint64(data[at + i]) << np.uint64(8 * (i & 7))
+        at += size
+        v0, v1, v2, v3, v4, v5, v6, v7 = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
+        v8, v9, v10, v11, v12, v13, v14, v15 = iv[0], iv[1], iv[2], iv[3], iv[4], iv[5], iv[6], iv[7]
+        v12 ^= np.uint64(at - start)
+        if last:
+            v14 = ~v14
+        for r in range(12):
+            s = sigma[r % 10]
+            v0, v4, v8, v12 = _mix(v0, v4, v8, v12, m[s[0]], m[s[1]])
+            v1, v5, v9, v13 = _mix(v1, v5, v9, v13, m[s[2]], m[s[3]])
+            v2, v6, v10, v14 = _mix(v2, v6, v10, v14, m[s[4]], m[s[5]])
+            v3, v7, v11, v15 = _mix(v3, v7, v11, v15, m[s[6]], m[s[7]])
+            v0, v5, v10, v15 = _mix(v0, v5, v10, v15, m[s[8]], m[s[9]])
+            v1, v6, v11, v12 = _mix(v1, v6, v11, v12, m[s[10]], m[s[11]])
+            v2, v7, v8, v13 = _mix(v2, v7, v8, v13, m[s[12]], m[s[13]])
+            v3, v4, v9, v14 = _mix(v3, v4, v9, v14, m[s[14]], m[s[15]])
+        h[0] ^= v0 ^ v8
+        h[1] ^= v1 ^ v9
+        h[2] ^= v2 ^ v10
+        h[3] ^= v3 ^ v11
+        h[4] ^= v4 ^ v12
+        h[5] ^= v5 ^ v13
+        h[6] ^= v6 ^ v14
+        h[7] ^= v7 ^ v15
+        if last:
+            return np.uint64(h[0])
